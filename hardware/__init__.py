@@ -1,0 +1,1 @@
+"""Hardware specs, the device catalog and cost models."""

@@ -1,0 +1,116 @@
+"""The ``CostModel`` protocol, the ``Cost`` it returns, and costing a whole graph with checks."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol, runtime_checkable
+
+from opgraph.ir import OpBase, OpGraph, OpgraphError
+
+from hardware.spec import HardwareSpec
+
+
+class Bound(str, Enum):
+    """What limits an op's time."""
+
+    COMPUTE = "compute"
+    MEMORY = "memory"
+    LAUNCH = "launch"
+    HOST = "host"
+    LINK = "link"
+    FREE = "free"
+    """No kernel: views and other metadata ops."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """A cost model's estimate for one op on one device."""
+
+    seconds: float
+    """Device time of the op."""
+    bound: Bound
+    """What limits it."""
+    compute_s: float = 0.0
+    """Time at the achievable compute rate."""
+    memory_s: float = 0.0
+    """Time at the achievable memory rate."""
+    efficiency: float | None = None
+    """Fraction of peak the model assumed, when it used one."""
+
+    @property
+    def us(self) -> float:
+        """The time in microseconds."""
+        return self.seconds * 1e6
+
+
+class UncostedOpError(OpgraphError):
+    """A cost model cannot cost this op; ``reason`` says why. Reported, never counted as zero."""
+
+
+class CostModelError(OpgraphError):
+    """A cost model failed (raised, returned a negative or non-finite time) on an op."""
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Anything with ``estimate(op, hw) -> Cost``. Raise :class:`UncostedOpError` for ops you cannot cost."""
+
+    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
+        """The cost of ``op`` on ``hw``."""
+        ...
+
+
+@dataclass
+class GraphCosts:
+    """Costs of every op of a graph, and the ops that could not be costed with the reason."""
+
+    costs: dict[int, Cost] = field(default_factory=dict)
+    uncosted: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def total_seconds(self) -> float:
+        """Sum of costed op times (uncosted ops are excluded, and listed in ``uncosted``)."""
+        return sum(c.seconds for c in self.costs.values())
+
+
+def check_cost(cost: object, op: OpBase, model_name: str) -> Cost:
+    """Validate what a cost model returned for ``op``; raise :class:`CostModelError` naming the op."""
+    where = f"op {op.id} ({op.definition})"
+    if not isinstance(cost, Cost):
+        raise CostModelError(f"cost model {model_name} returned {type(cost).__name__}, not a Cost", where=where)
+    if not math.isfinite(cost.seconds) or cost.seconds < 0:
+        raise CostModelError(f"cost model {model_name} returned an invalid time {cost.seconds!r} s", where=where)
+    return cost
+
+
+def cost_graph(graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: bool = True) -> GraphCosts:
+    """Cost every op; ops the model declines go to ``uncosted``, failures raise :class:`CostModelError`.
+
+    Ops with equal cost-relevant fields are costed once when ``cache`` is on.
+    """
+    name = type(model).__name__
+    out = GraphCosts()
+    memo: dict[str, Cost | str] = {}
+    for op in graph.ops:
+        key = op.model_dump_json(exclude={"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"}) if cache else ""
+        hit = memo.get(key) if cache else None
+        if hit is None:
+            try:
+                hit = check_cost(model.estimate(op, hw), op, name)
+            except UncostedOpError as exc:
+                hit = exc.message
+            except OpgraphError:
+                raise
+            except Exception as exc:
+                raise CostModelError(
+                    f"cost model {name} raised {type(exc).__name__}: {exc}", where=f"op {op.id} ({op.definition})"
+                ) from exc
+            if cache:
+                memo[key] = hit
+        if isinstance(hit, Cost):
+            out.costs[op.id] = hit
+        else:
+            out.uncosted[op.id] = hit
+    return out

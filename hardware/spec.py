@@ -1,0 +1,141 @@
+"""``HardwareSpec``: what a device can do, as datasheet numbers (dense, not sparse)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from opgraph.ir import DType
+from opgraph.ir.tensor import FROZEN
+
+PosFloat = Annotated[float, Field(gt=0)]
+"""A float above zero."""
+NonNegFloat = Annotated[float, Field(ge=0)]
+"""A float of zero or more."""
+
+
+class DeviceKind(str, Enum):
+    """Broad class of device."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    ACCELERATOR = "accelerator"
+
+
+class PeakFlops(BaseModel):
+    """Peak dense FLOP/s per dtype on one kind of unit; a missing dtype is not supported there."""
+
+    model_config = FROZEN
+
+    fp64: PosFloat | None = None
+    fp32: PosFloat | None = None
+    tf32: PosFloat | None = None
+    bf16: PosFloat | None = None
+    fp16: PosFloat | None = None
+    fp8: PosFloat | None = None
+    """FP8 (e4m3/e5m2)."""
+    int8: PosFloat | None = None
+    """INT8 operations per second."""
+    fp4: PosFloat | None = None
+
+
+class HostOverhead(BaseModel):
+    """CPU time the framework spends to issue one op (Python + dispatcher + launch call)."""
+
+    model_config = FROZEN
+
+    eager_us: NonNegFloat = 10.0
+    """Per op in eager PyTorch (HF transformers style)."""
+    cuda_graph_us: NonNegFloat = 0.5
+    """Per op when replayed from a CUDA graph."""
+
+
+class Interconnect(BaseModel):
+    """Links between devices of one node and to the host."""
+
+    model_config = FROZEN
+
+    name: str = ""
+    """Link technology (NVLink4, xGMI, PCIe5)."""
+    bandwidth: NonNegFloat = 0.0
+    """Device-to-device bandwidth per direction, bytes/s (0: no direct link)."""
+    latency_us: NonNegFloat = 0.0
+    """Per-message latency between devices."""
+    pcie_bandwidth: NonNegFloat = 0.0
+    """Host link bandwidth per direction, bytes/s."""
+    pcie_latency_us: NonNegFloat = 0.0
+    """Host link latency."""
+
+
+class HardwareSpec(BaseModel):
+    """One device: compute peaks, memory, caches, launch and host costs, interconnect."""
+
+    model_config = FROZEN
+
+    name: str
+    """Catalog key (``h100-sxm``)."""
+    vendor: str = ""
+    """NVIDIA, AMD, Intel..."""
+    kind: DeviceKind = DeviceKind.GPU
+    description: str = ""
+    """Full product name."""
+    tensor: PeakFlops = Field(default_factory=PeakFlops)
+    """Peak dense FLOP/s on matrix units (tensor cores, matrix cores, AMX)."""
+    vector: PeakFlops = Field(default_factory=PeakFlops)
+    """Peak FLOP/s on vector units (CUDA cores, SIMD)."""
+    memory_bytes: PosFloat
+    """Device memory capacity, bytes."""
+    memory_bandwidth: PosFloat
+    """Peak device memory bandwidth, bytes/s."""
+    l2_bytes: NonNegFloat = 0.0
+    """Last-level on-chip cache, bytes."""
+    sm_count: Annotated[int, Field(ge=1)] = 1
+    """Streaming multiprocessors / compute units / cores."""
+    launch_latency_us: NonNegFloat = 2.0
+    """Smallest time one kernel occupies the device (launch + tail), microseconds."""
+    host: HostOverhead = Field(default_factory=HostOverhead)
+    """Framework overhead per op on the host."""
+    interconnect: Interconnect = Field(default_factory=Interconnect)
+    """Device links."""
+    sources: tuple[str, ...] = ()
+    """Where the numbers come from (datasheet URLs, measurements)."""
+
+    def peak_flops(self, dtype: DType, *, tensor: bool = True) -> float:
+        """Peak FLOP/s for ``dtype`` on tensor (or vector) units, falling back sensibly.
+
+        fp8 falls back to bf16 and fp32 on tensor units to tf32; a dtype with no entry on tensor
+        units falls back to the vector units, and the vector units to fp32 vector.
+        """
+        units = self.tensor if tensor else self.vector
+        key = _FLOPS_KEY.get(dtype, "fp32")
+        for k in (key, *_FALLBACK.get(key, ())):
+            v = getattr(units, k)
+            if v:
+                return float(v)
+        if tensor:
+            return self.peak_flops(dtype, tensor=False)
+        return float(self.vector.fp32 or self.tensor.fp32 or self.tensor.tf32 or 1e12)
+
+
+_FLOPS_KEY: dict[DType, str] = {
+    DType.fp64: "fp64",
+    DType.fp32: "fp32",
+    DType.tf32: "tf32",
+    DType.bf16: "bf16",
+    DType.fp16: "fp16",
+    DType.fp8_e4m3: "fp8",
+    DType.fp8_e5m2: "fp8",
+    DType.fp4: "fp4",
+    DType.int8: "int8",
+    DType.uint8: "int8",
+}
+_FALLBACK: dict[str, tuple[str, ...]] = {
+    "fp32": ("tf32",),
+    "fp8": ("bf16", "fp16"),
+    "fp4": ("fp8", "bf16"),
+    "int8": ("fp8", "bf16"),
+    "fp16": ("bf16",),
+    "bf16": ("fp16",),
+}

@@ -1,0 +1,79 @@
+"""opgraph: capture a transformer into a typed operator graph, simulate it on hardware, and check
+the prediction against measured runs.
+
+``import opgraph`` is cheap: it loads the IR only. Capture (which needs torch and transformers) is
+imported on first use of :func:`capture` or :func:`tracing`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from opgraph.ir import (
+    DType,
+    Edge,
+    EdgeKind,
+    GraphMetadata,
+    LoadError,
+    OpBase,
+    OpgraphError,
+    OpGraph,
+    OpKind,
+    Span,
+    Stage,
+    TensorSpec,
+    Timeline,
+    TimelineKind,
+    TimelineSource,
+    critical_path,
+    load_graph,
+    load_timeline,
+    parallelism_profile,
+    save_graph,
+    save_timeline,
+    topological_generations,
+)
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:  # pragma: no cover
+    from opgraph.capture import capture, tracing
+
+_LAZY = {"capture": "opgraph.capture", "tracing": "opgraph.capture"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'opgraph' has no attribute {name!r}")
+
+
+__all__ = [
+    "DType",
+    "Edge",
+    "EdgeKind",
+    "GraphMetadata",
+    "LoadError",
+    "OpBase",
+    "OpGraph",
+    "OpKind",
+    "OpgraphError",
+    "Span",
+    "Stage",
+    "TensorSpec",
+    "Timeline",
+    "TimelineKind",
+    "TimelineSource",
+    "__version__",
+    "capture",
+    "critical_path",
+    "load_graph",
+    "load_timeline",
+    "parallelism_profile",
+    "save_graph",
+    "save_timeline",
+    "topological_generations",
+    "tracing",
+]

@@ -1,0 +1,5 @@
+"""``python -m opgraph`` runs the CLI."""
+
+from opgraph.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""The ``opgraph`` command line. Each subcommand lives in its own module under ``commands/``."""

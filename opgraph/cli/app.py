@@ -1,0 +1,55 @@
+"""The Typer application: finds the subcommand modules and runs them with one-line errors."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import typer
+
+from opgraph.cli import commands
+
+app = typer.Typer(
+    name="opgraph",
+    help=(
+        "Capture a transformer into a typed operator graph, simulate it on hardware, "
+        "and compare the prediction with measured runs."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from opgraph import __version__
+
+        typer.echo(f"opgraph {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """opgraph: how fast will this model run on that hardware, and why?"""
+
+
+def _register_all() -> None:
+    # Each module under opgraph/cli/commands defines register(app); heavy imports stay inside commands.
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        module.register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    """Entry point of the ``opgraph`` console script."""
+    app()

@@ -1,0 +1,1 @@
+"""Subcommand modules; each defines ``register(app: typer.Typer) -> None``."""

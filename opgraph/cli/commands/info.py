@@ -1,0 +1,55 @@
+"""``opgraph info GRAPH``: a summary of a saved graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from opgraph.cli.common import console, fmt_bytes, fmt_count, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``info`` to the app."""
+    app.command("info")(info)
+
+
+@handle_errors
+def info(
+    graph_path: Path = typer.Argument(..., metavar="GRAPH", help="A graph saved by `opgraph capture` (.json or .json.gz)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
+) -> None:
+    """Summarise a graph: ops by kind, FLOPs, bytes, layers and stages."""
+    from opgraph.ir import load_graph
+
+    graph = load_graph(graph_path)
+    summary = graph.summary()
+    if as_json:
+        summary["metadata"] = graph.metadata.model_dump(mode="json")
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    md = graph.metadata
+    console.print(f"[bold]{md.model or graph_path.name}[/bold]  {md.architecture}  phase={md.phase or '-'}")
+    settings = ", ".join(f"{k}={v}" for k, v in md.capture.items())
+    if settings:
+        console.print(f"capture: {settings}")
+    table = Table(title=None, show_footer=True)
+    by_kind = summary["by_kind"]
+    assert isinstance(by_kind, dict)
+    table.add_column("kind", footer="total")
+    table.add_column("ops", justify="right", footer=str(summary["ops"]))
+    table.add_column("FLOPs", justify="right", footer=fmt_count(float(summary["flops"])))  # type: ignore[arg-type]
+    table.add_column("bytes", justify="right", footer=fmt_bytes(float(summary["bytes"])))  # type: ignore[arg-type]
+    for kind, row in sorted(by_kind.items(), key=lambda kv: -kv[1]["flops"]):
+        table.add_row(kind, str(row["ops"]), fmt_count(row["flops"]), fmt_bytes(row["bytes"]))
+    console.print(table)
+    stages = summary["stages"]
+    assert isinstance(stages, dict)
+    console.print(
+        f"layers: {summary['layers']}   edges: {summary['edges']}   stages: "
+        + ", ".join(f"{k}={v}" for k, v in sorted(stages.items()))
+    )
+    for note in md.assumptions:
+        console.print(f"assumed: {note}")

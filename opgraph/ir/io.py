@@ -1,0 +1,140 @@
+"""Saving and loading IR files (``.json`` or ``.json.gz``): atomic writes, typed one-line load errors."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from opgraph.ir.errors import GraphLintError, LoadError, SchemaVersionError
+from opgraph.ir.graph import SCHEMA_VERSION, OpGraph
+from opgraph.ir.timeline import Timeline
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@contextmanager
+def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO[bytes]]:
+    """Write to a temporary file beside ``path`` and rename it into place only on success.
+
+    A crash or an exception leaves any previous file at ``path`` untouched and no partial file.
+    A ``.gz`` suffix compresses the stream.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            if path.suffix == ".gz":
+                with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) as gz:
+                    yield gz  # type: ignore[misc]
+            else:
+                yield raw
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_model(obj: BaseModel, path: str | Path) -> Path:
+    """Save any pydantic model as JSON (gzip when the name ends in ``.gz``), atomically."""
+    path = Path(path)
+    with atomic_write(path) as f:
+        f.write(obj.model_dump_json(exclude_defaults=False).encode())
+    return path
+
+
+def read_json_bytes(path: str | Path) -> bytes:
+    """The raw JSON bytes of ``path``, gunzipped when gzip-compressed; :class:`LoadError` otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise LoadError("no such file", where=str(p))
+    if p.is_dir():
+        raise LoadError("is a directory, expected a file", where=str(p))
+    try:
+        data = p.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+    except (EOFError, OSError, zlib.error) as exc:
+        raise LoadError(f"truncated or corrupt gzip data ({exc})", where=str(p)) from None
+    if not data.strip():
+        raise LoadError("file is empty", where=str(p))
+    return data
+
+
+def _format_validation(exc: ValidationError) -> str:
+    errs = exc.errors()
+    first = errs[0]
+    loc = ".".join(str(x) for x in first["loc"]) or "(top level)"
+    more = f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})" if len(errs) > 1 else ""
+    value = first.get("input")
+    shown = repr(value) if isinstance(value, (int, float, str, bool)) or value is None else type(value).__name__
+    return f"{loc}: {first['msg']} (got {shown[:60]}){more}"
+
+
+def load_model(path: str | Path, cls: type[M]) -> M:
+    """Load ``cls`` from a JSON file; every failure is a one-line :class:`LoadError`."""
+    data = read_json_bytes(path)
+    try:
+        raw = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise LoadError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", where=str(path)) from None
+    except UnicodeDecodeError:
+        raise LoadError("not valid JSON: the file is binary, not UTF-8 text", where=str(path)) from None
+    if not isinstance(raw, dict):
+        raise LoadError(f"expected a JSON object for a {cls.__name__}, got {type(raw).__name__}", where=str(path))
+    if "schema_version" in cls.model_fields:
+        version = raw.get("schema_version")
+        if version != SCHEMA_VERSION:
+            if not isinstance(version, int) or isinstance(version, bool):
+                raise LoadError(
+                    f"not a {cls.__name__} file: schema_version is {version!r}",
+                    where=str(path),
+                    hint=f"expected a file written by `opgraph` with schema_version {SCHEMA_VERSION}",
+                )
+            newer = version > SCHEMA_VERSION
+            raise SchemaVersionError(
+                f"schema_version {version} is {'newer' if newer else 'older'} than this opgraph's {SCHEMA_VERSION}",
+                where=str(path),
+                hint="upgrade opgraph to read it" if newer else "re-create the file with this opgraph",
+            )
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        raise LoadError(_format_validation(exc), where=str(path)) from None
+    except (ValueError, TypeError, RecursionError) as exc:
+        raise LoadError(f"invalid {cls.__name__}: {exc}", where=str(path)) from None
+
+
+def save_graph(graph: OpGraph, path: str | Path) -> Path:
+    """Save a graph as ``.json`` or ``.json.gz`` atomically."""
+    return save_model(graph, path)
+
+
+def load_graph(path: str | Path, *, lint: bool = True) -> OpGraph:
+    """Load and (by default) lint a graph; raises :class:`LoadError` or a lint error naming the file."""
+    graph = load_model(path, OpGraph)
+    if lint:
+        try:
+            graph.lint()
+        except GraphLintError as exc:
+            raise type(exc)(exc.message, where=f"{path}: {exc.where}" if exc.where else str(path), hint=exc.hint) from None
+    return graph
+
+
+def save_timeline(timeline: Timeline, path: str | Path) -> Path:
+    """Save a timeline as ``.json`` or ``.json.gz`` atomically."""
+    return save_model(timeline, path)
+
+
+def load_timeline(path: str | Path) -> Timeline:
+    """Load a timeline saved by opgraph."""
+    return load_model(path, Timeline)

@@ -1,0 +1,621 @@
+"""Operator kinds and one frozen pydantic model per kind, joined in a discriminated union on ``kind``.
+
+Every op carries the common fields of :class:`OpBase` (id, target, tensors, scope, layer, stage,
+FLOPs, bytes, definition) plus the fields that matter for its cost. ``flops``, ``bytes_read``,
+``bytes_written`` and ``definition`` are derived from the kind's own fields when not given, so an
+op written by hand is complete; capture passes may override them with what they measured.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import Enum
+from typing import Annotated, ClassVar, Literal, Union
+
+from pydantic import Field, model_validator
+from pydantic import BaseModel
+
+from opgraph.ir.dtypes import DType
+from opgraph.ir.tensor import FROZEN, NonNegInt, TensorSpec
+
+PosInt = Annotated[int, Field(ge=1)]
+"""An integer that is one or more (dimensions that cannot be empty)."""
+
+
+class OpKind(str, Enum):
+    """What an op computes, at the granularity cost models and replay care about."""
+
+    GEMM = "gemm"
+    ATTENTION = "attention"
+    NORM = "norm"
+    ROPE = "rope"
+    EMBEDDING = "embedding"
+    ACTIVATION = "activation"
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    SOFTMAX = "softmax"
+    TOPK = "topk"
+    MOE_ROUTING = "moe_routing"
+    COLLECTIVE = "collective"
+    MEMORY = "memory"
+    VIEW = "view"
+    OTHER = "other"
+
+
+class OpCategory:
+    """Sets of kinds that behave alike (in the manner of tinygrad's ``GroupOp``)."""
+
+    MATMUL: ClassVar[frozenset[OpKind]] = frozenset({OpKind.GEMM, OpKind.ATTENTION})
+    """Kinds that run on tensor cores and can be compute-bound."""
+    POINTWISE: ClassVar[frozenset[OpKind]] = frozenset(
+        {OpKind.NORM, OpKind.ROPE, OpKind.ACTIVATION, OpKind.ELEMENTWISE, OpKind.SOFTMAX}
+    )
+    """Vector-unit kinds, usually memory-bound."""
+    DATA_MOVEMENT: ClassVar[frozenset[OpKind]] = frozenset({OpKind.MEMORY, OpKind.EMBEDDING})
+    """Kinds that mostly move bytes."""
+    COMMUNICATION: ClassVar[frozenset[OpKind]] = frozenset({OpKind.COLLECTIVE})
+    """Kinds that run on interconnect links."""
+    FREE: ClassVar[frozenset[OpKind]] = frozenset({OpKind.VIEW})
+    """Kinds that launch no kernel and cost nothing."""
+
+
+class Stage(str, Enum):
+    """Inference stage an op belongs to."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class OpBase(BaseModel):
+    """Fields common to every op."""
+
+    model_config = FROZEN
+
+    id: NonNegInt
+    """Unique id of the op within its graph."""
+    target: str = ""
+    """What it came from: the aten overload (``aten.mm.default``) or module (``LlamaRMSNorm``)."""
+    inputs: tuple[TensorSpec, ...] = ()
+    """Tensors read."""
+    outputs: tuple[TensorSpec, ...] = ()
+    """Tensors written."""
+    scope: str = ""
+    """Module path the op ran in (``model.layers.3.self_attn``)."""
+    layer: int | None = None
+    """Transformer layer index, from the scope; ``None`` outside the layers."""
+    stage: Stage | None = None
+    """Prefill or decode, when known."""
+    step: int | None = None
+    """Forward pass index in a generate graph: 0 for the prefill, 1.. for decode steps."""
+    dtype: DType = DType.bf16
+    """Compute dtype."""
+    flops: NonNegInt = 0
+    """Floating-point operations (a multiply-add counts 2). Derived when not given."""
+    bytes_read: NonNegInt = 0
+    """Bytes read from memory. Derived when not given."""
+    bytes_written: NonNegInt = 0
+    """Bytes written to memory. Derived when not given."""
+    definition: str = ""
+    """Stable flashinfer-bench style name (``gemm_n4096_k4096``) for dedup, replay and tables."""
+
+    @model_validator(mode="after")
+    def _derive_defaults(self) -> OpBase:
+        given = self.model_fields_set
+        # The model is frozen; derived defaults are filled once, here, before anyone sees it.
+        if "flops" not in given:
+            object.__setattr__(self, "flops", max(0, int(self.default_flops())))
+        if "bytes_read" not in given or "bytes_written" not in given:
+            read, written = self.default_bytes()
+            if "bytes_read" not in given:
+                object.__setattr__(self, "bytes_read", max(0, int(read)))
+            if "bytes_written" not in given:
+                object.__setattr__(self, "bytes_written", max(0, int(written)))
+        if not self.definition:
+            object.__setattr__(self, "definition", self.default_definition())
+        return self
+
+    # Hooks each kind overrides.
+    def default_flops(self) -> float:
+        """FLOPs implied by the kind's fields."""
+        return 0
+
+    def default_bytes(self) -> tuple[float, float]:
+        """(read, written) bytes implied by the tensors or, without tensors, by the fields."""
+        return (sum(t.nbytes for t in self.inputs), sum(t.nbytes for t in self.outputs))
+
+    def default_definition(self) -> str:
+        """The definition name implied by the kind's fields."""
+        return str(getattr(self, "kind", "op"))
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes read plus bytes written."""
+        return self.bytes_read + self.bytes_written
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved (``inf`` when no bytes move)."""
+        return self.flops / self.total_bytes if self.total_bytes else math.inf
+
+
+def _isz(dtype: DType) -> float:
+    return dtype.itemsize
+
+
+class Gemm(OpBase):
+    """A matrix multiply ``[batch][groups] (m x k) @ (k x n)``: linear, mm, addmm, bmm, grouped mm."""
+
+    kind: Literal[OpKind.GEMM] = OpKind.GEMM
+    m: NonNegInt
+    """Rows of the output (tokens for a linear layer)."""
+    n: PosInt
+    """Columns of the output (output features)."""
+    k: PosInt
+    """Reduction size (input features)."""
+    batch: PosInt = 1
+    """Independent batched products (bmm)."""
+    groups: PosInt = 1
+    """Grouped GEMM groups (MoE experts); ``m`` is then the mean rows per group."""
+    out_dtype: DType | None = None
+    """Output dtype when it differs from ``dtype``."""
+    bias: bool = False
+    """An added bias vector (addmm, linear with bias)."""
+
+    def default_flops(self) -> float:
+        return (2 * self.m * self.n * self.k + (self.m * self.n if self.bias else 0)) * self.batch * self.groups
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        mult = self.batch * self.groups
+        out = _isz(self.out_dtype or self.dtype)
+        read = (self.m * self.k + self.k * self.n) * _isz(self.dtype) * mult + (self.n * out if self.bias else 0)
+        return (read, self.m * self.n * out * mult)
+
+    def default_definition(self) -> str:
+        if self.groups > 1:
+            return f"grouped_gemm_e{self.groups}_n{self.n}_k{self.k}"
+        if self.batch > 1:
+            return f"bmm_b{self.batch}_n{self.n}_k{self.k}"
+        return f"gemm_n{self.n}_k{self.k}"
+
+
+class AttentionVariant(str, Enum):
+    """Attention head layout."""
+
+    MHA = "mha"
+    GQA = "gqa"
+    MQA = "mqa"
+    MLA = "mla"
+
+
+def attended_pairs(q_len: int, kv_len: int, causal: bool, window: int | None = None) -> int:
+    """Query-key pairs one head computes: ``q_len * kv_len`` less what causal masking and a window skip.
+
+    Query ``i`` sits at position ``kv_len - q_len + i`` and, when causal, sees keys up to and
+    including its own position; a sliding ``window`` caps each query's keys at ``window``.
+    """
+    if not causal:
+        per_query = kv_len if window is None else min(kv_len, window)
+        return q_len * per_query
+    first = kv_len - q_len + 1  # keys seen by the first query
+    if window is None:
+        return q_len * first + q_len * (q_len - 1) // 2
+    total = 0
+    # Seen keys grow by one per query until they reach the window, then stay there.
+    grow = max(0, min(q_len, window - first + 1)) if first <= window else 0
+    if grow:
+        total += grow * first + grow * (grow - 1) // 2
+    total += (q_len - grow) * window
+    return total
+
+
+class Attention(OpBase):
+    """Scaled dot-product attention of ``heads`` query heads over ``kv_heads`` key/value heads."""
+
+    kind: Literal[OpKind.ATTENTION] = OpKind.ATTENTION
+    batch: PosInt
+    """Sequences."""
+    q_len: PosInt
+    """Query tokens per sequence."""
+    kv_len: PosInt
+    """Key/value tokens per sequence (cache plus new tokens)."""
+    heads: PosInt
+    """Query heads."""
+    kv_heads: PosInt
+    """Key/value heads."""
+    head_dim: PosInt
+    """Query/key head size."""
+    head_dim_v: PosInt | None = None
+    """Value head size when it differs from ``head_dim`` (MLA)."""
+    causal: bool = True
+    """Causal masking."""
+    window: PosInt | None = None
+    """Sliding-window size, when the layer uses one."""
+    variant: AttentionVariant = AttentionVariant.GQA
+    """Head layout."""
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> Attention:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) is not a multiple of kv_heads ({self.kv_heads})")
+        if self.q_len > self.kv_len:
+            raise ValueError(f"q_len ({self.q_len}) exceeds kv_len ({self.kv_len})")
+        return self
+
+    @property
+    def dv(self) -> int:
+        """Value head size."""
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def pairs(self) -> int:
+        """Query-key pairs per head after masking."""
+        return attended_pairs(self.q_len, self.kv_len, self.causal, self.window)
+
+    def default_flops(self) -> float:
+        return 2 * self.batch * self.heads * self.pairs * (self.head_dim + self.dv)
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        s = _isz(self.dtype)
+        q = self.batch * self.q_len * self.heads * self.head_dim
+        kv = self.batch * self.kv_len * self.kv_heads * (self.head_dim + self.dv)
+        return ((q + kv) * s, self.batch * self.q_len * self.heads * self.dv * s)
+
+    def default_definition(self) -> str:
+        v = self.variant.value
+        if self.q_len == 1:
+            name = f"{v}_paged_decode_h{self.heads}_kv{self.kv_heads}_d{self.head_dim}"
+        else:
+            mask = "causal" if self.causal else "full"
+            name = f"{v}_ragged_prefill_{mask}_h{self.heads}_kv{self.kv_heads}_d{self.head_dim}"
+        if self.dv != self.head_dim:
+            name += f"_dv{self.dv}"
+        if self.window:
+            name += f"_w{self.window}"
+        return name
+
+
+class NormVariant(str, Enum):
+    """Normalisation flavour."""
+
+    RMS = "rms"
+    LAYER = "layer"
+
+
+class Norm(OpBase):
+    """RMSNorm or LayerNorm over the last ``hidden`` elements of ``rows`` rows."""
+
+    kind: Literal[OpKind.NORM] = OpKind.NORM
+    rows: NonNegInt
+    hidden: PosInt
+    variant: NormVariant = NormVariant.RMS
+
+    def default_flops(self) -> float:
+        return (4 if self.variant is NormVariant.RMS else 7) * self.rows * self.hidden
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        s = _isz(self.dtype)
+        return ((self.rows + 1) * self.hidden * s, self.rows * self.hidden * s)
+
+    def default_definition(self) -> str:
+        return f"{'rmsnorm' if self.variant is NormVariant.RMS else 'layernorm'}_h{self.hidden}"
+
+
+class Rope(OpBase):
+    """Rotary position embedding applied to ``heads`` heads of ``tokens`` tokens."""
+
+    kind: Literal[OpKind.ROPE] = OpKind.ROPE
+    tokens: NonNegInt
+    heads: PosInt
+    head_dim: PosInt
+    rotary_dim: PosInt | None = None
+    """Rotated part of each head (partial rotary); ``None`` means the whole head."""
+
+    def default_flops(self) -> float:
+        return 3 * self.tokens * self.heads * (self.rotary_dim or self.head_dim)
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        n = self.tokens * self.heads * self.head_dim * _isz(self.dtype)
+        return (n + 2 * self.tokens * (self.rotary_dim or self.head_dim) * _isz(self.dtype), n)
+
+    def default_definition(self) -> str:
+        return f"rope_h{self.heads}_d{self.head_dim}"
+
+
+class Embedding(OpBase):
+    """Token embedding lookup: ``tokens`` rows gathered from a ``vocab x hidden`` table."""
+
+    kind: Literal[OpKind.EMBEDDING] = OpKind.EMBEDDING
+    tokens: NonNegInt
+    vocab: PosInt
+    hidden: PosInt
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            # The table is an input but only the gathered rows are read.
+            row = self.hidden * _isz(self.dtype)
+            return (self.tokens * (row + 8), self.tokens * row)
+        row = self.hidden * _isz(self.dtype)
+        return (self.tokens * (row + 8), self.tokens * row)
+
+    def default_definition(self) -> str:
+        return f"embedding_v{self.vocab}_d{self.hidden}"
+
+
+class Activation(OpBase):
+    """A nonlinearity (SiLU, GELU, ...), optionally gated (SwiGLU: ``act(gate) * up``)."""
+
+    kind: Literal[OpKind.ACTIVATION] = OpKind.ACTIVATION
+    fn: str
+    """Function name: ``silu``, ``gelu``, ``gelu_tanh``, ``relu``, ``sigmoid``, ``tanh``, ``swiglu``."""
+    numel: NonNegInt
+    """Output elements."""
+    hidden: PosInt
+    """Size of the last dimension."""
+    gated: bool = False
+    """Multiplied by a second input (GLU family)."""
+
+    def default_flops(self) -> float:
+        per = {"relu": 1, "silu": 4, "sigmoid": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8}.get(self.fn, 4)
+        return self.numel * (per + (1 if self.gated else 0))
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        s = _isz(self.dtype)
+        return (self.numel * s * (2 if self.gated else 1), self.numel * s)
+
+    def default_definition(self) -> str:
+        return f"{self.fn}_h{self.hidden}"
+
+
+class Elementwise(OpBase):
+    """A pointwise arithmetic op (add, mul, ...) over ``numel`` output elements."""
+
+    kind: Literal[OpKind.ELEMENTWISE] = OpKind.ELEMENTWISE
+    fn: str
+    """The aten function name (``add``, ``mul``, ``rsqrt``, ``where``)."""
+    numel: NonNegInt
+    hidden: PosInt = 1
+    """Size of the last dimension of the output."""
+
+    def default_flops(self) -> float:
+        return self.numel
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        s = _isz(self.dtype)
+        return (2 * self.numel * s, self.numel * s)
+
+    def default_definition(self) -> str:
+        return f"{self.fn}_h{self.hidden}"
+
+
+class Reduction(OpBase):
+    """A reduction (sum, mean, max, norm) from ``numel_in`` to ``numel_out`` elements."""
+
+    kind: Literal[OpKind.REDUCTION] = OpKind.REDUCTION
+    fn: str
+    numel_in: NonNegInt
+    numel_out: NonNegInt
+    reduced: PosInt = 1
+    """Elements folded into each output."""
+
+    def default_flops(self) -> float:
+        return self.numel_in
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        s = _isz(self.dtype)
+        return (self.numel_in * s, self.numel_out * s)
+
+    def default_definition(self) -> str:
+        return f"{self.fn}_d{self.reduced}"
+
+
+class Softmax(OpBase):
+    """Softmax over the last ``cols`` elements of ``rows`` rows."""
+
+    kind: Literal[OpKind.SOFTMAX] = OpKind.SOFTMAX
+    rows: NonNegInt
+    cols: PosInt
+
+    def default_flops(self) -> float:
+        return 5 * self.rows * self.cols
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        n = self.rows * self.cols * _isz(self.dtype)
+        return (n, n)
+
+    def default_definition(self) -> str:
+        return f"softmax_d{self.cols}"
+
+
+class TopK(OpBase):
+    """Top-k, argmax, sort or sampling over the last ``cols`` elements of ``rows`` rows."""
+
+    kind: Literal[OpKind.TOPK] = OpKind.TOPK
+    fn: str = "topk"
+    """``topk``, ``argmax``, ``sort``, ``multinomial``."""
+    rows: NonNegInt
+    cols: PosInt
+    k: PosInt = 1
+
+    def default_flops(self) -> float:
+        return self.rows * self.cols * max(1.0, math.log2(max(self.k, 2)))
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        return (self.rows * self.cols * _isz(self.dtype), self.rows * self.k * (_isz(self.dtype) + 8))
+
+    def default_definition(self) -> str:
+        if self.fn == "topk":
+            return f"topk_d{self.cols}_k{self.k}"
+        return f"{self.fn}_d{self.cols}"
+
+
+class MoeRouting(OpBase):
+    """Expert routing of a mixture-of-experts layer: scores to top-k experts per token, and dispatch."""
+
+    kind: Literal[OpKind.MOE_ROUTING] = OpKind.MOE_ROUTING
+    fn: str = "route"
+    """``route`` (softmax/sigmoid + top-k), ``dispatch`` (gather tokens), ``combine`` (scatter-add)."""
+    tokens: NonNegInt
+    experts: PosInt
+    top_k: PosInt
+    hidden: PosInt = 1
+
+    def default_flops(self) -> float:
+        if self.fn == "route":
+            return self.tokens * self.experts * 6
+        return self.tokens * self.top_k * self.hidden
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        s = _isz(self.dtype)
+        if self.fn == "route":
+            return (self.tokens * self.experts * s, self.tokens * self.top_k * (s + 8))
+        n = self.tokens * self.top_k * self.hidden * s
+        return (n, n)
+
+    def default_definition(self) -> str:
+        return f"moe_{self.fn}_e{self.experts}_topk{self.top_k}"
+
+
+class CollectiveKind(str, Enum):
+    """Communication pattern of a collective."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+    BROADCAST = "broadcast"
+
+
+class Collective(OpBase):
+    """A multi-device collective over ``group_size`` ranks moving ``bytes`` per rank."""
+
+    kind: Literal[OpKind.COLLECTIVE] = OpKind.COLLECTIVE
+    collective: CollectiveKind
+    bytes: NonNegInt
+    """Payload per rank (the input buffer size)."""
+    group_size: PosInt
+
+    def default_flops(self) -> float:
+        if self.collective in (CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER):
+            return self.bytes / _isz(self.dtype) * (self.group_size - 1) / self.group_size
+        return 0
+
+    def default_bytes(self) -> tuple[float, float]:
+        return (self.bytes, self.bytes)
+
+    def default_definition(self) -> str:
+        return f"{self.collective.value}_g{self.group_size}_b{self.bytes}"
+
+
+class Memory(OpBase):
+    """Data movement with no arithmetic: copy, cast, cat, index, scatter, KV-cache write, fill."""
+
+    kind: Literal[OpKind.MEMORY] = OpKind.MEMORY
+    fn: str
+    """``copy``, ``cast``, ``cat``, ``index``, ``index_put``, ``scatter``, ``kv_cache_write``, ``fill``..."""
+    numel: NonNegInt
+    """Elements written."""
+
+    def default_bytes(self) -> tuple[float, float]:
+        if self.inputs or self.outputs:
+            return super().default_bytes()
+        n = self.numel * _isz(self.dtype)
+        return (0 if self.fn == "fill" else n, n)
+
+    def default_definition(self) -> str:
+        return f"{self.fn}_n{self.numel}"
+
+
+class View(OpBase):
+    """A view, reshape or metadata op that launches no kernel."""
+
+    kind: Literal[OpKind.VIEW] = OpKind.VIEW
+    fn: str = "view"
+
+    def default_bytes(self) -> tuple[float, float]:
+        return (0, 0)
+
+    def default_definition(self) -> str:
+        return f"view_{self.fn}"
+
+
+class Other(OpBase):
+    """Anything the lowering passes do not recognise; kept so its cost is reported, not lost."""
+
+    kind: Literal[OpKind.OTHER] = OpKind.OTHER
+    fn: str = ""
+    """The aten function or module name."""
+
+    def default_definition(self) -> str:
+        return self.fn or self.target or "other"
+
+
+Op = Annotated[
+    Union[
+        Gemm,
+        Attention,
+        Norm,
+        Rope,
+        Embedding,
+        Activation,
+        Elementwise,
+        Reduction,
+        Softmax,
+        TopK,
+        MoeRouting,
+        Collective,
+        Memory,
+        View,
+        Other,
+    ],
+    Field(discriminator="kind"),
+]
+"""Any op: a discriminated union on ``kind``."""
+
+OP_TYPES: dict[OpKind, type[OpBase]] = {
+    OpKind.GEMM: Gemm,
+    OpKind.ATTENTION: Attention,
+    OpKind.NORM: Norm,
+    OpKind.ROPE: Rope,
+    OpKind.EMBEDDING: Embedding,
+    OpKind.ACTIVATION: Activation,
+    OpKind.ELEMENTWISE: Elementwise,
+    OpKind.REDUCTION: Reduction,
+    OpKind.SOFTMAX: Softmax,
+    OpKind.TOPK: TopK,
+    OpKind.MOE_ROUTING: MoeRouting,
+    OpKind.COLLECTIVE: Collective,
+    OpKind.MEMORY: Memory,
+    OpKind.VIEW: View,
+    OpKind.OTHER: Other,
+}
+"""The model class of each kind."""
+
+
+class _OpAdapter(BaseModel):
+    op: Op
+
+
+def parse_op(data: object) -> OpBase:
+    """Validate one op from a dict (or JSON-compatible object), dispatching on ``kind``."""
+    return _OpAdapter.model_validate({"op": data}).op

@@ -1,0 +1,47 @@
+"""Tensor descriptions: shape, dtype, optional strides and a tensor id for data flow."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from opgraph.ir.dtypes import DType
+
+NonNegInt = Annotated[int, Field(ge=0)]
+"""An integer that is zero or more (sizes, counts, FLOPs, bytes)."""
+
+FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+"""Model config shared by every saved IR type: immutable, no unknown fields, documented schema."""
+
+
+class TensorSpec(BaseModel):
+    """One tensor an op reads or writes."""
+
+    model_config = FROZEN
+
+    shape: tuple[NonNegInt, ...]
+    """Sizes of each dimension; ``()`` for a scalar."""
+    dtype: DType
+    """Element type."""
+    strides: tuple[int, ...] | None = None
+    """Strides in elements, when known and not contiguous."""
+    id: int | None = None
+    """Identity of the storage-level value for data flow; views share their base's id."""
+
+    @model_validator(mode="after")
+    def _strides_match_rank(self) -> TensorSpec:
+        if self.strides is not None and len(self.strides) != len(self.shape):
+            raise ValueError(f"strides has {len(self.strides)} entries but shape has {len(self.shape)}")
+        return self
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor's elements occupy (rounded up)."""
+        return math.ceil(self.numel * self.dtype.itemsize)

@@ -1,0 +1,149 @@
+"""``Timeline``: spans on tracks, shared by simulated, measured and replayed runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from enum import Enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, PrivateAttr, model_validator
+
+from opgraph.ir.graph import SCHEMA_VERSION, Scalar
+from opgraph.ir.ops import OpKind, Stage
+from opgraph.ir.tensor import FROZEN
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+"""A float that is zero or more (durations)."""
+
+
+class TimelineKind(str, Enum):
+    """Where a timeline's spans came from."""
+
+    SIMULATED = "simulated"
+    MEASURED = "measured"
+    REPLAY = "replay"
+
+
+class TimelineSource(BaseModel):
+    """Provenance of a timeline."""
+
+    model_config = FROZEN
+
+    kind: TimelineKind
+    """Simulated, measured or replayed."""
+    name: str = ""
+    """Short label shown in reports and as the Perfetto process name."""
+    device: str = ""
+    """Hardware it ran on (measured) or was simulated for."""
+    trace_file: str = ""
+    """The profiler trace it was imported from (measured)."""
+    graph_model: str = ""
+    """Model of the graph the spans refer to, when they carry op ids."""
+    config: dict[str, Scalar] = Field(default_factory=dict)
+    """Settings that produced it (engines, policy, cost model, versions)."""
+
+
+class Span(BaseModel):
+    """One interval of work on one track (an engine, a stream, a thread)."""
+
+    model_config = FROZEN
+
+    name: str
+    """Kernel or op name shown in traces."""
+    track: str
+    """Engine, stream or thread it ran on."""
+    start_us: float
+    """Start, microseconds from the timeline's origin."""
+    dur_us: NonNegFloat
+    """Duration in microseconds."""
+    op_id: int | None = None
+    """Id of the graph op this span runs, when known."""
+    kind: OpKind | None = None
+    """Op kind, when known."""
+    category: str | None = None
+    """Finer class: kernel type of measured kernels (gemm, attention, ...), or span type (host, cpu_op)."""
+    layer: int | None = None
+    """Transformer layer."""
+    stage: Stage | None = None
+    """Prefill or decode."""
+    step: int | None = None
+    """Forward-pass index."""
+    definition: str | None = None
+    """Op definition name, for joins by definition."""
+    bound: str | None = None
+    """What bounds a simulated span: compute, memory, launch, host, link."""
+    args: dict[str, Scalar] = Field(default_factory=dict)
+    """Other attributes (grid, correlation id, FLOPs, bytes)."""
+
+    @property
+    def end_us(self) -> float:
+        """End time."""
+        return self.start_us + self.dur_us
+
+
+class Timeline(BaseModel):
+    """Spans with a source. Spans are kept sorted by start time."""
+
+    model_config = FROZEN
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    """Format version."""
+    source: TimelineSource
+    """Where the spans came from."""
+    spans: tuple[Span, ...] = ()
+    """The spans."""
+    wall_us: float | None = None
+    """Measured or simulated end-to-end wall time, when it differs from the span extent."""
+    notes: tuple[str, ...] = ()
+    """What the source lacked or what was assumed (missing fields, truncated trace)."""
+
+    _tracks: list[str] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _sorted(self) -> Timeline:
+        spans = self.spans
+        if any(spans[i].start_us > spans[i + 1].start_us for i in range(len(spans) - 1)):
+            object.__setattr__(self, "spans", tuple(sorted(spans, key=lambda s: (s.start_us, s.track))))
+        return self
+
+    def __iter__(self) -> Iterator[Span]:  # type: ignore[override]
+        return iter(self.spans)
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    @property
+    def start_us(self) -> float:
+        """Earliest span start (0 when empty)."""
+        return min((s.start_us for s in self.spans), default=0.0)
+
+    @property
+    def end_us(self) -> float:
+        """Latest span end (0 when empty)."""
+        return max((s.end_us for s in self.spans), default=0.0)
+
+    @property
+    def makespan_us(self) -> float:
+        """Extent from first start to last end."""
+        return self.end_us - self.start_us if self.spans else 0.0
+
+    def tracks(self) -> list[str]:
+        """Track names in first-use order."""
+        if self._tracks is None:
+            self._tracks = list(dict.fromkeys(s.track for s in self.spans))
+        return self._tracks
+
+    def busy_us(self, track: str | None = None) -> float:
+        """Union of span intervals (on one track, or on all), so overlapping spans count once."""
+        ivs = sorted((s.start_us, s.end_us) for s in self.spans if track is None or s.track == track)
+        total, cur_s, cur_e = 0.0, None, 0.0
+        for s, e in ivs:
+            if cur_s is None or s > cur_e:
+                if cur_s is not None:
+                    total += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        if cur_s is not None:
+            total += cur_e - cur_s
+        return total

@@ -1,0 +1,1 @@
+"""Replay of ops on a device, numeric checks, coverage and sweeps."""
