@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, runtime_checkable
 
-from opgraph.ir import OpBase, OpGraph, OpgraphError
-
 from hardware.spec import HardwareSpec
+from opgraph.ir import OpBase, OpGraph, OpgraphError
 
 
 class Bound(str, Enum):
@@ -94,7 +93,11 @@ def cost_graph(graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: boo
     out = GraphCosts()
     memo: dict[str, Cost | str] = {}
     for op in graph.ops:
-        key = op.model_dump_json(exclude={"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"}) if cache else ""
+        key = (
+            op.model_dump_json(exclude={"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"})
+            if cache
+            else ""
+        )
         hit = memo.get(key) if cache else None
         if hit is None:
             try:

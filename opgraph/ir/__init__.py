@@ -32,6 +32,7 @@ from opgraph.ir.io import (
 from opgraph.ir.ops import (
     OP_TYPES,
     Activation,
+    AtenCall,
     Attention,
     AttentionVariant,
     Collective,
@@ -65,6 +66,7 @@ __all__ = [
     "OP_TYPES",
     "SCHEMA_VERSION",
     "Activation",
+    "AtenCall",
     "Attention",
     "AttentionVariant",
     "Collective",

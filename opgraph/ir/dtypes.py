@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from enum import Enum
 
 
@@ -31,7 +32,7 @@ class DType(str, Enum):
         return _ITEMSIZE[self]
 
     @property
-    def is_float(self) -> bool:
+    def is_float(self) -> builtins.bool:
         """True for floating-point types."""
         return self in _FLOATS
 

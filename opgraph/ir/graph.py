@@ -75,7 +75,7 @@ class OpGraph(BaseModel):
 
     model_config = FROZEN
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     """Format version; loaders refuse other versions with a clear message."""
     metadata: GraphMetadata = Field(default_factory=GraphMetadata)
     """Provenance and settings."""
@@ -192,7 +192,7 @@ def find_cycle(ops: Iterable[OpBase], edges: Iterable[Edge]) -> list[int]:
                 stack[-1] = (node, i + 1)
                 child = nxt[i]
                 if color[child] == grey:
-                    return path[path.index(child):]
+                    return path[path.index(child) :]
                 if color[child] == white:
                     color[child] = grey
                     stack.append((child, 0))

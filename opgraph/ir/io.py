@@ -126,7 +126,9 @@ def load_graph(path: str | Path, *, lint: bool = True) -> OpGraph:
         try:
             graph.lint()
         except GraphLintError as exc:
-            raise type(exc)(exc.message, where=f"{path}: {exc.where}" if exc.where else str(path), hint=exc.hint) from None
+            raise type(exc)(
+                exc.message, where=f"{path}: {exc.where}" if exc.where else str(path), hint=exc.hint
+            ) from None
     return graph
 
 

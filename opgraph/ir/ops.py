@@ -12,8 +12,7 @@ import math
 from enum import Enum
 from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import Field, model_validator
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, JsonValue, model_validator
 
 from opgraph.ir.dtypes import DType
 from opgraph.ir.tensor import FROZEN, NonNegInt, TensorSpec
@@ -66,6 +65,22 @@ class Stage(str, Enum):
     DECODE = "decode"
 
 
+class AtenCall(BaseModel):
+    """The recorded call of a single-aten op, so replay can run it exactly as the model did.
+
+    Encoding of arguments: a tensor is ``{"tensor": i}`` (index into the op's ``inputs``), a
+    dtype is ``{"dtype": "bf16"}``, a list of tensors is a list of such objects; other values
+    (ints, floats, bools, strings, None, lists) are stored as they are. Devices are dropped.
+    """
+
+    model_config = FROZEN
+
+    args: tuple[JsonValue, ...] = ()
+    """Positional arguments."""
+    keywords: dict[str, JsonValue] = Field(default_factory=dict)
+    """Keyword arguments."""
+
+
 class OpBase(BaseModel):
     """Fields common to every op."""
 
@@ -97,6 +112,8 @@ class OpBase(BaseModel):
     """Bytes written to memory. Derived when not given."""
     definition: str = ""
     """Stable flashinfer-bench style name (``gemm_n4096_k4096``) for dedup, replay and tables."""
+    call: AtenCall | None = None
+    """The aten call as recorded, for ops lowered from one aten op; ``None`` for fused/composite ops."""
 
     @model_validator(mode="after")
     def _derive_defaults(self) -> OpBase:

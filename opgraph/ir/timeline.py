@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, model_validator
 
-from opgraph.ir.graph import SCHEMA_VERSION, Scalar
+from opgraph.ir.graph import Scalar
 from opgraph.ir.ops import OpKind, Stage
 from opgraph.ir.tensor import FROZEN
 
@@ -86,7 +86,7 @@ class Timeline(BaseModel):
 
     model_config = FROZEN
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1
     """Format version."""
     source: TimelineSource
     """Where the spans came from."""

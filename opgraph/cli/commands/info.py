@@ -18,7 +18,9 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def info(
-    graph_path: Path = typer.Argument(..., metavar="GRAPH", help="A graph saved by `opgraph capture` (.json or .json.gz)."),
+    graph_path: Path = typer.Argument(
+        ..., metavar="GRAPH", help="A graph saved by `opgraph capture` (.json or .json.gz)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
 ) -> None:
     """Summarise a graph: ops by kind, FLOPs, bytes, layers and stages."""
