@@ -87,6 +87,15 @@ class OpGraph(BaseModel):
     _nx: nx.DiGraph | None = PrivateAttr(default=None)
     _by_id: dict[int, OpBase] | None = PrivateAttr(default=None)
 
+    def __eq__(self, other: object) -> bool:
+        # Compare the saved fields only: the private caches (networkx view, id index) do not count.
+        if not isinstance(other, OpGraph):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash((self.metadata.model, self.metadata.config_hash, len(self.ops), len(self.edges)))
+
     def __len__(self) -> int:
         return len(self.ops)
 

@@ -106,6 +106,15 @@ class Timeline(BaseModel):
             object.__setattr__(self, "spans", tuple(sorted(spans, key=lambda s: (s.start_us, s.track))))
         return self
 
+    def __eq__(self, other: object) -> bool:
+        # Compare the saved fields only, not the private track cache.
+        if not isinstance(other, Timeline):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash((self.source.kind, self.source.name, len(self.spans)))
+
     def __iter__(self) -> Iterator[Span]:  # type: ignore[override]
         return iter(self.spans)
 

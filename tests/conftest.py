@@ -1,0 +1,44 @@
+"""Shared fixtures: paths to the real traces, golden-file comparison."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TRACES = (REPO / ".." / "shared" / "data" / "traces").resolve()
+GOLDEN = REPO / "tests" / "golden"
+
+
+@pytest.fixture
+def traces_dir() -> Path:
+    """The shared real traces; skips the test when the folder is absent."""
+    if not TRACES.is_dir():
+        pytest.skip(f"real traces not found at {TRACES} (they live in ../shared/data/traces beside the repo)")
+    return TRACES
+
+
+def check_golden(relpath: str, actual: str | dict[str, object] | list[object]) -> None:
+    """Compare ``actual`` with ``tests/golden/<relpath>``; ``OPGRAPH_UPDATE_GOLDEN=1`` rewrites it.
+
+    A missing golden file is written on a developer machine and is a failure under CI.
+    """
+    text = actual if isinstance(actual, str) else json.dumps(actual, indent=2, sort_keys=True) + "\n"
+    path = GOLDEN / relpath
+    if os.environ.get("OPGRAPH_UPDATE_GOLDEN") == "1" or not path.exists():
+        if os.environ.get("CI") and not path.exists():
+            pytest.fail(f"golden file {path} is missing; run with OPGRAPH_UPDATE_GOLDEN=1 and commit it")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return
+    expected = path.read_text()
+    assert text == expected, f"output differs from golden {path}; rerun with OPGRAPH_UPDATE_GOLDEN=1 if intended"
+
+
+@pytest.fixture
+def golden() -> object:
+    """The :func:`check_golden` function, as a fixture: ``golden("area/name.json", data)``."""
+    return check_golden
