@@ -86,6 +86,8 @@ class OpBase(BaseModel):
 
     model_config = FROZEN
 
+    kind: OpKind
+    """What the op computes; each subclass fixes it (the union's discriminator)."""
     id: NonNegInt
     """Unique id of the op within its graph."""
     target: str = ""

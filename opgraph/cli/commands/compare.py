@@ -1,0 +1,76 @@
+"""``opgraph compare PREDICTED REFERENCE``: error per op, kind, layer, stage and end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from opgraph.cli.common import console, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``compare`` to the app."""
+    app.command("compare")(compare)
+
+
+@handle_errors
+def compare(
+    predicted: Path = typer.Argument(
+        ..., help="Predicted timeline (e.g. from `opgraph simulate`), or a profiler trace."
+    ),
+    reference: Path = typer.Argument(..., help="Reference timeline (measured or replayed), or a profiler trace."),
+    graph: Path | None = typer.Option(None, "--graph", "-g", help="The graph both come from: fills kinds and layers."),
+    join: str = typer.Option("auto", "--join", help="How to match spans: auto, op_id, definition."),
+    top: int = typer.Option(10, "--top", min=1, help="Ops listed among those that explain most of the gap."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the full comparison as JSON."),
+    html_out: Path | None = typer.Option(None, "--html", help="Write an HTML report with both timelines."),
+    perfetto_out: Path | None = typer.Option(None, "--perfetto", help="Write both timelines side by side (Perfetto)."),
+    allow_different_models: bool = typer.Option(False, "--allow-different-models", help="Compare across models."),
+) -> None:
+    """Compare a predicted timeline with a reference one, op by op and end to end."""
+    from opgraph.compare import JoinMode, compare_timelines, comparison_tables
+    from opgraph.compare.loading import load_any_timeline
+    from opgraph.ir import OpgraphError, load_graph, save_model
+
+    try:
+        mode = JoinMode(join)
+    except ValueError:
+        raise OpgraphError(f"unknown join {join!r}", where="--join", hint="use auto, op_id or definition") from None
+    pred = load_any_timeline(predicted)
+    ref = load_any_timeline(reference)
+    g = load_graph(graph) if graph else None
+    result = compare_timelines(pred, ref, join=mode, graph=g, top=top, allow_different_models=allow_different_models)
+    tables = comparison_tables(result)
+    for title, columns, rows in tables:
+        table = Table(title=title, title_justify="left")
+        for i, col in enumerate(columns):
+            table.add_column(col, justify="left" if i == 0 or col in ("definition", "kind", "op") else "right")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+    if result.unmatched_predicted or result.unmatched_reference:
+        console.print(
+            f"unmatched: {result.unmatched_predicted} predicted ({result.unmatched_predicted_us:,.1f} us), "
+            f"{result.unmatched_reference} reference ({result.unmatched_reference_us:,.1f} us)"
+        )
+    if json_out:
+        save_model(result, json_out)
+        console.print(f"wrote {json_out}")
+    if perfetto_out or html_out:
+        from opgraph.export import ReportTable, write_html_report, write_perfetto
+
+        if perfetto_out:
+            write_perfetto([pred, ref], perfetto_out, graph=g)
+            console.print(f"wrote {perfetto_out}")
+        if html_out:
+            report_tables = [ReportTable(title=t, columns=c, rows=r) for t, c, r in tables]
+            write_html_report(
+                html_out,
+                timelines=[pred, ref],
+                graph=g,
+                tables=report_tables,
+                title=f"{result.predicted} vs {result.reference}",
+            )
+            console.print(f"wrote {html_out}")

@@ -1,0 +1,390 @@
+"""Join two timelines and report prediction error per op, kind, layer, stage and end to end.
+
+The *predicted* timeline (usually simulated) is compared with the *reference* (usually measured).
+Two joins:
+
+- ``op_id``: both timelines carry op ids of the same graph (a simulation and a
+  ``capture --profile`` run); the device time of all kernels attributed to an op is summed.
+- ``definition``: kernel-level timelines without shared op ids; spans are keyed by definition (or
+  by kernel category when no definition is known) and matched by order of occurrence within a key.
+
+Device time counts only device spans (kernels, memcpy, simulated engine work), not host or CPU
+spans; wall time is the timeline's ``wall_us`` when set, else its extent.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from enum import Enum
+
+from pydantic import BaseModel, Field
+
+from opgraph.ir import OpGraph, OpgraphError, Span, Timeline
+from opgraph.ir.tensor import FROZEN
+
+HOST_CATEGORIES = frozenset(
+    {
+        "host",
+        "cpu_op",
+        "cpu",
+        "runtime",
+        "cuda_runtime",
+        "cuda_driver",
+        "annotation",
+        "user_annotation",
+        "python",
+        "python_function",
+        "launch",
+        "gpu_user_annotation",
+        "overhead",
+        "trace",
+    }
+)
+"""Span categories that are not device work."""
+
+MIN_OP_US = 5.0
+"""Ops shorter than this (in the reference) are left out of the median per-op error, as in the targets."""
+
+
+class CompareError(OpgraphError):
+    """The two timelines cannot be compared (nothing to join, different models, empty)."""
+
+
+class JoinMode(str, Enum):
+    """How spans of the two timelines are matched."""
+
+    AUTO = "auto"
+    OP_ID = "op_id"
+    DEFINITION = "definition"
+
+
+class OpError(BaseModel):
+    """One matched op (or kernel group): predicted versus reference device time."""
+
+    model_config = FROZEN
+
+    key: str
+    """Op id (``op 12``) or ``definition#occurrence``."""
+    op_id: int | None = None
+    definition: str = ""
+    kind: str = ""
+    layer: int | None = None
+    stage: str = ""
+    predicted_us: float
+    reference_us: float
+
+    @property
+    def error_us(self) -> float:
+        """Predicted minus reference."""
+        return self.predicted_us - self.reference_us
+
+    @property
+    def rel_error(self) -> float:
+        """Relative error against the reference (``inf`` when the reference is 0)."""
+        return self.error_us / self.reference_us if self.reference_us else math.inf
+
+
+class GroupError(BaseModel):
+    """Totals of one group (a kind, a layer, a stage)."""
+
+    model_config = FROZEN
+
+    group: str
+    ops: int
+    predicted_us: float
+    reference_us: float
+    rel_error: float
+    """(predicted - reference) / reference."""
+
+
+class ErrorRow(BaseModel):
+    """An end-to-end figure."""
+
+    model_config = FROZEN
+
+    metric: str
+    predicted_us: float
+    reference_us: float
+    rel_error: float
+
+
+class Comparison(BaseModel):
+    """The result of comparing a predicted timeline with a reference timeline."""
+
+    model_config = FROZEN
+
+    predicted: str
+    """Label of the predicted timeline."""
+    reference: str
+    """Label of the reference timeline."""
+    join: JoinMode
+    matched: int
+    """Ops (or kernel groups) matched."""
+    unmatched_predicted: int
+    unmatched_reference: int
+    unmatched_predicted_us: float
+    """Device time of predicted spans with no partner."""
+    unmatched_reference_us: float
+    """Device time of reference spans with no partner."""
+    end_to_end: tuple[ErrorRow, ...]
+    """GPU busy time and wall time, each predicted vs reference."""
+    median_abs_rel_error: float | None
+    """Median |relative error| over matched ops of at least ``MIN_OP_US`` in the reference."""
+    by_kind: tuple[GroupError, ...] = ()
+    by_layer: tuple[GroupError, ...] = ()
+    by_stage: tuple[GroupError, ...] = ()
+    top_gaps: tuple[OpError, ...] = ()
+    """Matched ops that explain most of the absolute gap, largest first."""
+    ops: tuple[OpError, ...] = Field(default=(), repr=False)
+    """Every matched op."""
+
+    def row(self, metric: str) -> ErrorRow:
+        """The end-to-end row named ``metric`` (``gpu_time`` or ``wall_time``)."""
+        for r in self.end_to_end:
+            if r.metric == metric:
+                return r
+        raise KeyError(metric)
+
+
+def device_spans(timeline: Timeline) -> list[Span]:
+    """The spans that are device work (kernels, memcpy, engine work), not host or CPU spans."""
+    return [
+        s
+        for s in timeline.spans
+        if (s.category or "").lower() not in HOST_CATEGORIES
+        and not s.track.lower().startswith(("host", "cpu", "thread"))
+    ]
+
+
+def _rel(pred: float, ref: float) -> float:
+    return (pred - ref) / ref if ref else (0.0 if pred == 0 else math.inf)
+
+
+def _wall_us(t: Timeline) -> float:
+    return t.wall_us if t.wall_us is not None else t.makespan_us
+
+
+class _Acc:
+    __slots__ = ("definition", "dur", "kind", "layer", "op_id", "stage")
+
+    def __init__(self) -> None:
+        self.dur = 0.0
+        self.op_id: int | None = None
+        self.definition = ""
+        self.kind = ""
+        self.layer: int | None = None
+        self.stage = ""
+
+    def add(self, s: Span) -> None:
+        self.dur += s.dur_us
+        self.op_id = s.op_id if self.op_id is None else self.op_id
+        self.definition = self.definition or (s.definition or "")
+        self.kind = self.kind or (s.kind.value if s.kind else (s.category or ""))
+        self.layer = s.layer if self.layer is None else self.layer
+        self.stage = self.stage or (s.stage.value if s.stage else "")
+
+
+def _by_op_id(spans: Iterable[Span]) -> tuple[dict[str, _Acc], float]:
+    groups: dict[str, _Acc] = {}
+    loose = 0.0
+    for s in spans:
+        if s.op_id is None:
+            loose += s.dur_us
+            continue
+        groups.setdefault(f"op {s.op_id}", _Acc()).add(s)
+    return groups, loose
+
+
+def _by_definition(spans: Iterable[Span]) -> dict[str, _Acc]:
+    # Consecutive spans of one op id are one op; otherwise each span is one occurrence of its key.
+    seen: dict[str, int] = defaultdict(int)
+    groups: dict[str, _Acc] = {}
+    last_op: int | None = None
+    last_key = ""
+    for s in spans:
+        base = s.definition or s.category or (s.kind.value if s.kind else "") or s.name
+        if s.op_id is not None and s.op_id == last_op and last_key.startswith(base + "#"):
+            groups[last_key].add(s)
+            continue
+        key = f"{base}#{seen[base]}"
+        seen[base] += 1
+        groups.setdefault(key, _Acc()).add(s)
+        last_op, last_key = s.op_id, key
+    return groups
+
+
+def _group(errors: Sequence[OpError], attr: str) -> tuple[GroupError, ...]:
+    acc: dict[str, list[float]] = {}
+    for e in errors:
+        value = getattr(e, attr)
+        name = "-" if value in (None, "") else str(value)
+        row = acc.setdefault(name, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += e.predicted_us
+        row[2] += e.reference_us
+
+    def order(item: tuple[str, list[float]]) -> tuple[int, float, str]:
+        name, row = item
+        return (0, float(name), "") if name.lstrip("-").isdigit() else (1, -row[2], name)
+
+    return tuple(
+        GroupError(group=name, ops=int(r[0]), predicted_us=r[1], reference_us=r[2], rel_error=_rel(r[1], r[2]))
+        for name, r in sorted(acc.items(), key=order)
+    )
+
+
+def compare_timelines(
+    predicted: Timeline,
+    reference: Timeline,
+    *,
+    join: JoinMode = JoinMode.AUTO,
+    graph: OpGraph | None = None,
+    top: int = 10,
+    allow_different_models: bool = False,
+) -> Comparison:
+    """Compare ``predicted`` with ``reference``; raise :class:`CompareError` when nothing can be matched.
+
+    ``graph`` fills in kind, layer and stage for ops whose spans lack them.
+    """
+    pred_dev, ref_dev = device_spans(predicted), device_spans(reference)
+    for t, spans in ((predicted, pred_dev), (reference, ref_dev)):
+        if not spans:
+            label = t.source.name or t.source.kind.value
+            raise CompareError(f"timeline {label!r} has no device spans to compare", hint="is it empty or host-only?")
+    pm, rm = predicted.source.graph_model, reference.source.graph_model
+    if pm and rm and pm != rm and not allow_different_models:
+        raise CompareError(
+            f"the timelines come from different models ({pm!r} vs {rm!r})",
+            hint="compare timelines of the same model, or pass --allow-different-models",
+        )
+    if join is JoinMode.AUTO:
+        pred_ids = {s.op_id for s in pred_dev if s.op_id is not None}
+        ref_ids = {s.op_id for s in ref_dev if s.op_id is not None}
+        shared = pred_ids & ref_ids
+        join = (
+            JoinMode.OP_ID if shared and len(shared) >= 0.5 * min(len(pred_ids), len(ref_ids)) else JoinMode.DEFINITION
+        )
+    if join is JoinMode.OP_ID:
+        pg, p_loose = _by_op_id(pred_dev)
+        rg, r_loose = _by_op_id(ref_dev)
+    else:
+        pg, rg = _by_definition(pred_dev), _by_definition(ref_dev)
+        p_loose = r_loose = 0.0
+    keys = [k for k in rg if k in pg]
+    if not keys:
+        raise CompareError(
+            f"no op matched by {join.value}: {len(pg)} predicted and {len(rg)} reference groups share no key",
+            hint="join op-id timelines of the same graph, or kernel timelines that carry definitions",
+        )
+    errors: list[OpError] = []
+    for k in keys:
+        p, r = pg[k], rg[k]
+        kind, layer, stage = r.kind or p.kind, r.layer if r.layer is not None else p.layer, r.stage or p.stage
+        op_id = p.op_id if p.op_id is not None else r.op_id
+        if graph is not None and op_id is not None and join is JoinMode.OP_ID:
+            try:
+                op = graph.op(op_id)
+            except KeyError:
+                op = None
+            if op is not None:
+                kind, layer = op.kind.value, op.layer
+                stage = op.stage.value if op.stage else stage
+        errors.append(
+            OpError(
+                key=k,
+                op_id=op_id,
+                definition=p.definition or r.definition,
+                kind=kind,
+                layer=layer,
+                stage=stage,
+                predicted_us=p.dur,
+                reference_us=r.dur,
+            )
+        )
+    unmatched_p = [k for k in pg if k not in rg]
+    unmatched_r = [k for k in rg if k not in pg]
+    gpu_p = sum(s.dur_us for s in pred_dev)
+    gpu_r = sum(s.dur_us for s in ref_dev)
+    end = (
+        ErrorRow(metric="gpu_time", predicted_us=gpu_p, reference_us=gpu_r, rel_error=_rel(gpu_p, gpu_r)),
+        ErrorRow(
+            metric="wall_time",
+            predicted_us=_wall_us(predicted),
+            reference_us=_wall_us(reference),
+            rel_error=_rel(_wall_us(predicted), _wall_us(reference)),
+        ),
+    )
+    big = [abs(e.rel_error) for e in errors if e.reference_us >= MIN_OP_US]
+    return Comparison(
+        predicted=predicted.source.name or predicted.source.kind.value,
+        reference=reference.source.name or reference.source.kind.value,
+        join=join,
+        matched=len(errors),
+        unmatched_predicted=len(unmatched_p),
+        unmatched_reference=len(unmatched_r),
+        unmatched_predicted_us=sum(pg[k].dur for k in unmatched_p) + p_loose,
+        unmatched_reference_us=sum(rg[k].dur for k in unmatched_r) + r_loose,
+        end_to_end=end,
+        median_abs_rel_error=statistics.median(big) if big else None,
+        by_kind=_group(errors, "kind"),
+        by_layer=_group(errors, "layer"),
+        by_stage=_group(errors, "stage"),
+        top_gaps=tuple(sorted(errors, key=lambda e: -abs(e.error_us))[:top]),
+        ops=tuple(errors),
+    )
+
+
+def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str]]]]:
+    """The comparison as titled tables ``(title, columns, rows)`` of strings, for terminals and reports."""
+
+    def pct(x: float) -> str:
+        return "n/a" if not math.isfinite(x) else f"{x * 100:+.1f}%"
+
+    def us(x: float) -> str:
+        return f"{x:,.1f}"
+
+    tables: list[tuple[str, list[str], list[list[str]]]] = []
+    tables.append(
+        (
+            f"End to end: {c.predicted} vs {c.reference}",
+            ["metric", "predicted us", "reference us", "error"],
+            [[r.metric, us(r.predicted_us), us(r.reference_us), pct(r.rel_error)] for r in c.end_to_end]
+            + [
+                [
+                    f"median |op error| (ops >= {MIN_OP_US:g} us)",
+                    "",
+                    "",
+                    "n/a" if c.median_abs_rel_error is None else f"{c.median_abs_rel_error * 100:.1f}%",
+                ],
+                [
+                    "matched / unmatched (pred, ref)",
+                    str(c.matched),
+                    f"{c.unmatched_predicted}, {c.unmatched_reference}",
+                    "",
+                ],
+            ],
+        )
+    )
+    for title, groups in (("By kind", c.by_kind), ("By stage", c.by_stage), ("By layer", c.by_layer)):
+        if groups and not (len(groups) == 1 and groups[0].group == "-"):
+            tables.append(
+                (
+                    title,
+                    ["group", "ops", "predicted us", "reference us", "error"],
+                    [[g.group, str(g.ops), us(g.predicted_us), us(g.reference_us), pct(g.rel_error)] for g in groups],
+                )
+            )
+    tables.append(
+        (
+            "Ops that explain most of the gap",
+            ["op", "definition", "kind", "predicted us", "reference us", "gap us", "error"],
+            [
+                [e.key, e.definition, e.kind, us(e.predicted_us), us(e.reference_us), us(e.error_us), pct(e.rel_error)]
+                for e in c.top_gaps
+            ],
+        )
+    )
+    return tables
