@@ -13,6 +13,8 @@ from opgraph.cli.common import fail, handle_errors
 SAVED_TYPES: dict[str, str] = {
     "graph": "opgraph.ir:OpGraph",
     "timeline": "opgraph.ir:Timeline",
+    "catalog": "opgraph.catalog:Catalog",
+    "coverage_report": "validators.coverage:CoverageReport",
 }
 
 

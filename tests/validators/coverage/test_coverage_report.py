@@ -1,0 +1,138 @@
+"""``opgraph verify``: the coverage report against golden files, exit codes, expectation files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from conftest import check_golden
+from typer.testing import CliRunner
+
+from opgraph.cli.app import app
+from opgraph.ir import GraphMetadata, OpGraph, save_graph
+from validators.coverage import (
+    ExpectationError,
+    auto_expectation,
+    available_families,
+    format_report,
+    load_expectation,
+    load_expectation_file,
+    verify_graph,
+)
+
+runner = CliRunner()
+
+
+def _handmade_graphs() -> ModuleType:
+    # The shared builders live beside the catalog tests; loaded by path (the tests have no packages).
+    name = "opgraph_tests_handmade_graphs"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "opgraph" / "catalog" / "handmade_graphs.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def graphs() -> ModuleType:
+    """Builders of hand-written llama-like graphs (``graphs.llama_like(...)``)."""
+    return _handmade_graphs()
+
+
+def test_report_matches_golden(tmp_path: Path, graphs: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    save_graph(graphs.llama_like("meta-llama/Llama-3.1-8B-Instruct", with_softmax=True), "llama.json")
+    res = runner.invoke(app, ["verify", "llama.json", "--expect", "llama"])
+    assert res.exit_code == 0, res.output
+    check_golden("verify/llama_report.txt", res.output)
+    res = runner.invoke(app, ["verify", "llama.json", "-v"])
+    assert res.exit_code == 0, res.output
+    check_golden("verify/llama_report_verbose.txt", res.output)
+
+
+def test_missing_required_exits_1_and_matches_golden(
+    tmp_path: Path, graphs: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    save_graph(graphs.llama_like("mistralai/Mixtral-8x7B-v0.1", "MixtralForCausalLM"), "mixtral.json")
+    res = runner.invoke(app, ["verify", "mixtral.json"])
+    assert res.exit_code == 1
+    check_golden("verify/mixtral_missing_moe.txt", res.output)
+    assert "STATUS: ✗ MISSING REQUIRED OPERATORS: moe" in res.output
+
+
+def test_counts_and_json(tmp_path: Path, graphs: ModuleType) -> None:
+    g = graphs.llama_like(layers=3)
+    report = verify_graph(g, load_expectation("llama"))
+    counts = {r.operator: r.count for r in report.operators}
+    assert counts["attention"] == 3 and counts["rmsnorm"] == 2 * 3 + 1 and counts["linear"] == 7 * 3 + 1
+    assert counts["softmax"] == 0 and report.ok
+    assert report.total_ops == sum(1 for o in g.ops if o.kind.value != "view")
+    assert report.unmatched == {"add": 3}
+    path = save_graph(g, tmp_path / "g.json")
+    res = runner.invoke(app, ["verify", str(path), "--expect", "qwen-moe", "--json"])
+    assert res.exit_code == 1
+    data = json.loads(res.output)
+    assert data["ok"] is False and data["missing_required"] == ["moe"] and data["family"] == "qwen-moe"
+
+
+def test_auto_picks_by_architecture_then_model_name() -> None:
+    def g(model: str, arch: str = "") -> OpGraph:
+        return OpGraph(metadata=GraphMetadata(model=model, architecture=arch))
+
+    assert auto_expectation(g("whatever", "Qwen3MoeForCausalLM")).family == "qwen-moe"
+    assert auto_expectation(g("whatever", "GptOssForCausalLM")).family == "gpt-oss"
+    assert auto_expectation(g("Qwen/Qwen3-30B-A3B-Instruct-2507")).family == "qwen-moe"
+    assert auto_expectation(g("Qwen/Qwen2.5-Coder-7B-Instruct")).family == "qwen"
+    assert auto_expectation(g("bigscience/bloom-560m")).family == "bloom"
+    with pytest.raises(ExpectationError, match="no model family"):
+        auto_expectation(g("my-model", "MyForCausalLM"))
+
+
+def test_every_builtin_family_loads() -> None:
+    families = available_families()
+    assert {"llama", "qwen", "qwen-moe", "mixtral", "gpt-oss", "deepseek", "gemma", "bloom"} <= set(families)
+    for name in families:
+        e = load_expectation(name)
+        assert e.family == name and e.required and e.architectures
+        assert set(e.required) | set(e.optional) <= set(e.operators)
+
+
+def test_user_expectation_file(tmp_path: Path, graphs: ModuleType) -> None:
+    spec = tmp_path / "mine.toml"
+    spec.write_text(
+        'required = ["residual_add", "linear"]\n'
+        '[operators.residual_add]\ndescription = "residual"\n'
+        '[[operators.residual_add.match]]\nkind = "elementwise"\nfn = "add"\ntarget = "aten.add.*"\n'
+    )
+    e = load_expectation_file(spec)
+    assert e.family == "mine"
+    report = verify_graph(graphs.llama_like(), e)
+    assert report.ok and report.operators[0].count == 2
+    assert "residual_add" in format_report(report)
+    res = runner.invoke(app, ["verify", str(save_graph(graphs.llama_like(), tmp_path / "g.json")), "-e", str(spec)])
+    assert res.exit_code == 0 and "Expectations: mine" in res.output
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('required = ["nonesuch"]\n')
+    with pytest.raises(ExpectationError, match="unknown operator"):
+        load_expectation_file(bad)
+    bad.write_text("required = [\n")
+    with pytest.raises(ExpectationError, match="not valid TOML"):
+        load_expectation_file(bad)
+
+
+def test_cli_errors(tmp_path: Path, graphs: ModuleType) -> None:
+    path = save_graph(graphs.llama_like(), tmp_path / "g.json")
+    res = runner.invoke(app, ["verify", str(path), "--expect", "nosuch"])
+    assert res.exit_code == 2 and "unknown model family" in res.output
+    res = runner.invoke(app, ["verify", str(tmp_path / "none.json")])
+    assert res.exit_code == 2 and "no such file" in res.output
+    res = runner.invoke(app, ["verify", "--list"])
+    assert res.exit_code == 0 and "qwen-moe" in res.output

@@ -1,0 +1,1 @@
+"""jinja2 templates of generated sweep modules; a package so that they ship with the wheel."""
