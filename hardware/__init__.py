@@ -1,1 +1,89 @@
-"""Hardware specs, the device catalog and cost models."""
+"""Hardware specs, the device catalog and cost models.
+
+>>> from hardware import load_hardware, resolve_cost_model
+>>> from opgraph.ir import Gemm
+>>> hw = load_hardware("h100")
+>>> cost = resolve_cost_model("roofline").estimate(Gemm(id=0, m=8192, n=8192, k=8192), hw)
+>>> cost.bound.value
+'compute'
+"""
+
+from hardware.base import (
+    Bound,
+    Cost,
+    CostModel,
+    CostModelError,
+    GraphCosts,
+    UncostedOpError,
+    check_cost,
+    cost_graph,
+)
+from hardware.loader import (
+    UnknownHardwareError,
+    catalog_spec,
+    list_hardware,
+    load_hardware,
+    load_hardware_file,
+    normalize_name,
+)
+from hardware.models import (
+    COST_MODELS,
+    ENTRY_POINT_GROUP,
+    AlphaBetaCollectiveModel,
+    CollectiveParams,
+    CostTable,
+    EfficiencyCurve,
+    FormulaModel,
+    FormulaParams,
+    GemmTile,
+    RooflineModel,
+    RooflineParams,
+    TableEntry,
+    TableModel,
+    cost_model_names,
+    load_cost_table,
+    parse_cost_options,
+    resolve_cost_model,
+)
+from hardware.spec import DeviceKind, HardwareSpec, HostOverhead, Interconnect, PeakFlops
+from hardware.units import parse_quantity
+
+__all__ = [
+    "COST_MODELS",
+    "ENTRY_POINT_GROUP",
+    "AlphaBetaCollectiveModel",
+    "Bound",
+    "CollectiveParams",
+    "Cost",
+    "CostModel",
+    "CostModelError",
+    "CostTable",
+    "DeviceKind",
+    "EfficiencyCurve",
+    "FormulaModel",
+    "FormulaParams",
+    "GemmTile",
+    "GraphCosts",
+    "HardwareSpec",
+    "HostOverhead",
+    "Interconnect",
+    "PeakFlops",
+    "RooflineModel",
+    "RooflineParams",
+    "TableEntry",
+    "TableModel",
+    "UncostedOpError",
+    "UnknownHardwareError",
+    "catalog_spec",
+    "check_cost",
+    "cost_graph",
+    "cost_model_names",
+    "list_hardware",
+    "load_cost_table",
+    "load_hardware",
+    "load_hardware_file",
+    "normalize_name",
+    "parse_cost_options",
+    "parse_quantity",
+    "resolve_cost_model",
+]

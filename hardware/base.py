@@ -37,6 +37,8 @@ class Cost:
     """Time at the achievable memory rate."""
     efficiency: float | None = None
     """Fraction of peak the model assumed, when it used one."""
+    detail: str = ""
+    """How the model got the number (tile shape and waves, table hit, fallback), for reports."""
 
     @property
     def us(self) -> float:

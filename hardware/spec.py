@@ -5,8 +5,9 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
+from hardware.units import parse_quantity
 from opgraph.ir import DType
 from opgraph.ir.tensor import FROZEN
 
@@ -25,7 +26,10 @@ class DeviceKind(str, Enum):
 
 
 class PeakFlops(BaseModel):
-    """Peak dense FLOP/s per dtype on one kind of unit; a missing dtype is not supported there."""
+    """Peak dense FLOP/s per dtype on one kind of unit; a missing dtype is not supported there.
+
+    Values are numbers in FLOP/s or strings with a unit (``"989.4 TFLOP/s"``, ``"1979 TOPS"``).
+    """
 
     model_config = FROZEN
 
@@ -39,6 +43,11 @@ class PeakFlops(BaseModel):
     int8: PosFloat | None = None
     """INT8 operations per second."""
     fp4: PosFloat | None = None
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _units(cls, value: object) -> object:
+        return parse_quantity(value, "flops")
 
 
 class HostOverhead(BaseModel):
@@ -68,6 +77,11 @@ class Interconnect(BaseModel):
     pcie_latency_us: NonNegFloat = 0.0
     """Host link latency."""
 
+    @field_validator("bandwidth", "pcie_bandwidth", mode="before")
+    @classmethod
+    def _units(cls, value: object) -> object:
+        return parse_quantity(value, "bandwidth")
+
 
 class HardwareSpec(BaseModel):
     """One device: compute peaks, memory, caches, launch and host costs, interconnect."""
@@ -86,11 +100,11 @@ class HardwareSpec(BaseModel):
     vector: PeakFlops = Field(default_factory=PeakFlops)
     """Peak FLOP/s on vector units (CUDA cores, SIMD)."""
     memory_bytes: PosFloat
-    """Device memory capacity, bytes."""
+    """Device memory capacity, bytes (a number, or a string with a unit: ``"80 GiB"``)."""
     memory_bandwidth: PosFloat
-    """Peak device memory bandwidth, bytes/s."""
+    """Peak device memory bandwidth, bytes/s (or ``"3.35 TB/s"``)."""
     l2_bytes: NonNegFloat = 0.0
-    """Last-level on-chip cache, bytes."""
+    """Last-level on-chip cache, bytes (or ``"50 MB"``)."""
     sm_count: Annotated[int, Field(ge=1)] = 1
     """Streaming multiprocessors / compute units / cores."""
     launch_latency_us: NonNegFloat = 2.0
@@ -101,6 +115,31 @@ class HardwareSpec(BaseModel):
     """Device links."""
     sources: tuple[str, ...] = ()
     """Where the numbers come from (datasheet URLs, measurements)."""
+    aliases: tuple[str, ...] = ()
+    """Other names the catalog finds this device by (``h100`` for ``h100-sxm``), compared case-insensitively."""
+    notes: tuple[str, ...] = ()
+    """Caveats about the numbers (estimates, assumptions)."""
+
+    @field_validator("memory_bytes", "l2_bytes", mode="before")
+    @classmethod
+    def _byte_units(cls, value: object) -> object:
+        return parse_quantity(value, "bytes")
+
+    @field_validator("memory_bandwidth", mode="before")
+    @classmethod
+    def _bandwidth_units(cls, value: object) -> object:
+        return parse_quantity(value, "bandwidth")
+
+    @field_validator("name")
+    @classmethod
+    def _name_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("name must not be empty")
+        return value.strip()
+
+    def ridge_point(self, dtype: DType = DType.bf16) -> float:
+        """FLOPs per byte above which an op is compute-bound on tensor units (peak FLOP/s / bandwidth)."""
+        return self.peak_flops(dtype) / self.memory_bandwidth
 
     def peak_flops(self, dtype: DType, *, tensor: bool = True) -> float:
         """Peak FLOP/s for ``dtype`` on tensor (or vector) units, falling back sensibly.

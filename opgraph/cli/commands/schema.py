@@ -14,6 +14,8 @@ SAVED_TYPES: dict[str, str] = {
     "graph": "opgraph.ir:OpGraph",
     "timeline": "opgraph.ir:Timeline",
     "catalog": "opgraph.catalog:Catalog",
+    "hardware": "hardware:HardwareSpec",
+    "cost_table": "hardware:CostTable",
     "coverage_report": "validators.coverage:CoverageReport",
 }
 

@@ -1,0 +1,1 @@
+"""The device catalog: one TOML file per device, with the sources of its numbers (package data)."""

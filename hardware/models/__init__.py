@@ -1,0 +1,37 @@
+"""Built-in cost models (roofline, formula, table, alpha-beta collectives) and their registry."""
+
+from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams, ring_factors
+from hardware.models.efficiency import EfficiencyCurve, GemmTile, RooflineParams
+from hardware.models.formula import FormulaModel, FormulaParams
+from hardware.models.registry import (
+    COST_MODELS,
+    ENTRY_POINT_GROUP,
+    cost_model_names,
+    parse_cost_options,
+    resolve_cost_model,
+)
+from hardware.models.roofline import RooflineModel
+from hardware.models.table import CostTable, TableEntry, TableModel, load_cost_table, shape_key, table_work
+
+__all__ = [
+    "COST_MODELS",
+    "ENTRY_POINT_GROUP",
+    "AlphaBetaCollectiveModel",
+    "CollectiveParams",
+    "CostTable",
+    "EfficiencyCurve",
+    "FormulaModel",
+    "FormulaParams",
+    "GemmTile",
+    "RooflineModel",
+    "RooflineParams",
+    "TableEntry",
+    "TableModel",
+    "cost_model_names",
+    "load_cost_table",
+    "parse_cost_options",
+    "resolve_cost_model",
+    "ring_factors",
+    "shape_key",
+    "table_work",
+]

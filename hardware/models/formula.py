@@ -1,0 +1,145 @@
+"""The formula model: the seed simulator's size-based durations, for engine studies.
+
+The seed's ``TransformerOpSimulator`` gave each op ``elements x 0.5 us x factor``: matmuls by
+multiply-accumulates at factor 0.001, residual adds 0.25, activations 0.1, RMSNorm three passes at
+0.1, RoPE per head 0.15, softmax 0.1, KV-cache writes 0.15, anything else 0.1. This model keeps
+those numbers (all options) so engine and scheduling studies match the seed, and adds what the
+seed lacked: every op kind of the IR, free views, alpha-beta collectives, and an optional
+``reference`` device so the same formula scales to hypothetical hardware (time x the reference's
+peak FLOP/s or bandwidth / the device's).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from pydantic import BaseModel, Field, ValidationError
+
+from hardware.base import Bound, Cost, CostModel, CostModelError
+from hardware.models.collective import AlphaBetaCollectiveModel
+from hardware.spec import HardwareSpec
+from opgraph.ir import (
+    Activation,
+    Attention,
+    Collective,
+    Elementwise,
+    Gemm,
+    Memory,
+    Norm,
+    OpBase,
+    OpCategory,
+    OpKind,
+    Rope,
+    Softmax,
+)
+from opgraph.ir.tensor import FROZEN
+
+
+def _default_factors() -> dict[OpKind, float]:
+    return {
+        OpKind.GEMM: 0.001,
+        OpKind.ATTENTION: 0.001,
+        OpKind.ELEMENTWISE: 0.25,
+        OpKind.ACTIVATION: 0.1,
+        OpKind.NORM: 0.3,
+        OpKind.ROPE: 0.15,
+        OpKind.SOFTMAX: 0.1,
+        OpKind.MEMORY: 0.15,
+    }
+
+
+class FormulaParams(BaseModel):
+    """The formula's constants (the seed's values by default)."""
+
+    model_config = FROZEN
+
+    base_us_per_element: Annotated[float, Field(gt=0)] = 0.5
+    """Microseconds per element before the kind's factor."""
+    factors: dict[OpKind, Annotated[float, Field(ge=0)]] = Field(default_factory=_default_factors)
+    """Per-kind factor; kinds not listed use ``default_factor``."""
+    default_factor: Annotated[float, Field(ge=0)] = 0.1
+    """Factor of kinds not in ``factors``."""
+    attention_softmax_factor: Annotated[float, Field(ge=0)] = 0.1
+    """Factor on attention scores for the softmax the seed ran as separate stages."""
+    min_us: Annotated[float, Field(ge=0)] = 0.0
+    """Floor of every kernel's time."""
+    truncate: bool = False
+    """Round down to whole microseconds, as the seed did."""
+    reference: str | None = None
+    """A catalog device the constants describe; times then scale to the simulated device."""
+
+
+def formula_elements(op: OpBase) -> float:
+    """The element count the formula multiplies, per kind (multiply-accumulates for matmuls)."""
+    if isinstance(op, Gemm):
+        return float(op.m * op.n * op.k * op.batch * op.groups)
+    if isinstance(op, Attention):
+        return float(op.batch * op.heads * op.pairs * (op.head_dim + op.dv))
+    if isinstance(op, Norm):
+        return float(op.rows * op.hidden)
+    if isinstance(op, Rope):
+        return float(op.tokens * op.head_dim)  # the seed counted numel / heads
+    if isinstance(op, (Activation, Elementwise, Memory)):
+        return float(op.numel)
+    if isinstance(op, Softmax):
+        return float(op.rows * op.cols)
+    size = op.dtype.itemsize or 1
+    return max(op.bytes_written, op.bytes_read) / size
+
+
+class FormulaModel:
+    """``elements x base_us_per_element x factor[kind]`` microseconds (the seed's simulator)."""
+
+    name = "formula"
+
+    def __init__(
+        self, params: FormulaParams | None = None, *, collective: CostModel | None = None, **options: object
+    ) -> None:
+        base = params or FormulaParams()
+        unknown = sorted(set(options) - set(FormulaParams.model_fields))
+        if unknown:
+            raise CostModelError(
+                f"unknown option {unknown[0]!r} for the formula model",
+                hint=f"known: {', '.join(sorted(FormulaParams.model_fields))}",
+            )
+        try:
+            self.params = FormulaParams.model_validate({**base.model_dump(), **options}) if options else base
+        except ValidationError as exc:
+            raise CostModelError(f"bad option for the formula model: {exc.errors()[0]['msg']}") from None
+        self.collective: CostModel = collective or AlphaBetaCollectiveModel()
+        self._reference: HardwareSpec | None = None
+        if self.params.reference is not None:
+            from hardware.loader import load_hardware
+
+            self._reference = load_hardware(self.params.reference)
+
+    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
+        """The formula's time for ``op``; ``hw`` matters only with a ``reference`` device."""
+        kind = OpKind(getattr(op, "kind", OpKind.OTHER))
+        if kind is OpKind.VIEW:
+            return Cost(0.0, Bound.FREE, detail="view: no kernel")
+        if isinstance(op, Collective):
+            return self.collective.estimate(op, hw)
+        p = self.params
+        factor = p.factors.get(kind, p.default_factor)
+        us = formula_elements(op) * p.base_us_per_element * factor
+        if isinstance(op, Attention):
+            us += op.batch * op.heads * op.pairs * p.base_us_per_element * p.attention_softmax_factor
+        compute_like = kind in OpCategory.MATMUL
+        if self._reference is not None:
+            if compute_like:
+                us *= self._reference.peak_flops(op.dtype) / hw.peak_flops(op.dtype)
+            else:
+                us *= self._reference.memory_bandwidth / hw.memory_bandwidth
+        if p.truncate:
+            us = float(math.floor(us))
+        us = max(us, p.min_us)
+        bound = Bound.COMPUTE if compute_like else Bound.MEMORY
+        return Cost(
+            us * 1e-6,
+            bound,
+            compute_s=us * 1e-6 if compute_like else 0.0,
+            memory_s=0.0 if compute_like else us * 1e-6,
+            detail=f"formula: elements x {p.base_us_per_element} us x {factor}",
+        )

@@ -1,0 +1,294 @@
+"""The table model: measured times by op ``definition`` and shape, and the file calibration writes.
+
+A :class:`CostTable` (saved as JSON) holds what ``opgraph calibrate`` learns from replay results:
+
+- ``entries``: the median measured time of each replayed config, keyed by ``definition``, dtype
+  and shape (the op's integer fields: ``m``, ``q_len``, ``rows``...), with the spread and the
+  sample count;
+- ``hardware``: the spec of the device it was measured on, with fitted launch latency and host
+  overheads, so ``--hardware calib.json`` and ``--cost-model calib.json`` name one file;
+- ``roofline`` and ``collective``: fitted parameters (per-kind efficiency curves, time scales) of
+  the fallback model that costs every op the table does not hold.
+
+:class:`TableModel` looks an op up: an exact shape gives the measured time; another shape of a
+measured definition is interpolated linearly in the op's work (FLOPs for matmuls, bytes for the
+rest) between the nearest measured shapes, scaled linearly above the largest and held at the
+smallest below it; an unmeasured definition goes to the fallback model.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from hardware.base import Bound, Cost, CostModel, CostModelError, UncostedOpError
+from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams
+from hardware.models.efficiency import RooflineParams
+from hardware.spec import HardwareSpec
+from opgraph.ir import DType, OpBase, OpCategory, OpKind, Scalar, load_model, save_model
+from opgraph.ir.tensor import FROZEN
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+_COMMON_FIELDS = frozenset(OpBase.model_fields) | {"kind"}
+
+
+def shape_key(op: OpBase) -> dict[str, int]:
+    """The integer (and boolean) fields of ``op`` beyond the common ones: what tells shapes apart."""
+    out: dict[str, int] = {}
+    for name in type(op).model_fields:
+        if name in _COMMON_FIELDS:
+            continue
+        value = getattr(op, name)
+        if isinstance(value, bool):
+            out[name] = int(value)
+        elif isinstance(value, int):
+            out[name] = value
+    return out
+
+
+def table_work(op: OpBase) -> float:
+    """The size coordinate the table interpolates along: FLOPs for matmuls, bytes moved for the rest."""
+    kind = getattr(op, "kind", OpKind.OTHER)
+    if kind in OpCategory.MATMUL and op.flops > 0:
+        return float(op.flops)
+    return float(op.total_bytes or op.flops)
+
+
+class TableEntry(BaseModel):
+    """One measured config: the median device time of an op shape."""
+
+    model_config = FROZEN
+
+    definition: str
+    """The op's definition name (``gemm_n4096_k4096``)."""
+    kind: OpKind
+    """The op's kind."""
+    dtype: DType = DType.bf16
+    """Compute dtype."""
+    shape: dict[str, int] = Field(default_factory=dict)
+    """The op's integer fields (``m``, ``batch``, ``q_len``...), see :func:`shape_key`."""
+    work: NonNegFloat = 0.0
+    """FLOPs (matmuls) or bytes moved (the rest): the interpolation coordinate."""
+    seconds: NonNegFloat
+    """Median measured device time."""
+    spread_s: NonNegFloat = 0.0
+    """Spread of the measurements (interquartile range), seconds."""
+    samples: Annotated[int, Field(ge=1)] = 1
+    """Timed repetitions behind the median."""
+
+    @classmethod
+    def from_op(cls, op: OpBase, seconds: float, *, spread_s: float = 0.0, samples: int = 1) -> TableEntry:
+        """The entry for a measured ``op``."""
+        return cls(
+            definition=op.definition,
+            kind=OpKind(getattr(op, "kind", OpKind.OTHER)),
+            dtype=op.dtype,
+            shape=shape_key(op),
+            work=table_work(op),
+            seconds=seconds,
+            spread_s=spread_s,
+            samples=samples,
+        )
+
+
+class CostTable(BaseModel):
+    """A calibrated cost model as a file: measured times, the device spec, fallback parameters."""
+
+    model_config = FROZEN
+
+    schema_version: Literal[1] = 1
+    """Format version."""
+    format: Literal["opgraph.cost_table"] = "opgraph.cost_table"
+    """Marks the file as a cost table (so ``--hardware`` and ``--cost-model`` recognise it)."""
+    hardware: HardwareSpec | None = None
+    """The device measured, with fitted launch latency and host overheads."""
+    entries: tuple[TableEntry, ...] = ()
+    """Measured configs."""
+    fallback: str = "roofline"
+    """Model for ops not in the table: a built-in name or ``module:Class``."""
+    roofline: RooflineParams = Field(default_factory=RooflineParams)
+    """Parameters of the roofline fallback (fitted efficiency curves and time scales)."""
+    collective: CollectiveParams = Field(default_factory=CollectiveParams)
+    """Parameters of the collective model."""
+    source: dict[str, Scalar] = Field(default_factory=dict)
+    """Provenance: replay file, device name, library versions, date."""
+    notes: tuple[str, ...] = ()
+    """Free-form remarks."""
+
+    @model_validator(mode="after")
+    def _unique(self) -> CostTable:
+        seen: set[tuple[str, DType, tuple[tuple[str, int], ...]]] = set()
+        for e in self.entries:
+            key = (e.definition, e.dtype, tuple(sorted(e.shape.items())))
+            if key in seen:
+                raise ValueError(f"entry {e.definition} {e.dtype.value} {e.shape} appears twice")
+            seen.add(key)
+        return self
+
+    @classmethod
+    def from_measurements(
+        cls, measured: Iterable[tuple[OpBase, float]], *, hardware: HardwareSpec | None = None, **fields: object
+    ) -> CostTable:
+        """A table from ``(op, seconds)`` pairs; repeated shapes keep the median of their times."""
+        groups: dict[tuple[str, DType, tuple[tuple[str, int], ...]], tuple[OpBase, list[float]]] = {}
+        for op, seconds in measured:
+            key = (op.definition, op.dtype, tuple(sorted(shape_key(op).items())))
+            groups.setdefault(key, (op, []))[1].append(seconds)
+        entries = []
+        for op, times in groups.values():
+            times.sort()
+            mid = len(times) // 2
+            median = times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
+            entries.append(TableEntry.from_op(op, median, samples=len(times)))
+        return cls.model_validate({**fields, "hardware": hardware, "entries": tuple(entries)})
+
+    def save(self, path: str | Path) -> Path:
+        """Write the table as JSON (``.gz`` compresses), atomically."""
+        return save_model(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostTable:
+        """Read a table; every failure is a one-line :class:`~opgraph.ir.LoadError` naming the file."""
+        return load_model(path, cls)
+
+
+class _Series:
+    """The measured shapes of one (definition, dtype), sorted by work."""
+
+    def __init__(self) -> None:
+        self.points: list[tuple[float, float]] = []
+
+    def finish(self) -> None:
+        merged: dict[float, list[float]] = {}
+        for work, seconds in self.points:
+            merged.setdefault(work, []).append(seconds)
+        self.points = sorted((w, sum(s) / len(s)) for w, s in merged.items())
+        self.works = [w for w, _ in self.points]
+
+    def at(self, work: float) -> tuple[float, str]:
+        pts = self.points
+        lo, hi = pts[0], pts[-1]
+        if work <= lo[0]:
+            return lo[1], "below the measured range: smallest measured time"
+        if work >= hi[0]:
+            scale = work / hi[0] if hi[0] > 0 else 1.0
+            return hi[1] * scale, "above the measured range: largest measured throughput"
+        i = bisect.bisect_right(self.works, work)
+        (w0, t0), (w1, t1) = pts[i - 1], pts[i]
+        return t0 + (t1 - t0) * (work - w0) / (w1 - w0), "interpolated between measured shapes"
+
+
+class TableModel:
+    """Measured times by definition and shape, interpolated, with a fallback for the rest.
+
+    Parameters
+    ----------
+    table:
+        A :class:`CostTable` or the path of one (``path=`` is the same, for option strings).
+    fallback:
+        A cost model or spec for ops the table lacks; by default the table's ``fallback`` built
+        with its fitted ``roofline`` and ``collective`` parameters.
+    check_hardware:
+        Refuse to cost for a device other than the one measured (names compared loosely).
+    """
+
+    name = "table"
+
+    def __init__(
+        self,
+        table: CostTable | str | Path | None = None,
+        *,
+        path: str | Path | None = None,
+        fallback: CostModel | str | None = None,
+        check_hardware: bool | str = True,
+    ) -> None:
+        source = table if table is not None else path
+        if source is None:
+            raise CostModelError(
+                "the table model needs a cost table file", hint="give path=FILE, or the .json file itself"
+            )
+        self.path = None if isinstance(source, CostTable) else str(source)
+        self.table = source if isinstance(source, CostTable) else CostTable.load(source)
+        if isinstance(check_hardware, str):
+            check_hardware = check_hardware.strip().lower() not in ("0", "false", "no", "off")
+        self.check_hardware = check_hardware
+        self.collective = AlphaBetaCollectiveModel(self.table.collective)
+        self.fallback = self._make_fallback(fallback)
+        self._exact: dict[tuple[str, DType, tuple[tuple[str, int], ...]], TableEntry] = {}
+        self._series: dict[tuple[str, DType], _Series] = {}
+        for e in self.table.entries:
+            self._exact[(e.definition, e.dtype, tuple(sorted(e.shape.items())))] = e
+            self._series.setdefault((e.definition, e.dtype), _Series()).points.append((e.work, e.seconds))
+        for series in self._series.values():
+            series.finish()
+
+    def _make_fallback(self, fallback: CostModel | str | None) -> CostModel:
+        if fallback is not None and not isinstance(fallback, str):
+            return fallback
+        name = fallback or self.table.fallback
+        if name == "roofline":
+            from hardware.models.roofline import RooflineModel
+
+            return RooflineModel(self.table.roofline, collective=self.collective)
+        if name == "formula":
+            from hardware.models.formula import FormulaModel
+
+            return FormulaModel(collective=self.collective)
+        from hardware.models.registry import resolve_cost_model
+
+        return resolve_cost_model(name)
+
+    def _where(self) -> str:
+        return self.path or "cost table"
+
+    def _check(self, hw: HardwareSpec) -> None:
+        measured = self.table.hardware
+        if not self.check_hardware or measured is None:
+            return
+        from hardware.loader import normalize_name
+
+        if normalize_name(measured.name) != normalize_name(hw.name):
+            raise CostModelError(
+                f"the table was measured on {measured.name!r}, not {hw.name!r}",
+                where=self._where(),
+                hint="simulate with --hardware set to the table file or that device, or pass check_hardware=false",
+            )
+
+    def _bound(self, op: OpBase, hw: HardwareSpec) -> Bound:
+        try:
+            return self.fallback.estimate(op, hw).bound
+        except (UncostedOpError, CostModelError):
+            return Bound.COMPUTE if getattr(op, "kind", None) in OpCategory.MATMUL else Bound.MEMORY
+
+    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
+        """The measured, interpolated or fallback time of ``op``."""
+        kind = getattr(op, "kind", OpKind.OTHER)
+        if kind is OpKind.VIEW:
+            return Cost(0.0, Bound.FREE, detail="view: no kernel")
+        self._check(hw)
+        exact = self._exact.get((op.definition, op.dtype, tuple(sorted(shape_key(op).items()))))
+        if exact is not None:
+            return Cost(exact.seconds, self._bound(op, hw), detail=f"table: measured ({exact.samples} samples)")
+        series = self._series.get((op.definition, op.dtype))
+        if series is not None:
+            seconds, how = series.at(table_work(op))
+            return Cost(seconds, self._bound(op, hw), detail=f"table: {how} of {op.definition}")
+        cost = self.fallback.estimate(op, hw)
+        return Cost(
+            cost.seconds,
+            cost.bound,
+            compute_s=cost.compute_s,
+            memory_s=cost.memory_s,
+            efficiency=cost.efficiency,
+            detail=f"fallback (not in the table): {cost.detail}".rstrip(": "),
+        )
+
+
+def load_cost_table(path: str | Path) -> CostTable:
+    """Read a :class:`CostTable` file (alias of :meth:`CostTable.load`)."""
+    return CostTable.load(path)

@@ -1,0 +1,73 @@
+"""``opgraph hardware list`` and ``opgraph hardware show``, in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from opgraph.cli.app import app
+from opgraph.cli.common import console
+from tests.conftest import check_golden
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _width_80(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Golden output must not depend on the terminal (or $COLUMNS) the tests run in."""
+    monkeypatch.setattr(console, "_width", 80)
+
+
+def test_list_golden() -> None:
+    result = runner.invoke(app, ["hardware", "list"])
+    assert result.exit_code == 0, result.output
+    check_golden("hardware/list.txt", result.stdout)
+
+
+def test_list_json_has_every_device() -> None:
+    result = runner.invoke(app, ["hardware", "list", "--json"])
+    assert result.exit_code == 0
+    names = {d["name"] for d in json.loads(result.stdout)}
+    assert {"h100-sxm", "mi300x", "xeon-8480"} <= names
+
+
+def test_show_golden_and_alias() -> None:
+    result = runner.invoke(app, ["hardware", "show", "H100"])
+    assert result.exit_code == 0, result.output
+    check_golden("hardware/show_h100.txt", result.stdout)
+    assert "3.35 TB/s" in result.stdout and "source:" in result.stdout
+
+
+def test_show_json_round_trips() -> None:
+    from hardware import HardwareSpec, load_hardware
+
+    result = runner.invoke(app, ["hardware", "show", "mi300x", "--json"])
+    assert HardwareSpec.model_validate_json(result.stdout) == load_hardware("mi300x")
+
+
+def test_show_a_user_file(tmp_path: Path) -> None:
+    path = tmp_path / "h100_2x_bw.toml"
+    path.write_text('base = "h100"\nmemory_bandwidth = "6.7 TB/s"\n')
+    result = runner.invoke(app, ["hardware", "show", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "h100_2x_bw" in result.stdout and "6.7 TB/s" in result.stdout
+
+
+def test_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["hardware", "show", "h1000"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown hardware 'h1000'") and "h100-sxm" in lines[0]
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\nmemory_bytes = "1 GiB"\nmemory_bandwidth = -1\n')
+    result = runner.invoke(app, ["hardware", "show", str(bad)])
+    assert result.exit_code == 2 and f"error: {bad}: memory_bandwidth" in result.stderr
+
+
+def test_help_golden() -> None:
+    result = runner.invoke(app, ["hardware", "show", "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+    assert result.exit_code == 0
+    check_golden("hardware/show_help.txt", result.stdout)
