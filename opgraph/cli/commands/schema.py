@@ -16,6 +16,7 @@ SAVED_TYPES: dict[str, str] = {
     "catalog": "opgraph.catalog:Catalog",
     "hardware": "hardware:HardwareSpec",
     "cost_table": "hardware:CostTable",
+    "analysis": "opgraph.trace.result:AnalysisResult",
     "coverage_report": "validators.coverage:CoverageReport",
 }
 

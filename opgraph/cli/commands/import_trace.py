@@ -1,0 +1,43 @@
+"""``opgraph import TRACE -o timeline.json``: a torch-profiler trace as a measured opgraph Timeline."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from opgraph.cli.common import console, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``import`` to the app."""
+    app.command("import")(import_trace)
+
+
+@handle_errors
+def import_trace(
+    trace: Path = typer.Argument(
+        ..., metavar="TRACE", help="torch-profiler trace: .json, .json.gz, a folder of ranks, or a .tar.gz."
+    ),
+    output: Path = typer.Option(..., "-o", "--output", help="Timeline file to write (.json or .json.gz)."),
+    kernels_only: bool = typer.Option(False, "--kernels-only", help="Leave out host spans (CPU ops, launches)."),
+    rank: int | None = typer.Option(None, "--rank", help="Only this rank of a multi-rank trace."),
+    patterns: list[Path] = typer.Option([], "--patterns", help="Extra kernel pattern file (TOML) or folder."),
+) -> None:
+    """Import a trace into a measured Timeline (kernels typed and labelled by layer, stage and pass)."""
+    from opgraph.ir import save_model
+    from opgraph.trace import load_patterns, load_trace
+
+    tl = load_trace(trace, cpu=not kernels_only, rank=rank, patterns=load_patterns(list(patterns)))
+    save_model(tl, output)
+    incomplete = [n for n in tl.notes if "incomplete" in n]
+    if incomplete:
+        print(f"warning: {trace}: incomplete trace, events were skipped ({'; '.join(incomplete)})", file=sys.stderr)
+    kernels = sum(1 for s in tl.spans if s.args.get("type") == "kernel")
+    console.print(
+        f"{output}: {len(tl.spans)} spans ({kernels} kernels) on {len(tl.tracks())} tracks, device "
+        f"{tl.source.device or 'unknown'}"
+    )
+    for n in tl.notes:
+        console.print(f"note: {n}")

@@ -1,0 +1,560 @@
+"""The kernel analyzer: passes, transformer layers and stages of a measured trace, and its breakdowns.
+
+Passes come from step annotations (vLLM ``execute_...``, SGLang ``step[...]``, ``ProfilerStep#N``), else
+from sampling kernels that end each ``generate`` iteration. Within a pass, layers are anchored on
+attention blocks: a layer starts at the first layer-start marker (a norm) after the previous layer's
+feed-forward part began, so blocks whose norm fires two (or four, with q/k norms) times merge into one
+layer, and norms after an all-reduce fall out naturally. Stages come from the annotation, else from
+votes of stage-specific kernel names and attention input shapes (query length 1 is decode), then
+propagate to undecided layers; a last fallback reads a long first pass before short similar ones as
+prefill.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from opgraph.trace.classify import KernelClassifier
+from opgraph.trace.events import GpuEvent, HostEvent, TraceData
+from opgraph.trace.patterns import PatternSet
+from opgraph.trace.result import (
+    AnalysisResult,
+    Bucket,
+    CollectiveInfo,
+    LayerInfo,
+    PassInfo,
+    StageTypeRow,
+    UniqueKernel,
+)
+
+_FFN_TYPES = frozenset({"activation", "moe"})
+_STAGE_ORDER = ("prefill", "decode", "mixed", "idle", "unknown")
+# Attention ops whose first input is (batch, heads, seq, head_dim); the others are (batch, seq, heads, head_dim).
+_BHSD_OPS = ("scaled_dot_product", "_cudnn_attention", "sdpa")
+_BSHD_OPS = ("_flash_attention_forward", "_efficient_attention_forward", "flash_attn")
+
+Label = tuple[int | None, str | None, int | None]
+"""(layer, stage, pass) of one device event."""
+
+
+@dataclass
+class _Step:
+    name: str
+    start: float
+    end: float
+    stage: str
+    gpu_clock: bool
+    tokens: int | None = None
+
+
+@dataclass
+class _Layer:
+    lo: int
+    hi: int  # exclusive positions in the chunk sequence
+    attn_end: int  # position after the attention block
+    split: int | None  # first marker after attention (half-layer boundary)
+    stage: str = "unknown"
+    source: str = "none"
+    mla: bool = False
+    norms: int = 0
+
+
+@dataclass
+class _Pass:
+    events: list[int]
+    annotation: str = ""
+    stage: str = "unknown"
+    source: str = "none"
+    tokens: int | None = None
+    layers: list[_Layer] = field(default_factory=list)
+
+
+def _step_stage(rule_labels: dict[str, str], groups: dict[str, str | None]) -> tuple[str, int | None]:
+    label = groups.get("label")
+    tokens = groups.get("tokens")
+    ntok = int(tokens) if tokens and tokens.isdigit() else None
+    if label is not None:
+        return rule_labels.get(label, rule_labels.get(label.upper(), "unknown")), ntok
+    ctx, gen = groups.get("context"), groups.get("generation")
+    if ctx is not None and gen is not None:
+        c, g = int(ctx), int(gen)
+        if c and g:
+            return "mixed", ntok
+        if c:
+            return "prefill", ntok
+        if g:
+            return "decode", ntok
+        return "idle", ntok
+    return "unknown", ntok
+
+
+def find_steps(host: Sequence[HostEvent], patterns: PatternSet) -> list[_Step]:
+    """Step annotations: the innermost ones (an SGLang ``step[...]`` inside its ``execute_...``)."""
+    found: list[_Step] = []
+    for h in host:
+        if h.kind not in ("annotation", "gpu_annotation"):
+            continue
+        for rule in patterns.steps:
+            m = rule.regex.search(h.name)
+            if m:
+                stage, tokens = _step_stage(rule.labels, m.groupdict())
+                found.append(_Step(h.name, h.ts, h.ts + h.dur, stage, h.kind == "gpu_annotation", tokens))
+                break
+    if not found:
+        return []
+    # prefer one clock: host annotations carry launches; GPU ones are used when only they exist
+    host_steps = [s for s in found if not s.gpu_clock]
+    steps = host_steps or found
+    steps.sort(key=lambda s: (s.start, -s.end))
+    inner: list[_Step] = []
+    for s in steps:
+        contains_other = any(o is not s and o.start >= s.start and o.end <= s.end for o in steps)
+        if not contains_other:
+            inner.append(s)
+    # an outer annotation knows the token counts its inner one may lack
+    for s in inner:
+        if s.tokens is None:
+            for o in steps:
+                if o.tokens is not None and o.start <= s.start and o.end >= s.end:
+                    s.tokens = o.tokens
+                    break
+    return inner
+
+
+def _q_len(ev: GpuEvent) -> int | None:
+    op, dims = ev.launch_op, ev.launch_dims
+    if not op or not isinstance(dims, list) or not dims or not isinstance(dims[0], list) or len(dims[0]) != 4:
+        return None
+    q = dims[0]
+    if any(k in op for k in _BSHD_OPS):
+        v = q[1]
+    elif any(k in op for k in _BHSD_OPS):
+        v = q[2]
+    else:
+        return None
+    return v if isinstance(v, int) else None
+
+
+class Analyzer:
+    """Analyzes one rank's :class:`TraceData` with a pattern set."""
+
+    def __init__(self, patterns: PatternSet, classifier: KernelClassifier | None = None) -> None:
+        self.patterns = patterns
+        self.clf = classifier or KernelClassifier(patterns)
+
+    # ---- passes -------------------------------------------------------------------------------
+    def passes(self, data: TraceData, notes: list[str]) -> tuple[list[_Pass], list[int]]:
+        gpu = data.gpu
+        steps = find_steps(data.host, self.patterns)
+        if steps:
+            passes = [_Pass([], s.name, s.stage, "annotation", s.tokens) for s in steps]
+            starts = [s.start for s in steps]
+            unassigned: list[int] = []
+            for i, g in enumerate(gpu):
+                t = g.ts if steps[0].gpu_clock or g.launch_ts is None else g.launch_ts
+                k = _find(starts, t)
+                if k >= 0 and (t <= steps[k].end or g.launch_ts is None):
+                    passes[k].events.append(i)
+                else:
+                    unassigned.append(i)
+            kept = [p for p in passes if p.events]
+            if len(kept) < len(passes):
+                notes.append(f"{len(passes) - len(kept)} step annotation(s) without device activity ignored")
+            return kept, unassigned
+        # no annotations: a sampling kernel ends each generate iteration
+        chunks: list[_Pass] = [_Pass([])]
+        prev_sampling = False
+        for i, g in enumerate(gpu):
+            sampling = g.ktype == "sampling"
+            if prev_sampling and not sampling:
+                chunks.append(_Pass([]))
+            chunks[-1].events.append(i)
+            prev_sampling = sampling
+        if len(chunks) == 1:
+            notes.append("no step annotations or sampling kernels: pass boundaries unknown, one pass assumed")
+        else:
+            notes.append("no step annotations: passes split after sampling kernels")
+        return chunks, []
+
+    # ---- layers -------------------------------------------------------------------------------
+    def layers(self, gpu: list[GpuEvent], p: _Pass) -> None:
+        seq = p.events
+        n = len(seq)
+        is_marker = [False] * n
+        is_ffn = [False] * n
+        prev_norm = False
+        for j, idx in enumerate(seq):
+            g = gpu[idx]
+            if g.kind != "kernel":
+                continue
+            norm = g.ktype == "norm"
+            is_marker[j] = g.layer_start or (norm and not prev_norm)
+            prev_norm = norm
+            is_ffn[j] = g.ktype in _FFN_TYPES or self.clf.is_ffn(g.name)
+        blocks: list[list[int]] = []
+        since_break = True
+        for j, idx in enumerate(seq):
+            g = gpu[idx]
+            if g.ktype == "attention":
+                if since_break or not blocks:
+                    blocks.append([j, j + 1])
+                else:
+                    blocks[-1][1] = j + 1
+                since_break = False
+            elif g.ktype == "gemm" or is_marker[j]:
+                since_break = True
+        if not blocks:
+            return
+
+        def first(flags: list[bool], lo: int, hi: int) -> int | None:
+            for k in range(lo, hi):
+                if flags[k]:
+                    return k
+            return None
+
+        def markers(lo: int, hi: int) -> list[int]:
+            return [k for k in range(lo, hi) if is_marker[k]]
+
+        starts: list[int] = []
+        m0 = first(is_marker, 0, blocks[0][0])
+        starts.append(m0 if m0 is not None else 0)
+        for (_, a_hi), (b_lo, _) in itertools.pairwise(blocks):
+            f = first(is_ffn, a_hi, b_lo)
+            b = first(is_marker, f + 1, b_lo) if f is not None else None
+            if b is None:
+                ms = markers(a_hi, b_lo)
+                b = ms[1] if len(ms) >= 2 else (ms[0] if ms else (a_hi + b_lo + 1) // 2)
+            starts.append(b)
+        a_hi = blocks[-1][1]
+        f = first(is_ffn, a_hi, n)
+        end = first(is_marker, f + 1, n) if f is not None else None
+        if end is None:
+            ms = markers(a_hi, n)
+            end = ms[1] if len(ms) >= 2 else n
+            if f is not None:
+                s = next((k for k in range(f, n) if gpu[seq[k]].ktype == "sampling"), None)
+                end = s if s is not None else n
+        bounds = [*starts, end]
+        for li, blk in enumerate(blocks):
+            lo, hi = bounds[li], max(bounds[li + 1], blk[1])
+            split = first(is_marker, blk[1], hi)
+            layer = _Layer(lo, hi, blk[1], split)
+            layer.norms = sum(is_marker[lo:hi])
+            layer.mla = any(self.clf.is_mla(gpu[seq[k]].name) for k in range(lo, hi) if gpu[seq[k]].kind == "kernel")
+            p.layers.append(layer)
+
+    # ---- stages -------------------------------------------------------------------------------
+    def stages(self, gpu: list[GpuEvent], passes: list[_Pass], notes: list[str]) -> None:
+        any_votes = False
+        for p in passes:
+            if p.source == "annotation" and p.stage != "unknown":
+                for layer in p.layers:
+                    layer.stage, layer.source = p.stage, "annotation"
+                continue
+            for layer in p.layers:
+                votes: Counter[str] = Counter()
+                shape = False
+                for k in range(layer.lo, layer.hi):
+                    g = gpu[p.events[k]]
+                    if g.vote:
+                        votes[g.vote] += 1
+                    if g.ktype == "attention":
+                        q = _q_len(g)
+                        if q is not None:
+                            votes["decode" if q == 1 else "prefill"] += 1
+                            shape = True
+                if votes:
+                    (top, c1), *rest = votes.most_common(2)
+                    if not rest or rest[0][1] < c1:
+                        layer.stage, layer.source = top, ("shape" if shape else "vote")
+                        any_votes = True
+            known = [layer.stage for layer in p.layers if layer.stage != "unknown"]
+            for i, layer in enumerate(p.layers):
+                if layer.stage == "unknown" and known:
+                    prev = next((x.stage for x in reversed(p.layers[:i]) if x.stage != "unknown"), None)
+                    nxt = next((x.stage for x in p.layers[i + 1 :] if x.stage != "unknown"), None)
+                    layer.stage = prev or nxt or "unknown"
+                    layer.source = "propagated"
+            if known:
+                top = Counter(known).most_common(1)[0][0]
+                p.stage = top
+                p.source = Counter(x.source for x in p.layers if x.stage == top).most_common(1)[0][0]
+                if p.source == "propagated":
+                    p.source = "vote"
+        undecided = [p for p in passes if p.layers and p.stage == "unknown"]
+        if undecided and len(undecided) >= 2:
+            per_layer = [sum(gpu[i].dur for i in p.events) / max(len(p.layers), 1) for p in undecided]
+            typical = statistics.median(per_layer[1:])
+            if per_layer[0] > 2.0 * typical and all(x < 2.0 * typical for x in per_layer[1:]):
+                for i, p in enumerate(undecided):
+                    p.stage, p.source = ("prefill" if i == 0 else "decode"), "timing"
+                    for layer in p.layers:
+                        layer.stage, layer.source = p.stage, "timing"
+                notes.append(
+                    "no stage annotations, stage kernels or attention shapes: stages guessed from timing "
+                    "(a long first pass read as prefill, the similar short ones as decode)"
+                )
+        elif not any_votes and any(p.layers for p in passes) and not any(p.source == "annotation" for p in passes):
+            notes.append("no evidence for stages (annotations, stage kernels, attention shapes): stages unknown")
+
+    # ---- the whole analysis -----------------------------------------------------------------------
+    def run(self, data: TraceData, *, split_half_layers: bool = False) -> tuple[AnalysisResult, list[Label]]:
+        """The analysis of ``data`` and the (layer, stage, pass) label of every device event."""
+        gpu = data.gpu
+        self.clf.classify(gpu)
+        notes = list(data.notes)
+        passes, _ = self.passes(data, notes)
+        for p in passes:
+            self.layers(gpu, p)
+        passes = [p for p in passes if p.layers or p.annotation]
+        self.stages(gpu, passes, notes)
+        labels: list[Label] = [(None, None, None)] * len(gpu)
+        in_layer = [False] * len(gpu)
+        layer_infos: list[LayerInfo] = []
+        pass_infos: list[PassInfo] = []
+        gindex = 0
+        merged_halves = 0
+        for pi, p in enumerate(passes):
+            for j in p.events:
+                labels[j] = (None, p.stage, pi)
+            units: list[tuple[_Layer, int, int, str, int]] = []
+            for layer in p.layers:
+                kind_full = self._kind(gpu, p, layer.lo, layer.hi, layer.attn_end, layer.mla, True)
+                if layer.split is not None and layer.split > layer.attn_end - 1:
+                    merged_halves += 1
+                if split_half_layers and layer.split is not None:
+                    units.append((layer, layer.lo, layer.split, self._half_kind(gpu, p, layer.lo, layer.split), 1))
+                    units.append((layer, layer.split, layer.hi, self._half_kind(gpu, p, layer.split, layer.hi), 1))
+                else:
+                    units.append((layer, layer.lo, layer.hi, kind_full, 2 if layer.split is not None else 1))
+            for li, (layer, lo, hi, kind, halves) in enumerate(units):
+                idxs = p.events[lo:hi]
+                t: dict[str, float] = defaultdict(float)
+                count = 0
+                for j in idxs:
+                    g = gpu[j]
+                    labels[j] = (gindex, layer.stage, pi)
+                    in_layer[j] = True
+                    if g.kind == "kernel":
+                        count += 1
+                        t[g.ktype] += g.dur
+                        t["all"] += g.dur
+                start = gpu[idxs[0]].ts if idxs else 0.0
+                end = max((gpu[j].ts + gpu[j].dur for j in idxs), default=start)
+                layer_infos.append(
+                    LayerInfo(
+                        index=gindex,
+                        pass_index=pi,
+                        layer=li,
+                        kind=kind,  # type: ignore[arg-type]
+                        stage=layer.stage,  # type: ignore[arg-type]
+                        stage_source=layer.source,  # type: ignore[arg-type]
+                        start_us=round(start, 3),
+                        end_us=round(end, 3),
+                        kernels=count,
+                        time_us=round(t["all"], 3),
+                        attention_us=round(t["attention"], 3),
+                        gemm_us=round(t["gemm"], 3),
+                        moe_us=round(t["moe"], 3),
+                        communication_us=round(t["communication"], 3),
+                        norms=sum(
+                            1
+                            for k in range(lo, hi)
+                            if gpu[p.events[k]].layer_start
+                            or (gpu[p.events[k]].ktype == "norm" and (k == 0 or gpu[p.events[k - 1]].ktype != "norm"))
+                        ),
+                        half_layers=halves,
+                    )
+                )
+                gindex += 1
+            evs = [gpu[j] for j in p.events]
+            pass_infos.append(
+                PassInfo(
+                    index=pi,
+                    stage=p.stage,  # type: ignore[arg-type]
+                    stage_source=p.source,  # type: ignore[arg-type]
+                    layers=len(units),
+                    kernels=sum(1 for g in evs if g.kind == "kernel"),
+                    time_us=round(sum(g.dur for g in evs if g.kind == "kernel"), 3),
+                    start_us=round(min((g.ts for g in evs), default=0.0), 3),
+                    end_us=round(max((g.ts + g.dur for g in evs), default=0.0), 3),
+                    annotation=p.annotation,
+                    tokens=p.tokens,
+                )
+            )
+        # kernels outside layers may take another type (topk after the LM head is sampling, not MoE)
+        for j, g in enumerate(gpu):
+            if not in_layer[j] and g.kind == "kernel":
+                out = self.clf.outside_type(g.name)
+                if out is not None:
+                    g.ktype = out
+        result = self._summarize(data, passes, pass_infos, layer_infos, labels, in_layer, notes, split_half_layers)
+        if merged_halves and not split_half_layers:
+            result = result.model_copy(update={"half_layers_merged": True})
+        return result, labels
+
+    def _kind(self, gpu: list[GpuEvent], p: _Pass, lo: int, hi: int, attn_end: int, mla: bool, full: bool) -> str:
+        types = {gpu[p.events[k]].ktype for k in range(attn_end, hi) if gpu[p.events[k]].kind == "kernel"}
+        ffn = "MOE" if "moe" in types else ("FC" if types & {"activation", "gemm"} else "")
+        attn = "MLA" if mla else "MHA"
+        if not ffn:
+            return "ATTN"
+        return f"{attn}_{ffn}"
+
+    def _half_kind(self, gpu: list[GpuEvent], p: _Pass, lo: int, hi: int) -> str:
+        types = {gpu[p.events[k]].ktype for k in range(lo, hi) if gpu[p.events[k]].kind == "kernel"}
+        if "attention" in types:
+            return "ATTN"
+        if "moe" in types:
+            return "MOE"
+        if types & {"activation", "gemm"}:
+            return "FC"
+        return "UNKNOWN"
+
+    def _summarize(
+        self,
+        data: TraceData,
+        passes: list[_Pass],
+        pass_infos: list[PassInfo],
+        layer_infos: list[LayerInfo],
+        labels: list[Label],
+        in_layer: list[bool],
+        notes: list[str],
+        split: bool,
+    ) -> AnalysisResult:
+        gpu = data.gpu
+        kernels = [(j, g) for j, g in enumerate(gpu) if g.kind == "kernel"]
+        total = sum(g.dur for _, g in kernels) or 0.0
+        denom = total or 1.0
+        by_type: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        by_stage: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        by_st: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+        uniq: dict[str, list[Any]] = {}
+        for j, g in kernels:
+            stage = labels[j][1] or "unknown"
+            for d, key in ((by_type, g.ktype), (by_stage, stage)):
+                d[key][0] += 1
+                d[key][1] += g.dur
+            st = by_st[(stage, g.ktype)]
+            st[0] += 1
+            st[1] += g.dur
+            u = uniq.get(g.name)
+            if u is None:
+                uniq[g.name] = u = [g.ktype, 0, 0.0, g.dur, g.dur, set(), Counter(), []]
+            u[1] += 1
+            u[2] += g.dur
+            u[3] = min(u[3], g.dur)
+            u[4] = max(u[4], g.dur)
+            u[5].add(stage)
+            if g.launch_op:
+                u[6][g.launch_op] += 1
+            if g.grid and g.grid not in u[7] and len(u[7]) < 3:
+                u[7].append(g.grid)
+
+        def buckets(d: dict[str, list[float]], order: Sequence[str] = ()) -> tuple[Bucket, ...]:
+            keys = sorted(d, key=lambda k: (order.index(k) if k in order else len(order), -d[k][1]))
+            return tuple(
+                Bucket(name=k, count=int(d[k][0]), time_us=round(d[k][1], 3), pct=round(100 * d[k][1] / denom, 3))
+                for k in keys
+            )
+
+        uniques = tuple(
+            UniqueKernel(
+                name=name,
+                short_name=self.patterns.short_name(name),
+                type=u[0],
+                count=u[1],
+                total_us=round(u[2], 3),
+                mean_us=round(u[2] / u[1], 3),
+                min_us=round(u[3], 3),
+                max_us=round(u[4], 3),
+                pct=round(100 * u[2] / denom, 3),
+                stages=tuple(s for s in _STAGE_ORDER if s in u[5]),  # type: ignore[misc]
+                launch_ops=tuple(op for op, _ in u[6].most_common(3)),
+                grids=tuple(u[7]),
+            )
+            for name, u in sorted(uniq.items(), key=lambda kv: (-kv[1][2], kv[0]))
+        )
+        unknown = tuple(u for u in uniques if u.type == "unknown")
+        unk_t = sum(u.total_us for u in unknown)
+        unk_n = sum(u.count for u in unknown)
+        comm: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        for _, g in kernels:
+            if g.ktype == "communication":
+                c = comm[self.patterns.short_name(g.name)]
+                c[0] += 1
+                c[1] += g.dur
+        mem = [g for g in gpu if g.kind != "kernel"]
+        orphans = [g for j, g in kernels if not in_layer[j]]
+        stage_passes = Counter(p.stage for p in pass_infos)
+        attention = "none"
+        if any(p.layers for p in passes):
+            attention = "mla" if any(layer.mla for p in passes for layer in p.layers) else "mha"
+        if unk_n:
+            notes.append(
+                f"{unk_n} kernels ({len(unknown)} distinct, {100 * unk_t / denom:.1f}% of kernel time) match no "
+                "pattern: add rules with --patterns FILE (see `opgraph analyze -v`)"
+            )
+        return AnalysisResult(
+            source=data.file,
+            device=data.device_name,
+            rank=data.rank,
+            complete=data.complete,
+            notes=tuple(notes + [f"incomplete: {r}" for r in data.incomplete]),
+            kernels=len(kernels),
+            kernel_time_us=round(total, 3),
+            memcpy=len(mem),
+            memcpy_time_us=round(sum(g.dur for g in mem), 3),
+            gpu_busy_us=round(_union(gpu), 3),
+            makespan_us=round(max((g.ts + g.dur for g in gpu), default=0.0) - min((g.ts for g in gpu), default=0.0), 3),
+            unknown_pct=round(100 * unk_t / denom, 3),
+            unknown_count_pct=round(100 * unk_n / max(len(kernels), 1), 3),
+            attention=attention,  # type: ignore[arg-type]
+            half_layers_merged=False,
+            split_half_layers=split,
+            by_type=buckets(by_type),
+            by_stage=buckets(by_stage, _STAGE_ORDER),
+            by_stage_type=tuple(
+                StageTypeRow(stage=s, type=t, count=int(v[0]), time_us=round(v[1], 3))  # type: ignore[arg-type]
+                for (s, t), v in sorted(by_st.items(), key=lambda kv: (_STAGE_ORDER.index(kv[0][0]), -kv[1][1]))
+            ),
+            passes=tuple(pass_infos),
+            layers_per_pass=tuple(p.layers for p in pass_infos),
+            stage_passes=dict(sorted(stage_passes.items())),
+            layers=tuple(layer_infos),
+            orphan_kernels=len(orphans),
+            orphan_time_us=round(sum(g.dur for g in orphans), 3),
+            unique_kernels=uniques,
+            unknown_kernels=unknown,
+            collectives=tuple(
+                CollectiveInfo(name=k, count=int(v[0]), time_us=round(v[1], 3))
+                for k, v in sorted(comm.items(), key=lambda kv: -kv[1][1])
+            ),
+            patterns=tuple(self.patterns.families),
+        )
+
+
+def _find(starts: list[float], t: float) -> int:
+    import bisect
+
+    return bisect.bisect_right(starts, t) - 1
+
+
+def _union(gpu: Sequence[GpuEvent]) -> float:
+    total, cur_s, cur_e = 0.0, None, 0.0
+    for g in sorted(gpu, key=lambda e: e.ts):
+        s, e = g.ts, g.ts + g.dur
+        if cur_s is None or s > cur_e:
+            if cur_s is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_s is not None:
+        total += cur_e - cur_s
+    return total

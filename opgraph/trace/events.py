@@ -1,0 +1,91 @@
+"""Compact in-memory form of one imported trace (one rank), linked, before it becomes a ``Timeline``.
+
+Rows are slotted dataclasses rather than pydantic models so a few hundred thousand events import in
+about a second; :func:`opgraph.trace.importer.to_timeline` turns them into the typed IR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+GPU_KINDS = ("kernel", "memcpy", "memset")
+"""Kinds of device activity."""
+HOST_KINDS = ("cpu_op", "runtime", "annotation", "gpu_annotation", "python")
+"""Kinds of host activity (``gpu_annotation`` lies on the device clock but carries no work)."""
+
+
+@dataclass(slots=True)
+class GpuEvent:
+    """A kernel, memcpy or memset on a device stream."""
+
+    name: str
+    kind: str
+    ts: float
+    dur: float
+    device: int
+    stream: int
+    correlation: int | None = None
+    external_id: int | None = None
+    grid: str | None = None
+    block: str | None = None
+    nbytes: int | None = None
+    launch_ts: float | None = None
+    """Start of the runtime call that launched it (host clock), once linked."""
+    launch_name: str | None = None
+    """The runtime call (``cudaLaunchKernel``, ``hipGraphLaunch``, ...)."""
+    launch_op: str | None = None
+    """Innermost CPU op that launched it (``aten::mm``), once linked."""
+    launch_dims: Any = None
+    """Input dims of that CPU op (with ``record_shapes``)."""
+    ktype: str = "unknown"
+    """Kernel type from the classifier."""
+    layer_start: bool = False
+    """Matches a layer-start marker."""
+    vote: str | None = None
+    """Stage vote from its name: ``prefill`` or ``decode``."""
+
+
+@dataclass(slots=True)
+class HostEvent:
+    """A CPU op, runtime call, user annotation or Python function on a host thread."""
+
+    name: str
+    kind: str
+    ts: float
+    dur: float
+    pid: int | str
+    tid: int | str
+    external_id: int | None = None
+    correlation: int | None = None
+    input_dims: Any = None
+
+
+@dataclass
+class TraceData:
+    """One rank of a trace, linked: device and host events, metadata, and what the file lacked."""
+
+    file: str
+    rank: int | None = None
+    world_size: int | None = None
+    device_name: str = ""
+    device_props: list[dict[str, Any]] = field(default_factory=list)
+    runtime: str = ""
+    """``cuda`` or ``hip`` (from the runtime calls seen)."""
+    gpu: list[GpuEvent] = field(default_factory=list)
+    host: list[HostEvent] = field(default_factory=list)
+    origin_us: float = 0.0
+    """Raw timestamp that became 0 (the earliest event)."""
+    base_time_ns: int | None = None
+    notes: list[str] = field(default_factory=list)
+    """What the file lacked or what was assumed."""
+    incomplete: list[str] = field(default_factory=list)
+    """Reasons the data is partial (events skipped); empty when complete."""
+    events_total: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Scalar top-level metadata kept for the timeline's source config."""
+
+    @property
+    def complete(self) -> bool:
+        """No event was skipped."""
+        return not self.incomplete

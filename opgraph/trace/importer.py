@@ -1,0 +1,587 @@
+"""Import of Kineto/torch-profiler Chrome traces into linked :class:`TraceData` and measured ``Timeline``s.
+
+Device activity (kernels, memcpy, memset) becomes spans on ``gpu<device>/stream<id>`` tracks; host
+activity (CPU ops, runtime launches, user annotations) spans on ``cpu/<thread>`` tracks; GPU-side user
+annotations on ``gpu<device>/annotations``. Kernels are linked to the runtime call that launched them
+by correlation id (or, lacking it, through the ``ac2g`` flow events) and to the innermost CPU op by
+External id. Known quirks are tolerated and reported in ``Timeline.notes``.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import gc
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from opgraph.ir.timeline import Timeline, TimelineKind
+from opgraph.trace.events import GpuEvent, HostEvent, TraceData
+from opgraph.trace.reader import NoTraceEventsError, TraceFile, TraceFormatError, discover, read_trace
+
+_GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "memcpy": "memcpy", "memset": "memset"}
+_HOST_CATS = {
+    "cpu_op": "cpu_op",
+    "operator": "cpu_op",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "runtime": "runtime",
+    "hip_runtime": "runtime",
+    "user_annotation": "annotation",
+    "gpu_user_annotation": "gpu_annotation",
+    "python_function": "python",
+}
+_LAUNCH_WORDS = ("LaunchKernel", "LaunchCooperativeKernel", "GraphLaunch", "ModuleLaunchKernel", "ExtLaunch")
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return None
+    return None
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    if isinstance(v, str) and v.lstrip("-").isdigit():
+        return int(v)
+    return None
+
+
+def _dim3(v: Any) -> str | None:
+    if isinstance(v, list) and v:
+        return ",".join(str(x) for x in v)
+    return None
+
+
+def _loose_json(value: Any, key: str, notes: list[str]) -> Any:
+    """A metadata value that may be an object, a JSON string, or a Python-repr string with single quotes."""
+    if not isinstance(value, str):
+        return value
+    try:
+        out = json.loads(value)
+        notes.append(f"{key} was a JSON string instead of an object; parsed")
+        return out
+    except ValueError:
+        pass
+    try:
+        out = ast.literal_eval(value)
+        notes.append(f"{key} was a Python-repr string (single quotes) instead of JSON; parsed")
+        return out
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        notes.append(f"{key} is an unparseable string; ignored")
+        return None
+
+
+def collect(file: TraceFile, *, python: bool = False) -> TraceData:
+    """Read one trace file into linked :class:`TraceData` (events sorted by start; times from 0)."""
+    # Cyclic GC passes over millions of freshly decoded dicts cost more than the parse itself;
+    # nothing decoded here forms cycles, so collection is paused while importing.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _collect(file, python)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _collect(file: TraceFile, python: bool) -> TraceData:
+    stream = read_trace(file)
+    data = TraceData(file=file.name)
+    gpu: list[GpuEvent] = []
+    host: list[HostEvent] = []
+    flow_start: dict[int, tuple[Any, float]] = {}
+    flow_end: dict[tuple[Any, float], int] = {}
+    missing: dict[str, int] = {}
+    first_missing = ""
+    total = 0
+    bad_dur = 0
+    skipped_python = 0
+    gpu_cats = _GPU_CATS
+    host_cats = _HOST_CATS
+    gpu_append = gpu.append
+    host_append = host.append
+    for ev in stream:
+        total += 1
+        ph = ev.get("ph")
+        if ph == "X":
+            cat = ev.get("cat")
+            gkind = gpu_cats.get(cat)  # type: ignore[arg-type]
+            hkind = None
+            if gkind is None:
+                hkind = host_cats.get(cat)  # type: ignore[arg-type]
+                if hkind is None:
+                    if not isinstance(cat, str) or cat == cat.lower():
+                        continue
+                    cat = cat.lower()
+                    gkind = gpu_cats.get(cat)
+                    hkind = None if gkind else host_cats.get(cat)
+                    if gkind is None and hkind is None:
+                        continue
+                if hkind == "python" and not python:
+                    skipped_python += 1
+                    continue
+            name = ev.get("name")
+            ts = ev.get("ts")
+            dur = ev.get("dur")
+            if type(ts) is not float:
+                ts = _num(ts)
+            if type(dur) is not float:
+                dur = _num(dur)
+            if type(name) is not str or ts is None or dur is None:
+                field = "name" if not isinstance(name, str) else ("ts" if ts is None else "dur")
+                missing[field] = missing.get(field, 0) + 1
+                if not first_missing:
+                    first_missing = f"event #{total - 1} ({cat}) has no valid '{field}'"
+                continue
+            if dur < 0:
+                bad_dur += 1
+                continue
+            args = ev.get("args")
+            if type(args) is not dict:
+                args = {}
+            if gkind is not None:
+                dev = args.get("device")
+                if type(dev) is not int:
+                    dev = _int(dev)
+                    if dev is None:
+                        dev = _int(ev.get("pid")) or 0
+                strm = args.get("stream")
+                if type(strm) is not int:
+                    strm = _int(strm)
+                    if strm is None:
+                        strm = _int(ev.get("tid")) or 0
+                corr = args.get("correlation")
+                ext = args.get("External id")
+                gpu_append(
+                    GpuEvent(
+                        name,
+                        gkind,
+                        ts,
+                        dur,
+                        dev,
+                        strm,
+                        corr if type(corr) is int else _int(corr),
+                        ext if type(ext) is int else _int(ext),
+                        _dim3(args.get("grid")),
+                        _dim3(args.get("block")),
+                        _int(args.get("bytes")),
+                    )
+                )
+            else:
+                corr = args.get("correlation")
+                ext = args.get("External id")
+                host_append(
+                    HostEvent(
+                        name,
+                        hkind,  # type: ignore[arg-type]
+                        ts,
+                        dur,
+                        ev.get("pid", 0),
+                        ev.get("tid", 0),
+                        ext if type(ext) is int else _int(ext),
+                        corr if type(corr) is int else _int(corr),
+                        args.get("Input Dims") if hkind == "cpu_op" else None,
+                    )
+                )
+        elif ph == "s" or ph == "f":
+            if ev.get("cat") != "ac2g":
+                continue
+            fid = ev.get("id")
+            ts = ev.get("ts")
+            if type(fid) is not int:
+                fid = _int(fid)
+            if type(ts) is not float:
+                ts = _num(ts)
+            if fid is None or ts is None:
+                continue
+            if ph == "s":
+                flow_start[fid] = (ev.get("tid"), ts)
+            else:
+                flow_end[(ev.get("tid"), ts)] = fid
+    data.events_total = total
+    _metadata(data, stream.meta, stream.array_format)
+    if stream.file.rank_hint is not None and data.rank is None:
+        data.rank = stream.file.rank_hint
+    if missing:
+        what = ", ".join(f"{n} without '{k}'" for k, n in sorted(missing.items()))
+        data.incomplete.append(
+            f"skipped {sum(missing.values())} events missing fields ({what}; first: {first_missing})"
+        )
+    if bad_dur:
+        data.incomplete.append(f"skipped {bad_dur} events with a negative duration")
+    if skipped_python:
+        data.notes.append(f"{skipped_python} python_function events not imported (python=True keeps them)")
+    _link(data, gpu, host, flow_start, flow_end)
+    gpu.sort(key=lambda e: e.ts)
+    host.sort(key=lambda e: e.ts)
+    origin = min(gpu[0].ts if gpu else float("inf"), host[0].ts if host else float("inf"))
+    if origin == float("inf"):
+        origin = 0.0
+    for g in gpu:
+        g.ts -= origin
+        if g.launch_ts is not None:
+            g.launch_ts -= origin
+    for h in host:
+        h.ts -= origin
+    data.origin_us = origin
+    data.gpu, data.host = gpu, host
+    _describe(data)
+    return data
+
+
+def _metadata(data: TraceData, meta: dict[str, Any], array_format: bool) -> None:
+    notes = data.notes
+    if array_format:
+        notes.append("bare JSON array of events: no deviceProperties or distributedInfo metadata")
+        return
+    props = _loose_json(meta.get("deviceProperties"), "deviceProperties", notes)
+    if isinstance(props, dict):
+        props = [props]
+    if isinstance(props, list):
+        data.device_props = [p for p in props if isinstance(p, dict)]
+    dist = _loose_json(meta.get("distributedInfo"), "distributedInfo", notes)
+    if isinstance(dist, dict):
+        data.rank = _int(dist.get("rank"))
+        data.world_size = _int(dist.get("world_size"))
+    base = _int(meta.get("baseTimeNanoseconds"))
+    data.base_time_ns = base
+    for key in ("schemaVersion", "cuda_runtime_version", "hip_runtime_version", "cupti_version", "roctracer_version"):
+        v = meta.get(key)
+        if isinstance(v, (int, float, str)) and not isinstance(v, bool):
+            data.meta[key] = v
+    data.runtime = "hip" if ("hip_runtime_version" in meta or "roctracer_version" in meta) else ""
+
+
+def _link(
+    data: TraceData,
+    gpu: list[GpuEvent],
+    host: list[HostEvent],
+    flow_start: dict[int, tuple[Any, float]],
+    flow_end: dict[tuple[Any, float], int],
+) -> None:
+    runtime: dict[int, HostEvent] = {}
+    runtime_at: dict[tuple[Any, float], HostEvent] = {}
+    ops: dict[int, HostEvent] = {}
+    hip = cuda = 0
+    for h in host:
+        if h.kind == "runtime":
+            if h.correlation is not None:
+                runtime[h.correlation] = h
+            runtime_at[(h.tid, h.ts)] = h
+            if h.name.startswith("hip"):
+                hip += 1
+            elif h.name.startswith(("cuda", "cu")):
+                cuda += 1
+        elif h.kind == "cpu_op" and h.external_id is not None:
+            ops[h.external_id] = h
+    if not data.runtime:
+        data.runtime = "hip" if hip > cuda else ("cuda" if cuda else "")
+    by_thread: dict[Any, tuple[list[float], list[HostEvent]]] = {}
+    cpu_ops = sorted((h for h in host if h.kind == "cpu_op"), key=lambda h: h.ts)
+    for h in cpu_ops:
+        entry = by_thread.setdefault(h.tid, ([], []))
+        entry[0].append(h.ts)
+        entry[1].append(h)
+    linked = via_flow = 0
+    kernels = 0
+    for g in gpu:
+        if g.kind == "kernel":
+            kernels += 1
+        r = runtime.get(g.correlation) if g.correlation is not None else None
+        if r is None and flow_end:
+            fid = flow_end.get((g.stream, g.ts))
+            start = flow_start.get(fid) if fid is not None else None
+            if start is not None:
+                r = runtime_at.get(start)
+                if r is not None:
+                    via_flow += 1
+        if r is not None:
+            g.launch_ts = r.ts
+            g.launch_name = r.name
+            linked += 1
+            ext = g.external_id if g.external_id is not None else r.external_id
+        else:
+            ext = g.external_id
+        op = ops.get(ext) if ext is not None else None
+        if op is None and r is not None:
+            op = _enclosing(by_thread, r)
+        if op is not None:
+            g.launch_op = op.name
+            g.launch_dims = op.input_dims
+    if gpu and not host:
+        data.notes.append("no host events: kernels cannot be linked to CPU ops or launches")
+    elif kernels and linked == 0:
+        data.notes.append("no kernel could be linked to a runtime launch (no correlation ids or flow events)")
+    elif kernels and linked < len(gpu):
+        data.notes.append(f"{len(gpu) - linked} of {len(gpu)} device events not linked to a runtime launch")
+    if via_flow:
+        data.notes.append(f"{via_flow} device events linked through ac2g flow events (no correlation arg)")
+
+
+def _enclosing(by_thread: dict[Any, tuple[list[float], list[HostEvent]]], r: HostEvent) -> HostEvent | None:
+    """The innermost CPU op on the runtime call's thread whose interval contains the call."""
+    entry = by_thread.get(r.tid)
+    if entry is None:
+        return None
+    starts, ops = entry
+    i = bisect.bisect_right(starts, r.ts) - 1
+    for j in range(i, max(i - 64, -1), -1):
+        op = ops[j]
+        if op.ts + op.dur >= r.ts:
+            return op
+    return None
+
+
+def _describe(data: TraceData) -> None:
+    notes = data.notes
+    props = data.device_props
+    if not props:
+        notes.append("no deviceProperties: device name unknown")
+    else:
+        devs = sorted({g.device for g in data.gpu})
+        prop = next((p for p in props if _int(p.get("id")) in devs), props[0])
+        name = str(prop.get("name") or "").strip()
+        if not name:
+            vendor = "AMD GPU" if data.runtime == "hip" or _int(prop.get("warpSize")) == 64 else "GPU"
+            cc = f"{prop.get('computeMajor', '?')}.{prop.get('computeMinor', '?')}"
+            sms = prop.get("numSms")
+            unit = "CUs" if vendor == "AMD GPU" else "SMs"
+            name = f"{vendor} (compute {cc}, {sms} {unit})" if sms else f"{vendor} (compute {cc})"
+            notes.append(f"empty device name in deviceProperties; reported as {name!r}")
+        data.device_name = name
+    if not data.gpu:
+        notes.append("no GPU kernels, memcpy or memset events: the file holds host activity only")
+    elif not any(g.kind == "kernel" for g in data.gpu):
+        notes.append("no GPU kernel events (only memcpy/memset)")
+    if not any(h.kind == "cpu_op" for h in data.host):
+        notes.append("no CPU op events: no launch ops or input shapes")
+    elif not any(h.input_dims for h in data.host if h.kind == "cpu_op"):
+        notes.append("no input shapes (record_shapes was off): stages cannot be read from attention shapes")
+
+
+def collect_all(path: str | Path, *, python: bool = False) -> list[TraceData]:
+    """Every rank at ``path`` (a file, a folder of ranks, or a ``.tar.gz``), each linked, sorted by rank."""
+    files = discover(path)
+    out: list[TraceData] = []
+    skipped: list[str] = []
+    for f in files:
+        try:
+            out.append(collect(f, python=python))
+        except NoTraceEventsError:
+            if len(files) == 1:
+                raise
+            skipped.append(Path(f.name).name)
+    if not out:
+        raise TraceFormatError(
+            "no file in it holds a traceEvents array", where=str(path), hint="point at torch-profiler trace files"
+        )
+    if skipped:
+        for d in out:
+            d.notes.append(f"skipped {len(skipped)} JSON file(s) without traceEvents: {', '.join(skipped[:4])}")
+    if len(out) > 1:
+        for i, d in enumerate(out):
+            if d.rank is None:
+                d.rank = i
+        ranks = [d.rank for d in out]
+        if len(set(ranks)) != len(ranks):
+            for i, d in enumerate(out):
+                d.notes.append(f"duplicate rank ids {ranks}; rank taken from file order ({i})")
+                d.rank = i
+        out.sort(key=lambda d: d.rank if d.rank is not None else 0)
+    return out
+
+
+_STAGE_VALUES = ("prefill", "decode")
+
+
+def to_timeline(
+    data: TraceData,
+    *,
+    cpu: bool = True,
+    labels: Sequence[tuple[int | None, str | None, int | None]] | None = None,
+    track_prefix: str = "",
+    offset_us: float = 0.0,
+) -> Timeline:
+    """A measured ``Timeline`` of ``data``: device spans (with ``labels`` (layer, stage, pass) per device
+    event when given by the analyzer) and, with ``cpu``, host spans."""
+    spans: list[dict[str, Any]] = []
+    for i, g in enumerate(data.gpu):
+        args: dict[str, Any] = {"type": g.kind, "device": g.device, "stream": g.stream}
+        if g.correlation is not None:
+            args["correlation"] = g.correlation
+        if g.external_id is not None:
+            args["external_id"] = g.external_id
+        if g.grid is not None:
+            args["grid"] = g.grid
+        if g.block is not None:
+            args["block"] = g.block
+        if g.nbytes is not None:
+            args["bytes"] = g.nbytes
+        if g.launch_ts is not None:
+            args["launch_us"] = g.launch_ts + offset_us
+            args["launch"] = g.launch_name
+        if g.launch_op is not None:
+            args["launch_op"] = g.launch_op
+            if g.launch_dims and g.ktype == "attention":
+                args["launch_dims"] = json.dumps(g.launch_dims, separators=(",", ":"))
+        span: dict[str, Any] = {
+            "name": g.name,
+            "track": f"{track_prefix}gpu{g.device}/stream{g.stream}",
+            "start_us": g.ts + offset_us,
+            "dur_us": g.dur,
+            "category": g.ktype,
+            "args": args,
+        }
+        kind = _OPKIND.get(g.ktype)
+        if kind is not None:
+            span["kind"] = kind
+        if labels is not None:
+            layer, stage, step = labels[i]
+            span["layer"] = layer
+            span["step"] = step
+            if stage in _STAGE_VALUES:
+                span["stage"] = stage
+            elif stage is not None:
+                args["stage"] = stage
+        spans.append(span)
+    if cpu:
+        for h in data.host:
+            hargs: dict[str, Any] = {"type": h.kind}
+            if h.external_id is not None:
+                hargs["external_id"] = h.external_id
+            if h.correlation is not None:
+                hargs["correlation"] = h.correlation
+            if h.input_dims:
+                hargs["input_dims"] = json.dumps(h.input_dims, separators=(",", ":"))
+            if h.kind == "gpu_annotation":
+                track = f"{track_prefix}gpu{h.pid}/annotations"
+            else:
+                track = f"{track_prefix}cpu/{h.tid}"
+            spans.append(
+                {
+                    "name": h.name,
+                    "track": track,
+                    "start_us": h.ts + offset_us,
+                    "dur_us": h.dur,
+                    "category": h.kind,
+                    "args": hargs,
+                }
+            )
+    spans.sort(key=lambda s: (s["start_us"], s["track"]))
+    config: dict[str, Any] = {"origin_us": data.origin_us, "events": data.events_total}
+    if data.rank is not None:
+        config["rank"] = data.rank
+    if data.world_size is not None:
+        config["world_size"] = data.world_size
+    if data.runtime:
+        config["runtime"] = data.runtime
+    if data.base_time_ns is not None:
+        config["base_time_ns"] = data.base_time_ns
+    config.update(data.meta)
+    notes = list(data.notes) + [f"incomplete: {r}" for r in data.incomplete]
+    if not cpu:
+        notes.append("host events left out (kernels only)")
+    return Timeline.model_validate(
+        {
+            "source": {
+                "kind": TimelineKind.MEASURED,
+                "name": Path(data.file.split(":")[-1]).name,
+                "device": data.device_name,
+                "trace_file": data.file,
+                "config": config,
+            },
+            "spans": spans,
+            "notes": notes,
+        }
+    )
+
+
+_OPKIND = {
+    "attention": "attention",
+    "gemm": "gemm",
+    "norm": "norm",
+    "activation": "activation",
+    "rope": "rope",
+    "elementwise": "elementwise",
+    "reduction": "reduction",
+    "memory": "memory",
+    "communication": "collective",
+    "sampling": "topk",
+    "embedding": "embedding",
+    "other": "other",
+    "unknown": "other",
+}
+
+
+def from_timeline(tl: Timeline) -> TraceData:
+    """Rebuild :class:`TraceData` from a measured ``Timeline`` (as written by :func:`to_timeline`, or any
+    timeline whose device spans sit on ``gpu*`` tracks)."""
+    data = TraceData(file=tl.source.trace_file or tl.source.name or "timeline")
+    data.device_name = tl.source.device
+    data.notes = [n for n in tl.notes if not n.startswith("incomplete: ")]
+    data.incomplete = [n[len("incomplete: ") :] for n in tl.notes if n.startswith("incomplete: ")]
+    cfg = tl.source.config
+    rank = cfg.get("rank")
+    data.rank = rank if isinstance(rank, int) else None
+    for s in tl.spans:
+        a = s.args
+        typ = a.get("type")
+        gpu_track = "gpu" in s.track.split("/")[0] and not s.track.endswith("/annotations")
+        if typ in ("kernel", "memcpy", "memset") or (typ is None and gpu_track):
+            kind = typ if isinstance(typ, str) else "kernel"
+            dev = a.get("device")
+            st = a.get("stream")
+            launch = a.get("launch_us")
+            data.gpu.append(
+                GpuEvent(
+                    s.name,
+                    kind,
+                    s.start_us,
+                    s.dur_us,
+                    dev if isinstance(dev, int) else 0,
+                    st if isinstance(st, int) else hash(s.track) % 100000,
+                    _int(a.get("correlation")),
+                    _int(a.get("external_id")),
+                    a.get("grid") if isinstance(a.get("grid"), str) else None,  # type: ignore[arg-type]
+                    a.get("block") if isinstance(a.get("block"), str) else None,  # type: ignore[arg-type]
+                    _int(a.get("bytes")),
+                    float(launch) if isinstance(launch, (int, float)) else None,
+                    a.get("launch") if isinstance(a.get("launch"), str) else None,  # type: ignore[arg-type]
+                    a.get("launch_op") if isinstance(a.get("launch_op"), str) else None,  # type: ignore[arg-type]
+                    json.loads(a["launch_dims"]) if isinstance(a.get("launch_dims"), str) else None,  # type: ignore[arg-type]
+                )
+            )
+        elif isinstance(typ, str) and typ in ("cpu_op", "runtime", "annotation", "gpu_annotation", "python"):
+            dims = a.get("input_dims")
+            data.host.append(
+                HostEvent(
+                    s.name,
+                    typ,
+                    s.start_us,
+                    s.dur_us,
+                    0,
+                    s.track,
+                    _int(a.get("external_id")),
+                    _int(a.get("correlation")),
+                    json.loads(dims) if isinstance(dims, str) else None,
+                )
+            )
+    return data
+
+
+def kernels_of(data: TraceData) -> Iterable[GpuEvent]:
+    """The kernel events (not memcpy/memset)."""
+    return (g for g in data.gpu if g.kind == "kernel")

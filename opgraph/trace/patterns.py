@@ -1,0 +1,315 @@
+"""Kernel pattern tables: TOML data files per model family that users extend without touching code.
+
+Built-in files live in ``opgraph/trace/patterns/``. A user adds rules with ``--patterns FILE`` (or a
+folder), or by dropping ``*.toml`` files into ``$OPGRAPH_PATTERNS_DIR`` or ``~/.config/opgraph/patterns``;
+user files default to priority 100 and so are consulted before the built-ins. The format is described
+at the top of ``patterns/generic.toml``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from enum import Enum
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from opgraph.ir.errors import OpgraphError
+
+
+class KernelType(str, Enum):
+    """What a GPU kernel does, at the granularity of a performance breakdown."""
+
+    ATTENTION = "attention"
+    GEMM = "gemm"
+    MOE = "moe"
+    NORM = "norm"
+    ACTIVATION = "activation"
+    ROPE = "rope"
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    MEMORY = "memory"
+    COMMUNICATION = "communication"
+    QUANTIZATION = "quantization"
+    SAMPLING = "sampling"
+    EMBEDDING = "embedding"
+    OTHER = "other"
+    UNKNOWN = "unknown"
+
+
+class PatternError(OpgraphError):
+    """A pattern file is missing, not TOML, or holds an invalid rule."""
+
+
+_USER_PRIORITY = 100
+_STAGES = ("prefill", "decode", "mixed", "idle")
+
+
+@dataclass(frozen=True)
+class TypeRule:
+    """Kernel names matching ``regex`` are of ``ktype`` (``outside_layer`` when outside every layer)."""
+
+    ktype: KernelType
+    regex: re.Pattern[str]
+    outside_layer: KernelType | None
+    origin: str
+
+
+@dataclass(frozen=True)
+class SequenceRule:
+    """Consecutive kernels matching ``steps`` (``optional`` ones may be absent) form one ``ktype`` unit."""
+
+    ktype: KernelType
+    steps: tuple[re.Pattern[str], ...]
+    optional: tuple[bool, ...]
+    layer_start: bool
+    origin: str
+
+
+@dataclass(frozen=True)
+class StepRule:
+    """A user annotation naming one engine step; ``labels`` map the ``label`` group to a stage."""
+
+    regex: re.Pattern[str]
+    labels: dict[str, str]
+    origin: str
+
+
+@dataclass
+class PatternSet:
+    """All rules, in the order they are consulted (highest priority first)."""
+
+    type_rules: list[TypeRule] = field(default_factory=list)
+    stage_rules: list[tuple[str, re.Pattern[str]]] = field(default_factory=list)
+    sequences: list[SequenceRule] = field(default_factory=list)
+    steps: list[StepRule] = field(default_factory=list)
+    simplify: list[tuple[re.Pattern[str], str]] = field(default_factory=list)
+    layer_start: list[re.Pattern[str]] = field(default_factory=list)
+    ffn: list[re.Pattern[str]] = field(default_factory=list)
+    mla: list[re.Pattern[str]] = field(default_factory=list)
+    families: list[str] = field(default_factory=list)
+    """Families loaded, in consultation order."""
+    files: list[str] = field(default_factory=list)
+
+    def kernel_type(self, name: str) -> tuple[KernelType, KernelType | None]:
+        """Type of a kernel name, and its type outside layers when a rule gives one."""
+        for rule in self.type_rules:
+            if rule.regex.search(name):
+                return rule.ktype, rule.outside_layer
+        return KernelType.UNKNOWN, None
+
+    def stage_vote(self, name: str) -> str | None:
+        """``prefill`` or ``decode`` when the name says so."""
+        for stage, rx in self.stage_rules:
+            if rx.search(name):
+                return stage
+        return None
+
+    def short_name(self, name: str) -> str:
+        """A short display name: the first ``[[simplify]]`` rule that matches, else a trimmed name."""
+        for rx, repl in self.simplify:
+            m = rx.search(name)
+            if m:
+                return m.expand(repl)
+        base = name[5:] if name.startswith("void ") else name
+        if "at::native::" in base:
+            return _aten_short(base)
+        cut = base.find("(")
+        if cut > 0:
+            base = base[:cut]
+        lt = base.find("<")
+        if lt > 0:
+            base = base[:lt]
+        return base[:80]
+
+    def is_mla(self, name: str) -> bool:
+        """The kernel belongs to multi-head latent attention."""
+        return any(rx.search(name) for rx in self.mla)
+
+    def is_layer_start(self, name: str) -> bool:
+        """An extra layer-start marker (norm-type kernels are markers already)."""
+        return any(rx.search(name) for rx in self.layer_start)
+
+    def is_ffn(self, name: str) -> bool:
+        """An extra FFN marker (activation- and MoE-type kernels are markers already)."""
+        return any(rx.search(name) for rx in self.ffn)
+
+
+_ATEN_PART = re.compile(r"(\w+(?:Functor\w*|_kernel_cuda|_kernel_impl|Ops|_kernel\w*|Copy\w*|TopK|InPlace))")
+_ATEN_GENERIC = frozenset(
+    {
+        "BinaryFunctor",
+        "AUnaryFunctor",
+        "BUnaryFunctor",
+        "UnaryFunctor",
+        "gpu_kernel_impl",
+        "gpu_kernel_impl_nocast",
+        "func_wrapper_t",
+    }
+)
+
+
+def _aten_short(base: str) -> str:
+    """``vectorized_elementwise_kernel: rsqrt_kernel_cuda`` from a templated ATen kernel name."""
+    head = base.replace("(anonymous namespace)::", "").split("(", 1)[0]
+    lt = head.find("<")
+    kernel = (head[:lt] if lt > 0 else head).rsplit("::", 1)[-1]
+    parts = [m for m in _ATEN_PART.findall(head[lt:] if lt > 0 else "") if m not in _ATEN_GENERIC and m != kernel]
+    return f"{kernel}: {parts[-1] if parts else ''}".rstrip(": ")[:80] if parts else kernel[:80]
+
+
+def _compile(rx: str, where: str) -> re.Pattern[str]:
+    try:
+        return re.compile(rx, re.IGNORECASE)
+    except re.error as exc:
+        raise PatternError(f"invalid regex {rx!r}: {exc}", where=where) from None
+
+
+def _strs(value: Any, where: str, key: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise PatternError(f"'{key}' must be a string or a list of strings", where=where)
+    return list(value)
+
+
+def _ktype(value: Any, where: str) -> KernelType:
+    try:
+        return KernelType(str(value))
+    except ValueError:
+        kinds = ", ".join(k.value for k in KernelType)
+        raise PatternError(f"unknown kernel type {value!r}", where=where, hint=f"use one of {kinds}") from None
+
+
+def _parse_file(text: str, origin: str) -> tuple[int, dict[str, Any]]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PatternError(f"not valid TOML: {exc}", where=origin) from None
+    prio = data.get("priority", 0)
+    if not isinstance(prio, int):
+        raise PatternError("'priority' must be an integer", where=origin)
+    return prio, data
+
+
+def _add(ps: PatternSet, data: dict[str, Any], origin: str) -> None:
+    known = {"family", "priority", "type", "stage", "sequence", "step", "simplify", "layers"}
+    extra = set(data) - known
+    if extra:
+        raise PatternError(f"unknown key(s) {', '.join(sorted(extra))}", where=origin, hint=f"known: {sorted(known)}")
+    ps.families.append(str(data.get("family", Path(origin).stem)))
+    ps.files.append(origin)
+    for i, rule in enumerate(data.get("type", [])):
+        where = f"{origin} [[type]] #{i + 1}"
+        kt = _ktype(rule.get("type"), where)
+        out = rule.get("outside_layer")
+        for rx in _strs(rule.get("match", []), where, "match"):
+            ps.type_rules.append(
+                TypeRule(kt, _compile(rx, where), _ktype(out, where) if out is not None else None, origin)
+            )
+    for i, rule in enumerate(data.get("stage", [])):
+        where = f"{origin} [[stage]] #{i + 1}"
+        stage = rule.get("stage")
+        if stage not in ("prefill", "decode"):
+            raise PatternError(f"stage must be 'prefill' or 'decode', got {stage!r}", where=where)
+        for rx in _strs(rule.get("match", []), where, "match"):
+            ps.stage_rules.append((stage, _compile(rx, where)))
+    for i, rule in enumerate(data.get("sequence", [])):
+        where = f"{origin} [[sequence]] #{i + 1}"
+        steps = _strs(rule.get("steps", []), where, "steps")
+        if not steps or steps[0].startswith("?"):
+            raise PatternError("a sequence needs steps, the first one required", where=where)
+        ps.sequences.append(
+            SequenceRule(
+                _ktype(rule.get("type", "norm"), where),
+                tuple(_compile(s.lstrip("?"), where) for s in steps),
+                tuple(s.startswith("?") for s in steps),
+                bool(rule.get("layer_start", False)),
+                origin,
+            )
+        )
+    for i, rule in enumerate(data.get("step", [])):
+        where = f"{origin} [[step]] #{i + 1}"
+        labels = rule.get("labels", {})
+        if not isinstance(labels, dict) or any(v not in _STAGES for v in labels.values()):
+            raise PatternError(f"step labels must map to one of {_STAGES}", where=where)
+        rx = rule.get("match")
+        if not isinstance(rx, str):
+            raise PatternError("a step rule needs a 'match' regex", where=where)
+        try:
+            compiled = re.compile(rx)
+        except re.error as exc:
+            raise PatternError(f"invalid regex {rx!r}: {exc}", where=where) from None
+        ps.steps.append(StepRule(compiled, {str(k): str(v) for k, v in labels.items()}, origin))
+    for i, rule in enumerate(data.get("simplify", [])):
+        where = f"{origin} [[simplify]] #{i + 1}"
+        if not isinstance(rule.get("name"), str) or not isinstance(rule.get("match"), str):
+            raise PatternError("a simplify rule needs 'match' and 'name' strings", where=where)
+        ps.simplify.append((_compile(rule["match"], where), rule["name"]))
+    layers = data.get("layers", {})
+    where = f"{origin} [layers]"
+    ps.layer_start += [_compile(rx, where) for rx in _strs(layers.get("start", []), where, "start")]
+    ps.ffn += [_compile(rx, where) for rx in _strs(layers.get("ffn", []), where, "ffn")]
+    ps.mla += [_compile(rx, where) for rx in _strs(layers.get("mla", []), where, "mla")]
+
+
+def builtin_pattern_files() -> list[tuple[str, str]]:
+    """(name, text) of the built-in pattern files."""
+    root = resources.files("opgraph.trace") / "patterns"
+    return sorted((f.name, f.read_text()) for f in root.iterdir() if f.name.endswith(".toml"))
+
+
+def user_pattern_paths() -> list[Path]:
+    """Pattern files found in ``$OPGRAPH_PATTERNS_DIR`` and ``~/.config/opgraph/patterns``."""
+    dirs = []
+    env = os.environ.get("OPGRAPH_PATTERNS_DIR")
+    if env:
+        dirs.append(Path(env))
+    dirs.append(Path.home() / ".config" / "opgraph" / "patterns")
+    out: list[Path] = []
+    for d in dirs:
+        if d.is_dir():
+            out += sorted(d.glob("*.toml"))
+    return out
+
+
+def load_patterns(extra: list[str | Path] | tuple[str | Path, ...] = (), *, user_dirs: bool = True) -> PatternSet:
+    """Built-in rules plus ``extra`` files or folders (and the user directories), merged by priority."""
+    entries: list[tuple[int, int, str, dict[str, Any]]] = []
+    for n, (name, text) in enumerate(builtin_pattern_files()):
+        prio, data = _parse_file(text, f"opgraph/trace/patterns/{name}")
+        entries.append((prio, -n, f"builtin:{name}", data))
+    paths: list[Path] = []
+    for e in extra:
+        p = Path(e)
+        if p.is_dir():
+            paths += sorted(p.glob("*.toml"))
+        elif p.is_file():
+            paths.append(p)
+        else:
+            raise PatternError("no such pattern file or folder", where=str(p), hint="pass a .toml file or a folder")
+    if user_dirs:
+        paths = user_pattern_paths() + paths
+    for n, p in enumerate(paths):
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PatternError(f"unreadable ({exc})", where=str(p)) from None
+        prio, data = _parse_file(text, str(p))
+        if "priority" not in data:
+            prio = _USER_PRIORITY
+        # later user files win ties: they are consulted first
+        entries.append((prio, 1000 + n, str(p), data))
+    entries.sort(key=lambda e: (-e[0], -e[1]))
+    ps = PatternSet()
+    for _, _, origin, data in entries:
+        _add(ps, data, origin)
+    return ps
+
+
+def default_patterns() -> PatternSet:
+    """The built-in rules plus the user directories."""
+    return load_patterns()

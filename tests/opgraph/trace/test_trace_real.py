@@ -1,0 +1,171 @@
+"""The analyzer on every real trace in ../shared/data/traces, against the ground truth in its README."""
+
+from __future__ import annotations
+
+from collections import Counter
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opgraph.trace import AnalysisResult, analyze, analyze_full, from_timeline, load_trace, to_timeline
+
+TRACES = (Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "traces").resolve()
+
+LLAMA = "hf-llama-1b-like-h200-prefill512-decode8.json.gz"
+QWEN_MOE = "hf-qwen3-moe-small-h200-prefill256-decode4.json.gz"
+SGL_PREFILL = "TraceLens__sglang_Qwen3-8B_prefilldecode.json.gz"
+SGL_DECODE = "TraceLens__sglang_Qwen3-8B_decode.json.gz"
+VLLM_MIXED = "TraceLens__vllm_prefilldecode_piecewise__graph_execution.json.gz"
+VLLM_DECODE = "TraceLens__vllm_decode_full__graph_execution.json.gz"
+DLRM = "param__dlrm_kineto.tar.gz"
+
+# (passes, layers per pass, passes per stage, layer kind) from the README's ground truth
+TRUTH: dict[str, tuple[int, int, dict[str, int], str]] = {
+    LLAMA: (8, 16, {"prefill": 1, "decode": 7}, "MHA_FC"),
+    QWEN_MOE: (4, 8, {"prefill": 1, "decode": 3}, "MHA_MOE"),
+    SGL_PREFILL: (1, 36, {"prefill": 1}, "MHA_FC"),
+    SGL_DECODE: (1, 36, {"decode": 1}, "MHA_FC"),
+    VLLM_MIXED: (1, 24, {"mixed": 1}, "MHA_MOE"),
+    VLLM_DECODE: (1, 24, {"decode": 1}, "MHA_MOE"),
+}
+
+
+def _path(name: str) -> Path:
+    p = TRACES / name
+    if not p.exists():
+        pytest.skip(f"real trace {name} not found in {TRACES} (shared data lives beside the repo)")
+    return p
+
+
+@cache
+def _result(name: str) -> AnalysisResult:
+    return analyze(_path(name))
+
+
+@pytest.mark.parametrize("name", sorted(TRUTH))
+def test_layers_passes_stages_match_ground_truth(name: str) -> None:
+    passes, layers, stages, kind = TRUTH[name]
+    r = _result(name)
+    assert r.complete
+    assert len(r.passes) == passes
+    assert r.layers_per_pass == (layers,) * passes
+    assert r.stage_passes == stages
+    assert {x.kind for x in r.layers} == {kind}
+    assert r.attention == "mha"
+    assert r.unknown_pct < 1.0
+    # every kernel inside a layer inherits the layer's stage, and the per-stage counts add up
+    assert sum(b.count for b in r.by_stage) == r.kernels == sum(b.count for b in r.by_type)
+    assert abs(sum(b.pct for b in r.by_type) - 100.0) < 0.01
+
+
+def test_hf_llama_stages_come_from_attention_shapes_in_order() -> None:
+    r = _result(LLAMA)
+    assert [p.stage for p in r.passes] == ["prefill"] + ["decode"] * 7
+    assert {p.stage_source for p in r.passes} == {"shape"}
+    # prefill: one pass of 512 tokens costs more per layer than any decode pass
+    per_layer = [p.time_us / p.layers for p in r.passes]
+    assert per_layer[0] > max(per_layer[1:])
+    assert r.half_layers_merged
+    assert {x.norms for x in r.layers} == {2}  # input + post-attention RMSNorm per block
+
+
+def test_hf_qwen3_moe_has_moe_in_every_layer() -> None:
+    r = _result(QWEN_MOE)
+    assert len(r.layers) == 32
+    assert all(x.kind == "MHA_MOE" and x.moe_us > 0 for x in r.layers)
+    assert {x.norms for x in r.layers} == {4}  # input, q_norm, k_norm, post-attention
+    # router top-k inside layers is MoE; the LM head's argmax outside them is sampling
+    types = {b.name: b.count for b in r.by_type}
+    assert types["sampling"] == 4
+
+
+def test_step_annotations_give_stage_and_tokens() -> None:
+    r = _result(SGL_PREFILL)
+    (p,) = r.passes
+    assert p.stage_source == "annotation"
+    assert p.annotation.startswith("step[EXTEND")
+    assert p.tokens == 15360  # from the enclosing execute_15360_... annotation
+    m = _result(VLLM_MIXED).passes[0]
+    assert m.stage == "mixed" and m.tokens == 8192
+
+
+def test_split_half_layers_doubles_layers() -> None:
+    r = analyze(_path(SGL_DECODE), split_half_layers=True)
+    assert len(r.layers) == 72
+    assert Counter(x.kind for x in r.layers) == {"ATTN": 36, "FC": 36}
+    assert r.split_half_layers
+
+
+def test_dlrm_ranks_collectives_and_alignment() -> None:
+    r = analyze(_path(DLRM))
+    assert len(r.ranks) == 8
+    assert [x.rank for x in r.ranks] == list(range(8))
+    for rank in r.ranks:
+        counts: Counter[str] = Counter()
+        for c in rank.collectives:
+            key = "allreduce" if c.name.startswith("ncclKernel_AllReduce") else c.name
+            counts[key] += c.count
+        assert counts == {"allreduce": 3, "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t": 5}
+        assert rank.residual_us < 5.0  # collectives end together once clocks are aligned
+    assert r.attention == "none" and not r.layers
+
+
+def test_dlrm_merged_timeline_has_rank_tracks() -> None:
+    tl = load_trace(_path(DLRM), cpu=False)
+    prefixes = {s.track.split("/")[0] for s in tl.spans}
+    assert prefixes == {f"rank{i}" for i in range(8)}
+    nccl = [s for s in tl.spans if s.category == "communication"]
+    assert len(nccl) == 8 * 8
+    one = load_trace(_path(DLRM), cpu=False, rank=3)
+    assert one.source.config["rank"] == 3
+
+
+def test_timeline_roundtrip_gives_the_same_analysis() -> None:
+    path = _path(QWEN_MOE)
+    direct, datas, labels = analyze_full(path)
+    tl = to_timeline(datas[0], labels=labels[0])
+    again = analyze(tl)
+    assert again.layers_per_pass == direct.layers_per_pass
+    assert again.stage_passes == direct.stage_passes
+    assert [b.model_dump() for b in again.by_type] == [b.model_dump() for b in direct.by_type]
+    kernels = [s for s in tl.spans if s.args.get("type") == "kernel"]
+    assert {s.stage for s in kernels if s.layer is not None} == {"prefill", "decode"}
+    assert max(s.layer for s in kernels if s.layer is not None) == 31
+    assert {s.step for s in kernels if s.step is not None} == {0, 1, 2, 3}
+    # links survive: every kernel knows the CPU op that launched it
+    assert all(s.args.get("launch_op") for s in kernels)
+    assert len(from_timeline(tl).gpu) == len(datas[0].gpu)
+
+
+def test_amd_empty_device_name_is_reported() -> None:
+    r = _result(VLLM_DECODE)
+    assert r.device.startswith("AMD GPU")
+    assert any("empty device name" in n for n in r.notes)
+
+
+def _summary(r: AnalysisResult) -> dict[str, Any]:
+    return {
+        "device": r.device,
+        "complete": r.complete,
+        "kernels": r.kernels,
+        "memcpy": r.memcpy,
+        "passes": [[p.stage, p.stage_source, p.layers, p.kernels] for p in r.passes],
+        "layers_per_pass": list(r.layers_per_pass),
+        "attention": r.attention,
+        "half_layers_merged": r.half_layers_merged,
+        "layer_kinds": dict(Counter(x.kind for x in r.layers)),
+        "by_type": {b.name: [b.count, round(b.time_us, 1)] for b in r.by_type},
+        "by_stage": {b.name: b.count for b in r.by_stage},
+        "unknown_pct": round(r.unknown_pct, 2),
+        "orphan_kernels": r.orphan_kernels,
+        "unique_kernels": len(r.unique_kernels),
+        "top_kernels": [[u.short_name, u.type, u.count] for u in r.unique_kernels[:5]],
+        "collectives": {c.name: c.count for c in r.collectives},
+    }
+
+
+@pytest.mark.parametrize("name", sorted(TRUTH))
+def test_golden_summaries(name: str, golden: Any) -> None:
+    golden(f"trace/{name.split('.')[0]}.json", _summary(_result(name)))
