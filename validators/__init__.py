@@ -1,1 +1,81 @@
-"""Replay of ops on a device, numeric checks, coverage and sweeps."""
+"""Replay of ops on a device, numeric checks, coverage and sweeps.
+
+Replay takes the unique op configs of one or many graphs, runs each on a device with synthetic
+inputs the way PyTorch runs it in the model, checks it against a float64 reference, times it with
+device events and (with NVML) measures its energy; results stream to JSONL. Importing this package
+does not import torch.
+
+>>> from validators import unique_configs, replay_graph  # doctest: +SKIP
+>>> for result in replay_graph(graph, device="cuda"):  # doctest: +SKIP
+...     print(result.definition, result.status.value, result.median_us)
+"""
+
+from validators.configs import OpConfig, config_key, roofline_estimator, unique_configs
+from validators.coverage import CoverageReport, auto_expectation, format_report, load_expectation, verify_graph
+from validators.inputs import DeviceError, resolve_device, routing_counts
+from validators.numerics import TOLERANCES, Tolerance
+from validators.recipes import RECIPES, Case, Recipe, RecipeSelector
+from validators.replay import DeviceLostError, Replayer, ReplayOptions, replay_configs, replay_graph, replay_op
+from validators.results import (
+    Coverage,
+    EnergyStats,
+    NumericCheck,
+    ReplayResult,
+    ReplayStatus,
+    ResultWriter,
+    RunToRun,
+    TimingStats,
+    coverage,
+    iter_results,
+    load_results,
+    run_to_run,
+)
+from validators.runner import ReplayRun, run_replay
+from validators.sweep import SweepLoader, check_replay, sweep_params, write_sweep_module
+from validators.timing import TimingConfig
+
+__all__ = [
+    "RECIPES",
+    "TOLERANCES",
+    "Case",
+    "Coverage",
+    "CoverageReport",
+    "DeviceError",
+    "DeviceLostError",
+    "EnergyStats",
+    "NumericCheck",
+    "OpConfig",
+    "Recipe",
+    "RecipeSelector",
+    "ReplayOptions",
+    "ReplayResult",
+    "ReplayRun",
+    "ReplayStatus",
+    "Replayer",
+    "ResultWriter",
+    "RunToRun",
+    "SweepLoader",
+    "TimingConfig",
+    "TimingStats",
+    "Tolerance",
+    "auto_expectation",
+    "check_replay",
+    "config_key",
+    "coverage",
+    "format_report",
+    "iter_results",
+    "load_expectation",
+    "load_results",
+    "replay_configs",
+    "replay_graph",
+    "replay_op",
+    "resolve_device",
+    "roofline_estimator",
+    "routing_counts",
+    "run_replay",
+    "run_to_run",
+    "sweep_params",
+    "unique_configs",
+    "verify_graph",
+    "write_sweep_module",
+]

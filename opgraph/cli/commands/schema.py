@@ -17,6 +17,7 @@ SAVED_TYPES: dict[str, str] = {
     "hardware": "hardware:HardwareSpec",
     "cost_table": "hardware:CostTable",
     "analysis": "opgraph.trace.result:AnalysisResult",
+    "replay_result": "validators.results:ReplayResult",
     "coverage_report": "validators.coverage:CoverageReport",
 }
 

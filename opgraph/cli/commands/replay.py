@@ -1,0 +1,196 @@
+"""``opgraph replay GRAPH... --device cuda -o replay.jsonl``: run every unique op, check it, time it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from opgraph.cli.common import console, err_console, fmt_us, handle_errors
+
+if TYPE_CHECKING:
+    from validators.configs import Estimator
+    from validators.results import ReplayResult
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``replay`` to the app."""
+    app.command("replay")(replay)
+
+
+def _parse_recipes(items: list[str]) -> dict[str, str]:
+    from opgraph.ir import OpgraphError
+
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            raise OpgraphError(
+                f"{item!r} is not TARGET=RECIPE",
+                where="--recipe",
+                hint="e.g. --recipe aten.mm.default=pkg.mod:MyRecipe",
+            )
+        out[key] = value
+    return out
+
+
+def _status_style(status: str) -> str:
+    return {"ok": "green", "mismatch": "yellow", "unsupported": "magenta", "skipped": "dim", "oom": "red"}.get(
+        status, "red"
+    )
+
+
+def _line(r: ReplayResult, i: int, n: int) -> str:
+    width = len(str(n))
+    status = f"[{_status_style(r.status.value)}]{r.status.value:<11}[/]"
+    share = f" {100 * r.share:5.1f}%" if r.share is not None else ""
+    head = f"[{i:>{width}}/{n}] {status}{share} x{r.count:<4} {r.definition}"
+    if r.timing is not None:
+        t = r.timing
+        head += f"  {fmt_us(t.median_us)} iqr {100 * t.spread:.1f}%"
+        if r.energy is not None:
+            head += f"  {r.energy.joules_per_call * 1e3:.3g} mJ"
+    if r.reason and r.status.value != "ok":
+        head += f"  [dim]{r.reason[:140]}[/dim]"
+    return head
+
+
+@handle_errors
+def replay(
+    graphs: list[Path] = typer.Argument(
+        ..., metavar="GRAPH...", help="Graphs saved by `opgraph capture` (.json, .json.gz)."
+    ),
+    out: Path = typer.Option(
+        Path("replay.jsonl"), "--out", "-o", help="JSONL results, one record per config, streamed."
+    ),
+    device: str = typer.Option("cpu", "--device", "-d", help="cpu, cuda or cuda:N (under torchrun: each rank's GPU)."),
+    resume: bool = typer.Option(False, "--resume", help="Keep OUT and skip configs it already holds."),
+    check: bool = typer.Option(True, "--check/--no-check", help="Compare each op with a float64 reference."),
+    reference_device: str = typer.Option("cpu", "--reference-device", help="Where the float64 reference runs."),
+    check_max_flops: float = typer.Option(
+        5e12, "--check-max-flops", help="Ops above this many FLOPs get their float64 reference on the replay device."
+    ),
+    energy: bool | None = typer.Option(
+        None, "--energy/--no-energy", help="Board energy per call via NVML (default: when available)."
+    ),
+    energy_window: float = typer.Option(
+        0.3, "--energy-window", help="Seconds of back-to-back calls per config for energy."
+    ),
+    cold_l2: bool = typer.Option(False, "--cold-l2", help="Flush the L2 cache before each timed call."),
+    warmup_ms: float = typer.Option(25.0, "--warmup-ms", help="Untimed warm-up per config, milliseconds."),
+    min_samples: int = typer.Option(10, "--min-samples", help="Fewest timed samples per config."),
+    max_samples: int = typer.Option(300, "--max-samples", help="Most timed samples per config."),
+    max_time: float = typer.Option(1.0, "--max-time", help="Most seconds of sampling per config."),
+    target_ci: float = typer.Option(
+        0.005, "--target-ci", help="Stop when the median's 95% confidence half-width is below this fraction."
+    ),
+    kinds: str = typer.Option("", "--kinds", help="Only these op kinds, comma-separated (gemm,attention,...)."),
+    limit: int | None = typer.Option(None, "--limit", help="Only the N most expensive configs."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the synthetic inputs."),
+    moe_skew: float | None = typer.Option(
+        None, "--moe-skew", help="MoE routing skew (default: the graph's assumption)."
+    ),
+    recipe: list[str] = typer.Option([], "--recipe", help="TARGET=RECIPE override (a recipe name or pkg.mod:Class)."),
+    hardware: str = typer.Option(
+        "", "--hardware", help="Hardware (catalog name or spec file) for the time-share estimate."
+    ),
+    cost_model: str = typer.Option(
+        "", "--cost-model", help="Cost model for the time-share estimate (with --hardware; default: a roofline)."
+    ),
+    baseline: Path | None = typer.Option(
+        None, "--baseline", help="Earlier results: print the run-to-run spread of medians against them."
+    ),
+    strict: bool = typer.Option(False, "--strict", help="Exit 1 unless every config is ok."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary, no line per config."),
+) -> None:
+    """Replay every unique op config of the graphs on a device: check it against float64, time it.
+
+    Results stream to OUT as JSONL, one record per config, flushed as measured.
+
+    Ctrl-C or a crash loses nothing measured; `--resume` carries on.
+
+    Under `torchrun --nproc-per-node N` the configs are sharded over ranks and rank 0 writes OUT.
+    """
+    from opgraph.ir import OpgraphError, OpKind
+    from validators.replay import ReplayOptions
+    from validators.results import load_results, run_to_run
+    from validators.runner import run_replay
+    from validators.timing import TimingConfig
+
+    recipes = _parse_recipes(recipe)
+    wanted = [k.strip() for k in kinds.split(",") if k.strip()]
+    valid = {k.value for k in OpKind}
+    bad = [k for k in wanted if k not in valid]
+    if bad:
+        raise OpgraphError(f"unknown op kind {bad[0]!r}", where="--kinds", hint=f"known: {', '.join(sorted(valid))}")
+    if baseline is not None and not baseline.exists():
+        raise OpgraphError(
+            "no such file", where=str(baseline), hint="give results written by an earlier `opgraph replay`"
+        )
+    estimate = _estimator(hardware, cost_model)
+    options = ReplayOptions(
+        timing=TimingConfig(
+            warmup_ms=warmup_ms, min_samples=max(1, min_samples), max_samples=max(min_samples, max_samples),
+            max_time_s=max_time, target_ci=target_ci, cold_l2=cold_l2,
+        ),
+        check=check, reference_device=reference_device, check_max_flops=check_max_flops,
+        energy=energy, energy_window_s=energy_window, seed=seed, moe_skew=moe_skew, recipes=recipes,
+    )  # fmt: skip
+    errc = err_console()
+
+    def warn(msg: str) -> None:
+        print(f"warning: {msg}", file=sys.stderr)
+
+    def on_result(r: ReplayResult, i: int, n: int) -> None:
+        if not quiet:
+            console.print(_line(r, i, n))
+
+    kinds_set = set(wanted)
+    try:
+        run = run_replay(
+            [str(g) for g in graphs], device=device, out=out, resume=resume, options=options, estimate=estimate,
+            select=(lambda c: getattr(c.op, "kind").value in kinds_set) if kinds_set else None,  # noqa: B009
+            limit=limit, on_result=on_result, warn=warn,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        errc.print(f"interrupted: results measured so far are in {out}; rerun with --resume to continue")
+        raise
+    if run.rank != 0:
+        return
+    cov = run.coverage
+    selected = len(run.configs)
+    note = f" (of {run.total_configs} unique)" if selected != run.total_configs else ""
+    console.print(
+        f"device: {run.device_name} ({device}); {selected} configs{note}; {run.new} replayed now"
+        + (f", {run.resumed} from an earlier run" if run.resumed else "")
+        + (f"; {run.world_size} ranks" if run.world_size > 1 else "")
+    )
+    if energy and run.energy_note:
+        warn(f"no energy: {run.energy_note}")
+    console.print(cov.line())
+    if baseline is not None:
+        console.print(run_to_run(load_results(baseline), run.results).line())
+    console.print(f"results: {out}")
+    if run.skipped_graphs:
+        raise typer.Exit(1)
+    if strict and any(r.status.value != "ok" for r in run.results):
+        raise typer.Exit(1)
+
+
+def _estimator(hardware: str, cost_model: str) -> Estimator:
+    """The per-op time estimate used for time shares: a cost model on a device, or a generic roofline."""
+    from opgraph.ir import OpgraphError
+    from validators.configs import cost_model_estimator, roofline_estimator
+
+    if cost_model and not hardware:
+        raise OpgraphError("a cost model needs a device", where="--cost-model", hint="give --hardware NAME as well")
+    if not hardware:
+        return roofline_estimator()
+    from hardware import load_hardware, resolve_cost_model
+
+    hw = load_hardware(hardware)
+    if cost_model:
+        return cost_model_estimator(resolve_cost_model(cost_model), hw)
+    return roofline_estimator(hw)

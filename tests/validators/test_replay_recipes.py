@@ -1,0 +1,126 @@
+"""Every recipe replays on the CPU and matches float64; failures become statuses, never crashes."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from replay_helpers import FAST, mm, tiny_graph
+
+from opgraph.ir import Attention, Gemm, OpBase
+from validators import RECIPES, Case, Recipe, ReplayStatus, replay_graph, replay_op
+from validators.recipes import BuildContext, RecipeSelector
+from validators.replay import ReplayOptions
+
+
+@pytest.fixture(scope="module")
+def tiny_results() -> dict[str, Any]:
+    return {r.definition + "/" + r.recipe: r for r in replay_graph(tiny_graph(), "cpu", FAST)}
+
+
+def test_every_config_has_a_status_and_all_known_ops_match(tiny_results: dict[str, Any]) -> None:
+    statuses = {k: r.status for k, r in tiny_results.items()}
+    bad = {k: (r.status.value, r.reason) for k, r in tiny_results.items()
+           if r.status not in (ReplayStatus.OK, ReplayStatus.SKIPPED, ReplayStatus.UNSUPPORTED)}  # fmt: skip
+    assert not bad
+    assert statuses["fancy_op/"] is ReplayStatus.UNSUPPORTED
+    assert "mylib.fancy_op.default" in tiny_results["fancy_op/"].reason
+    assert statuses["all_reduce_g2_b4096/"] is ReplayStatus.SKIPPED
+    for r in tiny_results.values():
+        if r.status is ReplayStatus.OK:
+            assert r.timing is not None and r.timing.median_us > 0
+            assert r.numerics is not None and r.numerics.ok
+            assert r.device == "cpu" and r.device_name
+
+
+def test_recipes_chosen_as_the_model_runs_them(tiny_results: dict[str, Any]) -> None:
+    keys = set(tiny_results)
+    # Recorded aten calls replay exactly; composites by their kind's recipe.
+    assert "gqa_ragged_prefill_causal_h4_kv2_d8/aten" in keys
+    assert "gqa_ragged_prefill_causal_h4_kv2_d8/attention" in keys  # chunked prefill (q 4 < kv 8): mask
+    assert "rmsnorm_h32/norm" in keys and "rope_h4_d8/rope" in keys
+    assert "moe_bmm_e4_h32_i48_topk2_gate_up/gemm" in keys
+    notes = {k: r.numerics.note for k, r in tiny_results.items() if r.numerics is not None}
+    assert notes["gqa_paged_decode_h4_kv2_d8/attention"] == "sdpa enable_gqa"
+    assert notes["gqa_ragged_prefill_causal_h4_kv2_d8/attention"] == "sdpa bool mask"
+    assert "recorded layouts" in notes["moe_bmm_e4_h32_i48_topk2_gate_up/gemm"]
+
+
+def test_attention_recipe_matches_an_explicit_causal_reference() -> None:
+    op = Attention(id=0, batch=1, q_len=3, kv_len=5, heads=2, kv_heads=1, head_dim=4, dtype="fp32")  # type: ignore[arg-type]
+    sel = RecipeSelector().select(op)
+    assert sel.recipe is not None
+    gen = torch.Generator().manual_seed(0)
+    case = sel.recipe.build(op, BuildContext(torch.device("cpu"), gen))
+    q, k, v, _mask = case.inputs
+    out = case()
+    kk = k.repeat_interleave(2, dim=1) if k.shape[1] == 1 else k
+    vv = v.repeat_interleave(2, dim=1) if v.shape[1] == 1 else v
+    scores = (q @ kk.transpose(-1, -2)) / 2.0
+    allowed = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vv
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+class _NoisyGemm(Recipe):
+    """Right on the reference, wrong on the device: must be reported as a mismatch."""
+
+    name: ClassVar[str] = "noisy"
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        inner = RECIPES.get("gemm")().build(op, ctx)
+
+        def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+            out = inner.run(inputs, reference)
+            return out if reference else out * 1.1
+
+        return Case(inputs=inner.inputs, run=run)
+
+
+class _Exploding(Recipe):
+    name: ClassVar[str] = "exploding"
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        raise ValueError("boom")
+
+
+class _OutOfMemory(Recipe):
+    name: ClassVar[str] = "oom"
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+
+def test_mismatch_error_and_oom_are_statuses() -> None:
+    op = Gemm(id=0, m=4, n=8, k=16)
+    for recipe, status, text in (
+        (_NoisyGemm, ReplayStatus.MISMATCH, "beyond tolerance"),
+        (_Exploding, ReplayStatus.ERROR, "ValueError: boom"),
+        (_OutOfMemory, ReplayStatus.OOM, "out of memory"),
+    ):
+        name = f"test-{recipe.name}"
+        if name not in RECIPES:
+            RECIPES.register(name, recipe)
+        opts = ReplayOptions(timing=FAST.timing, recipes={"gemm_n8_k16": name})
+        r = replay_op(op, "cpu", opts)
+        assert r.status is status, r.reason
+        assert text in r.reason
+        if status is ReplayStatus.MISMATCH:
+            assert r.timing is not None and r.numerics is not None
+            assert r.numerics.max_rel > 0.05
+
+
+def test_no_check_skips_numerics() -> None:
+    r = replay_op(mm(0, 4, 8, 16), "cpu", ReplayOptions(timing=FAST.timing, check=False))
+    assert r.status is ReplayStatus.OK and r.numerics is None and r.timing is not None
+
+
+def test_unknown_aten_target_is_unsupported_with_its_name() -> None:
+    op = mm(0, 4, 8, 16).model_copy(update={"target": "aten.mm_from_the_future.default"})
+    from opgraph.ir import Other
+
+    other = Other(id=1, target=op.target, fn="mm_from_the_future", inputs=op.inputs, call=op.call)
+    r = replay_op(other, "cpu", FAST)
+    assert r.status is ReplayStatus.UNSUPPORTED
+    assert "aten.mm_from_the_future.default" in r.reason

@@ -1,0 +1,173 @@
+"""Unique op configs of one or many graphs: what replay runs once and counts many times.
+
+A config is an op with its identity stripped: the definition, kind, target, typed fields, the
+shapes, dtypes and strides of its tensors, and its recorded aten call, but not its id, scope,
+layer, stage or tensor ids. Ops of all graphs that agree on these fold into one :class:`OpConfig`
+with a ``count`` of uses and, when a cost estimate is available, their share of the model's op time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from opgraph.ir import OpBase, OpCategory, OpGraph, OpKind
+
+if TYPE_CHECKING:
+    from hardware.base import CostModel
+    from hardware.spec import HardwareSpec
+
+Estimator = Callable[[OpBase], float]
+"""Estimated seconds of one call of an op."""
+
+_IDENTITY_FIELDS = frozenset({"id", "scope", "layer", "stage", "step"})
+
+
+_EXCLUDE: dict[str, object] = {
+    **dict.fromkeys(_IDENTITY_FIELDS, True),
+    "inputs": {"__all__": {"id"}},
+    "outputs": {"__all__": {"id"}},
+}
+
+
+def config_payload(op: OpBase) -> dict[str, object]:
+    """The fields that make an op's config: everything but its identity and tensor ids."""
+    return op.model_dump(mode="json", exclude=_EXCLUDE)  # type: ignore[arg-type]
+
+
+def config_key(op: OpBase) -> str:
+    """A stable 16-hex-digit key of the op's config (same config, same key, across runs and graphs)."""
+    blob = op.model_dump_json(exclude=_EXCLUDE)  # type: ignore[arg-type]
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class OpConfig:
+    """One unique config: a representative op, how often the model uses it, and its time share."""
+
+    key: str
+    """Stable config key (:func:`config_key`)."""
+    op: OpBase
+    """The first op seen with this config."""
+    count: int = 0
+    """Uses across all graphs."""
+    op_ids: list[int] = field(default_factory=list)
+    """Ids of the ops using it (in the graph where they were found, first graph first)."""
+    graphs: list[str] = field(default_factory=list)
+    """Names of the graphs that use it."""
+    est_us: float | None = None
+    """Estimated time of one call, microseconds."""
+    share: float | None = None
+    """Estimated share of the model's op time (count x est over the total), 0..1."""
+
+    @property
+    def definition(self) -> str:
+        """The op's definition name."""
+        return self.op.definition
+
+
+def graph_label(graph: OpGraph, index: int = 0) -> str:
+    """A short name for a graph: model and phase from its metadata, or its position."""
+    md = graph.metadata
+    name = md.model or f"graph{index}"
+    return f"{name}:{md.phase}" if md.phase else name
+
+
+def unique_configs(
+    graphs: OpGraph | Iterable[OpGraph],
+    *,
+    estimate: Estimator | None = None,
+    include_views: bool = False,
+) -> list[OpConfig]:
+    """Fold the ops of ``graphs`` into unique configs, most expensive (count x estimate) first.
+
+    Views launch no kernel and are left out unless ``include_views``. ``estimate`` gives the
+    seconds of one call of an op (see :func:`roofline_estimator`); with it each config gets
+    ``est_us`` and ``share``; without it configs keep program order of first use.
+    """
+    gs = [graphs] if isinstance(graphs, OpGraph) else list(graphs)
+    by_key: dict[str, OpConfig] = {}
+    for gi, g in enumerate(gs):
+        label = graph_label(g, gi)
+        for op in g.ops:
+            if not include_views and op.kind in OpCategory.FREE:
+                continue
+            key = config_key(op)
+            cfg = by_key.get(key)
+            if cfg is None:
+                cfg = by_key[key] = OpConfig(key=key, op=op)
+            cfg.count += 1
+            if len(cfg.op_ids) < 64:
+                cfg.op_ids.append(op.id)
+            if label not in cfg.graphs:
+                cfg.graphs.append(label)
+    configs = list(by_key.values())
+    if estimate is not None:
+        for cfg in configs:
+            try:
+                cfg.est_us = max(0.0, float(estimate(cfg.op))) * 1e6
+            except Exception:  # an estimator that cannot cost an op leaves it without a share
+                cfg.est_us = None
+        total = sum(c.count * (c.est_us or 0.0) for c in configs)
+        for cfg in configs:
+            if cfg.est_us is not None and total > 0:
+                cfg.share = cfg.count * cfg.est_us / total
+        configs.sort(key=lambda c: -(c.count * (c.est_us or 0.0)))
+    return configs
+
+
+# Rough datasheet numbers of a current datacenter GPU, used only to weight configs when no
+# hardware spec is given: shares depend on ratios, so the exact device matters little.
+_DEFAULT_TENSOR_FLOPS = 989e12
+_DEFAULT_VECTOR_FLOPS = 67e12
+_DEFAULT_BANDWIDTH = 3.35e12
+_DEFAULT_LAUNCH_S = 2e-6
+
+
+def roofline_estimator(hw: HardwareSpec | None = None) -> Estimator:
+    """A roofline estimate of one call: max(FLOPs / peak, bytes / bandwidth) plus a launch floor.
+
+    With ``hw`` the peaks come from the spec; without, from a generic datacenter GPU. This only
+    weights configs for the coverage share; the cost models in ``hardware`` are the real thing.
+    """
+
+    def estimate(op: OpBase) -> float:
+        if op.kind in OpCategory.FREE:
+            return 0.0
+        tensor = op.kind in OpCategory.MATMUL
+        if hw is not None:
+            peak = hw.peak_flops(op.dtype, tensor=tensor)
+            bw = hw.memory_bandwidth
+            launch = hw.launch_latency_us * 1e-6
+        else:
+            peak = _DEFAULT_TENSOR_FLOPS if tensor else _DEFAULT_VECTOR_FLOPS
+            if op.dtype.value == "fp32" and tensor:
+                peak = _DEFAULT_VECTOR_FLOPS
+            bw = _DEFAULT_BANDWIDTH
+            launch = _DEFAULT_LAUNCH_S
+        return max(op.flops / peak, op.total_bytes / bw) + launch
+
+    return estimate
+
+
+def cost_model_estimator(model: CostModel, hw: HardwareSpec) -> Estimator:
+    """An estimator from a ``hardware`` cost model; ops it cannot cost fall back to the roofline."""
+    from hardware.base import UncostedOpError
+
+    fallback = roofline_estimator(hw)
+
+    def estimate(op: OpBase) -> float:
+        try:
+            return float(model.estimate(op, hw).seconds)
+        except UncostedOpError:
+            return fallback(op)
+
+    return estimate
+
+
+def kinds_filter(kinds: Iterable[str]) -> Callable[[OpConfig], bool]:
+    """A predicate keeping configs whose kind is one of ``kinds`` (``gemm``, ``attention``...)."""
+    wanted = {OpKind(k) for k in kinds}
+    return lambda c: c.op.kind in wanted

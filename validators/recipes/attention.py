@@ -1,0 +1,113 @@
+"""Attention ops replayed as transformers' SDPA path calls ``F.scaled_dot_product_attention``.
+
+Mirrors ``transformers.integrations.sdpa_attention``: no mask and ``is_causal=True`` for a causal
+prefill whose queries cover all keys; no mask for a one-token decode; an explicit bottom-right
+causal mask otherwise (chunked prefill, sliding windows). GQA uses ``enable_gqa`` when there is no
+mask (torch 2.5+), packs the query groups for a one-token decode with a mask, and otherwise expands
+the key/value heads before the call, as ``repeat_kv`` does (the expansion is a separate op in the
+graph, so it is made outside the timed call).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any
+
+from opgraph.ir import Attention, OpBase, TensorSpec
+from validators.inputs import Domain, DomainKind, causal_mask, make_tensor
+from validators.recipes.base import BuildContext, Case, Recipe
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _sdpa_has_gqa() -> bool:
+    import torch.nn.functional as F
+
+    try:
+        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: torch 2.5+ documents enable_gqa
+        return True
+
+
+class AttentionRecipe(Recipe):
+    """Replays :class:`~opgraph.ir.Attention` from its typed fields (or its recorded q/k/v layouts)."""
+
+    name = "attention"
+
+    def unsupported(self, op: OpBase) -> str | None:
+        if not isinstance(op, Attention):
+            return f"{op.target or 'op'}: the attention recipe needs an Attention op"
+        return None
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        import torch
+        import torch.nn.functional as F
+
+        assert isinstance(op, Attention)
+        b, h, kvh, d, dv = op.batch, op.heads, op.kv_heads, op.head_dim, op.dv
+        four_d = [t for t in op.inputs if len(t.shape) == 4 and t.dtype.is_float]
+        if len(four_d) >= 3 and four_d[0].shape[-2] == op.q_len:
+            q_spec, k_spec, v_spec = four_d[:3]
+        else:
+            # transformers' layouts: q is a transposed view of the projection ([b, s, h, d] memory),
+            # k and v come out of the KV cache contiguous.
+            q_spec = TensorSpec(shape=(b, h, op.q_len, d), dtype=op.dtype, strides=(op.q_len * h * d, d, h * d, 1))
+            k_spec = TensorSpec(shape=(b, kvh, op.kv_len, d), dtype=op.dtype)
+            v_spec = TensorSpec(shape=(b, kvh, op.kv_len, dv), dtype=op.dtype)
+        q = make_tensor(q_spec, ctx.device, ctx.gen)
+        k = make_tensor(k_spec, ctx.device, ctx.gen)
+        v = make_tensor(v_spec, ctx.device, ctx.gen)
+
+        window_hides = op.window is not None and op.window < op.kv_len
+        need_mask = op.causal and (window_hides or (op.q_len not in (1, op.kv_len)))
+        mask_spec = next(
+            (
+                t
+                for t in op.inputs
+                if len(t.shape) >= 2 and t.shape[-2:] == (op.q_len, op.kv_len) and t not in four_d[:3]
+            ),
+            None,
+        )
+        mask: torch.Tensor | None = None
+        if need_mask or (mask_spec is not None and op.causal):
+            spec = mask_spec or TensorSpec(shape=(b, 1, op.q_len, op.kv_len), dtype="bool")  # type: ignore[arg-type]
+            mask = make_tensor(spec, ctx.device, ctx.gen, Domain(DomainKind.CAUSAL_MASK, window=op.window))
+        elif window_hides:  # a non-causal window (rare): still a mask
+            mask = causal_mask(op.q_len, op.kv_len, device=ctx.device, dtype=torch.bool, window=op.window)
+        is_causal = op.causal and mask is None and op.q_len > 1
+        groups = q.shape[1] // k.shape[1] if k.shape[1] else 1
+        kwargs: dict[str, Any] = {}
+        pack = False
+        if groups > 1:
+            if mask is None and d == dv and d <= 256 and _sdpa_has_gqa():
+                kwargs["enable_gqa"] = True
+            elif op.q_len == 1:
+                pack = True
+            else:
+                k = k[:, :, None].expand(b, k.shape[1], groups, *k.shape[2:]).reshape(b, -1, *k.shape[2:])
+                v = v[:, :, None].expand(b, v.shape[1], groups, *v.shape[2:]).reshape(b, -1, *v.shape[2:])
+        scale = d**-0.5
+        note = "sdpa " + ", ".join(
+            x
+            for x in (
+                "is_causal" if is_causal else "",
+                "bool mask" if mask is not None else "",
+                "enable_gqa" if kwargs else "",
+                "packed gqa" if pack else "",
+            )
+            if x
+        )
+
+        def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+            qq, kk, vv, mm = inputs
+            if pack:
+                qq = qq.reshape(qq.shape[0], qq.shape[1] // groups, groups, qq.shape[-1])
+            out = F.scaled_dot_product_attention(
+                qq, kk, vv, attn_mask=mm, dropout_p=0.0, is_causal=is_causal, scale=scale, **kwargs
+            )
+            if pack:
+                out = out.reshape(out.shape[0], -1, 1, out.shape[-1])
+            return out
+
+        return Case(inputs=(q, k, v, mask), run=run, note=note.strip())

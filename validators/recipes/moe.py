@@ -1,0 +1,90 @@
+"""MoE routing replayed as transformers' routers: softmax in float32, top-k, renormalise; dispatch; combine.
+
+Routing follows the graph's assumption: router logits are built so that the top-k experts of each
+token are the ones balanced routing (or the recorded skew) assigns, so dispatch and combine see
+the expert loads the graph was captured with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opgraph.ir import MoeRouting, OpBase, TensorSpec
+from validators.inputs import make_tensor, routing_counts, torch_dtype
+from validators.recipes.base import BuildContext, Case, Compare, Recipe
+
+
+def assignment(tokens: int, experts: int, top_k: int, skew: float) -> list[list[int]]:
+    """Experts of each token (``top_k`` distinct ones) whose loads follow :func:`routing_counts`."""
+    counts = routing_counts(tokens, experts, top_k, skew)
+    order = sorted(range(experts), key=lambda e: -counts[e])
+    picks: list[list[int]] = [[] for _ in range(tokens)]
+    left = list(counts)
+    t = 0
+    # Deal experts to tokens round-robin, heaviest expert first, skipping tokens that already hold it.
+    for e in order:
+        for _ in range(left[e]):
+            for _ in range(tokens):
+                if len(picks[t]) < top_k and e not in picks[t]:
+                    break
+                t = (t + 1) % tokens
+            picks[t].append(e)
+            t = (t + 1) % tokens
+    return picks
+
+
+class MoeRoutingRecipe(Recipe):
+    """``route`` (router softmax + top-k + renormalise), ``dispatch`` (gather rows), ``combine`` (index_add)."""
+
+    name = "moe_routing"
+
+    def unsupported(self, op: OpBase) -> str | None:
+        if not isinstance(op, MoeRouting):
+            return f"{op.target or 'op'}: the moe_routing recipe needs a MoeRouting op"
+        if op.fn not in ("route", "dispatch", "combine"):
+            return f"{op.target or op.fn}: no replay recipe for MoE step {op.fn!r}"
+        return None
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        import torch
+
+        assert isinstance(op, MoeRouting)
+        tokens, experts, top_k = max(op.tokens, 1), op.experts, min(op.top_k, op.experts)
+        picks = assignment(tokens, experts, top_k, ctx.moe_skew)
+        skew = f"skew {ctx.moe_skew:g}" if ctx.moe_skew > 0 else "balanced"
+        if op.fn == "route":
+            logits = make_tensor(TensorSpec(shape=(tokens, experts), dtype=op.dtype), ctx.device, ctx.gen) * 0.1
+            rows = torch.tensor([t for t, ps in enumerate(picks) for _ in ps], device=ctx.device)
+            cols = torch.tensor([e for ps in picks for e in ps], device=ctx.device)
+            logits = logits.index_put((rows, cols), torch.full_like(rows, 4, dtype=logits.dtype), accumulate=True)
+
+            def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+                (lg,) = inputs
+                acc = torch.float64 if reference else torch.float32
+                probs = torch.softmax(lg, dim=-1, dtype=acc)
+                top, idx = torch.topk(probs, top_k, dim=-1)
+                top = top / top.sum(dim=-1, keepdim=True)
+                return top.to(lg.dtype), idx
+
+            return Case(inputs=(logits,), run=run, compare=Compare.FLOAT_ONLY, note=f"router, {skew} routing")
+        # Token rows sorted by expert, as the experts consume them.
+        by_expert = sorted(((e, t) for t, ps in enumerate(picks) for e in ps))
+        token_idx = torch.tensor([t for _, t in by_expert], device=ctx.device, dtype=torch.int64)
+        if op.fn == "dispatch":
+            hidden = make_tensor(TensorSpec(shape=(tokens, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
+
+            def run_dispatch(inputs: tuple[Any, ...], reference: bool) -> Any:
+                hs, idx = inputs
+                return hs.index_select(0, idx)
+
+            return Case(inputs=(hidden, token_idx), run=run_dispatch, note=f"gather, {skew} routing")
+        n = len(by_expert)
+        expert_out = make_tensor(TensorSpec(shape=(n, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
+        weights = torch.rand(n, 1, device=ctx.device, generator=ctx.gen).to(torch_dtype(op.dtype))
+        out = torch.zeros(tokens, op.hidden, device=ctx.device, dtype=torch_dtype(op.dtype))
+
+        def run_combine(inputs: tuple[Any, ...], reference: bool) -> Any:
+            base, eo, w, idx = inputs
+            return base.index_add_(0, idx, eo * w)
+
+        return Case(inputs=(out, expert_out, weights, token_idx), run=run_combine, note=f"index_add, {skew} routing")

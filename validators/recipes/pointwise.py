@@ -1,0 +1,236 @@
+"""Typed replays of simple ops that came without a recorded call: activations, elementwise ops,
+softmax, reductions, top-k and embedding lookups. Shapes come from the op's tensors when present,
+else from its fields (``numel`` elements as rows of ``hidden``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opgraph.ir import Activation, Elementwise, Embedding, OpBase, Reduction, Softmax, TensorSpec, TopK
+from validators.inputs import NORMAL, POSITIVE, Domain, DomainKind, index, make_tensor
+from validators.recipes.base import BuildContext, Case, Compare, Recipe
+
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "sigmoid", "tanh", "swiglu", "geglu")
+UNARY_POSITIVE = frozenset({"rsqrt", "sqrt", "log", "log2", "log10", "reciprocal"})
+BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "where"})
+
+
+def _rows_spec(op: OpBase, numel: int, hidden: int) -> TensorSpec:
+    hidden = max(hidden, 1)
+    return TensorSpec(shape=(max(numel, 0) // hidden, hidden), dtype=op.dtype)
+
+
+def _act(fn: str) -> Any:
+    import torch.nn.functional as F
+
+    base = fn.removesuffix("glu") if fn in ("swiglu", "geglu") else fn
+    table = {
+        "silu": F.silu,
+        "swi": F.silu,
+        "ge": F.gelu,
+        "gelu": F.gelu,
+        "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+        "relu": F.relu,
+        "sigmoid": F.sigmoid,
+        "tanh": F.tanh,
+    }
+    return table.get(base)
+
+
+class ActivationRecipe(Recipe):
+    """``act(x)``, or ``act(gate) * up`` for gated MLPs (HF: ``act_fn(gate_proj(x)) * up_proj(x)``)."""
+
+    name = "activation"
+
+    def unsupported(self, op: OpBase) -> str | None:
+        if not isinstance(op, Activation):
+            return f"{op.target or 'op'}: the activation recipe needs an Activation op"
+        if _act(op.fn) is None:
+            return f"{op.target or op.fn}: no replay recipe for activation {op.fn!r}"
+        return None
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        assert isinstance(op, Activation)
+        act = _act(op.fn)
+        gated = op.gated or op.fn in ("swiglu", "geglu")
+        specs = [t for t in op.inputs if t.dtype.is_float][: 2 if gated else 1]
+        if gated and len(specs) == 1:
+            # gate and up are the two halves of one projection (``gate_up(x).chunk(2, -1)``).
+            half = specs[0].shape[-1]
+            base_spec = TensorSpec(shape=(*specs[0].shape[:-1], 2 * half), dtype=specs[0].dtype)
+            base = make_tensor(base_spec, ctx.device, ctx.gen)
+            xs: tuple[Any, ...] = (base[..., :half], base[..., half:])
+        else:
+            while len(specs) < (2 if gated else 1):
+                specs.append(_rows_spec(op, op.numel, op.hidden))
+            xs = tuple(make_tensor(s, ctx.device, ctx.gen) for s in specs)
+
+        def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+            return act(inputs[0]) * inputs[1] if gated else act(inputs[0])
+
+        return Case(inputs=xs, run=run, note=f"{op.fn}{' gated' if gated else ''}")
+
+
+class ElementwiseRecipe(Recipe):
+    """``torch.<fn>`` over the op's tensors (binary ops get two same-shaped inputs when none are recorded)."""
+
+    name = "elementwise"
+
+    def unsupported(self, op: OpBase) -> str | None:
+        import torch
+
+        if not isinstance(op, Elementwise):
+            return f"{op.target or 'op'}: the elementwise recipe needs an Elementwise op"
+        if not callable(getattr(torch, op.fn, None)):
+            return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
+        return None
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        import torch
+
+        assert isinstance(op, Elementwise)
+        fn = getattr(torch, op.fn)
+        dom = POSITIVE if op.fn in UNARY_POSITIVE else NORMAL
+        if op.inputs:
+            xs = [
+                make_tensor(s, ctx.device, ctx.gen, POSITIVE if (i == 1 and op.fn == "div") else dom)
+                for i, s in enumerate(op.inputs)
+            ]
+        else:
+            n = 2 if op.fn in BINARY else 1
+            xs = [
+                make_tensor(
+                    _rows_spec(op, op.numel, op.hidden),
+                    ctx.device,
+                    ctx.gen,
+                    POSITIVE if i == 1 and op.fn == "div" else dom,
+                )
+                for i in range(n)
+            ]
+            if op.fn == "where":
+                xs.insert(0, xs[0] > 0)
+
+        def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+            return fn(*inputs)
+
+        return Case(inputs=tuple(xs), run=run, note=f"torch.{op.fn}")
+
+
+class SoftmaxRecipe(Recipe):
+    """``softmax`` over the last dim (in float32 and back when the op's output is float32)."""
+
+    name = "softmax"
+
+    def unsupported(self, op: OpBase) -> str | None:
+        return None if isinstance(op, Softmax) else f"{op.target or 'op'}: the softmax recipe needs a Softmax op"
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        import torch
+
+        assert isinstance(op, Softmax)
+        spec = next((t for t in op.inputs if t.dtype.is_float), None) or TensorSpec(
+            shape=(op.rows, op.cols), dtype=op.dtype
+        )
+        x = make_tensor(spec, ctx.device, ctx.gen)
+        fp32_out = any(t.dtype.value == "fp32" for t in op.outputs) and spec.dtype.value != "fp32"
+
+        def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+            acc = torch.float64 if reference else torch.float32
+            return torch.softmax(inputs[0], dim=-1, dtype=acc if fp32_out else None)
+
+        return Case(inputs=(x,), run=run, note="softmax")
+
+
+class ReductionRecipe(Recipe):
+    """``torch.<fn>(x, dim=-1)`` over ``reduced`` elements per output."""
+
+    name = "reduction"
+
+    def unsupported(self, op: OpBase) -> str | None:
+        import torch
+
+        if not isinstance(op, Reduction):
+            return f"{op.target or 'op'}: the reduction recipe needs a Reduction op"
+        if not callable(getattr(torch, op.fn, None)):
+            return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
+        return None
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        import torch
+
+        assert isinstance(op, Reduction)
+        fn = getattr(torch, op.fn)
+        spec = next((t for t in op.inputs if t.dtype.is_float), None) or _rows_spec(op, op.numel_in, op.reduced)
+        x = make_tensor(spec, ctx.device, ctx.gen)
+        compare = Compare.FLOAT_ONLY if op.fn in ("max", "min") else Compare.ALL
+
+        def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+            return fn(inputs[0], dim=-1)
+
+        return Case(inputs=(x,), run=run, compare=compare, note=f"torch.{op.fn}(dim=-1)")
+
+
+class TopKRecipe(Recipe):
+    """``topk``, ``argmax``, ``sort``, ``multinomial`` over the last dim."""
+
+    name = "topk"
+
+    def unsupported(self, op: OpBase) -> str | None:
+        if not isinstance(op, TopK):
+            return f"{op.target or 'op'}: the topk recipe needs a TopK op"
+        if op.fn not in ("topk", "argmax", "sort", "multinomial", "argsort"):
+            return f"{op.target or op.fn}: no replay recipe for {op.fn!r}"
+        return None
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        import torch
+
+        assert isinstance(op, TopK)
+        spec = next((t for t in op.inputs if t.dtype.is_float), None) or TensorSpec(
+            shape=(op.rows, op.cols), dtype=op.dtype
+        )
+        dom = Domain(DomainKind.PROBS) if op.fn == "multinomial" else NORMAL
+        x = make_tensor(spec, ctx.device, ctx.gen, dom)
+        k = min(op.k, op.cols)
+        fn = op.fn
+
+        def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+            (xx,) = inputs
+            if fn == "topk":
+                return torch.topk(xx, k, dim=-1)
+            if fn == "argmax":
+                return torch.argmax(xx, dim=-1)
+            if fn == "sort":
+                return torch.sort(xx, dim=-1)
+            if fn == "argsort":
+                return torch.argsort(xx, dim=-1)
+            return torch.multinomial(xx.reshape(-1, xx.shape[-1]).float(), k)
+
+        compare = Compare.NONE if fn in ("multinomial", "argmax", "argsort") else Compare.FLOAT_ONLY
+        note = "random op: not compared" if fn == "multinomial" else "indices not compared (ties)"
+        return Case(inputs=(x,), run=run, compare=compare, note=note)
+
+
+class EmbeddingRecipe(Recipe):
+    """``F.embedding`` of ``tokens`` ids in ``[0, vocab)`` from a ``[vocab, hidden]`` table."""
+
+    name = "embedding"
+
+    def unsupported(self, op: OpBase) -> str | None:
+        return None if isinstance(op, Embedding) else f"{op.target or 'op'}: the embedding recipe needs an Embedding op"
+
+    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+        import torch.nn.functional as F
+
+        assert isinstance(op, Embedding)
+        ids_spec = next((t for t in op.inputs if not t.dtype.is_float), None) or TensorSpec(
+            shape=(1, max(op.tokens, 0)),
+            dtype="int64",  # type: ignore[arg-type]
+        )
+        table = make_tensor(TensorSpec(shape=(op.vocab, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
+        ids = make_tensor(ids_spec, ctx.device, ctx.gen, index(op.vocab))
+
+        def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+            return F.embedding(inputs[0], inputs[1])
+
+        return Case(inputs=(ids, table), run=run, note="F.embedding")

@@ -1,0 +1,423 @@
+"""Replay results: the pydantic record of one replayed config, JSONL streaming, resume and summaries.
+
+Every line of a replay JSONL file is one :class:`ReplayResult`, written and flushed the moment it is
+measured, so an interrupted run loses nothing it finished. :func:`load_results` reads a file back,
+tolerating a torn last line (a crash mid-write) and keeping the newest record of each config.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
+from enum import Enum
+from pathlib import Path
+from typing import IO, Annotated
+
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from opgraph.ir import LoadError, Op, OpKind
+from opgraph.ir.tensor import FROZEN
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+"""A float of zero or more."""
+
+RESULT_VERSION = 1
+"""Version of the replay record; bumped on incompatible changes."""
+
+
+class ReplayStatus(str, Enum):
+    """Outcome of replaying one config."""
+
+    OK = "ok"
+    """Ran, timed, and (when checked) matched the float64 reference."""
+    MISMATCH = "mismatch"
+    """Ran and was timed, but its outputs differ from the reference beyond the dtype's tolerance."""
+    UNSUPPORTED = "unsupported"
+    """No replay recipe for this op (``reason`` names the target)."""
+    OOM = "oom"
+    """The device ran out of memory building inputs or running the op."""
+    ERROR = "error"
+    """The op raised; ``reason`` has the exception."""
+    SKIPPED = "skipped"
+    """Deliberately not run (a collective outside a process group, a free view); ``reason`` says why."""
+
+
+REPLAYED = frozenset({ReplayStatus.OK, ReplayStatus.MISMATCH})
+"""Statuses of configs that ran and were timed."""
+
+
+class TimingStats(BaseModel):
+    """Device time of one call, over repeated samples."""
+
+    model_config = FROZEN
+
+    median_us: NonNegFloat
+    """Median time of one call, microseconds."""
+    iqr_us: NonNegFloat
+    """Interquartile range of the samples, microseconds."""
+    mad_us: NonNegFloat
+    """Median absolute deviation of the samples, microseconds."""
+    spread: NonNegFloat
+    """Relative spread: IQR / median."""
+    min_us: NonNegFloat
+    """Fastest sample."""
+    mean_us: NonNegFloat
+    """Mean of the samples."""
+    samples: Annotated[int, Field(ge=1)]
+    """Timed samples taken."""
+    calls_per_sample: Annotated[int, Field(ge=1)] = 1
+    """Calls averaged in each sample (more than one only for very short ops on the CPU)."""
+    warmup_calls: Annotated[int, Field(ge=0)] = 0
+    """Untimed calls before the samples."""
+    timer: str = "events"
+    """``cuda_events`` (device events around each call), ``cuda_graph`` or ``perf_counter`` (host clock)."""
+    cold_l2: bool = False
+    """The L2 cache was flushed before each sample."""
+    host_us: NonNegFloat | None = None
+    """Median host (CPU) time to issue one call, when measured: the framework overhead."""
+    converged: bool = True
+    """The median's confidence interval reached the target before the sample or time cap."""
+
+    @property
+    def ci_rel(self) -> float:
+        """Approximate relative 95% confidence half-width of the median."""
+        if self.median_us <= 0:
+            return 0.0
+        return 1.57 * self.iqr_us / math.sqrt(self.samples) / self.median_us
+
+
+class NumericCheck(BaseModel):
+    """The replayed outputs against a float64 reference computed from the same inputs."""
+
+    model_config = FROZEN
+
+    ok: bool
+    """Within tolerance (or nothing comparable)."""
+    max_abs: NonNegFloat = 0.0
+    """Largest absolute difference over all compared outputs."""
+    max_rel: NonNegFloat = 0.0
+    """Largest difference relative to ``max(|reference|, atol)``, element-wise."""
+    atol: NonNegFloat = 0.0
+    """Absolute tolerance used (already scaled by the reference's RMS)."""
+    rtol: NonNegFloat = 0.0
+    """Relative tolerance used."""
+    dtype: str = ""
+    """Dtype whose tolerances were used."""
+    compared: Annotated[int, Field(ge=0)] = 0
+    """Output tensors compared."""
+    reference_device: str = "cpu"
+    """Where the float64 reference ran."""
+    note: str = ""
+    """Why some outputs were not compared (random ops, uninitialised memory, tie-prone indices)."""
+
+
+class EnergyStats(BaseModel):
+    """Board energy while the op ran back to back, from NVML."""
+
+    model_config = FROZEN
+
+    joules_per_call: NonNegFloat
+    """Board energy of one call (total, idle included)."""
+    dynamic_joules_per_call: NonNegFloat | None = None
+    """Energy of one call above the idle board power measured at the start of the run."""
+    avg_power_w: NonNegFloat
+    """Mean board power over the window."""
+    window_s: NonNegFloat
+    """Length of the measuring window."""
+    calls: Annotated[int, Field(ge=1)]
+    """Calls in the window."""
+    method: str = "energy_counter"
+    """``energy_counter`` (NVML total-energy counter) or ``power_samples`` (integrated samples)."""
+
+
+class ReplayResult(BaseModel):
+    """One replayed config: what it is, where it ran, how long it took, whether it was right."""
+
+    model_config = FROZEN
+
+    version: int = RESULT_VERSION
+    """Record format version."""
+    key: str
+    """Stable id of the config (hash of definition, shapes, dtypes, strides and call)."""
+    definition: str
+    """The op's definition name (``gemm_n4096_k4096``)."""
+    kind: OpKind
+    """Op kind."""
+    target: str = ""
+    """The aten overload or module the op came from."""
+    dtype: str
+    """Compute dtype of the op."""
+    op: Op
+    """A representative op of the config (the first seen), with its shapes, dtypes and call."""
+    count: Annotated[int, Field(ge=1)] = 1
+    """How many times the model(s) run this config."""
+    share: NonNegFloat | None = None
+    """Estimated share of the model's op time spent in this config (all its uses), 0..1."""
+    est_us: NonNegFloat | None = None
+    """Estimated time of one call, from the cost estimate used for ``share``."""
+    graphs: tuple[str, ...] = ()
+    """Graphs (model/phase) the config came from."""
+    recipe: str = ""
+    """Replay recipe used."""
+    status: ReplayStatus
+    """Outcome."""
+    reason: str = ""
+    """Why it is not ``ok``: error text, unsupported target, mismatch summary."""
+    device: str
+    """Torch device (``cuda:0``, ``cpu``)."""
+    device_name: str = ""
+    """Device model (``NVIDIA H100 80GB HBM3``, the CPU model)."""
+    timing: TimingStats | None = None
+    """Timing, for replayed configs."""
+    numerics: NumericCheck | None = None
+    """Numeric check, when run."""
+    energy: EnergyStats | None = None
+    """Energy, where NVML is available and asked for."""
+    torch_version: str = ""
+    """torch version that ran it."""
+    rank: Annotated[int, Field(ge=0)] = 0
+    """Rank that replayed it under torchrun."""
+    created: str = ""
+    """ISO-8601 UTC time of the measurement."""
+
+    @model_validator(mode="after")
+    def _status_fields(self) -> ReplayResult:
+        if self.status in REPLAYED and self.timing is None:
+            raise ValueError(f"status {self.status.value} needs timing")
+        if self.status is ReplayStatus.MISMATCH and (self.numerics is None or self.numerics.ok):
+            raise ValueError("status mismatch needs a failed numeric check")
+        if self.status not in (ReplayStatus.OK,) and self.status not in REPLAYED and not self.reason:
+            raise ValueError(f"status {self.status.value} needs a reason")
+        return self
+
+    @property
+    def median_us(self) -> float | None:
+        """Median time of one call, or ``None`` when not timed."""
+        return self.timing.median_us if self.timing else None
+
+    @property
+    def replayed(self) -> bool:
+        """Ran and was timed (``ok`` or ``mismatch``)."""
+        return self.status in REPLAYED
+
+
+def now_iso() -> str:
+    """The current UTC time, ISO-8601, seconds."""
+    return datetime.now(UTC).replace(microsecond=0).isoformat()
+
+
+class ResultWriter:
+    """Appends :class:`ReplayResult` lines to a JSONL file, flushing (and fsyncing) each one.
+
+    Opening in append mode keeps whatever an earlier, interrupted run wrote; a torn last line
+    from a crash is terminated first so the next record starts on its own line.
+    """
+
+    def __init__(self, path: str | Path, *, fsync: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fsync = fsync
+        needs_newline = False
+        if self.path.exists() and self.path.stat().st_size:
+            with self.path.open("rb") as f:
+                f.seek(-1, os.SEEK_END)
+                needs_newline = f.read(1) != b"\n"
+        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        if needs_newline:
+            self._file.write("\n")
+            self._file.flush()
+
+    def write(self, result: ReplayResult) -> None:
+        """Append one record and make it durable."""
+        if self._file is None:
+            raise ValueError(f"{self.path} is closed")
+        self._file.write(result.model_dump_json() + "\n")
+        self._file.flush()
+        if self._fsync:
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> ResultWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def iter_results(path: str | Path, *, strict: bool = False) -> Iterator[ReplayResult]:
+    """Every record of a JSONL file in order; bad lines raise when ``strict``, else are skipped.
+
+    A torn last line (no newline, not valid JSON) is always skipped: it is what a crash leaves.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise LoadError("no such file", where=str(p))
+    with p.open("r", encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    last = len(lines) - 1
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            yield ReplayResult.model_validate_json(line)
+        except ValidationError as exc:
+            torn = i == last
+            if strict and not torn:
+                first = exc.errors()[0]
+                loc = ".".join(str(x) for x in first["loc"]) or "(line)"
+                raise LoadError(f"line {i + 1}: {loc}: {first['msg']}", where=str(p)) from None
+
+
+def load_results(path: str | Path, *, strict: bool = False) -> list[ReplayResult]:
+    """The results of a replay JSONL file, newest record per config key, in first-seen order.
+
+    This is what calibration reads: each result carries the op, device name, dtype, median and
+    spread in microseconds, and its status.
+    """
+    by_key: dict[str, ReplayResult] = {}
+    for r in iter_results(path, strict=strict):
+        by_key.pop(r.key, None)
+        by_key[r.key] = r
+    return list(by_key.values())
+
+
+def done_keys(paths: Iterable[str | Path]) -> set[str]:
+    """Config keys already recorded in any of ``paths`` (missing files are ignored), for ``--resume``."""
+    keys: set[str] = set()
+    for p in paths:
+        if Path(p).exists():
+            keys.update(r.key for r in iter_results(p))
+    return keys
+
+
+class Coverage(BaseModel):
+    """How much of the model was replayed: by configs, by uses and by estimated time share."""
+
+    model_config = FROZEN
+
+    configs: int
+    """Unique configs."""
+    replayed: int
+    """Configs that ran and were timed (ok or mismatch)."""
+    by_status: dict[str, int]
+    """Configs per status."""
+    uses: int
+    """Op instances in the model(s) (sum of counts)."""
+    uses_replayed: int
+    """Op instances whose config was replayed."""
+    share_replayed: float | None
+    """Estimated model time replayed, 0..1 (``None`` without estimates)."""
+    measured_us: float
+    """Sum over replayed configs of count x median: the model's replayed op time."""
+    reasons: dict[str, int] = Field(default_factory=dict)
+    """Configs not replayed, by reason (shortened)."""
+
+    @property
+    def explained(self) -> int:
+        """Configs replayed or given a reason (all of them, when nothing was lost)."""
+        return sum(self.by_status.values())
+
+    def line(self) -> str:
+        """The one-line coverage summary the CLI prints."""
+        parts = [f"coverage: {self.replayed}/{self.configs} configs replayed"]
+        if self.configs:
+            parts[0] += f" ({100 * self.replayed / self.configs:.1f}%)"
+        parts.append(f"{self.uses_replayed}/{self.uses} op uses")
+        if self.share_replayed is not None:
+            parts.append(f"{100 * self.share_replayed:.2f}% of estimated op time")
+        parts.append(", ".join(f"{k} {v}" for k, v in sorted(self.by_status.items())))
+        parts.append(f"replayed op time {self.measured_us / 1e3:.3f} ms")
+        return "; ".join(parts)
+
+
+def coverage(results: Iterable[ReplayResult]) -> Coverage:
+    """The coverage summary of a set of results (one per config)."""
+    rs = list(results)
+    by_status: dict[str, int] = {}
+    reasons: dict[str, int] = {}
+    for r in rs:
+        by_status[r.status.value] = by_status.get(r.status.value, 0) + 1
+        if not r.replayed:
+            short = r.reason.split(":")[0][:60] if r.reason else r.status.value
+            reasons[short] = reasons.get(short, 0) + 1
+    replayed = [r for r in rs if r.replayed]
+    have_share = [r for r in rs if r.share is not None]
+    share: float | None = None
+    if have_share:
+        total = sum(r.share or 0.0 for r in have_share)
+        share = sum(r.share or 0.0 for r in have_share if r.replayed) / total if total > 0 else None
+    return Coverage(
+        configs=len(rs),
+        replayed=len(replayed),
+        by_status=by_status,
+        uses=sum(r.count for r in rs),
+        uses_replayed=sum(r.count for r in replayed),
+        share_replayed=share,
+        measured_us=sum(r.count * (r.median_us or 0.0) for r in replayed),
+        reasons=reasons,
+    )
+
+
+class RunToRun(BaseModel):
+    """Agreement of the medians of two replays of the same configs."""
+
+    model_config = FROZEN
+
+    configs: int
+    """Configs timed in both runs and at least ``min_us`` long."""
+    min_us: float
+    """Shortest median considered."""
+    median_rel: float
+    """Median of ``|a - b| / mean(a, b)``."""
+    p95_rel: float
+    """95th percentile of the same."""
+    max_rel: float
+    """Largest of the same."""
+    worst: str = ""
+    """Definition of the config with the largest difference."""
+    over_2pct: int = 0
+    """Configs whose medians differ by more than 2%."""
+
+    def line(self) -> str:
+        """One line for the CLI."""
+        return (
+            f"run-to-run: {self.configs} configs over {self.min_us:g} us; |Δmedian| median "
+            f"{100 * self.median_rel:.2f}%, p95 {100 * self.p95_rel:.2f}%, max {100 * self.max_rel:.2f}% "
+            f"({self.worst}); {self.over_2pct} over 2%"
+        )
+
+
+def run_to_run(a: Iterable[ReplayResult], b: Iterable[ReplayResult], *, min_us: float = 20.0) -> RunToRun:
+    """Compare the medians of two runs config by config (only configs timed in both, over ``min_us``)."""
+    first = {r.key: r for r in a if r.timing is not None}
+    diffs: list[tuple[float, str]] = []
+    for r in b:
+        other = first.get(r.key)
+        if r.timing is None or other is None or other.timing is None:
+            continue
+        ma, mb = other.timing.median_us, r.timing.median_us
+        if min(ma, mb) < min_us:
+            continue
+        diffs.append((abs(ma - mb) / ((ma + mb) / 2), r.definition))
+    if not diffs:
+        return RunToRun(configs=0, min_us=min_us, median_rel=0.0, p95_rel=0.0, max_rel=0.0)
+    rel = sorted(d for d, _ in diffs)
+    worst = max(diffs)
+    p95 = rel[min(len(rel) - 1, math.ceil(0.95 * len(rel)) - 1)]
+    return RunToRun(
+        configs=len(rel),
+        min_us=min_us,
+        median_rel=statistics.median(rel),
+        p95_rel=p95,
+        max_rel=worst[0],
+        worst=worst[1],
+        over_2pct=sum(1 for d in rel if d > 0.02),
+    )
