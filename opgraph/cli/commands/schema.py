@@ -18,6 +18,9 @@ SAVED_TYPES: dict[str, str] = {
     "cost_table": "hardware:CostTable",
     "analysis": "opgraph.trace.result:AnalysisResult",
     "replay_result": "validators.results:ReplayResult",
+    "simulation_config": "simulators:SimulationConfig",
+    "simulation_stats": "simulators:SimulationStats",
+    "engine_sweep": "simulators:EngineSweep",
     "coverage_report": "validators.coverage:CoverageReport",
 }
 

@@ -1,0 +1,352 @@
+"""``opgraph simulate GRAPH``: schedule a graph on a device's engines and report the timeline."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.table import Table
+
+from opgraph.cli.common import console, fmt_us, handle_errors
+from opgraph.ir import OpgraphError
+
+if TYPE_CHECKING:
+    from simulators import EngineSweep, SimulationConfig, SimulationResult, SimulationStats
+
+MAX_SWEEP = 64
+"""Largest engine count a sweep accepts."""
+
+
+class SimulateOptionError(OpgraphError):
+    """A ``simulate`` option is out of range or malformed."""
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``simulate`` to the app."""
+    app.command("simulate")(simulate)
+
+
+def parse_engines(text: str) -> list[int]:
+    """``3`` -> [3]; ``1..8`` -> [1..8]; ``1,2,4`` -> [1, 2, 4]. Counts must be 1..4096."""
+    text = text.strip()
+    m = re.fullmatch(r"(\d+)\s*(?:\.\.|-)\s*(\d+)", text)
+    try:
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise SimulateOptionError(f"empty range {text!r}", where="--engines", hint="write LOW..HIGH, e.g. 1..8")
+            counts = list(range(lo, hi + 1))
+        else:
+            counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SimulateOptionError(
+            f"{text!r} is not an engine count", where="--engines", hint="give N, LOW..HIGH or a list like 1,2,4"
+        ) from None
+    if not counts:
+        raise SimulateOptionError("no engine count given", where="--engines")
+    bad = [c for c in counts if c < 1 or c > 4096]
+    if bad:
+        raise SimulateOptionError(
+            f"engine count {bad[0]} is out of range", where="--engines", hint="each count must be 1 or more"
+        )
+    if len(set(counts)) > MAX_SWEEP:
+        raise SimulateOptionError(
+            f"a sweep of {len(set(counts))} counts is too long (max {MAX_SWEEP})", where="--engines"
+        )
+    return sorted(set(counts))
+
+
+def _host_mode(text: str) -> str:
+    mode = text.strip().lower().replace("-", "_")
+    if mode not in ("eager", "cuda_graph", "none"):
+        raise SimulateOptionError(f"unknown host mode {text!r}", where="--host", hint="eager, cuda-graph or none")
+    return mode
+
+
+@handle_errors
+def simulate(
+    graph_path: Path = typer.Argument(
+        ..., metavar="GRAPH", help="A graph saved by `opgraph capture` (.json/.json.gz)."
+    ),
+    engines: str | None = typer.Option(
+        None,
+        "--engines",
+        "-e",
+        help="Compute engines: N (default 1), or a sweep LOW..HIGH / 1,2,4 that names the best count.",
+    ),
+    hardware: str = typer.Option("h100", "--hardware", "-H", help="Catalog name or a hardware .toml/.json file."),
+    cost_model: str = typer.Option(
+        "roofline",
+        "--cost-model",
+        "-c",
+        help="roofline, formula, table, a calibrated JSON, module:Class, file.py:Class.",
+    ),
+    policy: str = typer.Option("earliest", "--policy", "-p", help="earliest, critical-path, stream, or module:Class."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks; collectives synchronise them."),
+    copy_engines: int = typer.Option(0, "--copy-engines", help="Copy engines for MEMORY ops (0: they use compute)."),
+    links: int = typer.Option(1, "--links", help="Communication links per communicator (collectives)."),
+    host: str = typer.Option("eager", "--host", help="Host issue model: eager, cuda-graph or none."),
+    host_us: float | None = typer.Option(None, "--host-us", help="Host time per op in us (default: the spec's)."),
+    no_sync: bool = typer.Option(False, "--no-sync", help="The host does not wait for the device between steps."),
+    jitter: float = typer.Option(0.0, "--jitter", help="Relative noise of op times (log-normal sigma)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the noise."),
+    skip_uncosted: bool = typer.Option(
+        False, "--skip-uncosted", help="Simulate ops the cost model cannot cost as free (listed) instead of failing."
+    ),
+    config_path: Path | None = typer.Option(
+        None,
+        "--config",
+        help="A SimulationConfig JSON (engine groups as data); replaces --copy-engines/--links, "
+        "--engines sets its compute group, the other flags override it.",
+    ),
+    tolerance: float = typer.Option(0.01, "--tolerance", help="Sweep: counts within this of the best are as good."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the simulated Timeline (.json/.json.gz)."),
+    stats_path: Path | None = typer.Option(None, "--stats", help="Write the statistics as JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the statistics (or sweep) as JSON instead of tables."),
+    no_host_track: bool = typer.Option(False, "--no-host-track", help="Leave host launch spans out of the timeline."),
+    open_trace: bool = typer.Option(False, "--open", help="Open the timeline in ui.perfetto.dev."),
+) -> None:
+    """Simulate GRAPH on a device: engines, host launches, policy, tensor parallelism.
+
+    Prints makespan, per-engine utilisation, the critical path, time by kind and the host-bound
+    share; with an engine range (``-e 1..8``) prints makespan per count and names the smallest
+    count within ``--tolerance`` of the best.
+    """
+    from opgraph.ir import load_graph, load_model, save_model, save_timeline
+    from simulators import HostConfig, HostMode, SimulationConfig, cost_problem, default_host_us, run_problem
+
+    counts = parse_engines(engines) if engines is not None else []
+    for name, value, low in (("--tp", tp, 1), ("--copy-engines", copy_engines, 0), ("--links", links, 1)):
+        if value < low:
+            raise SimulateOptionError(f"{value} is out of range", where=name, hint=f"give {low} or more")
+    if not 0 <= jitter <= 2:
+        raise SimulateOptionError(f"{jitter} is out of range", where="--jitter", hint="give 0..2")
+    if host_us is not None and host_us < 0:
+        raise SimulateOptionError(f"{host_us} is negative", where="--host-us")
+    if not 0 <= tolerance < 1:
+        raise SimulateOptionError(f"{tolerance} is out of range", where="--tolerance", hint="give 0 <= t < 1")
+    mode = _host_mode(host)
+
+    from simulators.policies import get_policy
+
+    get_policy(policy)  # fail early, before loading anything large
+    hw = _load_hardware(hardware)
+    model = _load_cost_model(cost_model)
+    graph = load_graph(graph_path)
+
+    if config_path is not None:
+        base = load_model(config_path, SimulationConfig)
+    else:
+        base = SimulationConfig.standard(counts[0] if counts else 1, copy_engines=copy_engines, links=links)
+    counts = counts or [base.engines]
+    host_cfg = HostConfig(
+        mode=HostMode(mode),
+        per_op_us=host_us,
+        sync_each_step=not no_sync,
+        sync_ops=base.host.sync_ops,
+        free_ops=base.host.free_ops,
+        record=not no_host_track,
+    )
+    config = base.model_copy(
+        update={
+            "policy": policy,
+            "tp": tp,
+            "host": host_cfg,
+            "jitter": jitter,
+            "seed": seed,
+            "skip_uncosted": skip_uncosted,
+        }
+    ).with_engines(counts[0])
+    config = SimulationConfig.model_validate(config.model_dump())
+
+    problem, model_name, _ = cost_problem(graph, model, hw)
+    per_op = default_host_us(config, hw)
+    if problem.uncosted and not skip_uncosted:
+        from simulators import uncosted_error
+
+        raise uncosted_error(problem, model_name)
+    common: dict[str, Any] = {"host_per_op_us": per_op, "hardware_name": hw.name, "cost_model_name": model_name}
+
+    sweep: EngineSweep | None = None
+    with _progress(len(problem) * tp * len(counts)) as tick:
+        if len(counts) == 1:
+            result = run_problem(problem, config, progress=tick, **common)
+        else:
+            from simulators import sweep_engines
+
+            sweep, results = sweep_engines(
+                problem, config, counts, tolerance=tolerance, on_point=lambda n, _r: tick(n, counts[-1]), **common
+            )
+            result = results[sweep.recommended]
+    stats = result.stats()
+
+    if output is not None:
+        save_timeline(result.timeline(), output)
+    if stats_path is not None:
+        save_model(stats, stats_path)
+    if as_json:
+        payload: dict[str, Any] = stats.model_dump(mode="json")
+        if sweep is not None:
+            payload = {"sweep": sweep.model_dump(mode="json"), "recommended": payload}
+        typer.echo(json.dumps(payload, indent=2))
+    else:
+        if sweep is not None:
+            _print_sweep(sweep)
+        _print_summary(result, stats, config, graph_path)
+        if output is not None:
+            console.print(f"timeline: {output} ({len(result.timeline())} spans)")
+        if stats_path is not None:
+            console.print(f"statistics: {stats_path}")
+    if open_trace:
+        _open(result, output)
+
+
+# ---------------------------------------------------------------- helpers
+def _load_hardware(name: str) -> Any:
+    try:
+        from hardware import load_hardware
+    except ImportError as exc:  # pragma: no cover - the hardware package ships with opgraph
+        raise SimulateOptionError(f"the hardware catalog is not available ({exc})", where="--hardware") from None
+    return load_hardware(name)
+
+
+def _load_cost_model(spec: str) -> Any:
+    try:
+        from hardware import resolve_cost_model
+    except ImportError as exc:  # pragma: no cover
+        raise SimulateOptionError(f"cost models are not available ({exc})", where="--cost-model") from None
+    return resolve_cost_model(spec)
+
+
+class _NoProgress:
+    def __enter__(self) -> Any:
+        return lambda done, total: None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _Progress:
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(
+            TextColumn("simulating"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        self.task = self.bar.add_task("sim", total=1.0)
+
+    def __enter__(self) -> Any:
+        self.bar.start()
+
+        def tick(done: int, total: int) -> None:
+            self.bar.update(self.task, completed=done / total if total else 1.0)
+
+        return tick
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+
+def _progress(work: int) -> _NoProgress | _Progress:
+    """A progress bar on a terminal for long runs (over ~200k simulated ops)."""
+    if console.is_terminal and work > 200_000:
+        return _Progress()
+    return _NoProgress()
+
+
+def _print_sweep(sweep: EngineSweep) -> None:
+    table = Table(title="engine sweep", title_justify="left")
+    table.add_column("engines", justify="right")
+    table.add_column("makespan", justify="right")
+    table.add_column("vs best", justify="right")
+    table.add_column("speedup", justify="right")
+    table.add_column("utilisation", justify="right")
+    for p in sweep.points:
+        mark = " *" if p.engines == sweep.recommended else ""
+        table.add_row(
+            f"{p.engines}{mark}",
+            fmt_us(p.makespan_us),
+            f"+{(p.makespan_us / sweep.best_makespan_us - 1) * 100:.1f}%" if sweep.best_makespan_us else "-",
+            f"{p.speedup:.2f}x",
+            f"{p.utilization * 100:.0f}%",
+        )
+    console.print(table)
+    console.print(
+        f"recommended: {sweep.recommended} engine(s), the smallest count within {sweep.tolerance * 100:g}% of the "
+        f"best makespan {fmt_us(sweep.best_makespan_us)} (critical path {fmt_us(sweep.critical_path_us)})"
+    )
+
+
+def _print_summary(result: SimulationResult, stats: SimulationStats, config: SimulationConfig, path: Path) -> None:
+    model = result.problem.graph.metadata.model or path.name
+    console.print(
+        f"[bold]{model}[/bold] on {result.hardware_name or '-'}  cost model {result.cost_model_name}  "
+        f"policy {stats.policy}  engines {config.engines}" + (f"  tp {config.tp}" if config.tp > 1 else "")
+    )
+    cp = stats.critical_path
+    host = stats.host
+    console.print(
+        f"makespan {fmt_us(stats.makespan_us)}   serial {fmt_us(stats.serial_us)}   speedup {stats.speedup:.2f}x   "
+        f"critical path {fmt_us(cp.length_us)} ({cp.share * 100:.0f}% of makespan, {len(cp.ops)} ops)"
+    )
+    console.print(
+        f"host {host.mode} {host.per_op_us:g} us/op: issued all by {fmt_us(host.issue_end_us)}, "
+        f"host-bound {fmt_us(host.host_bound_us)} ({host.host_bound_share * 100:.0f}% of makespan)"
+        + (f", {host.sync_points} sync point(s)" if host.sync_points else "")
+    )
+    eng = Table(title=None)
+    eng.add_column("engine")
+    eng.add_column("ops", justify="right")
+    eng.add_column("busy", justify="right")
+    eng.add_column("utilisation", justify="right")
+    shown = [e for e in stats.engines if e.ops or e.group == config.compute_group.name]
+    for e in shown[:32]:
+        eng.add_row(e.track, str(e.ops), fmt_us(e.busy_us), f"{e.utilization * 100:.0f}%")
+    if len(shown) > 32:
+        eng.add_row(f"... {len(shown) - 32} more", "", "", "")
+    console.print(eng)
+    kinds = Table(title=None)
+    kinds.add_column("kind")
+    kinds.add_column("ops", justify="right")
+    kinds.add_column("time", justify="right")
+    kinds.add_column("share", justify="right")
+    for kind, row in list(stats.by_kind.items())[:12]:
+        kinds.add_row(kind, str(row.ops), fmt_us(row.busy_us), f"{row.share * 100:.1f}%")
+    console.print(kinds)
+    layers = [k for k in stats.by_layer if k != "none"]
+    if layers:
+        top = max(layers, key=lambda k: stats.by_layer[k].busy_us)
+        console.print(f"layers: {len(layers)}, the slowest is layer {top} ({fmt_us(stats.by_layer[top].busy_us)})")
+    if any(stats.collective_wait_us):
+        waits = ", ".join(fmt_us(w) for w in stats.collective_wait_us)
+        console.print(f"collective wait per rank: {waits}")
+    if stats.uncosted:
+        console.print(
+            f"[yellow]skipped {len(stats.uncosted)} uncosted op(s) as free:[/yellow] "
+            + ", ".join(f"{u.op_id} {u.kind}" for u in stats.uncosted[:10])
+            + (" ..." if len(stats.uncosted) > 10 else "")
+        )
+    for note in stats.notes:
+        console.print(f"note: {note}")
+
+
+def _open(result: SimulationResult, output: Path | None) -> None:
+    import tempfile
+
+    from opgraph.export import open_in_perfetto, write_perfetto
+
+    if output is not None:
+        trace = output.with_name(output.name.split(".")[0] + ".perfetto.json")
+    else:
+        trace = Path(tempfile.mkdtemp(prefix="opgraph-sim-")) / "simulated.perfetto.json"
+    write_perfetto(result.rank_timelines(), trace, graph=result.problem.graph)
+    console.print(f"perfetto trace: {trace}")
+    open_in_perfetto(trace)

@@ -1,0 +1,165 @@
+"""Entry points: :func:`simulate` a graph on hardware with a cost model, or :func:`run_problem` on
+given durations, and :func:`sweep_engines` over compute-engine counts."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from hardware.base import CostModel
+from hardware.spec import HardwareSpec
+from opgraph.ir import OpGraph
+from simulators._gc import paused_gc
+from simulators.config import HostMode, SimulationConfig
+from simulators.costing import cost_ops
+from simulators.errors import SimulationConfigError, UncostedOpsError
+from simulators.kernel import Simulator
+from simulators.policies import get_policy
+from simulators.problem import SchedulingProblem
+from simulators.result import SimulationResult
+from simulators.stats import EngineSweep, SweepPoint
+
+Progress = Callable[[int, int], None]
+
+
+def default_host_us(config: SimulationConfig, hardware: HardwareSpec | None) -> float:
+    """Host time per op: the configured value, else the spec's for the host mode (0 for ``none``)."""
+    host = config.host
+    if host.per_op_us is not None:
+        return host.per_op_us
+    if host.mode is HostMode.NONE or hardware is None:
+        return 0.0
+    return hardware.host.eager_us if host.mode is HostMode.EAGER else hardware.host.cuda_graph_us
+
+
+def uncosted_error(problem: SchedulingProblem, model_name: str) -> UncostedOpsError:
+    """The one-line error listing uncosted ops: count, kinds, and the first few with their reasons."""
+    unc = problem.uncosted
+    kinds = Counter(u.kind for u in unc)
+    kind_text = ", ".join(f"{k}×{c}" for k, c in kinds.most_common())
+    shown = "; ".join(f"op {u.op_id} {u.definition}: {u.reason}" for u in unc[:3])
+    more = f"; +{len(unc) - 3} more" if len(unc) > 3 else ""
+    return UncostedOpsError(
+        f"{len(unc)} op(s) cannot be costed by {model_name or 'the cost model'} ({kind_text}): {shown}{more}",
+        hint="use a cost model that covers them, or --skip-uncosted to simulate them as free and list them",
+    )
+
+
+def run_problem(
+    problem: SchedulingProblem,
+    config: SimulationConfig | None = None,
+    *,
+    host_per_op_us: float | None = None,
+    hardware_name: str = "",
+    cost_model_name: str = "",
+    progress: Progress | None = None,
+) -> SimulationResult:
+    """Schedule a prepared problem. Uncosted ops in it fail unless ``config.skip_uncosted``.
+
+    ``host_per_op_us`` defaults to ``config.host.per_op_us`` (0 when that is unset).
+    """
+    config = config or SimulationConfig()
+    if host_per_op_us is None:
+        host_per_op_us = config.host.per_op_us or 0.0
+    if problem.uncosted and not config.skip_uncosted:
+        raise uncosted_error(problem, cost_model_name)
+    policy = get_policy(config.policy)
+    uncosted = {u.index for u in problem.uncosted}
+    charge_free = config.host.free_ops
+    free = problem.free
+    host_us = [host_per_op_us if (charge_free or not free[i] or i in uncosted) else 0.0 for i in range(len(problem))]
+    with paused_gc():
+        sim = Simulator(problem, config, policy, host_us, progress=progress)
+        kernel = sim.run()
+    return SimulationResult(
+        problem=problem,
+        config=config,
+        kernel=kernel,
+        policy_name=policy.name or type(policy).__name__,
+        host_per_op_us=host_per_op_us,
+        host_segments=sim._segments,
+        hardware_name=hardware_name,
+        cost_model_name=cost_model_name,
+        notes=list(kernel.notes),
+    )
+
+
+def cost_problem(graph: OpGraph, cost_model: CostModel, hardware: HardwareSpec) -> tuple[SchedulingProblem, str, int]:
+    """Cost ``graph`` and flatten it: (problem, cost model name, unique configurations costed)."""
+    with paused_gc():
+        report = cost_ops(graph, cost_model, hardware)
+        problem = SchedulingProblem.from_costs(graph, report.costs.costs, report.costs.uncosted)
+    return problem, report.model_name, report.unique_configs
+
+
+def simulate(
+    graph: OpGraph,
+    hardware: HardwareSpec,
+    cost_model: CostModel,
+    config: SimulationConfig | None = None,
+    *,
+    progress: Progress | None = None,
+) -> SimulationResult:
+    """Cost ``graph`` with ``cost_model`` on ``hardware`` and schedule it under ``config``.
+
+    Raises :class:`~opgraph.ir.CycleError` for a cyclic graph and
+    :class:`~simulators.errors.UncostedOpsError` when ops cannot be costed (unless
+    ``config.skip_uncosted``).
+    """
+    config = config or SimulationConfig()
+    problem, model_name, _ = cost_problem(graph, cost_model, hardware)
+    return run_problem(
+        problem,
+        config,
+        host_per_op_us=default_host_us(config, hardware),
+        hardware_name=hardware.name,
+        cost_model_name=model_name,
+        progress=progress,
+    )
+
+
+def sweep_engines(
+    problem: SchedulingProblem,
+    config: SimulationConfig,
+    counts: Iterable[int],
+    *,
+    tolerance: float = 0.01,
+    host_per_op_us: float | None = None,
+    hardware_name: str = "",
+    cost_model_name: str = "",
+    on_point: Callable[[int, SimulationResult], None] | None = None,
+) -> tuple[EngineSweep, dict[int, SimulationResult]]:
+    """Run ``problem`` with each compute-engine count; name the smallest count within ``tolerance`` of the best."""
+    counts = sorted(set(counts))
+    if not counts or counts[0] < 1:
+        raise SimulationConfigError("engine counts must be 1 or more", where="--engines")
+    results: dict[int, SimulationResult] = {}
+    points: list[SweepPoint] = []
+    for n in counts:
+        res = run_problem(
+            problem,
+            config.with_engines(n),
+            host_per_op_us=host_per_op_us,
+            hardware_name=hardware_name,
+            cost_model_name=cost_model_name,
+        )
+        results[n] = res
+        st = res.stats()
+        comp = [e for e in st.engines if e.group == config.compute_group.name and e.rank == 0]
+        util = sum(e.utilization for e in comp) / len(comp) if comp else 0.0
+        points.append(SweepPoint(engines=n, makespan_us=st.makespan_us, speedup=st.speedup, utilization=util))
+        if on_point is not None:
+            on_point(n, res)
+    best = min(p.makespan_us for p in points)
+    recommended = next(p.engines for p in points if p.makespan_us <= best * (1 + tolerance))
+    cp = results[counts[0]].stats().critical_path.length_us
+    return (
+        EngineSweep(
+            points=tuple(points),
+            best_makespan_us=best,
+            tolerance=tolerance,
+            recommended=recommended,
+            critical_path_us=cp,
+        ),
+        results,
+    )

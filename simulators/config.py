@@ -1,0 +1,179 @@
+"""Simulation settings as data: engine groups, the host thread, policy, tensor parallelism, noise.
+
+Everything here is a frozen pydantic model, so a configuration can be saved, diffed and carried
+in a timeline's provenance.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, model_validator
+
+from opgraph.ir import OpKind, Scalar
+from opgraph.ir.tensor import FROZEN
+
+NonNegFloat = Annotated[float, Field(ge=0)]
+"""A float of zero or more."""
+
+
+class EngineRole(str, Enum):
+    """What an engine group does."""
+
+    COMPUTE = "compute"
+    """Runs kernels (SMs, compute units). One compute group takes every kind no other group claims."""
+    COPY = "copy"
+    """Copy engines (DMA): MEMORY ops by default."""
+    LINK = "link"
+    """Communication links: COLLECTIVE ops, shared by the ranks of one communicator."""
+
+
+_DEFAULT_KINDS: dict[EngineRole, tuple[OpKind, ...]] = {
+    EngineRole.COMPUTE: (),
+    EngineRole.COPY: (OpKind.MEMORY,),
+    EngineRole.LINK: (OpKind.COLLECTIVE,),
+}
+
+
+class EngineGroup(BaseModel):
+    """A group of identical engines that run ops of some kinds, one op per engine at a time."""
+
+    model_config = FROZEN
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")]
+    """Track prefix in the timeline (``compute`` gives tracks ``compute0``, ``compute1``, ...)."""
+    role: EngineRole = EngineRole.COMPUTE
+    """Compute, copy or link."""
+    count: Annotated[int, Field(ge=1, le=4096)] = 1
+    """Engines in the group."""
+    kinds: tuple[OpKind, ...] = ()
+    """Op kinds routed here; empty on the one catch-all compute group. Copy groups default to
+    MEMORY, link groups to COLLECTIVE."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kinds(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("kinds"):
+            role = EngineRole(data.get("role", EngineRole.COMPUTE))
+            data = {**data, "kinds": _DEFAULT_KINDS[role]}
+        return data
+
+
+class HostMode(str, Enum):
+    """How the host issues ops."""
+
+    EAGER = "eager"
+    """Eager PyTorch: Python and dispatcher overhead per op (``HardwareSpec.host.eager_us``)."""
+    CUDA_GRAPH = "cuda_graph"
+    """Replay of a captured CUDA graph (``HardwareSpec.host.cuda_graph_us`` per op)."""
+    NONE = "none"
+    """No host cost: every op is issued at time zero (an ideal launcher)."""
+
+
+class HostConfig(BaseModel):
+    """The host thread: issues ops in program order, spending ``per_op_us`` on each; launches are
+    asynchronous, so the host runs ahead of the device except at sync points."""
+
+    model_config = FROZEN
+
+    mode: HostMode = HostMode.EAGER
+    """Eager, CUDA graph, or none."""
+    per_op_us: NonNegFloat | None = None
+    """Host time per op; ``None`` takes it from the hardware spec for ``mode``."""
+    free_ops: bool = False
+    """Charge host time for ops that launch no kernel (views) too."""
+    sync_each_step: bool = True
+    """The host waits for the last op of each forward step (``op.step``) before issuing the next
+    step, as a generate loop that reads the sampled token does."""
+    sync_ops: tuple[int, ...] = ()
+    """Op ids after which the host waits for the device (``.item()``, ``.cpu()``)."""
+    record: bool = True
+    """Record host spans on a ``host`` track."""
+
+
+class SimulationConfig(BaseModel):
+    """Everything that decides a simulated schedule besides the graph, the hardware and the costs."""
+
+    model_config = FROZEN
+
+    groups: tuple[EngineGroup, ...] = (
+        EngineGroup(name="compute", role=EngineRole.COMPUTE, count=1),
+        EngineGroup(name="link", role=EngineRole.LINK, count=1),
+    )
+    """Engine groups of one device (one rank)."""
+    policy: str = "earliest"
+    """Scheduling policy: a registered name or ``package.module:Class``."""
+    host: HostConfig = Field(default_factory=HostConfig)
+    """The host thread."""
+    tp: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Tensor-parallel ranks; each runs the graph, and collectives synchronise them."""
+    jitter: Annotated[float, Field(ge=0, le=2)] = 0.0
+    """Relative run-to-run noise of op durations (sigma of a log-normal factor); 0 is deterministic."""
+    seed: int = 0
+    """Seed of the noise (per rank: ``f"{seed}:{rank}"``)."""
+    skip_uncosted: bool = False
+    """Simulate ops the cost model declines as free instead of failing (they are still listed)."""
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> SimulationConfig:
+        names = [g.name for g in self.groups]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"engine group names must be unique, {sorted(dup)[0]!r} repeats")
+        catch_all = [g for g in self.groups if not g.kinds]
+        if len(catch_all) != 1 or catch_all[0].role is not EngineRole.COMPUTE:
+            raise ValueError("exactly one compute group must have no kinds (it takes every unclaimed kind)")
+        claimed: dict[OpKind, str] = {}
+        for g in self.groups:
+            for k in g.kinds:
+                if k in claimed:
+                    raise ValueError(f"kind {k.value!r} is claimed by groups {claimed[k]!r} and {g.name!r}")
+                claimed[k] = g.name
+            if g.role is EngineRole.LINK and set(g.kinds) != {OpKind.COLLECTIVE}:
+                raise ValueError(f"link group {g.name!r} must take only collective ops")
+            if g.role is not EngineRole.LINK and OpKind.COLLECTIVE in g.kinds:
+                raise ValueError(f"collective ops must go to a link group, not {g.name!r}")
+        if sum(g.role is EngineRole.LINK for g in self.groups) > 1:
+            raise ValueError("at most one link group")
+        return self
+
+    @classmethod
+    def standard(cls, engines: int = 1, *, copy_engines: int = 0, links: int = 1, **settings: Any) -> SimulationConfig:
+        """``engines`` compute engines, optional copy engines for MEMORY ops, and ``links`` links."""
+        groups = [EngineGroup(name="compute", role=EngineRole.COMPUTE, count=engines)]
+        if copy_engines:
+            groups.append(EngineGroup(name="copy", role=EngineRole.COPY, count=copy_engines))
+        groups.append(EngineGroup(name="link", role=EngineRole.LINK, count=links))
+        return cls(groups=tuple(groups), **settings)
+
+    @property
+    def compute_group(self) -> EngineGroup:
+        """The catch-all compute group."""
+        return next(g for g in self.groups if not g.kinds)
+
+    @property
+    def engines(self) -> int:
+        """Engines in the catch-all compute group."""
+        return self.compute_group.count
+
+    def with_engines(self, engines: int) -> SimulationConfig:
+        """A copy with ``engines`` engines in the catch-all compute group."""
+        groups = tuple(g.model_copy(update={"count": engines}) if not g.kinds else g for g in self.groups)
+        return self.model_copy(update={"groups": groups})
+
+    def provenance(self) -> dict[str, Scalar]:
+        """Flat settings for a timeline's source config."""
+        out: dict[str, Scalar] = {
+            "policy": self.policy,
+            "tp": self.tp,
+            "host_mode": self.host.mode.value,
+            "jitter": self.jitter,
+            "seed": self.seed,
+            "skip_uncosted": self.skip_uncosted,
+        }
+        if self.host.per_op_us is not None:
+            out["host_per_op_us"] = self.host.per_op_us
+        for g in self.groups:
+            out[f"engines.{g.name}"] = g.count
+        return out

@@ -1,0 +1,169 @@
+"""Costing a graph for simulation: each unique op configuration once, collectives from the interconnect.
+
+:func:`cost_ops` follows :func:`hardware.base.cost_graph` (same cache key, same checks and error
+types) with a cheaper key, so that costing stays a small part of simulating a large graph.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+
+from hardware.base import Bound, Cost, CostModel, CostModelError, GraphCosts, UncostedOpError, check_cost
+from hardware.spec import HardwareSpec
+from opgraph.ir import Collective, CollectiveKind, OpBase, OpGraph, OpgraphError, OpKind
+
+#: Fields that do not change what an op costs (the same exclusions as ``hardware.cost_graph``).
+_NOT_COST: frozenset[str] = frozenset({"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"})
+_getters: dict[type[OpBase], Callable[[OpBase], tuple[object, ...]]] = {}
+
+
+def _key_getter(cls: type[OpBase]) -> Callable[[OpBase], tuple[object, ...]]:
+    getter = _getters.get(cls)
+    if getter is None:
+        names = [n for n in cls.model_fields if n not in _NOT_COST]
+        get = operator.itemgetter(*names)
+
+        def getter(op: OpBase, _get: Callable[[dict[str, object]], object] = get) -> tuple[object, ...]:
+            v = _get(op.__dict__)
+            return v if isinstance(v, tuple) else (v,)
+
+        _getters[cls] = getter
+    return getter
+
+
+def cost_key(op: OpBase) -> Hashable:
+    """A hashable key equal for ops whose cost-relevant fields are equal."""
+    values = _key_getter(type(op))(op)
+    key = (type(op), values)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable field value (the recorded aten call): fall back to its JSON
+        return (type(op), op.model_dump_json(exclude=set(_NOT_COST)))
+    return key
+
+
+def collective_seconds(op: Collective, hw: HardwareSpec) -> float | None:
+    """Ring-algorithm time of a collective on ``hw.interconnect``; ``None`` without a device link.
+
+    ``op.bytes`` is the payload per rank. All-reduce moves ``2 (g-1)/g`` of it over each link
+    and pays ``2 (g-1)`` latencies; all-gather and reduce-scatter half of that; all-to-all
+    ``(g-1)/g`` with one latency; send/recv and broadcast the payload with one latency.
+    """
+    link = hw.interconnect
+    g = op.group_size
+    if g <= 1:
+        return 0.0
+    if link.bandwidth <= 0:
+        return None
+    lat = link.latency_us * 1e-6
+    b = float(op.bytes)
+    c = op.collective
+    if c is CollectiveKind.ALL_REDUCE:
+        return 2 * (g - 1) / g * b / link.bandwidth + 2 * (g - 1) * lat
+    if c in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
+        return (g - 1) / g * b / link.bandwidth + (g - 1) * lat
+    if c is CollectiveKind.ALL_TO_ALL:
+        return (g - 1) / g * b / link.bandwidth + lat
+    return b / link.bandwidth + lat
+
+
+@dataclass
+class CostReport:
+    """Costs of a graph's ops plus how they were obtained."""
+
+    costs: GraphCosts
+    """Cost per op id; ops the model declined are in ``costs.uncosted`` with the reason."""
+    unique_configs: int
+    """Distinct op configurations the cost model was asked about."""
+    from_interconnect: int
+    """Collectives the model declined that were costed from the interconnect instead."""
+    model_name: str
+    """Class name of the cost model."""
+
+
+def cost_ops(graph: OpGraph, model: CostModel, hw: HardwareSpec) -> CostReport:
+    """Cost every op of ``graph`` with ``model`` on ``hw``, each unique configuration once.
+
+    A collective the model declines is costed from ``hw.interconnect`` when the spec has a device
+    link. Other declined ops go to ``uncosted`` with their reason; a model that raises anything
+    else, or returns a bad time, raises :class:`~hardware.base.CostModelError` naming the op.
+    """
+    name = type(model).__name__
+    out = GraphCosts()
+    memo: dict[Hashable, Cost | str] = {}
+    estimate = model.estimate
+    from_link = 0
+    getters = _getters
+    for op in graph.ops:
+        cls = type(op)
+        key: Hashable = (cls, (getters.get(cls) or _key_getter(cls))(op))
+        try:
+            hit = memo.get(key)
+        except TypeError:  # an unhashable field value: key on the JSON instead, as cost_key does
+            key = cost_key(op)
+            hit = memo.get(key)
+        if hit is None:
+            try:
+                hit = check_cost(estimate(op, hw), op, name)
+            except UncostedOpError as exc:
+                hit = exc.message
+                if isinstance(op, Collective):
+                    secs = collective_seconds(op, hw)
+                    if secs is not None:
+                        hit = Cost(seconds=secs, bound=Bound.LINK)
+                        from_link += 1
+            except OpgraphError:
+                raise
+            except Exception as exc:
+                raise CostModelError(
+                    f"cost model {name} raised {type(exc).__name__}: {exc}", where=f"op {op.id} ({op.definition})"
+                ) from exc
+            memo[key] = hit
+        if isinstance(hit, Cost):
+            out.costs[op.id] = hit
+        else:
+            out.uncosted[op.id] = hit
+    return CostReport(costs=out, unique_configs=len(memo), from_interconnect=from_link, model_name=name)
+
+
+class FixedCostModel:
+    """A cost model of fixed times: per definition, per kind, or one default (what-if studies, tests).
+
+    Views cost nothing (bound ``free``) unless given a time. Kinds with no time and no default
+    are declined (:class:`~hardware.base.UncostedOpError`).
+
+    Examples
+    --------
+    >>> from opgraph.ir import Elementwise
+    >>> from hardware.spec import HardwareSpec
+    >>> hw = HardwareSpec(name="x", memory_bytes=1e9, memory_bandwidth=1e12)
+    >>> FixedCostModel(default_us=3.0).estimate(Elementwise(id=0, fn="add", numel=8), hw).us
+    3.0
+    """
+
+    def __init__(
+        self,
+        default_us: float | None = None,
+        *,
+        by_kind: Mapping[OpKind | str, float] | None = None,
+        by_definition: Mapping[str, float] | None = None,
+    ) -> None:
+        self.default_us = default_us
+        self.by_kind = {OpKind(k): float(v) for k, v in (by_kind or {}).items()}
+        self.by_definition = dict(by_definition or {})
+
+    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
+        """The fixed time of ``op``."""
+        us = self.by_definition.get(op.definition)
+        if us is None:
+            us = self.by_kind.get(op.kind)
+        if us is None:
+            if op.kind is OpKind.VIEW:
+                return Cost(seconds=0.0, bound=Bound.FREE)
+            us = self.default_us
+        if us is None:
+            raise UncostedOpError(f"no fixed time for kind {op.kind.value!r}", where=f"op {op.id}")
+        bound = Bound.LINK if op.kind is OpKind.COLLECTIVE else Bound.COMPUTE
+        return Cost(seconds=us * 1e-6, bound=bound)

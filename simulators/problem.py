@@ -1,0 +1,207 @@
+"""``SchedulingProblem``: a graph flattened to arrays the scheduler walks (durations, successors,
+in-degrees, routing facts), plus its static analysis (topological order, bottom levels, critical path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from hardware.base import Bound, Cost
+from opgraph.ir import CycleError, OpBase, OpGraph, OpKind, find_cycle
+
+
+@dataclass(frozen=True)
+class UncostedOp:
+    """An op the cost model declined."""
+
+    index: int
+    """Program index."""
+    op_id: int
+    kind: str
+    definition: str
+    reason: str
+
+
+@dataclass
+class SchedulingProblem:
+    """The arrays a schedule is computed from; index ``i`` is the ``i``-th op in program order.
+
+    Build it with :meth:`from_costs` or :meth:`from_durations`; it raises
+    :class:`~opgraph.ir.CycleError` when the edges form a cycle.
+    """
+
+    graph: OpGraph
+    """The graph."""
+    dur_us: list[float]
+    """Device time of each op (0 for free and uncosted ops)."""
+    bound: list[str | None]
+    """What bounds each op (``None`` for uncosted ops)."""
+    free: list[bool]
+    """Ops that occupy no engine: views (bound ``free``) and skipped uncosted ops."""
+    succ: list[list[int]]
+    """Successor indices (deduplicated)."""
+    indeg: list[int]
+    """Predecessor count of each op."""
+    topo: list[int]
+    """A topological order (Kahn, ties by program order)."""
+    uncosted: list[UncostedOp] = field(default_factory=list)
+    """Ops with no cost, in program order."""
+    kinds: list[OpKind] = field(default_factory=list)
+    """Kind of each op."""
+    _bottom: list[float] | None = field(default=None, repr=False)
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_costs(
+        cls, graph: OpGraph, costs: Mapping[int, Cost], uncosted: Mapping[int, str] | None = None
+    ) -> SchedulingProblem:
+        """From per-op :class:`~hardware.base.Cost` (by op id); ``uncosted`` maps op id to the reason."""
+        uncosted = uncosted or {}
+        n = len(graph.ops)
+        dur = [0.0] * n
+        bound: list[str | None] = [None] * n
+        free = [False] * n
+        missing: list[UncostedOp] = []
+        free_bound = Bound.FREE
+        seen: dict[int, tuple[float, str, bool]] = {}  # costs of equal ops are one shared object
+        for i, op in enumerate(graph.ops):
+            c = costs.get(op.id)
+            if c is None:
+                reason = uncosted.get(op.id, "no cost given")
+                missing.append(UncostedOp(i, op.id, op.kind.value, op.definition, reason))
+                free[i] = True
+                continue
+            facts = seen.get(id(c))
+            if facts is None:
+                facts = seen[id(c)] = (c.seconds * 1e6, c.bound.value, c.bound is free_bound)
+            dur[i], bound[i], free[i] = facts
+        return cls._build(graph, dur, bound, free, missing)
+
+    @classmethod
+    def from_durations(
+        cls, graph: OpGraph, durations_us: Mapping[int, float] | Callable[[OpBase], float]
+    ) -> SchedulingProblem:
+        """From plain durations in microseconds (by op id, or a function of the op); views are free."""
+        get = durations_us if callable(durations_us) else (lambda op: durations_us[op.id])
+        dur = [float(get(op)) for op in graph.ops]
+        free = [op.kind is OpKind.VIEW for op in graph.ops]
+        bound: list[str | None] = ["free" if f else "compute" for f in free]
+        for i, f in enumerate(free):
+            if f:
+                dur[i] = 0.0
+        return cls._build(graph, dur, bound, free, [])
+
+    @classmethod
+    def _build(
+        cls,
+        graph: OpGraph,
+        dur: list[float],
+        bound: list[str | None],
+        free: list[bool],
+        uncosted: list[UncostedOp],
+    ) -> SchedulingProblem:
+        ops = graph.ops
+        n = len(ops)
+        if all(op.id == i for i, op in enumerate(ops)):
+            index = None
+        else:
+            index = {op.id: i for i, op in enumerate(ops)}
+        succ: list[list[int]] = [[] for _ in range(n)]
+        indeg = [0] * n
+        seen: set[int] = set()
+        for e in graph.edges:
+            if index is None:
+                s, d = e.src, e.dst
+                if s >= n or d >= n:
+                    continue
+            else:
+                s2, d2 = index.get(e.src), index.get(e.dst)
+                if s2 is None or d2 is None:
+                    continue
+                s, d = s2, d2
+            pair = s * n + d
+            if pair in seen:
+                continue
+            seen.add(pair)
+            if s == d:
+                raise CycleError(f"op {ops[s].id} depends on itself", where="edges")
+            succ[s].append(d)
+            indeg[d] += 1
+        topo = _kahn(succ, indeg)
+        if len(topo) != n:
+            cycle = find_cycle(ops, graph.edges)
+            path = " -> ".join(str(i) for i in [*cycle, cycle[0]]) if cycle else "?"
+            raise CycleError(f"dependency cycle {path}", where="edges", hint="remove one of these edges")
+        kinds = [op.kind for op in ops]
+        return cls(graph, dur, bound, free, succ, indeg, topo, uncosted, kinds)
+
+    # ---------------------------------------------------------------- analysis
+    def __len__(self) -> int:
+        return len(self.dur_us)
+
+    @property
+    def ops(self) -> tuple[OpBase, ...]:
+        """The ops in program order."""
+        return self.graph.ops
+
+    def bottom_levels(self) -> list[float]:
+        """Longest time from each op's start to the end of the graph (its own time included)."""
+        if self._bottom is None:
+            # Reverse topological order: every successor's level is known before its predecessors'.
+            dur, succ = self.dur_us, self.succ
+            bl = [0.0] * len(dur)
+            for i in reversed(self.topo):
+                best = 0.0
+                for j in succ[i]:
+                    v = bl[j]
+                    if v > best:
+                        best = v
+                bl[i] = dur[i] + best
+            self._bottom = bl
+        return self._bottom
+
+    def critical_path(self, dur_us: Sequence[float] | None = None) -> tuple[float, list[int]]:
+        """Length and program indices of the longest chain of dependent ops (by ``dur_us``)."""
+        dur = self.dur_us if dur_us is None else dur_us
+        n = len(dur)
+        if n == 0:
+            return 0.0, []
+        start = [0.0] * n
+        pred: list[int] = [-1] * n
+        succ = self.succ
+        end_best, end_at = -1.0, 0
+        for i in self.topo:
+            f = start[i] + dur[i]
+            if f > end_best:
+                end_best, end_at = f, i
+            for j in succ[i]:
+                if pred[j] < 0 or f > start[j]:
+                    start[j] = f
+                    pred[j] = i
+        path = [end_at]
+        while pred[path[-1]] >= 0:
+            path.append(pred[path[-1]])
+        path.reverse()
+        return end_best, path
+
+    @property
+    def serial_us(self) -> float:
+        """Sum of all op times (what one engine with no host cost would take)."""
+        return sum(self.dur_us)
+
+
+def _kahn(succ: list[list[int]], indeg: list[int]) -> list[int]:
+    """A topological order (breadth-first Kahn); shorter than ``len(succ)`` when there is a cycle."""
+    deg = indeg.copy()
+    order = [i for i, d in enumerate(deg) if d == 0]
+    append = order.append
+    k = 0
+    while k < len(order):
+        for j in succ[order[k]]:
+            c = deg[j] - 1
+            deg[j] = c
+            if c == 0:
+                append(j)
+        k += 1
+    return order
