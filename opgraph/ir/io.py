@@ -38,6 +38,9 @@ def atomic_write(path: str | Path, mode: str = "wb") -> Iterator[IO[bytes]]:
                     yield gz  # type: ignore[misc]
             else:
                 yield raw
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; saved files get the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -21,6 +21,7 @@ SAVED_TYPES: dict[str, str] = {
     "simulation_config": "simulators:SimulationConfig",
     "simulation_stats": "simulators:SimulationStats",
     "engine_sweep": "simulators:EngineSweep",
+    "report_table": "opgraph.export:ReportTable",
     "coverage_report": "validators.coverage:CoverageReport",
 }
 

@@ -1,0 +1,127 @@
+"""``opgraph export TIMELINE... -o FILE``: Perfetto/Chrome trace JSON, Gantt PNG or HTML report."""
+
+from __future__ import annotations
+
+import webbrowser
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+from opgraph.cli.common import console, err_console, handle_errors
+
+
+class ExportFormat(str, Enum):
+    """What ``opgraph export`` writes."""
+
+    PERFETTO = "perfetto"
+    PNG = "png"
+    HTML = "html"
+
+
+_SUFFIXES = {".json": ExportFormat.PERFETTO, ".gz": ExportFormat.PERFETTO, ".png": ExportFormat.PNG}
+_SUFFIXES.update({".html": ExportFormat.HTML, ".htm": ExportFormat.HTML})
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``export`` to the app."""
+    app.command("export")(export)
+
+
+def _format_for(output: Path, given: ExportFormat | None) -> ExportFormat:
+    from opgraph.export import ExportError
+
+    if given is not None:
+        return given
+    fmt = _SUFFIXES.get(output.suffix.lower())
+    if fmt is None:
+        raise ExportError(
+            "cannot tell the format from the file name",
+            where=str(output),
+            hint="name it .json/.json.gz, .png or .html, or pass --format",
+        )
+    return fmt
+
+
+def _load_timelines(paths: list[Path]) -> list[object]:
+    from opgraph.ir import LoadError, load_timeline, read_json_bytes
+
+    out: list[object] = []
+    for p in paths:
+        try:
+            out.append(load_timeline(p))
+        except LoadError:
+            # A profiler trace rather than a saved Timeline: import it when the importer is there.
+            head = read_json_bytes(p)[: 1 << 16] if p.is_file() else b""
+            if b'"traceEvents"' not in head:
+                raise
+            try:
+                from opgraph.trace import load_trace
+            except ImportError:
+                raise LoadError(
+                    "is a profiler trace, not a saved Timeline, and the trace importer is not available",
+                    where=str(p),
+                ) from None
+            out.append(load_trace(p))
+    return out
+
+
+@handle_errors
+def export(
+    timelines: list[Path] = typer.Argument(
+        ...,
+        metavar="TIMELINE...",
+        help="Timelines saved by opgraph (.json or .json.gz): simulated, measured, replayed; or profiler traces.",
+    ),
+    output: Path = typer.Option(..., "--output", "-o", help="File to write (.json, .json.gz, .png or .html)."),
+    fmt: ExportFormat | None = typer.Option(
+        None, "--format", "-f", help="perfetto, png or html; default: from the output's suffix."
+    ),
+    graph_path: Path | None = typer.Option(
+        None, "--graph", "-g", help="The graph the spans refer to: adds shapes, FLOPs, bytes, the critical path."
+    ),
+    flows: bool = typer.Option(
+        False, "--flows", help="Perfetto: draw an arrow for every data dependency (needs --graph; off for big graphs)."
+    ),
+    title: str | None = typer.Option(None, "--title", help="Title of the PNG or the report."),
+    open_it: bool = typer.Option(
+        False,
+        "--open",
+        help="Perfetto: serve the file once on 127.0.0.1:PORT and open it in ui.perfetto.dev; png/html: open the file.",
+    ),
+    port: int = typer.Option(9001, "--port", help="Port for --open (ui.perfetto.dev fetches from 9001)."),
+    timeout_s: float = typer.Option(
+        120.0, "--timeout", help="Seconds --open waits for the browser to fetch the trace."
+    ),
+    counter_bins: int = typer.Option(200, "--counter-bins", help="Perfetto: time bins of the utilisation counters."),
+) -> None:
+    """Export timelines as a Perfetto/Chrome trace, a Gantt chart PNG or a self-contained HTML report.
+
+    Several timelines go side by side: one process each in the trace, one panel each in the PNG,
+    one column each in the report (with comparison tables when one of them is measured).
+    """
+    from opgraph.export import ExportError, open_in_perfetto, write_gantt, write_html_report, write_perfetto
+    from opgraph.ir import Timeline, load_graph
+
+    kind = _format_for(output, fmt)
+    if flows and kind is not ExportFormat.PERFETTO:
+        raise ExportError("--flows only applies to --format perfetto", where="--flows")
+    if flows and graph_path is None:
+        raise ExportError("--flows needs the graph", where="--flows", hint="pass it with --graph GRAPH")
+    loaded = _load_timelines(timelines)
+    tls = [t for t in loaded if isinstance(t, Timeline)]
+    graph = load_graph(graph_path) if graph_path is not None else None
+    if kind is ExportFormat.PERFETTO:
+        path = write_perfetto(tls, output, graph=graph, flows=flows, counter_bins=counter_bins)
+    elif kind is ExportFormat.PNG:
+        path = write_gantt(tls, output, title=title, graph=graph)
+    else:
+        path = write_html_report(output, timelines=tls, graph=graph, title=title or "opgraph report")
+    spans = sum(len(t.spans) for t in tls)
+    console.print(f"wrote {path} ({kind.value}, {len(tls)} timeline{'s' if len(tls) != 1 else ''}, {spans} spans)")
+    if not open_it:
+        return
+    if kind is ExportFormat.PERFETTO:
+        open_in_perfetto(path, port=port, timeout_s=timeout_s, notify=lambda m: err_console().print(m))
+    else:
+        webbrowser.open(path.resolve().as_uri())

@@ -1,0 +1,374 @@
+"""The numbers behind the report: time by kind, layer and track, top ops, the critical path, comparisons.
+
+Plain functions of timelines (and the graph, when given) returning small frozen dataclasses or
+:class:`~opgraph.export.ReportTable` rows; the HTML template only lays them out.
+
+Device time is the sum of span durations on device tracks; spans of host threads (category
+``host``, ``cpu_op``, ...) are left out of it when a timeline has device spans, because they issue
+the same ops and would count them twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from opgraph.export.common import (
+    HOST_CATEGORIES,
+    ReportTable,
+    natural_key,
+    op_kind,
+    span_kind_key,
+    span_layer,
+    span_op,
+    timeline_label,
+)
+from opgraph.ir import OpGraph, Span, Timeline, TimelineKind, critical_path
+
+TOP_OPS = 20
+"""Rows in the top-ops table."""
+CRITICAL_PATH_ROWS = 25
+"""Rows of the critical-path op table (longest ops on the path)."""
+
+
+def fmt_us(value_us: float) -> str:
+    """A duration given in microseconds, in the unit that reads best (``1.234 ms``)."""
+    v = float(value_us)
+    if not math.isfinite(v):
+        return str(v)
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.3f} s"
+    if abs(v) >= 1e3:
+        return f"{v / 1e3:.3f} ms"
+    return f"{v:.2f} us"
+
+
+def fmt_count(value: float, unit: str = "") -> str:
+    """``1.23 G``-style engineering format."""
+    v = float(value)
+    for prefix in ("", "k", "M", "G", "T", "P"):
+        if abs(v) < 1000 or prefix == "P":
+            return f"{v:.3g} {prefix}{unit}".rstrip()
+        v /= 1000
+    return f"{v:.3g}"
+
+
+def fmt_pct(fraction: float) -> str:
+    """A fraction as a percentage with one decimal."""
+    return f"{fraction * 100:.1f}%"
+
+
+def fmt_err(pred: float, ref: float) -> str:
+    """Signed relative error of ``pred`` against ``ref`` (``+12.3%``); ``n/a`` without a reference."""
+    if ref == 0:
+        return "n/a"
+    return f"{(pred - ref) / ref * 100:+.1f}%"
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """Device time of one group of spans (a kind, a layer)."""
+
+    key: str
+    spans: int
+    total_us: float
+    share: float
+    """Fraction of the timeline's device time."""
+
+
+@dataclass(frozen=True)
+class TrackRow:
+    """How busy one track was."""
+
+    track: str
+    spans: int
+    busy_us: float
+    utilisation: float
+    """Busy time over the timeline's makespan."""
+    host: bool
+
+
+@dataclass(frozen=True)
+class TopOp:
+    """Spans of one name, aggregated."""
+
+    name: str
+    kind: str
+    spans: int
+    total_us: float
+    mean_us: float
+    max_us: float
+    share: float
+
+
+@dataclass(frozen=True)
+class TimelineSummary:
+    """Everything the report shows about one timeline."""
+
+    index: int
+    label: str
+    kind: str
+    device: str
+    spans: int
+    device_spans: int
+    tracks: int
+    makespan_us: float
+    wall_us: float | None
+    device_time_us: float
+    flops: int
+    bytes: int
+    by_kind: tuple[GroupRow, ...]
+    by_layer: tuple[GroupRow, ...]
+    track_rows: tuple[TrackRow, ...]
+    top_ops: tuple[TopOp, ...]
+    config: tuple[tuple[str, str], ...]
+    notes: tuple[str, ...]
+
+    @property
+    def achieved_flops(self) -> float:
+        """FLOP/s over the makespan (0 without FLOPs)."""
+        return self.flops / (self.makespan_us * 1e-6) if self.makespan_us > 0 else 0.0
+
+
+def device_spans(timeline: Timeline) -> list[Span]:
+    """The spans that count as device time: all spans off host tracks, or every span of a host-only timeline."""
+    dev = [s for s in timeline.spans if s.category not in HOST_CATEGORIES]
+    return dev if dev else list(timeline.spans)
+
+
+def _groups(items: Iterable[tuple[str, float]], total: float) -> dict[str, list[float]]:
+    acc: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for key, dur in items:
+        row = acc[key]
+        row[0] += 1
+        row[1] += dur
+    return acc
+
+
+def _rows(acc: dict[str, list[float]], total: float) -> list[GroupRow]:
+    return [GroupRow(k, int(v[0]), v[1], v[1] / total if total > 0 else 0.0) for k, v in acc.items()]
+
+
+def time_by_kind(spans: Sequence[Span], graph: OpGraph | None = None) -> tuple[GroupRow, ...]:
+    """Device time per op kind, largest first."""
+    total = sum(s.dur_us for s in spans)
+    rows = _rows(_groups(((span_kind_key(s, graph), s.dur_us) for s in spans), total), total)
+    return tuple(sorted(rows, key=lambda r: (-r.total_us, r.key)))
+
+
+def time_by_layer(spans: Sequence[Span], graph: OpGraph | None = None) -> tuple[GroupRow, ...]:
+    """Device time per transformer layer (``L3``), then the time outside layers (``other``), in layer order."""
+    total = sum(s.dur_us for s in spans)
+    acc = _groups(((_layer_key(span_layer(s, graph)), s.dur_us) for s in spans), total)
+    rows = _rows(acc, total)
+    return tuple(sorted(rows, key=lambda r: (r.key == "other", natural_key(r.key))))
+
+
+def _layer_key(layer: int | None) -> str:
+    return "other" if layer is None else f"L{layer}"
+
+
+def summarize(timeline: Timeline, index: int = 0, graph: OpGraph | None = None) -> TimelineSummary:
+    """The report's numbers for one timeline."""
+    dev = device_spans(timeline)
+    total = sum(s.dur_us for s in dev)
+    makespan = timeline.makespan_us
+    host_tracks = {s.track for s in timeline.spans if s.category in HOST_CATEGORIES}
+    counts: dict[str, int] = defaultdict(int)
+    for s in timeline.spans:
+        counts[s.track] += 1
+    tracks = sorted(timeline.tracks(), key=lambda t: (t not in host_tracks, natural_key(t)))
+    track_rows = tuple(
+        TrackRow(t, counts[t], b, b / makespan if makespan > 0 else 0.0, t in host_tracks)
+        for t in tracks
+        for b in (timeline.busy_us(t),)
+    )
+    top: dict[str, list[float]] = {}
+    kinds: dict[str, str] = {}
+    for s in dev:
+        row = top.setdefault(s.name, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += s.dur_us
+        row[2] = max(row[2], s.dur_us)
+        kinds.setdefault(s.name, span_kind_key(s, graph))
+    top_ops = sorted(top.items(), key=lambda kv: (-kv[1][1], kv[0]))[:TOP_OPS]
+    flops = 0
+    nbytes = 0
+    seen: set[int] = set()
+    for s in dev:
+        if s.op_id is not None and s.op_id in seen:
+            continue
+        op = span_op(s, graph)
+        if op is not None:
+            seen.add(op.id)
+            flops += op.flops
+            nbytes += op.total_bytes
+        else:
+            f = s.args.get("flops")
+            if isinstance(f, (int, float)) and not isinstance(f, bool):
+                flops += int(f)
+    src = timeline.source
+    config = tuple((k, str(v)) for k, v in src.config.items())
+    if src.trace_file:
+        config = (("trace file", src.trace_file), *config)
+    return TimelineSummary(
+        index=index,
+        label=timeline_label(timeline, index),
+        kind=src.kind.value,
+        device=src.device,
+        spans=len(timeline.spans),
+        device_spans=len(dev),
+        tracks=len(tracks),
+        makespan_us=makespan,
+        wall_us=timeline.wall_us,
+        device_time_us=total,
+        flops=flops,
+        bytes=nbytes,
+        by_kind=time_by_kind(dev, graph),
+        by_layer=time_by_layer(dev, graph),
+        track_rows=track_rows,
+        top_ops=tuple(
+            TopOp(name, kinds[name], int(v[0]), v[1], v[1] / v[0], v[2], v[1] / total if total > 0 else 0.0)
+            for name, v in top_ops
+        ),
+        config=config,
+        notes=timeline.notes,
+    )
+
+
+@dataclass(frozen=True)
+class PathOp:
+    """One op on the critical path."""
+
+    op_id: int
+    name: str
+    kind: str
+    layer: str
+    dur_us: float
+
+
+@dataclass(frozen=True)
+class CriticalPathSummary:
+    """The critical path of the graph, weighted by one timeline's op durations."""
+
+    timeline_label: str
+    length_us: float
+    makespan_us: float
+    ops: int
+    by_kind: tuple[GroupRow, ...]
+    longest: tuple[PathOp, ...]
+    """The longest ops on the path (at most :data:`CRITICAL_PATH_ROWS`), in path order."""
+
+    @property
+    def share(self) -> float:
+        """Critical path over makespan: 1.0 means the schedule is as short as dependencies allow."""
+        return self.length_us / self.makespan_us if self.makespan_us > 0 else 0.0
+
+
+def critical_path_summary(graph: OpGraph, timelines: Sequence[Timeline]) -> CriticalPathSummary | None:
+    """The critical path weighted by the first timeline whose spans carry op ids (simulated preferred)."""
+    ordered = sorted(range(len(timelines)), key=lambda i: timelines[i].source.kind is not TimelineKind.SIMULATED)
+    for i in ordered:
+        tl = timelines[i]
+        dur: dict[int, float] = defaultdict(float)
+        for s in device_spans(tl):
+            if s.op_id is not None:
+                dur[s.op_id] += s.dur_us
+        if not dur:
+            continue
+        cp = critical_path(graph, dur)
+        by_kind: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        path_ops: list[PathOp] = []
+        for op_id in cp.ops:
+            op = graph.op(op_id)
+            kind = op_kind(op)
+            by_kind[kind][0] += 1
+            by_kind[kind][1] += dur.get(op_id, 0.0)
+            path_ops.append(PathOp(op_id, op.definition, kind, _layer_key(op.layer), dur.get(op_id, 0.0)))
+        keep = {id(p) for p in sorted(path_ops, key=lambda p: -p.dur_us)[:CRITICAL_PATH_ROWS]}
+        rows = sorted(_rows(by_kind, cp.length), key=lambda r: -r.total_us)
+        return CriticalPathSummary(
+            timeline_label=timeline_label(tl, i),
+            length_us=cp.length,
+            makespan_us=tl.makespan_us,
+            ops=len(cp.ops),
+            by_kind=tuple(rows),
+            longest=tuple(p for p in path_ops if id(p) in keep),
+        )
+    return None
+
+
+def _by(spans: Sequence[Span], graph: OpGraph | None, key: str) -> dict[str, float]:
+    rows = time_by_kind(spans, graph) if key == "kind" else time_by_layer(spans, graph)
+    return {r.key: r.total_us for r in rows}
+
+
+def comparison_tables(
+    measured: Timeline, predicted: Timeline, *, graph: OpGraph | None = None, labels: tuple[str, str] = ("", "")
+) -> list[ReportTable]:
+    """Tables of ``predicted`` against ``measured``: end to end, by kind, by layer and, when both carry op ids,
+    the ops with the largest absolute error."""
+    m_label = labels[0] or timeline_label(measured, 0)
+    p_label = labels[1] or timeline_label(predicted, 1)
+    m_dev, p_dev = device_spans(measured), device_spans(predicted)
+    cols = ("", "measured", "predicted", "error")
+    end_rows: list[tuple[str, str, str, str]] = [
+        ("makespan", fmt_us(measured.makespan_us), fmt_us(predicted.makespan_us),
+         fmt_err(predicted.makespan_us, measured.makespan_us)),
+        ("device time", fmt_us(sum(s.dur_us for s in m_dev)), fmt_us(sum(s.dur_us for s in p_dev)),
+         fmt_err(sum(s.dur_us for s in p_dev), sum(s.dur_us for s in m_dev))),
+        ("device spans", str(len(m_dev)), str(len(p_dev)), fmt_err(len(p_dev), len(m_dev))),
+    ]  # fmt: skip
+    if measured.wall_us is not None:
+        p_wall = predicted.wall_us if predicted.wall_us is not None else predicted.makespan_us
+        end_rows.append(("wall time", fmt_us(measured.wall_us), fmt_us(p_wall), fmt_err(p_wall, measured.wall_us)))
+    tables = [
+        ReportTable(
+            title=f"End to end: {p_label} vs {m_label}",
+            columns=cols,
+            rows=tuple(end_rows),
+            numeric=(False, True, True, True),
+        )
+    ]
+    for key, title in (("kind", "By op kind"), ("layer", "By layer")):
+        m, p = _by(m_dev, graph, key), _by(p_dev, graph, key)
+        keys = list(m) + [k for k in p if k not in m]
+        if key == "layer":
+            keys.sort(key=lambda k: (k == "other", natural_key(k)))
+        rows = tuple(
+            (k, fmt_us(m.get(k, 0.0)), fmt_us(p.get(k, 0.0)), fmt_err(p.get(k, 0.0), m.get(k, 0.0))) for k in keys
+        )
+        tables.append(
+            ReportTable(
+                title=f"{title}: {p_label} vs {m_label}",
+                columns=(key, "measured", "predicted", "error"),
+                rows=rows,
+                numeric=(False, True, True, True),
+                note="error = (predicted - measured) / measured; device time summed over spans",
+            )
+        )
+    m_op: dict[int, float] = defaultdict(float)
+    p_op: dict[int, float] = defaultdict(float)
+    names: dict[int, str] = {}
+    for s in m_dev:
+        if s.op_id is not None:
+            m_op[s.op_id] += s.dur_us
+            names.setdefault(s.op_id, s.definition or s.name)
+    for s in p_dev:
+        if s.op_id is not None:
+            p_op[s.op_id] += s.dur_us
+            names.setdefault(s.op_id, s.definition or s.name)
+    joined = [i for i in m_op if i in p_op]
+    if joined:
+        worst = sorted(joined, key=lambda i: (-abs(p_op[i] - m_op[i]), i))[:TOP_OPS]
+        tables.append(
+            ReportTable(
+                title=f"Largest per-op errors ({len(joined)} ops joined by op id)",
+                columns=("op", "name", "measured", "predicted", "error"),
+                rows=tuple((i, names[i], fmt_us(m_op[i]), fmt_us(p_op[i]), fmt_err(p_op[i], m_op[i])) for i in worst),
+                numeric=(True, False, True, True, True),
+            )
+        )
+    return tables
