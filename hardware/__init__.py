@@ -18,6 +18,7 @@ from hardware.base import (
     check_cost,
     cost_graph,
 )
+from hardware.calibrate import CalibrationError, Measurement, fit_cost_table, host_overhead_from_trace
 from hardware.loader import (
     UnknownHardwareError,
     catalog_spec,
@@ -53,6 +54,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "AlphaBetaCollectiveModel",
     "Bound",
+    "CalibrationError",
     "CollectiveParams",
     "Cost",
     "CostModel",
@@ -67,6 +69,7 @@ __all__ = [
     "HardwareSpec",
     "HostOverhead",
     "Interconnect",
+    "Measurement",
     "PeakFlops",
     "RooflineModel",
     "RooflineParams",
@@ -78,6 +81,8 @@ __all__ = [
     "check_cost",
     "cost_graph",
     "cost_model_names",
+    "fit_cost_table",
+    "host_overhead_from_trace",
     "list_hardware",
     "load_cost_table",
     "load_hardware",

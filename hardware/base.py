@@ -39,6 +39,9 @@ class Cost:
     """Fraction of peak the model assumed, when it used one."""
     detail: str = ""
     """How the model got the number (tile shape and waves, table hit, fallback), for reports."""
+    host_s: float | None = None
+    """Host (framework) time to issue this op, when the model knows it (a calibrated table does);
+    ``None`` means the simulator uses the hardware's per-op host overhead."""
 
     @property
     def us(self) -> float:

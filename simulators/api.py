@@ -68,6 +68,9 @@ def run_problem(
     charge_free = config.host.free_ops
     free = problem.free
     host_us = [host_per_op_us if (charge_free or not free[i] or i in uncosted) else 0.0 for i in range(len(problem))]
+    if config.host.mode is HostMode.EAGER and problem.host_us:
+        # A calibrated cost model knows each op's measured eager issue time: it wins over the per-op default.
+        host_us = [h if (m is None or h == 0.0) else m for h, m in zip(host_us, problem.host_us, strict=True)]
     with paused_gc():
         sim = Simulator(problem, config, policy, host_us, progress=progress)
         kernel = sim.run()

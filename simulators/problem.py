@@ -49,6 +49,8 @@ class SchedulingProblem:
     """Ops with no cost, in program order."""
     kinds: list[OpKind] = field(default_factory=list)
     """Kind of each op."""
+    host_us: list[float | None] = field(default_factory=list)
+    """Host time to issue each op as the cost model measured it (a calibrated table), else ``None``."""
     _bottom: list[float] | None = field(default=None, repr=False)
 
     # ---------------------------------------------------------------- construction
@@ -65,6 +67,7 @@ class SchedulingProblem:
         missing: list[UncostedOp] = []
         free_bound = Bound.FREE
         seen: dict[int, tuple[float, str, bool]] = {}  # costs of equal ops are one shared object
+        host: list[float | None] = [None] * n
         for i, op in enumerate(graph.ops):
             c = costs.get(op.id)
             if c is None:
@@ -76,7 +79,11 @@ class SchedulingProblem:
             if facts is None:
                 facts = seen[id(c)] = (c.seconds * 1e6, c.bound.value, c.bound is free_bound)
             dur[i], bound[i], free[i] = facts
-        return cls._build(graph, dur, bound, free, missing)
+            if c.host_s is not None:
+                host[i] = c.host_s * 1e6
+        problem = cls._build(graph, dur, bound, free, missing)
+        problem.host_us = host
+        return problem
 
     @classmethod
     def from_durations(

@@ -80,11 +80,22 @@ class TableEntry(BaseModel):
     """Spread of the measurements (interquartile range), seconds."""
     samples: Annotated[int, Field(ge=1)] = 1
     """Timed repetitions behind the median."""
+    host_seconds: NonNegFloat | None = None
+    """Measured host time to issue the op (eager PyTorch), when replay recorded it."""
 
     @classmethod
-    def from_op(cls, op: OpBase, seconds: float, *, spread_s: float = 0.0, samples: int = 1) -> TableEntry:
+    def from_op(
+        cls,
+        op: OpBase,
+        seconds: float,
+        *,
+        spread_s: float = 0.0,
+        samples: int = 1,
+        host_seconds: float | None = None,
+    ) -> TableEntry:
         """The entry for a measured ``op``."""
         return cls(
+            host_seconds=host_seconds,
             definition=op.definition,
             kind=OpKind(getattr(op, "kind", OpKind.OTHER)),
             dtype=op.dtype,
@@ -226,6 +237,12 @@ class TableModel:
             self._series.setdefault((e.definition, e.dtype), _Series()).points.append((e.work, e.seconds))
         for series in self._series.values():
             series.finish()
+        hosts: dict[str, list[float]] = {}
+        for e in self.table.entries:
+            if e.host_seconds is not None:
+                hosts.setdefault(e.definition, []).append(e.host_seconds)
+        # Host time barely depends on shape: other shapes of a definition take the median measured one.
+        self._host: dict[str, float] = {d: sorted(v)[len(v) // 2] for d, v in hosts.items()}
 
     def _make_fallback(self, fallback: CostModel | str | None) -> CostModel:
         if fallback is not None and not isinstance(fallback, str):
@@ -273,11 +290,21 @@ class TableModel:
         self._check(hw)
         exact = self._exact.get((op.definition, op.dtype, tuple(sorted(shape_key(op).items()))))
         if exact is not None:
-            return Cost(exact.seconds, self._bound(op, hw), detail=f"table: measured ({exact.samples} samples)")
+            return Cost(
+                exact.seconds,
+                self._bound(op, hw),
+                detail=f"table: measured ({exact.samples} samples)",
+                host_s=exact.host_seconds if exact.host_seconds is not None else self._host.get(op.definition),
+            )
         series = self._series.get((op.definition, op.dtype))
         if series is not None:
             seconds, how = series.at(table_work(op))
-            return Cost(seconds, self._bound(op, hw), detail=f"table: {how} of {op.definition}")
+            return Cost(
+                seconds,
+                self._bound(op, hw),
+                detail=f"table: {how} of {op.definition}",
+                host_s=self._host.get(op.definition),
+            )
         cost = self.fallback.estimate(op, hw)
         return Cost(
             cost.seconds,
