@@ -1,0 +1,247 @@
+"""``attention``: SDPA, flash/efficient/cudnn kernels and the eager ``matmul-softmax-matmul`` pattern
+become one :class:`~opgraph.ir.Attention` each, with GQA/MHA/MQA/MLA and the sliding window found.
+
+The key/value operands are followed back to the KV-cache write (a ``cat`` or ``index_copy`` into the
+cache, claimed as ``Memory(kv_cache_write)``) and to ``repeat_kv`` copies (``Memory(repeat_kv)``),
+which also reveal the number of KV heads when the model expanded them before attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from opgraph.capture.lowering.base import Lowering, numel
+from opgraph.capture.recorder import Event, TRef
+from opgraph.ir.ops import AttentionVariant, OpKind
+
+SDPA_FNS = frozenset(
+    {
+        "scaled_dot_product_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_attention_math",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+        "flash_attn_func",
+        "flash_attn_varlen_func",
+    }
+)
+_KV_WRITE_FNS = frozenset({"cat", "index_copy", "index_copy_", "index_put", "index_put_", "copy_", "slice_scatter"})
+_PASS_THROUGH = frozenset({"_to_copy", "clone", "contiguous", "copy"})
+_SCORE_CHAIN = frozenset(
+    {"add", "mul", "div", "sub", "_to_copy", "masked_fill", "where", "tanh", "clone", "copy", "maximum", "cat"}
+)
+
+
+def _kv_source(lw: Lowering, tid: int, attn_members: list[int]) -> tuple[int | None, int]:
+    """Follow a key/value operand back through repeat_kv copies to the cache write.
+
+    Returns (kv heads seen before a repeat_kv copy or None, tensor id of the operand's origin).
+    Claims the repeat_kv copies and the cache write it passes.
+    """
+    kv_heads: int | None = None
+    for _ in range(4):
+        ev = lw.producer_of(tid)
+        if ev is None or not lw.free(ev.index):
+            break
+        if ev.fn in ("clone", "_unsafe_view", "expand", "_to_copy", "contiguous") and ev.inputs:
+            src = ev.inputs[0]
+            shape, strides = src[1], src[3]
+            if strides is not None and len(shape) == 5 and strides[2] == 0:
+                kv_heads = shape[1]
+                lw.claim([ev.index], OpKind.MEMORY, {"fn": "repeat_kv", "numel": numel(ev.outputs[0])})
+                tid = src[0]
+                continue
+            break
+        if ev.fn in _KV_WRITE_FNS:
+            out = ev.outputs[0]
+            lw.claim([ev.index], OpKind.MEMORY, {"fn": "kv_cache_write", "numel": numel(out)})
+            break
+        break
+    return kv_heads, tid
+
+
+def _heads_from_producer(lw: Lowering, ref: TRef) -> tuple[int, int] | None:
+    """(batch, heads) of a 4-D tensor behind a 3-D bmm operand."""
+    ev = lw.producer_of(ref[0])
+    if ev is None:
+        return None
+    for r in ev.outputs:
+        if r[0] == ref[0] and len(r[1]) == 4:
+            return r[1][0], r[1][1]
+    return None
+
+
+def _variant(lw: Lowering, heads: int, kv_heads: int) -> AttentionVariant:
+    if lw.hints.mla:
+        return AttentionVariant.MLA
+    if kv_heads == heads:
+        return AttentionVariant.MHA
+    if kv_heads == 1:
+        return AttentionVariant.MQA
+    return AttentionVariant.GQA
+
+
+def _fields(
+    lw: Lowering,
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    q_len: int,
+    kv_len: int,
+    d: int,
+    dv: int,
+    causal: bool,
+    call: int,
+) -> dict[str, Any] | None:
+    if heads % kv_heads or q_len > kv_len:
+        return None
+    window = lw.layer_window(call)
+    f: dict[str, Any] = {
+        "batch": batch,
+        "q_len": q_len,
+        "kv_len": kv_len,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": d,
+        "causal": causal,
+        "variant": _variant(lw, heads, kv_heads),
+    }
+    if dv != d:
+        f["head_dim_v"] = dv
+    if window is not None and window < kv_len:
+        f["window"] = window
+    return f
+
+
+@dataclass(frozen=True)
+class LowerAttention:
+    """Recognise fused and eager attention."""
+
+    name: ClassVar[str] = "attention"
+    eager: bool = True
+    """Also match the eager matmul-softmax-matmul pattern."""
+
+    def run(self, lw: Lowering) -> None:
+        for ev in lw.events:
+            if lw.free(ev.index) and ev.fn in SDPA_FNS and len(ev.inputs) >= 3:
+                self._fused(lw, ev)
+        if self.eager:
+            for ev in lw.events:
+                if lw.free(ev.index) and ev.fn in ("_softmax", "softmax", "_safe_softmax"):
+                    self._eager(lw, ev)
+
+    def _fused(self, lw: Lowering, ev: Event) -> None:
+        q, k, v = ev.inputs[0], ev.inputs[1], ev.inputs[2]
+        if len(q[1]) != 4 or len(k[1]) != 4:
+            return
+        flash_layout = ev.fn in ("_flash_attention_forward", "flash_attn_func")
+        if flash_layout:  # (b, s, h, d)
+            b, s, h, d = q[1]
+            kv_len, kvh = k[1][1], k[1][2]
+        else:  # (b, h, s, d)
+            b, h, s, d = q[1]
+            kvh, kv_len = k[1][1], k[1][2]
+        dv = v[1][-1]
+        kv_heads_seen, _ = _kv_source(lw, k[0], [ev.index])
+        _kv_source(lw, v[0], [ev.index])
+        if kv_heads_seen is not None:
+            kvh = kv_heads_seen
+        causal_kw = ev.kwargs.get("is_causal")
+        if causal_kw is None and len(ev.args) > 5:
+            causal_kw = ev.args[5]
+        has_mask = len(ev.inputs) > 3
+        # A mask given to SDPA on a decoder is the causal (or windowed) mask; a lone query sees all keys.
+        causal = bool(causal_kw) or (has_mask and s > 1)
+        f = _fields(lw, b, h, kvh, s, kv_len, d, dv, causal, ev.call)
+        if f is None:
+            return
+        g = lw.claim([ev.index, *self._layout_copy(lw, ev)], OpKind.ATTENTION, f, call=ev.call)
+        g.outputs = [ev.outputs[0]]
+
+    @staticmethod
+    def _layout_copy(lw: Lowering, ev: Event) -> list[int]:
+        """The ``transpose(1, 2).contiguous()`` copy right after attention, if any.
+
+        Whether it runs depends on the backend's output layout (flash kernels write (b, s, h, d) and
+        need none); it is made part of the attention op so graphs agree across devices.
+        """
+        cons = lw.consumers_of(ev.outputs[0][0])
+        if len(cons) == 1 and cons[0].fn == "clone" and lw.free(cons[0].index):
+            return [cons[0].index]
+        return []
+
+    def _eager(self, lw: Lowering, sm: Event) -> None:
+        # Back from the softmax input to the scores matmul.
+        chain: list[int] = [sm.index]
+        cur = sm.inputs[0][0]
+        score_mm: Event | None = None
+        for _ in range(8):
+            p = lw.producer_of(cur)
+            if p is None or not lw.free(p.index):
+                return
+            if p.fn in ("bmm", "matmul", "baddbmm"):
+                score_mm = p
+                break
+            if p.fn not in _SCORE_CHAIN:
+                return
+            chain.append(p.index)
+            cur = p.inputs[0][0]
+        if score_mm is None:
+            return
+        # Forward from the softmax output to the value matmul.
+        out_mm: Event | None = None
+        cur = sm.outputs[0][0]
+        fwd: list[int] = []
+        for _ in range(4):
+            cons = [c for c in lw.consumers_of(cur) if lw.free(c.index)]
+            if len(cons) != 1:
+                return
+            c = cons[0]
+            if c.fn in ("bmm", "matmul"):
+                out_mm = c
+                break
+            if c.fn not in ("_to_copy", "native_dropout", "dropout", "clone", "mul"):
+                return
+            fwd.append(c.index)
+            cur = c.outputs[0][0]
+        if out_mm is None:
+            return
+        qa, ka = score_mm.inputs[-2], score_mm.inputs[-1]
+        va = out_mm.inputs[1]
+        bh, s, d = qa[1][-3], qa[1][-2], qa[1][-1]
+        kv_len = ka[1][-1]
+        dv = va[1][-1]
+        bh_shape = _heads_from_producer(lw, qa)
+        if bh_shape is not None:
+            b, h = bh_shape
+        elif lw.hints.num_heads and bh % lw.hints.num_heads == 0:
+            b, h = bh // lw.hints.num_heads, lw.hints.num_heads
+        else:
+            b, h = 1, bh
+        kvh_seen, _ = _kv_source(lw, ka[0], [])
+        _kv_source(lw, va[0], [])
+        kvh = kvh_seen or h
+        scores = [lw.events[i] for i in chain]
+        masked = any(e.fn in ("add", "masked_fill", "where") and len(e.inputs) > 1 for e in scores)
+        f = _fields(lw, b, h, kvh, s, kv_len, d, dv, masked and s > 1, sm.call)
+        if f is None:
+            return
+        members = [score_mm.index, *chain, *fwd, out_mm.index]
+        # Side branches inside the pattern (gpt-oss subtracts the row max over scores and sinks).
+        inside = set(members)
+        produced = {r[0] for i in inside for r in lw.events[i].outputs}
+        for i in range(score_mm.index + 1, out_mm.index):
+            e = lw.events[i]
+            if i in inside or not lw.free(i) or not e.outputs:
+                continue
+            if any(r[0] in produced for r in e.inputs) and all(
+                c in inside for r in e.outputs for c in lw.consumers.get(r[0], ()) if lw.owner[c] != -2
+            ):
+                members.append(i)
+                inside.add(i)
+                produced.update(r[0] for r in e.outputs)
+        lw.claim(members, OpKind.ATTENTION, f, target="eager_attention", call=out_mm.call)

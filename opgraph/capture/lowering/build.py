@@ -1,0 +1,131 @@
+"""Build the IR from the lowering groups: one validated op per group, data edges by tensor identity."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opgraph.capture.lowering.base import FLOAT_DTYPES, FREE, Lowering
+from opgraph.capture.recorder import Event, TRef, layer_of
+from opgraph.ir.dtypes import DType
+from opgraph.ir.graph import Edge, EdgeKind
+from opgraph.ir.ops import OP_TYPES, AtenCall, OpBase, OpKind, Stage
+from opgraph.ir.tensor import TensorSpec
+
+_DTYPE_CACHE: dict[str, DType] = {}
+
+
+def _dtype(name: str) -> DType:
+    d = _DTYPE_CACHE.get(name)
+    if d is None:
+        try:
+            d = DType(name)
+        except ValueError:
+            d = DType.fp32
+        _DTYPE_CACHE[name] = d
+    return d
+
+
+def _spec(ref: TRef) -> TensorSpec:
+    # Recorded shapes are trusted: skip validation (hot path, thousands of tensors).
+    return TensorSpec.model_construct(shape=ref[1], dtype=_dtype(ref[2]), strides=ref[3], id=ref[0])
+
+
+def _group_tensors(lw: Lowering, members: list[int]) -> tuple[list[TRef], list[TRef]]:
+    evs = [lw.events[m] for m in members]
+    if len(evs) == 1:
+        return list(evs[0].inputs), list(evs[0].outputs)
+    produced: set[int] = set()
+    inputs: list[TRef] = []
+    seen_in: set[int] = set()
+    for ev in evs:
+        for r in ev.inputs:
+            if r[0] not in produced and r[0] not in seen_in:
+                seen_in.add(r[0])
+                inputs.append(r)
+        in_tids = {r[0] for r in ev.inputs}
+        for r in ev.outputs:
+            if ev.mutates or r[0] not in in_tids:
+                produced.add(r[0])
+    member_set = set(members)
+    outputs: list[TRef] = []
+    seen_out: set[int] = set()
+    last = evs[-1]
+    for ev in evs:
+        for r in ev.outputs:
+            if r[0] in seen_out or (r[0] in seen_in and not ev.mutates):
+                continue
+            external = ev is last or any(
+                c not in member_set and lw.owner[c] != FREE for c in lw.consumers.get(r[0], ())
+            )
+            if external:
+                seen_out.add(r[0])
+                outputs.append(r)
+    return inputs, outputs
+
+
+def _compute_dtype(ins: list[TRef], outs: list[TRef]) -> DType:
+    for r in ins:
+        if r[2] in FLOAT_DTYPES:
+            return _dtype(r[2])
+    for r in outs:
+        if r[2] in FLOAT_DTYPES:
+            return _dtype(r[2])
+    return DType.fp32
+
+
+def group_order(lw: Lowering) -> list[int]:
+    """Group indices in program order: by their last event, when all their inputs exist."""
+    return sorted(range(len(lw.groups)), key=lambda g: lw.groups[g].members[-1])
+
+
+def build_ops(lw: Lowering, scopes: list[str]) -> tuple[list[OpBase], list[Edge]]:
+    """IR ops (ids in program order) and their data edges."""
+    order = group_order(lw)
+    gid_of = {g: i for i, g in enumerate(order)}
+    ops: list[OpBase] = []
+    edges: list[Edge] = []
+    for new_id, gi in enumerate(order):
+        g = lw.groups[gi]
+        ins, outs = _group_tensors(lw, g.members)
+        if g.outputs is not None:
+            outs = list(g.outputs)
+        if g.main_outputs is not None:
+            outs = outs[: g.main_outputs]
+        first: Event = lw.events[g.members[0]]
+        scope = scopes[g.call] if g.call >= 0 else ""
+        data: dict[str, Any] = dict(g.fields)
+        data.update(
+            id=new_id,
+            target=g.target,
+            inputs=tuple(_spec(r) for r in ins),
+            outputs=tuple(_spec(r) for r in outs),
+            scope=scope,
+            layer=layer_of(scope),
+            stage=Stage(first.stage) if first.stage in ("prefill", "decode") else None,
+            step=first.step,
+            dtype=_compute_dtype(ins, outs),
+        )
+        if g.flops is not None:
+            data["flops"] = g.flops
+        if g.definition:
+            data["definition"] = g.definition
+        if (len(g.members) == 1 and not first.composite) or (first.composite and len(g.members) == 1):
+            data["call"] = AtenCall.model_construct(args=first.args, keywords=first.kwargs)
+        ops.append(OP_TYPES[g.kind].model_validate(data))
+        seen: set[tuple[int, int]] = set()
+        for r in ins:
+            p = lw.producer.get(r[0])
+            if p is None:
+                continue
+            owner = lw.owner[p]
+            if owner < 0 or owner == gi:
+                continue
+            src = gid_of[owner]
+            if (src, r[0]) in seen:
+                continue
+            seen.add((src, r[0]))
+            edges.append(Edge(src=src, dst=new_id, kind=EdgeKind.DATA, tensor=r[0]))
+    return ops, edges
+
+
+__all__ = ["OpKind", "build_ops", "group_order"]

@@ -1,0 +1,65 @@
+"""``gemm``: mm, addmm, bmm, baddbmm, grouped mm, and matmul/linear when they reach dispatch whole."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+from opgraph.capture.lowering.base import Lowering
+from opgraph.ir.ops import OpKind
+
+_BIAS_FIRST = frozenset({"addmm", "baddbmm", "addbmm"})
+
+
+@dataclass(frozen=True)
+class LowerGemm:
+    """One ``Gemm`` per matrix-multiply event."""
+
+    name: ClassVar[str] = "gemm"
+
+    def run(self, lw: Lowering) -> None:
+        for ev in lw.events:
+            if not lw.free(ev.index):
+                continue
+            fn = ev.fn
+            if fn in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv", "_grouped_mm", "dot"):
+                t = ev.inputs
+                if fn in _BIAS_FIRST:
+                    if len(t) < 3:
+                        continue
+                    a, b, bias = t[1], t[2], True
+                elif fn == "linear":
+                    a, b, bias = t[0], t[1], len(t) > 2
+                    n = b[1][0]
+                    k = b[1][-1]
+                    m = math.prod(a[1][:-1])
+                    lw.claim([ev.index], OpKind.GEMM, {"m": m, "n": n, "k": k, "bias": bias})
+                    continue
+                else:
+                    if len(t) < 2:
+                        continue
+                    a, b, bias = t[0], t[1], False
+                if fn == "_grouped_mm":
+                    groups = b[1][0] if len(b[1]) == 3 else 1
+                    rows = a[1][0]
+                    n, k = b[1][-1], a[1][-1]
+                    lw.claim(
+                        [ev.index],
+                        OpKind.GEMM,
+                        {"m": rows // max(groups, 1), "n": n, "k": k, "groups": groups},
+                        flops=2 * rows * n * k,
+                    )
+                    continue
+                if fn in ("mv", "addmv", "dot"):
+                    k = a[1][-1]
+                    m = math.prod(a[1][:-1]) if fn != "dot" else 1
+                    lw.claim([ev.index], OpKind.GEMM, {"m": m, "n": 1, "k": k, "bias": bias})
+                    continue
+                k = a[1][-1]
+                n = b[1][-1] if len(b[1]) > 1 else 1
+                m = a[1][-2] if len(a[1]) > 1 else 1
+                batch = math.prod(a[1][:-2]) if len(a[1]) > 2 else 1
+                if fn == "matmul" and len(a[1]) > 2 and len(b[1]) == 2:
+                    m, batch = math.prod(a[1][:-1]), 1
+                lw.claim([ev.index], OpKind.GEMM, {"m": m, "n": n, "k": k, "batch": max(batch, 1), "bias": bias})

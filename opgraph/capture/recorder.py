@@ -1,0 +1,493 @@
+"""The recorder: a ``TorchDispatchMode`` that logs every aten op with shapes, dtypes, scope and data flow.
+
+One :class:`Recorder` owns the state of a recording: the event list, the module-call table filled by
+global forward hooks, tensor identities and the data-dependent assumptions made on ``meta``.
+
+Tensor identity follows storage: an op output that shares its storage with an input (a view, a
+reshape, ``detach``) keeps the input's id, so views fold away with their dependencies kept; a fresh
+output gets a new id; an in-place write gives the written storage a new version id produced by the
+writer. Events are plain slotted objects; nothing is validated per event (IR ops are built once, at
+the end, by the lowering passes).
+
+A ``TorchFunctionMode`` handles the few functions whose aten decomposition depends on the device
+(``scaled_dot_product_attention`` decomposes into matmuls on ``meta`` but is one fused kernel on
+cpu/cuda): they are recorded as one composite event, so a graph captured on ``meta`` equals one
+captured on a real device.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+try:  # a weak reference to a StorageImpl, so a reused address is not mistaken for the old tensor
+    from torch.multiprocessing.reductions import StorageWeakRef
+except ImportError:  # pragma: no cover - very old or trimmed torch builds
+
+    class StorageWeakRef:  # type: ignore[no-redef]
+        """Fallback that never expires (identity by address only)."""
+
+        def __init__(self, storage: Any) -> None:
+            self.cdata = storage._cdata
+
+        def expired(self) -> bool:
+            return False
+
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+TRef = tuple[int, tuple[int, ...], str, "tuple[int, ...] | None"]
+"""A tensor as seen by an event: (tensor id, shape, dtype name, strides when not contiguous)."""
+
+_DTYPES: dict[torch.dtype, str] = {
+    torch.float64: "fp64",
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.int64: "int64",
+    torch.int32: "int32",
+    torch.int16: "int16",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+    torch.bool: "bool",
+    torch.complex64: "complex64",
+    torch.complex128: "complex128",
+}
+for _name, _dt in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2"), ("float8_e4m3fnuz", "fp8_e4m3")):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _dt
+
+_LAYER_RE = re.compile(r"\.(\d+)(?:\.|$)")
+
+# Ops that reveal data on a meta tensor and what is assumed instead.
+_SCALAR_ASSUMPTION = (
+    ".item()/.tolist() on meta tensors: booleans are assumed True, integers 1, floats 0.0 "
+    "(control flow that depends on tensor values follows the common, no-padding path)"
+)
+_NONZERO_ASSUMPTION = "nonzero/where(cond) on meta tensors: every element is assumed non-zero (largest output)"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The IR dtype name of a torch dtype (``bf16``); unknown dtypes keep torch's name."""
+    return _DTYPES.get(dtype) or str(dtype).removeprefix("torch.")
+
+
+def layer_of(scope: str) -> int | None:
+    """The transformer layer index in a module path (``model.layers.3.mlp`` -> 3), or ``None``."""
+    m = _LAYER_RE.search(scope)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(slots=True)
+class ModuleCall:
+    """One invocation of an ``nn.Module`` during the recording."""
+
+    scope: str
+    """Qualified module path (``model.layers.0.self_attn``)."""
+    cls: str
+    """Class name of the module."""
+    parent: int
+    """Index of the enclosing call, -1 at the top."""
+    module: Any = None
+    """The module itself (kept for passes that read attributes such as ``num_experts``)."""
+
+
+@dataclass(slots=True)
+class Event:
+    """One recorded aten call (or one composite call such as SDPA)."""
+
+    index: int
+    target: str
+    """``aten.mm.default``."""
+    fn: str
+    """Short function name (``mm``)."""
+    inputs: tuple[TRef, ...]
+    """Tensors read, in argument order (what ``{"tensor": i}`` in ``args`` indexes)."""
+    outputs: tuple[TRef, ...]
+    """Tensors produced (a fresh id, an alias's id, or a new version of a mutated input)."""
+    call: int
+    """Innermost module call index, -1 outside every module."""
+    stage: str | None
+    step: int | None
+    args: tuple[Any, ...]
+    """Encoded positional arguments (see :class:`opgraph.ir.AtenCall`)."""
+    kwargs: dict[str, Any]
+    alias: bool = False
+    """Every output aliases an input and nothing is written: a view or metadata op."""
+    mutates: bool = False
+    """Writes an input in place."""
+    pointwise: bool = False
+    """Tagged pointwise by PyTorch."""
+    composite: bool = False
+    """A composite recorded at the function level (SDPA)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _FuncInfo:
+    target: str
+    fn: str
+    is_view: bool
+    mutated: tuple[int | str, ...]
+    pointwise: bool
+
+
+def _func_info(func: Any) -> _FuncInfo:
+    schema = func._schema
+    mutated: list[int | str] = []
+    for i, arg in enumerate(schema.arguments):
+        info = arg.alias_info
+        if info is not None and info.is_write:
+            mutated.append(arg.name if arg.kwarg_only else i)
+    name = str(func)  # aten.mm.default
+    parts = name.split(".")
+    fn = parts[1] if len(parts) > 2 else parts[-1]
+    pointwise = torch.Tag.pointwise in getattr(func, "tags", ())
+    return _FuncInfo(name, fn, bool(getattr(func, "is_view", False)), tuple(mutated), pointwise)
+
+
+def _encode_float(v: float) -> Any:
+    if math.isfinite(v):
+        return v
+    return {"float": "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")}
+
+
+class Recorder:
+    """State of one recording; use :meth:`recording` (or :func:`opgraph.capture.tracing`) to run it."""
+
+    def __init__(self, *, profile_ranges: bool = False) -> None:
+        self.events: list[Event] = []
+        self.calls: list[ModuleCall] = []
+        self.assumptions: dict[str, None] = {}
+        self.stage: str | None = None
+        self.step: int | None = None
+        self.profile_ranges = profile_ranges
+        self._stack: list[int] = []
+        self._names: dict[int, str] = {}
+        self._mods: list[Any] = []
+        self._keys: dict[int, tuple[int, Any]] = {}  # storage address -> (current tensor id, weak ref)
+        self._next_tid = 0
+        self._suppress = 0
+        self._finfo: dict[Any, _FuncInfo] = {}
+        self._sdpa: Any = None
+
+    # ----------------------------------------------------------------- names and scopes
+    def add_root(self, module: Any, prefix: str = "") -> None:
+        """Name every submodule of ``module`` by its qualified path (done lazily for unknown roots)."""
+        for name, sub in module.named_modules(prefix=prefix):
+            self._names.setdefault(id(sub), name)
+            self._mods.append(sub)  # keep ids stable while recording
+
+    def _name_of(self, module: Any) -> str:
+        key = id(module)
+        name = self._names.get(key)
+        if name is None:
+            if self._stack:
+                parent = self.calls[self._stack[-1]]
+                name = ""
+                for child_name, child in parent.module.named_children():
+                    if child is module:
+                        name = f"{parent.scope}.{child_name}" if parent.scope else child_name
+                        break
+                if not name:
+                    name = type(module).__name__
+            else:
+                name = ""
+                self.add_root(module)
+            self._names[key] = name
+            self._mods.append(module)
+        return name
+
+    def _pre_hook(self, module: Any, args: Any) -> None:
+        idx = len(self.calls)
+        parent = self._stack[-1] if self._stack else -1
+        self.calls.append(ModuleCall(self._name_of(module), type(module).__name__, parent, module))
+        self._stack.append(idx)
+
+    def _post_hook(self, module: Any, args: Any, output: Any) -> None:
+        if self._stack:
+            self._stack.pop()
+
+    # ----------------------------------------------------------------- tensors
+    def _ref(self, t: torch.Tensor) -> TRef:
+        storage = t.untyped_storage()
+        entry = self._keys.get(storage._cdata)
+        # A storage freed and reallocated at the same address is a new tensor, not the old one.
+        if entry is None or entry[1].expired():
+            return self._fresh(t, storage)
+        strides = None if t.is_contiguous() else tuple(t.stride())
+        return (entry[0], tuple(t.shape), dtype_name(t.dtype), strides)
+
+    def _fresh(self, t: torch.Tensor, storage: Any = None) -> TRef:
+        if storage is None:
+            storage = t.untyped_storage()
+        tid = self._next_tid
+        self._next_tid += 1
+        self._keys[storage._cdata] = (tid, StorageWeakRef(storage))  # type: ignore[no-untyped-call]
+        strides = None if t.is_contiguous() else tuple(t.stride())
+        return (tid, tuple(t.shape), dtype_name(t.dtype), strides)
+
+    def _encode(self, v: Any, tensors: list[torch.Tensor]) -> Any:
+        if isinstance(v, torch.Tensor):
+            tensors.append(v)
+            return {"tensor": len(tensors) - 1}
+        if isinstance(v, (list, tuple)):
+            return [self._encode(x, tensors) for x in v]
+        if v is None or isinstance(v, (bool, int, str)):
+            return v
+        if isinstance(v, float):
+            return _encode_float(v)
+        if isinstance(v, torch.dtype):
+            return {"dtype": dtype_name(v)}
+        if isinstance(v, torch.device):
+            return None
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return str(v)
+        return str(v)
+
+    # ----------------------------------------------------------------- events
+    def _dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        info = self._finfo.get(func)
+        if info is None:
+            info = self._finfo[func] = _func_info(func)
+        if self._suppress:
+            return func(*args, **kwargs)
+        meta_special = self._meta_data_dependent(func, args, kwargs)
+        tensors: list[torch.Tensor] = []
+        enc_args = tuple(self._encode(a, tensors) for a in args)
+        enc_kwargs = {k: self._encode(v, tensors) for k, v in kwargs.items() if k != "device"}
+        inputs = tuple(self._ref(t) for t in tensors)
+        index = len(self.events)
+        if meta_special is not None:
+            out = meta_special
+        elif self.profile_ranges:
+            with self._range(index):
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+        in_keys = {t.untyped_storage()._cdata for t in tensors}
+        outs: list[torch.Tensor] = []
+        if isinstance(out, torch.Tensor):
+            outs.append(out)
+        elif isinstance(out, (tuple, list)):
+            for o in out:
+                if isinstance(o, torch.Tensor):
+                    outs.append(o)
+                elif isinstance(o, (tuple, list)):
+                    outs.extend(x for x in o if isinstance(x, torch.Tensor))
+        mutated_keys: set[int] = set()
+        if info.mutated:
+            for pos in info.mutated:
+                m = kwargs.get(pos) if isinstance(pos, str) else (args[pos] if pos < len(args) else None)
+                ms = m if isinstance(m, (list, tuple)) else (m,)
+                for t in ms:
+                    if isinstance(t, torch.Tensor):
+                        mutated_keys.add(t.untyped_storage()._cdata)
+                        self._fresh(t)  # new version, produced by this event
+        out_refs: list[TRef] = []
+        alias = not mutated_keys and bool(outs)
+        if info.fn == "_to_copy" and outs and tensors and outs[0].device != tensors[0].device:
+            # Moving a (cpu) constant onto the capture device: on meta this stands for data that a
+            # real run creates in place, so it is no op of the model (no kernel on the cpu run either).
+            self.events.append(
+                Event(
+                    index,
+                    info.target,
+                    info.fn,
+                    inputs,
+                    (self._fresh(outs[0]),),
+                    self._stack[-1] if self._stack else -1,
+                    self.stage,
+                    self.step,
+                    enc_args,
+                    enc_kwargs,
+                    alias=True,
+                )
+            )
+            return out
+        for o in outs:
+            key = o.untyped_storage()._cdata
+            if key in mutated_keys or key in in_keys:
+                out_refs.append(self._ref(o))
+            else:
+                alias = False
+                out_refs.append(self._fresh(o))
+        if mutated_keys and not outs:
+            out_refs.extend(self._ref(t) for t in tensors if t.untyped_storage()._cdata in mutated_keys)
+        self.events.append(
+            Event(
+                index,
+                info.target,
+                info.fn,
+                inputs,
+                tuple(out_refs),
+                self._stack[-1] if self._stack else -1,
+                self.stage,
+                self.step,
+                enc_args,
+                enc_kwargs,
+                alias or info.is_view,
+                bool(mutated_keys),
+                info.pointwise,
+            )
+        )
+        return out
+
+    def _meta_data_dependent(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Stand-in results for ops whose output depends on values a meta tensor does not have."""
+        if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type != "meta":
+            return None
+        aten = torch.ops.aten
+        if func is aten._local_scalar_dense.default:
+            self.assumptions[_SCALAR_ASSUMPTION] = None
+            t = args[0]
+            if t.dtype == torch.bool:
+                return True
+            return 0.0 if t.dtype.is_floating_point else 1
+        if func in (aten.nonzero.default, aten.argwhere.default):
+            self.assumptions[_NONZERO_ASSUMPTION] = None
+            t = args[0]
+            return torch.empty((t.numel(), t.dim()), dtype=torch.long, device="meta")
+        return None
+
+    def _composite(self, name: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Record ``func`` as one event named ``name`` (its aten ops are not recorded separately)."""
+        tensors: list[torch.Tensor] = []
+        enc_args = tuple(self._encode(a, tensors) for a in args)
+        enc_kwargs = {k: self._encode(v, tensors) for k, v in kwargs.items()}
+        inputs = tuple(self._ref(t) for t in tensors)
+        index = len(self.events)
+        self._suppress += 1
+        try:
+            if self.profile_ranges:
+                with self._range(index):
+                    out = func(*args, **kwargs)
+            else:
+                out = _fast_meta(name, args, kwargs)
+                if out is None:
+                    out = func(*args, **kwargs)
+        finally:
+            self._suppress -= 1
+        self.events.append(
+            Event(
+                index,
+                f"aten.{name}",
+                name,
+                inputs,
+                (self._fresh(out),),
+                self._stack[-1] if self._stack else -1,
+                self.stage,
+                self.step,
+                enc_args,
+                enc_kwargs,
+                composite=True,
+            )
+        )
+        return out
+
+    @contextmanager
+    def _range(self, index: int) -> Iterator[None]:
+        # A profiler range named after the event, so kernels launched inside are attributed to it.
+        # The range's own bookkeeping ops must not be recorded.
+        self._suppress += 1
+        try:
+            rf = torch.profiler.record_function(f"opgraph_ev{index}")
+            rf.__enter__()  # type: ignore[no-untyped-call]
+        finally:
+            self._suppress -= 1
+        try:
+            yield
+        finally:
+            self._suppress += 1
+            try:
+                rf.__exit__(None, None, None)
+            finally:
+                self._suppress -= 1
+
+    @contextmanager
+    def scope(self, name: str) -> Iterator[None]:
+        """Record what runs inside as if it ran in a module called ``name`` (e.g. the sampler)."""
+        idx = len(self.calls)
+        self.calls.append(ModuleCall(name, name, self._stack[-1] if self._stack else -1, None))
+        self._stack.append(idx)
+        try:
+            yield
+        finally:
+            self._stack.pop()
+
+    # ----------------------------------------------------------------- context
+    @contextmanager
+    def recording(self) -> Iterator[Recorder]:
+        """Install the hooks and modes; everything PyTorch runs inside is recorded."""
+        import torch.nn.modules.module as mm
+
+        pre = mm.register_module_forward_pre_hook(self._pre_hook)
+        post = mm.register_module_forward_hook(self._post_hook, always_call=True)
+        fmode = _FunctionMode(self)
+        dmode = _DispatchMode(self)
+        try:
+            with fmode, dmode:
+                yield self
+        finally:
+            pre.remove()
+            post.remove()
+            self._stack.clear()
+
+    def scope_of(self, call: int) -> str:
+        """Module path of a call index ('' outside modules)."""
+        return self.calls[call].scope if call >= 0 else ""
+
+    def in_call(self, event_call: int, call: int) -> bool:
+        """Whether a module call ``event_call`` is ``call`` or nested inside it."""
+        c = event_call
+        while c >= 0:
+            if c == call:
+                return True
+            c = self.calls[c].parent
+        return False
+
+
+def _fast_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The output of a composite on meta without running its decomposition."""
+    if name != "scaled_dot_product_attention" or len(args) < 3:
+        return None
+    q, _, v = args[0], args[1], args[2]
+    if not (isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor)) or q.device.type != "meta":
+        return None
+    if q.dim() != 4:
+        return torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device="meta")
+    # Fused kernels (flash on cuda and cpu, efficient) return (b, s, h, d) memory viewed as (b, h, s, d);
+    # matching that layout keeps the copies after attention identical to a real device.
+    b, h, s, d = q.shape
+    if v.shape[-1] != d:  # no flash kernel for a different value head size: the math path's layout
+        return torch.empty((b, h, s, v.shape[-1]), dtype=q.dtype, device="meta")
+    return torch.empty((b, s, h, v.shape[-1]), dtype=q.dtype, device="meta").transpose(1, 2)
+
+
+class _DispatchMode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.recorder = recorder
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return self.recorder._dispatch(func, tuple(args), kwargs or {})
+
+
+class _FunctionMode(TorchFunctionMode):
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self.sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is self.sdpa and not self.recorder._suppress:
+            return self.recorder._composite("scaled_dot_product_attention", func, tuple(args), kwargs)
+        return func(*args, **kwargs)

@@ -1,0 +1,120 @@
+"""``opgraph capture MODEL -o graph.json``: capture a causal LM into a typed op graph."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from opgraph.cli.common import console, fmt_bytes, fmt_count, fmt_us, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``capture`` to the app."""
+    app.command("capture")(capture)
+
+
+def _list_presets() -> None:
+    from rich.table import Table
+
+    from opgraph.capture.sources import presets
+
+    table = Table(title="presets (configs only, no weights)")
+    table.add_column("preset")
+    table.add_column("Hugging Face id")
+    table.add_column("architecture")
+    table.add_column("layers", justify="right")
+    for p in presets().values():
+        layers = p.config.get("num_hidden_layers") or p.config.get("n_layer") or "?"
+        table.add_row(p.name, p.hf_id, p.architecture, str(layers))
+    console.print(table)
+    console.print("MODEL may also be a config.json, a model folder, or a hub id in the local Hugging Face cache.")
+
+
+@handle_errors
+def capture(
+    model: str = typer.Argument(
+        None,
+        metavar="MODEL",
+        help="Preset (see --list), HF id of a preset, config.json, model folder, or a hub id in the local HF cache.",
+    ),
+    output: Path = typer.Option(None, "-o", "--output", help="Graph file to write (.json or .json.gz)."),
+    phase: str = typer.Option("prefill", help="prefill, decode or generate."),
+    batch: int = typer.Option(1, help="Sequences."),
+    seq_len: int = typer.Option(512, help="Prompt tokens per sequence (prefill, generate)."),
+    kv_len: int = typer.Option(2048, help="Tokens already in the KV cache (decode)."),
+    new_tokens: int = typer.Option(4, help="Decode steps after the prefill (generate)."),
+    dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
+    layers: int = typer.Option(None, help="Cut the model to its first N layers."),
+    attn_impl: str = typer.Option("sdpa", help="Attention implementation: sdpa or eager."),
+    device: str = typer.Option("meta", help="meta (no weights), cpu or cuda (random weights)."),
+    moe_skew: float = typer.Option(None, help="Zipf exponent of MoE expert loads (0 or unset: balanced)."),
+    trust_remote_code: bool = typer.Option(False, help="Allow a local model's own modelling code."),
+    profile: bool = typer.Option(False, help="Run under torch.profiler (cuda, or cpu) and write a measured timeline."),
+    timeline: Path = typer.Option(None, help="Timeline file for --profile (default: OUTPUT with .timeline.json)."),
+    trace: Path = typer.Option(None, help="Also keep the raw profiler trace here (--profile)."),
+    list_presets: bool = typer.Option(False, "--list", help="List the shipped presets and exit."),
+) -> None:
+    """Capture a causal LM into a typed op graph (no GPU and no weights needed on the meta device)."""
+    from opgraph.ir.errors import OpgraphError
+
+    if list_presets:
+        _list_presets()
+        return
+    if model is None:
+        raise OpgraphError("missing MODEL", hint="give a preset (opgraph capture --list), a config.json or a folder")
+    if output is None:
+        raise OpgraphError("missing output file", where="-o/--output", hint="e.g. -o graph.json.gz")
+    if not (output.name.endswith(".json") or output.name.endswith(".json.gz")):
+        raise OpgraphError("must end in .json or .json.gz", where="-o/--output")
+    opts = dict(
+        phase=phase,
+        batch=batch,
+        seq_len=seq_len,
+        kv_len=kv_len,
+        new_tokens=new_tokens,
+        dtype=dtype,
+        layers=layers,
+        attn_impl=attn_impl,
+        device=device,
+        moe_skew=moe_skew,
+        trust_remote_code=trust_remote_code,
+    )
+    from opgraph.capture.api import CaptureOptions
+
+    CaptureOptions(**opts).validate()  # type: ignore[arg-type]
+    from opgraph.ir.io import save_graph, save_timeline
+
+    if profile:
+        from opgraph.capture.profile import profile_capture
+
+        result = profile_capture(model, keep_trace=trace, **opts)
+        graph = result.graph
+        tl_path = timeline or output.with_name(output.name.split(".json")[0] + ".timeline.json")
+        save_graph(graph, output)
+        save_timeline(result.timeline, tl_path)
+    else:
+        from opgraph.capture.api import capture as run_capture
+
+        graph = run_capture(model, **opts)  # type: ignore[arg-type]
+        save_graph(graph, output)
+    s = graph.summary()
+    md = graph.metadata
+    console.print(f"[bold]{md.model}[/bold] {md.architecture} phase={md.phase} layers={md.num_layers} -> {output}")
+    by_kind = s["by_kind"]
+    assert isinstance(by_kind, dict)
+    kinds = ", ".join(f"{k} {v['ops']}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["flops"]))
+    console.print(f"{s['ops']} ops ({kinds}); {s['edges']} edges")
+    console.print(f"{fmt_count(float(s['flops']), 'FLOP')}  {fmt_bytes(float(s['bytes']))} moved")  # type: ignore[arg-type]
+    others = [o for o in graph.ops if o.kind.value == "other"]
+    if others:
+        console.print(f"unrecognised ops left as 'other': {len(others)}")
+    for note in md.assumptions:
+        console.print(f"assumed: {note}")
+    if profile:
+        tl = result.timeline
+        attributed = sum(1 for sp in tl.spans if sp.op_id is not None)
+        console.print(
+            f"timeline -> {tl_path}: {len(tl.spans)} spans ({attributed} attributed to ops); wall "
+            f"{fmt_us(result.wall_us)} without profiler, {fmt_us(result.wall_profiled_us)} with"
+        )

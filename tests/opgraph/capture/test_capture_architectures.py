@@ -1,0 +1,163 @@
+"""Tiny configs of many decoder architectures: lowered with no FLOP-costing ``other``, and the graph
+captured on ``meta`` equals the one captured on ``cpu`` with real random-weight tensors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from opgraph.capture import capture
+from opgraph.ir import OpGraph, OpKind
+
+BASE: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "head_dim": 16,
+}
+TINY: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaForCausalLM", {}),
+    "mistral": ("MistralForCausalLM", {"sliding_window": None}),
+    "qwen2": ("Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3ForCausalLM", {}),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
+    "mixtral": ("MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "gemma": ("GemmaForCausalLM", {}),
+    "gemma2": ("Gemma2ForCausalLM", {"sliding_window": 8}),
+    "gemma3_text": ("Gemma3ForCausalLM", {"sliding_window": 8}),
+    "phi3": ("Phi3ForCausalLM", {"pad_token_id": 0}),
+    "gpt_oss": (
+        "GptOssForCausalLM",
+        {
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
+    "deepseek_v3": (
+        "DeepseekV3ForCausalLM",
+        {
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "n_group": 2,
+            "topk_group": 1,
+            "first_k_dense_replace": 1,
+            "moe_intermediate_size": 32,
+            "kv_lora_rank": 16,
+            "q_lora_rank": 32,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 16,
+            "v_head_dim": 16,
+            "num_key_value_heads": 4,
+            "head_dim": 8,
+        },
+    ),
+    "bloom": ("BloomForCausalLM", {"n_layer": 2, "n_head": 4}),
+    "olmo2": ("Olmo2ForCausalLM", {}),
+    "starcoder2": ("Starcoder2ForCausalLM", {"sliding_window": None}),
+    "granite": ("GraniteForCausalLM", {}),
+}
+
+
+def tiny_config(tmp_path: Path, model_type: str) -> str:
+    """Write the tiny config of ``model_type`` and return its path."""
+    arch, extra = TINY[model_type]
+    cfg = {**BASE, **extra, "model_type": model_type, "architectures": [arch]}
+    path = tmp_path / f"{model_type}.json"
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def structure(g: OpGraph) -> list[tuple[Any, ...]]:
+    """What must agree between devices: ops with shapes, FLOPs, bytes, scope, and the edges."""
+    ops = [
+        (
+            o.kind,
+            o.definition,
+            o.flops,
+            o.bytes_read,
+            o.bytes_written,
+            o.scope,
+            o.layer,
+            tuple(t.shape for t in o.inputs),
+            tuple(t.shape for t in o.outputs),
+        )
+        for o in g.ops
+    ]
+    return [*ops, *((e.src, e.dst) for e in g.edges)]
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY))
+def test_no_flop_costing_other_and_meta_equals_cpu(tmp_path: Path, model_type: str) -> None:
+    path = tiny_config(tmp_path, model_type)
+    meta = capture(path, seq_len=12, device="meta")
+    meta.lint()
+    costly_other = [(o.definition, o.flops) for o in meta.ops if o.kind is OpKind.OTHER and o.flops > 0]
+    assert not costly_other, costly_other
+    kinds = {o.kind for o in meta.ops}
+    assert {OpKind.GEMM, OpKind.ATTENTION, OpKind.NORM, OpKind.EMBEDDING} <= kinds
+    assert len(meta.ops_of(OpKind.ATTENTION)) == 2  # one per layer
+    cpu = capture(path, seq_len=12, device="cpu")
+    assert structure(meta) == structure(cpu)
+
+
+def test_at_least_twelve_architectures() -> None:
+    assert len(TINY) >= 12
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "deepseek_v3"])
+def test_moe_expert_gemms_and_routing(tmp_path: Path, model_type: str) -> None:
+    g = capture(tiny_config(tmp_path, model_type), seq_len=8)
+    expert = [o for o in g.ops_of(OpKind.GEMM) if o.definition.startswith("moe_")]
+    assert expert and all("_e4_h64_" in o.definition and "_topk2_" in o.definition for o in expert)
+    # Balanced routing: 8 tokens x top-2 over 4 experts -> 4 rows per expert.
+    assert all(o.groups == 4 and o.m == 4 for o in expert)  # type: ignore[attr-defined]
+    fns = {o.fn for o in g.ops_of(OpKind.MOE_ROUTING)}  # type: ignore[attr-defined]
+    assert {"route", "dispatch", "combine"} <= fns
+    assert any("MoE routing is modelled" in a for a in g.metadata.assumptions)
+
+
+def test_moe_skew_changes_expert_loads(tmp_path: Path) -> None:
+    path = tiny_config(tmp_path, "qwen3_moe")
+    balanced = capture(path, seq_len=8)
+    skewed = capture(path, seq_len=8, moe_skew=1.5)
+
+    def flops(g: OpGraph) -> int:
+        return sum(o.flops for o in g.ops_of(OpKind.GEMM) if o.definition.startswith("moe_"))
+
+    assert flops(balanced) == flops(skewed)  # the same token-expert pairs, differently spread
+    defs = {o.definition for o in skewed.ops_of(OpKind.GEMM)}
+    assert any(d.startswith("moe_loop_") for d in defs)
+    assert any("Zipf" in a for a in skewed.metadata.assumptions)
+
+
+def test_mla_attention(tmp_path: Path) -> None:
+    g = capture(tiny_config(tmp_path, "deepseek_v3"), seq_len=8)
+    att = g.ops_of(OpKind.ATTENTION)[0]
+    assert att.variant.value == "mla"  # type: ignore[attr-defined]
+    assert att.head_dim == 24 and att.head_dim_v == 16  # type: ignore[attr-defined]
+
+
+def test_eager_attention_matches_sdpa_flops(tmp_path: Path) -> None:
+    path = tiny_config(tmp_path, "llama")
+    sdpa = capture(path, seq_len=8, attn_impl="sdpa")
+    eager = capture(path, seq_len=8, attn_impl="eager")
+    a, b = sdpa.ops_of(OpKind.ATTENTION), eager.ops_of(OpKind.ATTENTION)
+    assert [(o.definition, o.flops) for o in a] == [(o.definition, o.flops) for o in b]
+    assert a[0].definition == "gqa_ragged_prefill_causal_h4_kv2_d16"
+
+
+def test_sliding_window_layers(tmp_path: Path) -> None:
+    g = capture(tiny_config(tmp_path, "gpt_oss"), seq_len=16)
+    windows = [o.window for o in g.ops_of(OpKind.ATTENTION)]  # type: ignore[attr-defined]
+    assert windows == [8, None]

@@ -1,0 +1,115 @@
+"""``opgraph capture``: summary, golden output, presets list, and bad input (one line, exit 2, no file)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("transformers")
+
+from conftest import check_golden  # type: ignore[import-not-found]
+
+from opgraph.cli.app import app
+from opgraph.ir import load_graph
+
+runner = CliRunner()
+TINY = {
+    "model_type": "qwen3_moe",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+}
+
+
+def _config(tmp_path: Path, data: dict[str, object]) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_capture_writes_graph_and_golden_summary(tmp_path: Path) -> None:
+    out = tmp_path / "g.json.gz"
+    res = runner.invoke(app, ["capture", _config(tmp_path, TINY), "-o", str(out), "--seq-len", "8"])
+    assert res.exit_code == 0, res.output
+    assert "Qwen3MoeForCausalLM" in res.output and "assumed: MoE routing" in res.output
+    g = load_graph(out)
+    summary = g.summary()
+    summary["definitions"] = sorted({o.definition for o in g.ops})
+    summary["metadata"] = {
+        k: v for k, v in g.metadata.model_dump(mode="json").items() if k not in ("model", "versions")
+    }
+    check_golden("capture/qwen3_moe_tiny_prefill.json", summary)
+
+
+def test_list_presets() -> None:
+    res = runner.invoke(app, ["capture", "--list"])
+    assert res.exit_code == 0
+    for name in ("llama-3.1-70b", "qwen3-30b-a3b", "deepseek-v3", "gemma-3-27b", "bloom-560m"):
+        assert name in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["no-such-model"], "unknown model 'no-such-model'"),
+        (["llama-3.2-1b", "--seq-len", "0"], "--seq-len: must be at least 1"),
+        (["llama-3.2-1b", "--phase", "decode", "--kv-len", "200000"], "exceed the model's max_position_embeddings"),
+        (["llama-3.2-1b", "--dtype", "int3"], "unknown dtype"),
+        (["llama-3.2-1b", "--device", "cuda"], None),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_no_file(tmp_path: Path, args: list[str], message: str | None) -> None:
+    import torch
+
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    out = tmp_path / "g.json"
+    res = runner.invoke(app, ["capture", *args, "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    if message:
+        assert message in lines[0]
+    assert not out.exists() and not list(tmp_path.glob(".g.json*"))
+
+
+def test_unknown_model_lists_presets_and_other_ways(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["capture", "nope/nothing", "-o", str(tmp_path / "g.json")])
+    assert "llama-3.1-8b" in res.stderr and "config.json" in res.stderr and "Hugging Face cache" in res.stderr
+
+
+def test_config_transformers_cannot_build(tmp_path: Path) -> None:
+    res = runner.invoke(
+        app, ["capture", _config(tmp_path, {"model_type": "not_a_model"}), "-o", str(tmp_path / "g.json")]
+    )
+    assert res.exit_code == 2 and "transformers cannot build this config" in res.stderr
+
+
+def test_unsupported_architecture(tmp_path: Path) -> None:
+    cfg = {"model_type": "t5", "d_model": 32, "num_layers": 1, "num_heads": 2, "d_kv": 8, "d_ff": 64, "vocab_size": 64}
+    res = runner.invoke(app, ["capture", _config(tmp_path, cfg), "-o", str(tmp_path / "g.json")])
+    assert res.exit_code == 2 and "unsupported architecture" in res.stderr
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_local_hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    snap = tmp_path / "hub" / "models--acme--tiny-moe" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(TINY))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    out = tmp_path / "g.json"
+    res = runner.invoke(app, ["capture", "acme/tiny-moe", "-o", str(out), "--seq-len", "4", "--layers", "1"])
+    assert res.exit_code == 0, res.output
+    assert load_graph(out).metadata.num_layers == 1
