@@ -217,30 +217,49 @@ def _new_cache(config: Any) -> Any:
         return transformers.DynamicCache()
 
 
-def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: Recorder | None) -> None:
-    """Run the phase's forward passes (recorded when ``rec`` is given)."""
+def setup_phase(prepared: PreparedModel, opts: CaptureOptions) -> Any:
+    """The KV cache the phase starts from: empty, or (decode) filled with ``kv_len`` tokens, unrecorded.
+
+    Kept apart from :func:`run_phase` so that timed and profiled runs cover the phase alone.
+    """
     import torch
 
-    model, config = prepared.model, prepared.config
+    cache = _new_cache(prepared.config)
+    if opts.phase == "decode":
+        cache_kw, _ = _forward_kwargs(prepared.model)
+        ids = torch.zeros(opts.batch, opts.kv_len, dtype=torch.long, device=opts.device)
+        with torch.no_grad():
+            prepared.model(input_ids=ids, use_cache=True, **{cache_kw: cache})
+    return cache
+
+
+def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: Recorder | None, cache: Any = None) -> None:
+    """Run the phase's forward passes (recorded when ``rec`` is given).
+
+    ``cache`` comes from :func:`setup_phase`; without it the phase sets itself up first (a decode
+    cache is then filled inside this call, unrecorded).
+    """
+    import torch
+
+    model = prepared.model
     dev = opts.device
     cache_kw, has_keep = _forward_kwargs(model)
 
-    def forward(ids: Any, cache: Any, stage: str, step: int, keep_last: bool = False, record: bool = True) -> Any:
+    def forward(ids: Any, cache: Any, stage: str, step: int, keep_last: bool = False) -> Any:
         kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True, cache_kw: cache}
         if keep_last and has_keep:
             kwargs["logits_to_keep"] = 1
-        if rec is None or not record:
+        if rec is None:
             return model(**kwargs)
         rec.stage, rec.step = stage, step
         with rec.recording():
             return model(**kwargs)
 
+    if cache is None:
+        cache = setup_phase(prepared, opts)
     with torch.no_grad():
-        cache = _new_cache(config)
         b = opts.batch
         if opts.phase == "decode":
-            # Fill the cache with kv_len tokens, unrecorded.
-            forward(torch.zeros(b, opts.kv_len, dtype=torch.long, device=dev), cache, "prefill", 0, record=False)
             forward(torch.zeros(b, 1, dtype=torch.long, device=dev), cache, "decode", 1)
             return
         generate = opts.phase == "generate"
