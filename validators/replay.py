@@ -124,7 +124,7 @@ class Replayer:
             kind=getattr(op, "kind"),  # noqa: B009 - OpBase has no kind; every concrete op does
             target=op.target,
             dtype=op.dtype.value,
-            op=op,  # type: ignore[arg-type]
+            op=op,
             count=max(cfg.count, 1),
             share=cfg.share,
             est_us=cfg.est_us,

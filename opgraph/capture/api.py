@@ -217,6 +217,18 @@ def _new_cache(config: Any) -> Any:
         return transformers.DynamicCache()
 
 
+def token_ids(prepared: PreparedModel, opts: CaptureOptions, batch: int, length: int, seed: int = 0) -> Any:
+    """Input token ids: seeded random tokens on real devices (a prompt of identical tokens makes every
+    activation row equal, which runs matrix units at unrealistically low power), zeros on meta."""
+    import torch
+
+    if opts.device == "meta":
+        return torch.zeros(batch, length, dtype=torch.long, device="meta")
+    vocab = int(getattr(prepared.config, "vocab_size", 0) or 32000)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=gen, dtype=torch.long).to(opts.device)
+
+
 def setup_phase(prepared: PreparedModel, opts: CaptureOptions) -> Any:
     """The KV cache the phase starts from: empty, or (decode) filled with ``kv_len`` tokens, unrecorded.
 
@@ -227,7 +239,7 @@ def setup_phase(prepared: PreparedModel, opts: CaptureOptions) -> Any:
     cache = _new_cache(prepared.config)
     if opts.phase == "decode":
         cache_kw, _ = _forward_kwargs(prepared.model)
-        ids = torch.zeros(opts.batch, opts.kv_len, dtype=torch.long, device=opts.device)
+        ids = token_ids(prepared, opts, opts.batch, opts.kv_len, seed=1)
         with torch.no_grad():
             prepared.model(input_ids=ids, use_cache=True, **{cache_kw: cache})
     return cache
@@ -242,7 +254,6 @@ def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: Recorder | Non
     import torch
 
     model = prepared.model
-    dev = opts.device
     cache_kw, has_keep = _forward_kwargs(model)
 
     def forward(ids: Any, cache: Any, stage: str, step: int, keep_last: bool = False) -> Any:
@@ -260,10 +271,10 @@ def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: Recorder | Non
     with torch.no_grad():
         b = opts.batch
         if opts.phase == "decode":
-            forward(torch.zeros(b, 1, dtype=torch.long, device=dev), cache, "decode", 1)
+            forward(token_ids(prepared, opts, b, 1, seed=2), cache, "decode", 1)
             return
         generate = opts.phase == "generate"
-        out = forward(torch.zeros(b, opts.seq_len, dtype=torch.long, device=dev), cache, "prefill", 0, generate)
+        out = forward(token_ids(prepared, opts, b, opts.seq_len), cache, "prefill", 0, generate)
         if not generate:
             return
         for step in range(1, opts.new_tokens + 1):

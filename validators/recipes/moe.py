@@ -1,4 +1,4 @@
-"""MoE routing replayed as transformers' routers: softmax in float32, top-k, renormalise; dispatch; combine.
+"""MoE routing replayed as the captured model runs it: softmax in float32, top-k, renormalise; dispatch; combine.
 
 Routing follows the graph's assumption: router logits are built so that the top-k experts of each
 token are the ones balanced routing (or the recorded skew) assigns, so dispatch and combine see
@@ -34,7 +34,7 @@ def assignment(tokens: int, experts: int, top_k: int, skew: float) -> list[list[
 
 
 class MoeRoutingRecipe(Recipe):
-    """``route`` (router softmax + top-k + renormalise), ``dispatch`` (gather rows), ``combine`` (index_add)."""
+    """``route`` (router softmax + top-k + renormalise), ``dispatch`` (gather rows), ``combine`` (weighted sum)."""
 
     name = "moe_routing"
 
@@ -78,13 +78,13 @@ class MoeRoutingRecipe(Recipe):
                 return hs.index_select(0, idx)
 
             return Case(inputs=(hidden, token_idx), run=run_dispatch, note=f"gather, {skew} routing")
-        n = len(by_expert)
-        expert_out = make_tensor(TensorSpec(shape=(n, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
-        weights = torch.rand(n, 1, device=ctx.device, generator=ctx.gen).to(torch_dtype(op.dtype))
-        out = torch.zeros(tokens, op.hidden, device=ctx.device, dtype=torch_dtype(op.dtype))
+        # Combine as the captured experts do: weight each expert row, then sum the top-k rows per token.
+        pairs = tokens * top_k
+        expert_out = make_tensor(TensorSpec(shape=(pairs, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
+        weights = torch.rand(pairs, 1, device=ctx.device, generator=ctx.gen).to(torch_dtype(op.dtype))
 
         def run_combine(inputs: tuple[Any, ...], reference: bool) -> Any:
-            base, eo, w, idx = inputs
-            return base.index_add_(0, idx, eo * w)
+            eo, w = inputs
+            return (eo * w).view(tokens, top_k, -1).sum(dim=1)
 
-        return Case(inputs=(out, expert_out, weights, token_idx), run=run_combine, note=f"index_add, {skew} routing")
+        return Case(inputs=(expert_out, weights), run=run_combine, note=f"weighted top-k sum, {skew} routing")
