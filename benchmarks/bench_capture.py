@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -22,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# OPGRAPH_BENCH_RESULTS redirects results (benchmarks/run_smoke.py sends smoke runs to a temporary folder).
+RESULTS = Path(os.environ.get("OPGRAPH_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 FULL = [("llama-3.1-70b", None), ("llama-3.1-405b", None), ("qwen3-30b-a3b", None)]
 SMOKE = [("llama-3.2-1b", 2)]
 SEQ_LEN = 2048  # tokens

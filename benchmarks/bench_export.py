@@ -34,7 +34,8 @@ from opgraph.ir import OpKind, Span, Stage, Timeline, TimelineKind, TimelineSour
 ENGINES = 4  # device engines
 LAYERS = 64  # transformer layers the spans cycle through
 HOST_EVERY = 4  # one host span per this many device spans
-RESULTS = Path(__file__).resolve().parent / "results"
+# OPGRAPH_BENCH_RESULTS redirects results (benchmarks/run_smoke.py sends smoke runs to a temporary folder).
+RESULTS = Path(os.environ.get("OPGRAPH_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 KINDS = [k for k in OpKind if k is not OpKind.VIEW]
 
 

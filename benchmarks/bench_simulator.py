@@ -7,8 +7,8 @@ that waits on ``AllOf`` of its predecessors' done events, then holds a shared ``
 engines for its duration. Both run in this process, one after the other, on the same durations.
 
 Run ``python benchmarks/bench_simulator.py`` (100,000 ops, memory at 25k/50k/100k ops) or
-``--smoke`` (2,000 ops, a few seconds). Results go to ``benchmarks/results/simulator.{md,json}`` (``simulator_wall.*`` with ``--clock wall``)
-unless ``--no-write``.
+``--smoke`` (2,000 ops, a few seconds). Results go to ``benchmarks/results/simulator.{md,json}``
+(``simulator_wall.*`` with ``--clock wall``) unless ``--no-write``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def clock() -> float:
     return _CLOCKS[_clock_name[0]]()
 
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# OPGRAPH_BENCH_RESULTS redirects results (benchmarks/run_smoke.py sends smoke runs to a temporary folder).
+RESULTS = Path(os.environ.get("OPGRAPH_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def random_graph(n: int, seed: int = SEED) -> OpGraph:

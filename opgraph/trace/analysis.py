@@ -351,9 +351,9 @@ class Analyzer:
                         index=gindex,
                         pass_index=pi,
                         layer=li,
-                        kind=kind,  # type: ignore[arg-type]
-                        stage=layer.stage,  # type: ignore[arg-type]
-                        stage_source=layer.source,  # type: ignore[arg-type]
+                        kind=kind,
+                        stage=layer.stage,
+                        stage_source=layer.source,
                         start_us=round(start, 3),
                         end_us=round(end, 3),
                         kernels=count,
@@ -376,8 +376,8 @@ class Analyzer:
             pass_infos.append(
                 PassInfo(
                     index=pi,
-                    stage=p.stage,  # type: ignore[arg-type]
-                    stage_source=p.source,  # type: ignore[arg-type]
+                    stage=p.stage,
+                    stage_source=p.source,
                     layers=len(units),
                     kernels=sum(1 for g in evs if g.kind == "kernel"),
                     time_us=round(sum(g.dur for g in evs if g.kind == "kernel"), 3),
@@ -474,7 +474,7 @@ class Analyzer:
                 min_us=round(u[3], 3),
                 max_us=round(u[4], 3),
                 pct=round(100 * u[2] / denom, 3),
-                stages=tuple(s for s in _STAGE_ORDER if s in u[5]),  # type: ignore[misc]
+                stages=tuple(s for s in _STAGE_ORDER if s in u[5]),
                 launch_ops=tuple(op for op, _ in u[6].most_common(3)),
                 grids=tuple(u[7]),
             )
@@ -514,13 +514,13 @@ class Analyzer:
             makespan_us=round(max((g.ts + g.dur for g in gpu), default=0.0) - min((g.ts for g in gpu), default=0.0), 3),
             unknown_pct=round(100 * unk_t / denom, 3),
             unknown_count_pct=round(100 * unk_n / max(len(kernels), 1), 3),
-            attention=attention,  # type: ignore[arg-type]
+            attention=attention,
             half_layers_merged=False,
             split_half_layers=split,
             by_type=buckets(by_type),
             by_stage=buckets(by_stage, _STAGE_ORDER),
             by_stage_type=tuple(
-                StageTypeRow(stage=s, type=t, count=int(v[0]), time_us=round(v[1], 3))  # type: ignore[arg-type]
+                StageTypeRow(stage=s, type=t, count=int(v[0]), time_us=round(v[1], 3))
                 for (s, t), v in sorted(by_st.items(), key=lambda kv: (_STAGE_ORDER.index(kv[0][0]), -kv[1][1]))
             ),
             passes=tuple(pass_infos),

@@ -159,7 +159,7 @@ class TraceStream:
                 stream = cast(IO[bytes], gzip.GzipFile(fileobj=rest, mode="rb"))
             else:
                 stream = cast(IO[bytes], _Prefixed(head, raw))
-            text = io.TextIOWrapper(stream, encoding="utf-8", errors="strict")  # type: ignore[arg-type]
+            text = io.TextIOWrapper(stream, encoding="utf-8", errors="strict")
             yield from _Parser(text, self).run()
         finally:
             raw.close()

@@ -71,7 +71,7 @@ class AttentionRecipe(Recipe):
         )
         mask: torch.Tensor | None = None
         if need_mask or (mask_spec is not None and op.causal):
-            spec = mask_spec or TensorSpec(shape=(b, 1, op.q_len, op.kv_len), dtype="bool")  # type: ignore[arg-type]
+            spec = mask_spec or TensorSpec(shape=(b, 1, op.q_len, op.kv_len), dtype="bool")
             mask = make_tensor(spec, ctx.device, ctx.gen, Domain(DomainKind.CAUSAL_MASK, window=op.window))
         elif window_hides:  # a non-causal window (rare): still a mask
             mask = causal_mask(op.q_len, op.kv_len, device=ctx.device, dtype=torch.bool, window=op.window)

@@ -61,7 +61,7 @@ class MemoryRecipe(Recipe):
                 return Case(inputs=tuple(xs), run=run_cat, note=f"torch.cat(dim={d})")
             d = dim if dim is not None else max(len(ins[0].shape) - 2, 0)
             pos = make_tensor(
-                TensorSpec(shape=(ins[1].shape[d],), dtype="int64"),  # type: ignore[arg-type]
+                TensorSpec(shape=(ins[1].shape[d],), dtype="int64"),
                 ctx.device,
                 ctx.gen,
                 index(ins[0].shape[d], unique=True),
@@ -76,7 +76,7 @@ class MemoryRecipe(Recipe):
         if fn == "index":
             rows = out.shape[0] if out is not None and out.shape else max(op.numel // max(ins[0].shape[-1], 1), 1)
             idx = make_tensor(
-                TensorSpec(shape=(rows,), dtype="int64"),  # type: ignore[arg-type]
+                TensorSpec(shape=(rows,), dtype="int64"),
                 ctx.device,
                 ctx.gen,
                 index(ins[0].shape[0] if ins[0].shape else 1),

@@ -225,7 +225,7 @@ class EmbeddingRecipe(Recipe):
         assert isinstance(op, Embedding)
         ids_spec = next((t for t in op.inputs if not t.dtype.is_float), None) or TensorSpec(
             shape=(1, max(op.tokens, 0)),
-            dtype="int64",  # type: ignore[arg-type]
+            dtype="int64",
         )
         table = make_tensor(TensorSpec(shape=(op.vocab, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
         ids = make_tensor(ids_spec, ctx.device, ctx.gen, index(op.vocab))

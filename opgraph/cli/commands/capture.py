@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -67,7 +68,7 @@ def capture(
         raise OpgraphError("missing output file", where="-o/--output", hint="e.g. -o graph.json.gz")
     if not (output.name.endswith(".json") or output.name.endswith(".json.gz")):
         raise OpgraphError("must end in .json or .json.gz", where="-o/--output")
-    opts = dict(
+    opts: dict[str, Any] = dict(
         phase=phase,
         batch=batch,
         seq_len=seq_len,
@@ -82,7 +83,7 @@ def capture(
     )
     from opgraph.capture.api import CaptureOptions
 
-    CaptureOptions(**opts).validate()  # type: ignore[arg-type]
+    CaptureOptions(**opts).validate()
     from opgraph.ir.io import save_graph, save_timeline
 
     if profile:
@@ -96,7 +97,7 @@ def capture(
     else:
         from opgraph.capture.api import capture as run_capture
 
-        graph = run_capture(model, **opts)  # type: ignore[arg-type]
+        graph = run_capture(model, **opts)
         save_graph(graph, output)
     s = graph.summary()
     md = graph.metadata

@@ -79,6 +79,9 @@ def replay(
         0.3, "--energy-window", help="Seconds of back-to-back calls per config for energy."
     ),
     cold_l2: bool = typer.Option(False, "--cold-l2", help="Flush the L2 cache before each timed call."),
+    timer: str = typer.Option(
+        "kernels", "--timer", help="CUDA timer: kernels (sum of kernel durations, as traces count) or events."
+    ),
     warmup_ms: float = typer.Option(25.0, "--warmup-ms", help="Untimed warm-up per config, milliseconds."),
     min_samples: int = typer.Option(10, "--min-samples", help="Fewest timed samples per config."),
     max_samples: int = typer.Option(300, "--max-samples", help="Most timed samples per config."),
@@ -129,11 +132,13 @@ def replay(
         raise OpgraphError(
             "no such file", where=str(baseline), hint="give results written by an earlier `opgraph replay`"
         )
+    if timer not in ("kernels", "events"):
+        raise OpgraphError(f"unknown timer {timer!r}", where="--timer", hint="use kernels or events")
     estimate = _estimator(hardware, cost_model)
     options = ReplayOptions(
         timing=TimingConfig(
             warmup_ms=warmup_ms, min_samples=max(1, min_samples), max_samples=max(min_samples, max_samples),
-            max_time_s=max_time, target_ci=target_ci, cold_l2=cold_l2,
+            max_time_s=max_time, target_ci=target_ci, cold_l2=cold_l2, timer=timer,
         ),
         check=check, reference_device=reference_device, check_max_flops=check_max_flops,
         energy=energy, energy_window_s=energy_window, seed=seed, moe_skew=moe_skew, recipes=recipes,

@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO, check_golden
 from typer.testing import CliRunner
 
 from opgraph.cli.app import app
 from opgraph.ir import Edge, Gemm, GraphMetadata, Norm, OpGraph, Stage, save_graph
-
-from conftest import REPO, check_golden
 
 ENV = {"COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb"}
 

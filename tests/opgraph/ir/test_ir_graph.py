@@ -6,6 +6,7 @@ import networkx as nx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ir_strategies import graphs
 
 from opgraph.ir import (
     CycleError,
@@ -19,8 +20,6 @@ from opgraph.ir import (
     topological_generations,
     topological_order,
 )
-
-from ir_strategies import graphs
 
 
 def _ops(n: int) -> tuple[Elementwise, ...]:

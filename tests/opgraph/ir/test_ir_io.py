@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ir_strategies import graphs
 
 from opgraph.ir import (
     CycleError,
     Edge,
     Elementwise,
     LoadError,
-    OpgraphError,
     OpGraph,
+    OpgraphError,
     SchemaVersionError,
     Span,
     Timeline,
@@ -28,8 +29,6 @@ from opgraph.ir import (
     save_timeline,
 )
 from opgraph.ir.io import atomic_write
-
-from ir_strategies import graphs
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -70,7 +69,9 @@ def _write(tmp_path: Path, data: bytes, name: str = "g.json") -> Path:
 
 
 def _graph_json() -> dict[str, object]:
-    g = OpGraph(ops=(Elementwise(id=0, fn="add", numel=4), Elementwise(id=1, fn="mul", numel=4)), edges=(Edge(src=0, dst=1),))
+    g = OpGraph(
+        ops=(Elementwise(id=0, fn="add", numel=4), Elementwise(id=1, fn="mul", numel=4)), edges=(Edge(src=0, dst=1),)
+    )
     raw: dict[str, object] = json.loads(g.model_dump_json())
     return raw
 
@@ -134,7 +135,9 @@ def test_missing_file_and_directory(tmp_path: Path) -> None:
 def test_loader_fuzz_structured(tmp_path: Path, g: OpGraph, data: st.DataObject) -> None:
     """Mutate values anywhere in a valid file: the loader returns a graph or raises our typed errors."""
     raw = json.loads(g.model_dump_json())
-    replacement = data.draw(st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=3), st.lists(st.integers(), max_size=2)))
+    replacement = data.draw(
+        st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=3), st.lists(st.integers(), max_size=2))
+    )
     node: object = raw
     path: list[object] = []
     while isinstance(node, (dict, list)) and node and data.draw(st.booleans()):

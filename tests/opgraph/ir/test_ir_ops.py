@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from ir_strategies import ops_for
 from pydantic import ValidationError
 
 from opgraph.ir import (
@@ -21,8 +22,6 @@ from opgraph.ir import (
     attended_pairs,
     parse_op,
 )
-
-from ir_strategies import ops_for
 
 
 def test_gemm_derivations() -> None:
@@ -52,7 +51,14 @@ def test_attention_definitions() -> None:
     dec = Attention(id=0, batch=8, q_len=1, kv_len=2048, heads=32, kv_heads=8, head_dim=128)
     assert dec.definition == "gqa_paged_decode_h32_kv8_d128"
     mla = Attention(
-        id=0, batch=1, q_len=16, kv_len=16, heads=128, kv_heads=128, head_dim=192, head_dim_v=128,
+        id=0,
+        batch=1,
+        q_len=16,
+        kv_len=16,
+        heads=128,
+        kv_heads=128,
+        head_dim=192,
+        head_dim_v=128,
         variant=AttentionVariant.MLA,
     )
     assert mla.definition == "mla_ragged_prefill_causal_h128_kv128_d192_dv128"
