@@ -86,6 +86,12 @@ def simulate(
     ),
     policy: str = typer.Option("earliest", "--policy", "-p", help="earliest, critical-path, stream, or module:Class."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks; collectives synchronise them."),
+    no_shard: bool = typer.Option(
+        False,
+        "--no-shard",
+        help="With --tp N: run the graph as given on every rank instead of sharding a graph "
+        "without collectives Megatron-style first.",
+    ),
     copy_engines: int = typer.Option(0, "--copy-engines", help="Copy engines for MEMORY ops (0: they use compute)."),
     links: int = typer.Option(1, "--links", help="Communication links per communicator (collectives)."),
     host: str = typer.Option("eager", "--host", help="Host issue model: eager, cuda-graph or none."),
@@ -136,6 +142,9 @@ def simulate(
     hw = _load_hardware(hardware)
     model = _load_cost_model(cost_model)
     graph = load_graph(graph_path)
+    shard_note = _shard(graph, tp) if tp > 1 and not no_shard else None
+    if shard_note is not None:
+        graph, note = shard_note
 
     if config_path is not None:
         base = load_model(config_path, SimulationConfig)
@@ -182,6 +191,8 @@ def simulate(
             )
             result = results[sweep.recommended]
     stats = result.stats()
+    if shard_note is not None:
+        stats = stats.model_copy(update={"notes": (*stats.notes, note)})
 
     if output is not None:
         save_timeline(result.timeline(), output)
@@ -205,6 +216,23 @@ def simulate(
 
 
 # ---------------------------------------------------------------- helpers
+def _shard(graph: Any, tp: int) -> tuple[Any, str] | None:
+    """The graph of one rank of a ``tp``-way run, when ``graph`` has no collectives yet."""
+    from opgraph.ir import OpKind
+    from opgraph.transforms import shard_tensor_parallel
+
+    if graph.ops_of(OpKind.COLLECTIVE):
+        return None
+    sharded = shard_tensor_parallel(graph, tp)
+    colls = [getattr(o, "collective", None) for o in sharded.ops_of(OpKind.COLLECTIVE)]
+    counts = ", ".join(f"{colls.count(c)} {c.value}" for c in dict.fromkeys(colls) if c is not None)
+    note = (
+        f"graph sharded for tensor parallelism (tp={tp}, Megatron-style: column/row-parallel linears, "
+        f"heads / tp; {counts or 'no collectives'} inserted); --no-shard runs it replicated"
+    )
+    return sharded, note
+
+
 def _load_hardware(name: str) -> Any:
     try:
         from hardware import load_hardware

@@ -1,0 +1,19 @@
+"""Graph transforms: rewrite an :class:`~opgraph.ir.OpGraph` into another (tensor-parallel sharding)."""
+
+from opgraph.transforms.tensor_parallel import (
+    DEFAULT_LINEAR_RULES,
+    LinearRule,
+    ParallelStyle,
+    TensorParallelError,
+    linear_style,
+    shard_tensor_parallel,
+)
+
+__all__ = [
+    "DEFAULT_LINEAR_RULES",
+    "LinearRule",
+    "ParallelStyle",
+    "TensorParallelError",
+    "linear_style",
+    "shard_tensor_parallel",
+]
