@@ -44,6 +44,8 @@ class GpuEvent:
     """Matches a layer-start marker."""
     vote: str | None = None
     """Stage vote from its name: ``prefill`` or ``decode``."""
+    ours: dict[str, Any] | None = None
+    """Op attribution written by opgraph's own exporter (op_id, definition, layer, stage, step, bound)."""
 
 
 @dataclass(slots=True)

@@ -180,6 +180,8 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
                         _int(args.get("bytes")),
                     )
                 )
+                if "op_id" in args:  # a trace opgraph exported: keep its op attribution
+                    gpu[-1].ours = {k: args[k] for k in _OURS if k in args}
             else:
                 corr = args.get("correlation")
                 ext = args.get("External id")
@@ -405,6 +407,8 @@ def collect_all(path: str | Path, *, python: bool = False) -> list[TraceData]:
 
 
 _STAGE_VALUES = ("prefill", "decode")
+_OURS = ("op_id", "definition", "layer", "stage", "step", "bound")
+"""Span fields opgraph's exporter writes into a kernel's args, read back on import."""
 
 
 def to_timeline(
@@ -456,6 +460,15 @@ def to_timeline(
                 span["stage"] = stage
             elif stage is not None:
                 args["stage"] = stage
+        if g.ours:  # our own export: its attribution wins over the analyzer's guesses
+            for key, value in g.ours.items():
+                if key == "stage" and value not in _STAGE_VALUES:
+                    continue
+                if key in ("op_id", "layer", "step") and type(value) is not int:
+                    continue
+                if key in ("definition", "bound") and not isinstance(value, str):
+                    continue
+                span[key] = value
         spans.append(span)
     if cpu:
         for h in data.host:

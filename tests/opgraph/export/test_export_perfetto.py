@@ -313,3 +313,9 @@ def test_round_trip_through_our_importer(tmp_path: Path) -> None:
     # One stream per engine, with the engine's spans.
     per_track = sorted(sum(1 for s in kernels if s.track == t) for t in {s.track for s in kernels})
     assert per_track == sorted(sum(1 for s in device if s.track == t) for t in {s.track for s in device})
+    # Op attribution survives the round trip, so an exported trace can be compared by op id again.
+    key = lambda s: (s.op_id, s.definition, s.layer, s.stage)  # noqa: E731
+    assert sorted(map(key, kernels), key=str) == sorted(map(key, device), key=str)
+    from opgraph.compare import compare_timelines
+
+    assert compare_timelines(sim, back).matched == len({s.op_id for s in device})
