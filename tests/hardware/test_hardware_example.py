@@ -1,25 +1,14 @@
-"""``examples/custom_cost_model.py`` runs and prints what its golden file says; its model loads by path."""
+"""``examples/custom_cost_model.py``: its model loads by path as the CLI gives it (tests/examples runs the script)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from hardware import Bound, load_hardware, resolve_cost_model
 from opgraph.ir import Gemm, Norm
-from tests.conftest import check_golden
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "custom_cost_model.py"
-
-
-def test_example_runs_and_matches_golden() -> None:
-    result = subprocess.run(
-        [sys.executable, str(EXAMPLE.relative_to(REPO))], cwd=REPO, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    check_golden("hardware/custom_cost_model.out", result.stdout)
 
 
 def test_example_model_by_path_as_the_cli_gives_it() -> None:

@@ -22,6 +22,8 @@ SAVED_TYPES: dict[str, str] = {
     "simulation_stats": "simulators:SimulationStats",
     "engine_sweep": "simulators:EngineSweep",
     "report_table": "opgraph.export:ReportTable",
+    "scenario": "opgraph.scenario:Scenario",
+    "scenario_summary": "opgraph.scenario:ScenarioSummary",
     "coverage_report": "validators.coverage:CoverageReport",
 }
 
