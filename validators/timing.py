@@ -54,6 +54,10 @@ class TimingConfig:
     with CUDA events (elapsed device time, gaps between the op's kernels included)."""
     kernel_sessions: int = 5
     """Profiler sessions (samples) for the ``kernels`` timer."""
+    kernel_session_ms: float = 20.0
+    """Device work per profiler session: long enough to average out clock and power transients."""
+    device_warmup_s: float = 1.0
+    """Before the first op, keep the GPU busy this long so every run starts from a steady power state."""
 
 
 def summarize(samples_us: list[float], **extra: Any) -> TimingStats:
@@ -128,6 +132,7 @@ class CudaTimer:
         self._flush: torch.Tensor | None = None
         self._sleep: Callable[[int], None] | None = getattr(torch.cuda, "_sleep", None)
         self._cycles_per_us: float | None = None
+        self._warmed = False
 
     def _calibrate_sleep(self) -> float:
         import torch as _torch
@@ -159,11 +164,23 @@ class CudaTimer:
         self._flush.max()
 
     def time(self, fn: Callable[[], Any], cfg: TimingConfig) -> TimingStats:
-        """Time ``fn`` (one call of the op) with CUDA events."""
+        """Time ``fn`` (one call of the op) on the GPU (kernel sum or events, see :class:`TimingConfig`)."""
         import torch
 
         with torch.cuda.device(self.device):
+            if not self._warmed and cfg.device_warmup_s > 0:
+                self._warm_device(cfg.device_warmup_s, torch)
             return self._time(fn, cfg, torch)
+
+    def _warm_device(self, seconds: float, torch: Any) -> None:
+        # Clocks and power settle within about a second of sustained work; measure from there.
+        a = torch.randn(4096, 4096, device=self.device, dtype=torch.bfloat16)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for _ in range(20):
+                a @ a
+            torch.cuda.synchronize(self.device)
+        self._warmed = True
 
     def _time(self, fn: Callable[[], Any], cfg: TimingConfig, torch: Any) -> TimingStats:
         clock = time.perf_counter_ns
@@ -227,7 +244,8 @@ class CudaTimer:
         """Sum of the op's kernel durations per call, from CUPTI via torch.profiler (one sample a session)."""
         from torch.profiler import ProfilerActivity, profile
 
-        calls = max(3, min(200, math.ceil(2000.0 / max(rough_us, 1.0))))  # about 2 ms of device work a session
+        work_us = cfg.kernel_session_ms * 1e3
+        calls = max(3, min(500, math.ceil(work_us / max(rough_us, 1.0))))
         xs: list[float] = []
         deadline = time.perf_counter() + cfg.max_time_s
         flush_us = 0.0
