@@ -52,7 +52,7 @@ class TimingConfig:
     """CUDA timer: ``kernels`` sums the op's kernel durations as the profiler records them (the GPU
     time a measured trace counts; no launch gaps, no idle clocks), ``events`` brackets each sample
     with CUDA events (elapsed device time, gaps between the op's kernels included)."""
-    kernel_sessions: int = 5
+    kernel_sessions: int = 9
     """Profiler sessions (samples) for the ``kernels`` timer."""
     kernel_session_ms: float = 20.0
     """Device work per profiler session: long enough to average out clock and power transients."""
