@@ -17,6 +17,7 @@ from hardware.base import (
     UncostedOpError,
     check_cost,
     cost_graph,
+    cost_key,
 )
 from hardware.calibrate import CalibrationError, Measurement, fit_cost_table, host_overhead_from_trace
 from hardware.loader import (
@@ -80,6 +81,7 @@ __all__ = [
     "catalog_spec",
     "check_cost",
     "cost_graph",
+    "cost_key",
     "cost_model_names",
     "fit_cost_table",
     "host_overhead_from_trace",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import operator
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, runtime_checkable
@@ -79,6 +81,36 @@ class GraphCosts:
         return sum(c.seconds for c in self.costs.values())
 
 
+#: Fields that do not change what an op costs .
+_NOT_COST: frozenset[str] = frozenset({"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"})
+_getters: dict[type[OpBase], Callable[[OpBase], tuple[object, ...]]] = {}
+
+
+def _key_getter(cls: type[OpBase]) -> Callable[[OpBase], tuple[object, ...]]:
+    getter = _getters.get(cls)
+    if getter is None:
+        names = [n for n in cls.model_fields if n not in _NOT_COST]
+        get = operator.itemgetter(*names)
+
+        def getter(op: OpBase, _get: Callable[[dict[str, object]], object] = get) -> tuple[object, ...]:
+            v = _get(op.__dict__)
+            return v if isinstance(v, tuple) else (v,)
+
+        _getters[cls] = getter
+    return getter
+
+
+def cost_key(op: OpBase) -> Hashable:
+    """A hashable key equal for ops whose cost-relevant fields are equal."""
+    values = _key_getter(type(op))(op)
+    key = (type(op), values)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable field value (the recorded aten call): fall back to its JSON
+        return (type(op), op.model_dump_json(exclude=set(_NOT_COST)))
+    return key
+
+
 def check_cost(cost: object, op: OpBase, model_name: str) -> Cost:
     """Validate what a cost model returned for ``op``; raise :class:`CostModelError` naming the op."""
     where = f"op {op.id} ({op.definition})"
@@ -96,13 +128,9 @@ def cost_graph(graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: boo
     """
     name = type(model).__name__
     out = GraphCosts()
-    memo: dict[str, Cost | str] = {}
+    memo: dict[Hashable, Cost | str] = {}
     for op in graph.ops:
-        key = (
-            op.model_dump_json(exclude={"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"})
-            if cache
-            else ""
-        )
+        key = cost_key(op) if cache else None
         hit = memo.get(key) if cache else None
         if hit is None:
             try:

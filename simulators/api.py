@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from hardware.base import CostModel
 from hardware.spec import HardwareSpec
 from opgraph.ir import OpGraph
-from simulators._gc import paused_gc
+from opgraph.ir.gcpause import paused_gc
 from simulators.config import HostMode, SimulationConfig
 from simulators.costing import cost_ops
 from simulators.errors import SimulationConfigError, UncostedOpsError

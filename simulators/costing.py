@@ -1,47 +1,26 @@
 """Costing a graph for simulation: each unique op configuration once, collectives from the interconnect.
 
 :func:`cost_ops` follows :func:`hardware.base.cost_graph` (same cache key, same checks and error
-types) with a cheaper key, so that costing stays a small part of simulating a large graph.
+types) and adds the interconnect fallback for collectives the model declines.
 """
 
 from __future__ import annotations
 
-import operator
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from hardware.base import Bound, Cost, CostModel, CostModelError, GraphCosts, UncostedOpError, check_cost
+from hardware.base import (
+    Bound,
+    Cost,
+    CostModel,
+    CostModelError,
+    GraphCosts,
+    UncostedOpError,
+    check_cost,
+    cost_key,
+)
 from hardware.spec import HardwareSpec
 from opgraph.ir import Collective, CollectiveKind, OpBase, OpGraph, OpgraphError, OpKind
-
-#: Fields that do not change what an op costs (the same exclusions as ``hardware.cost_graph``).
-_NOT_COST: frozenset[str] = frozenset({"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"})
-_getters: dict[type[OpBase], Callable[[OpBase], tuple[object, ...]]] = {}
-
-
-def _key_getter(cls: type[OpBase]) -> Callable[[OpBase], tuple[object, ...]]:
-    getter = _getters.get(cls)
-    if getter is None:
-        names = [n for n in cls.model_fields if n not in _NOT_COST]
-        get = operator.itemgetter(*names)
-
-        def getter(op: OpBase, _get: Callable[[dict[str, object]], object] = get) -> tuple[object, ...]:
-            v = _get(op.__dict__)
-            return v if isinstance(v, tuple) else (v,)
-
-        _getters[cls] = getter
-    return getter
-
-
-def cost_key(op: OpBase) -> Hashable:
-    """A hashable key equal for ops whose cost-relevant fields are equal."""
-    values = _key_getter(type(op))(op)
-    key = (type(op), values)
-    try:
-        hash(key)
-    except TypeError:  # an unhashable field value (the recorded aten call): fall back to its JSON
-        return (type(op), op.model_dump_json(exclude=set(_NOT_COST)))
-    return key
 
 
 def collective_seconds(op: Collective, hw: HardwareSpec) -> float | None:
@@ -95,15 +74,9 @@ def cost_ops(graph: OpGraph, model: CostModel, hw: HardwareSpec) -> CostReport:
     memo: dict[Hashable, Cost | str] = {}
     estimate = model.estimate
     from_link = 0
-    getters = _getters
     for op in graph.ops:
-        cls = type(op)
-        key: Hashable = (cls, (getters.get(cls) or _key_getter(cls))(op))
-        try:
-            hit = memo.get(key)
-        except TypeError:  # an unhashable field value: key on the JSON instead, as cost_key does
-            key = cost_key(op)
-            hit = memo.get(key)
+        key = cost_key(op)
+        hit = memo.get(key)
         if hit is None:
             try:
                 hit = check_cost(estimate(op, hw), op, name)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opgraph.ir import OpKind, Scalar, Span, Timeline, TimelineKind, TimelineSource
-from simulators._gc import paused_gc
+from opgraph.ir.gcpause import paused_gc
 from simulators.config import SimulationConfig
 from simulators.kernel import KernelResult
 from simulators.problem import SchedulingProblem

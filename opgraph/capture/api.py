@@ -23,6 +23,7 @@ from opgraph.capture.lowering import DEFAULT_PIPELINE, Hints, Lowering, run_pass
 from opgraph.capture.lowering.build import build_ops, group_order
 from opgraph.capture.recorder import Recorder
 from opgraph.capture.sources import CaptureError, ModelSource, build_config, resolve
+from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.graph import GraphMetadata, OpGraph
 
 Phase = Literal["prefill", "decode", "generate"]
@@ -405,7 +406,7 @@ def capture(
     opts = CaptureOptions(
         phase, batch, seq_len, kv_len, new_tokens, dtype, layers, attn_impl, device, moe_skew, trust_remote_code
     )
-    with _no_gc():
+    with paused_gc():
         prepared = prepare(model_or_id, opts)
         rec = Recorder()
         rec.add_root(prepared.model)
@@ -414,18 +415,6 @@ def capture(
     return graph
 
 
-@contextmanager
-def _no_gc() -> Iterator[None]:
-    # Capture allocates many small, long-lived objects; cyclic GC passes over them cost more than they free.
-    import gc
-
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 class Tracing:

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import functools
-import gc
 import statistics
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 from opgraph.ir.errors import OpgraphError
+from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.timeline import Timeline
 from opgraph.trace.analysis import Analyzer, Label
 from opgraph.trace.classify import KernelClassifier
@@ -25,23 +24,12 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    # Imports hold hundreds of thousands of small acyclic objects; full GC passes over them cost
-    # more than the work itself, so collection waits until the call returns.
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _paused(func: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        with _gc_paused():
+        with paused_gc():
             return func(*args, **kwargs)
 
     return wrapper

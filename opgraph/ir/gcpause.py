@@ -11,9 +11,9 @@ from contextlib import contextmanager
 def paused_gc() -> Iterator[None]:
     """Disable the cyclic GC inside the block (restored after).
 
-    Simulating or building a timeline allocates hundreds of thousands of small objects and no
-    cycles; with a large graph alive, each full collection rescans it, which can take longer
-    than the work itself.
+    Capture, trace import, simulation and timeline building allocate hundreds of thousands of
+    small objects and no cycles; with a large graph alive, each full collection rescans it, which
+    can take longer than the work itself.
     """
     was = gc.isenabled()
     gc.disable()
