@@ -82,7 +82,10 @@ class GraphCosts:
 
 
 #: Fields that do not change what an op costs .
-_NOT_COST: frozenset[str] = frozenset({"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"})
+_NOT_COST: frozenset[str] = frozenset(
+    {"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target", "call"}
+)
+"""Fields that do not change what an op costs (where it sits, its tensors' ids, the recorded aten call)."""
 _getters: dict[type[OpBase], Callable[[OpBase], tuple[object, ...]]] = {}
 
 
@@ -102,12 +105,12 @@ def _key_getter(cls: type[OpBase]) -> Callable[[OpBase], tuple[object, ...]]:
 
 def cost_key(op: OpBase) -> Hashable:
     """A hashable key equal for ops whose cost-relevant fields are equal."""
-    values = _key_getter(type(op))(op)
-    key = (type(op), values)
+    cls = type(op)
+    key = (cls, (_getters.get(cls) or _key_getter(cls))(op))
     try:
         hash(key)
     except TypeError:  # an unhashable field value (the recorded aten call): fall back to its JSON
-        return (type(op), op.model_dump_json(exclude=set(_NOT_COST)))
+        return (cls, op.model_dump_json(exclude=set(_NOT_COST)))
     return key
 
 

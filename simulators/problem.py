@@ -117,20 +117,18 @@ class SchedulingProblem:
         succ: list[list[int]] = [[] for _ in range(n)]
         indeg = [0] * n
         seen: set[int] = set()
-        for e in graph.edges:
-            if index is None:
-                s, d = e.src, e.dst
-                if s >= n or d >= n:
-                    continue
-            else:
-                s2, d2 = index.get(e.src), index.get(e.dst)
-                if s2 is None or d2 is None:
-                    continue
-                s, d = s2, d2
+        seen_add = seen.add
+        if index is None:
+            pairs = ((e.src, e.dst) for e in graph.edges if e.src < n and e.dst < n)
+        else:
+            get = index.get
+            mapped = ((get(e.src), get(e.dst)) for e in graph.edges)
+            pairs = ((s, d) for s, d in mapped if s is not None and d is not None)
+        for s, d in pairs:
             pair = s * n + d
             if pair in seen:
                 continue
-            seen.add(pair)
+            seen_add(pair)
             if s == d:
                 raise CycleError(f"op {ops[s].id} depends on itself", where="edges")
             succ[s].append(d)
