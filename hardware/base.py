@@ -82,10 +82,8 @@ class GraphCosts:
 
 
 #: Fields that do not change what an op costs .
-_NOT_COST: frozenset[str] = frozenset(
-    {"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target", "call"}
-)
-"""Fields that do not change what an op costs (where it sits, its tensors' ids, the recorded aten call)."""
+_NOT_COST: frozenset[str] = frozenset({"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"})
+"""Fields that do not change what an op costs (where it sits, its tensors)."""
 _getters: dict[type[OpBase], Callable[[OpBase], tuple[object, ...]]] = {}
 
 
@@ -109,9 +107,17 @@ def cost_key(op: OpBase) -> Hashable:
     key = (cls, (_getters.get(cls) or _key_getter(cls))(op))
     try:
         hash(key)
-    except TypeError:  # an unhashable field value (the recorded aten call): fall back to its JSON
-        return (cls, op.model_dump_json(exclude=set(_NOT_COST)))
+    except TypeError:  # an unhashable field value (the recorded aten call): key on its repr
+        return (cls, tuple(_hashable(v) for v in key[1]))
     return key
+
+
+def _hashable(value: object) -> object:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
 
 
 def check_cost(cost: object, op: OpBase, model_name: str) -> Cost:
