@@ -162,3 +162,16 @@ def test_cli_compare_bad_inputs(tmp_path: Path) -> None:
     notl.write_text('{"a": 1}')
     r = CliRunner().invoke(app, ["compare", str(a), str(notl)])
     assert r.exit_code == 2 and "neither an opgraph timeline nor a profiler trace" in r.stderr
+
+
+def test_cli_compare_writes_html_and_perfetto(tmp_path: Path) -> None:
+    a = save_timeline(_sim(), tmp_path / "sim.json")
+    b = save_timeline(_measured(), tmp_path / "meas.json")
+    html, trace = tmp_path / "r.html", tmp_path / "both.json"
+    res = CliRunner().invoke(app, ["compare", str(a), str(b), "--html", str(html), "--perfetto", str(trace)])
+    assert res.exit_code == 0, res.output + res.stderr
+    page = html.read_text()
+    assert "Ops that explain most of the gap" in page and "gpu_time" in page
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    assert len(names) == 2  # both timelines, side by side
