@@ -114,9 +114,10 @@ def test_cycle_and_version_errors_are_typed(tmp_path: Path) -> None:
         (b"", "file is empty"),
         (b"{not json", "not valid JSON"),
         (b"[1, 2]", "expected a JSON object"),
-        (gzip.compress(b'{"ops": []}' * 50)[:30], "truncated or corrupt gzip"),
+        (gzip.compress(b'{"ops": []}' * 50, mtime=0)[:30], "truncated or corrupt gzip"),
         (b"\xff\xfe\x00binary", "not valid JSON"),
     ],
+    ids=["empty", "not-json", "json-array", "truncated-gzip", "binary"],
 )
 def test_unreadable_files(tmp_path: Path, data: bytes, message: str) -> None:
     with pytest.raises(LoadError, match=message):
