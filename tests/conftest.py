@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -42,3 +43,12 @@ def check_golden(relpath: str, actual: str | dict[str, object] | list[object]) -
 def golden() -> object:
     """The :func:`check_golden` function, as a fixture: ``golden("area/name.json", data)``."""
     return check_golden
+
+
+@pytest.fixture(scope="session")
+def graphs() -> ModuleType:
+    """Builders of hand-written llama-like graphs (``graphs.llama_like(...)``), shared by the catalog,
+    coverage and sweep tests."""
+    import tests.opgraph.catalog.handmade_graphs as module
+
+    return module

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
-import pytest
 from conftest import check_golden
 from typer.testing import CliRunner
 
@@ -17,24 +14,6 @@ from opgraph.cli.app import app
 from opgraph.ir import save_graph
 
 runner = CliRunner()
-
-
-def _handmade_graphs() -> ModuleType:
-    # The shared builders live beside the catalog tests; loaded by path (the tests have no packages).
-    name = "opgraph_tests_handmade_graphs"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "opgraph" / "catalog" / "handmade_graphs.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-@pytest.fixture(scope="session")
-def graphs() -> ModuleType:
-    """Builders of hand-written llama-like graphs (``graphs.llama_like(...)``)."""
-    return _handmade_graphs()
 
 
 def _graph_files(tmp_path: Path, graphs: ModuleType) -> list[Path]:

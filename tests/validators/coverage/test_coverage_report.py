@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -25,24 +23,6 @@ from validators.coverage import (
 )
 
 runner = CliRunner()
-
-
-def _handmade_graphs() -> ModuleType:
-    # The shared builders live beside the catalog tests; loaded by path (the tests have no packages).
-    name = "opgraph_tests_handmade_graphs"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "opgraph" / "catalog" / "handmade_graphs.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-@pytest.fixture(scope="session")
-def graphs() -> ModuleType:
-    """Builders of hand-written llama-like graphs (``graphs.llama_like(...)``)."""
-    return _handmade_graphs()
 
 
 def test_report_matches_golden(tmp_path: Path, graphs: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:

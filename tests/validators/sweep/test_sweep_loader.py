@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -13,24 +10,6 @@ import pytest
 from opgraph.catalog import Catalog, build_catalog, config_hash
 from opgraph.ir import Attention, DType, GraphMetadata, OpGraph
 from validators.sweep import SweepCase, SweepError, SweepLoader, check_replay, sweep_params
-
-
-def _handmade_graphs() -> ModuleType:
-    # The shared builders live beside the catalog tests; loaded by path (the tests have no packages).
-    name = "opgraph_tests_handmade_graphs"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "opgraph" / "catalog" / "handmade_graphs.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-@pytest.fixture(scope="session")
-def graphs() -> ModuleType:
-    """Builders of hand-written llama-like graphs (``graphs.llama_like(...)``)."""
-    return _handmade_graphs()
 
 
 @pytest.fixture(scope="module")
