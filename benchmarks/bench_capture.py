@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import resource
 import subprocess
@@ -23,25 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-# OPGRAPH_BENCH_RESULTS redirects results (benchmarks/run_smoke.py sends smoke runs to a temporary folder).
-RESULTS = Path(os.environ.get("OPGRAPH_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
+from _common import RESULTS, machine
+
 FULL = [("llama-3.1-70b", None), ("llama-3.1-405b", None), ("qwen3-30b-a3b", None)]
 SMOKE = [("llama-3.2-1b", 2)]
 SEQ_LEN = 2048  # tokens
 TARGET_RATIO = 1.5
 TARGET_WALL_S = 10.0
 TARGET_RSS_MB = 1536.0
-
-
-def machine() -> str:
-    """CPU model name (as lscpu prints it)."""
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def bare(model: str, layers: int | None, seq_len: int) -> float:

@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import tempfile
 import time
 import tracemalloc
@@ -28,14 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _common import RESULTS, machine
+
 from opgraph.export import write_gantt, write_html_report, write_perfetto
 from opgraph.ir import OpKind, Span, Stage, Timeline, TimelineKind, TimelineSource
 
 ENGINES = 4  # device engines
 LAYERS = 64  # transformer layers the spans cycle through
 HOST_EVERY = 4  # one host span per this many device spans
-# OPGRAPH_BENCH_RESULTS redirects results (benchmarks/run_smoke.py sends smoke runs to a temporary folder).
-RESULTS = Path(os.environ.get("OPGRAPH_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 KINDS = [k for k in OpKind if k is not OpKind.VIEW]
 
 
@@ -106,15 +105,6 @@ def traced_peak_mb(fn: Callable[[], object]) -> float:
         tracemalloc.stop()
 
 
-def machine() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        model = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
-    except OSError:
-        model = ""
-    return f"{model or platform.processor() or 'unknown CPU'}, {len(os.sched_getaffinity(0))} cores"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spans", type=int, default=1_000_000)
@@ -148,7 +138,7 @@ def main() -> int:
     print(f"tracemalloc peak of the streamed export at {probe_n} spans: {traced:.1f} MB", flush=True)
 
     result = {
-        "machine": machine(),
+        "machine": f"{machine()}, {len(os.sched_getaffinity(0))} cores",
         "python": platform.python_version(),
         "spans": n,
         "timeline_build_s": round(build, 2),

@@ -13,28 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-# OPGRAPH_BENCH_RESULTS redirects results (benchmarks/run_smoke.py sends smoke runs to a temporary folder).
-RESULTS = Path(os.environ.get("OPGRAPH_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
+from _common import RESULTS, machine
+
 TARGET_DEDUP_S = 2.0
 TARGET_PER_CONFIG_MS = 50.0
-
-
-def machine() -> str:
-    """CPU model name (as lscpu prints it)."""
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> None:

@@ -23,10 +23,10 @@ import random
 import subprocess
 import time
 import tracemalloc
-from pathlib import Path
 from typing import Any
 
 import simpy
+from _common import RESULTS
 
 from hardware.spec import HardwareSpec, HostOverhead
 from opgraph.ir import Edge, Elementwise, OpGraph
@@ -48,8 +48,6 @@ def clock() -> float:
     return _CLOCKS[_clock_name[0]]()
 
 
-# OPGRAPH_BENCH_RESULTS redirects results (benchmarks/run_smoke.py sends smoke runs to a temporary folder).
-RESULTS = Path(os.environ.get("OPGRAPH_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
 
 
 def random_graph(n: int, seed: int = SEED) -> OpGraph:

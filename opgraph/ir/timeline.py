@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from enum import Enum
 from typing import Annotated, Literal
 
@@ -144,15 +144,19 @@ class Timeline(BaseModel):
 
     def busy_us(self, track: str | None = None) -> float:
         """Union of span intervals (on one track, or on all), so overlapping spans count once."""
-        ivs = sorted((s.start_us, s.end_us) for s in self.spans if track is None or s.track == track)
-        total, cur_s, cur_e = 0.0, None, 0.0
-        for s, e in ivs:
-            if cur_s is None or s > cur_e:
-                if cur_s is not None:
-                    total += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        if cur_s is not None:
-            total += cur_e - cur_s
-        return total
+        return union_length((s.start_us, s.end_us) for s in self.spans if track is None or s.track == track)
+
+
+def union_length(intervals: Iterable[tuple[float, float]]) -> float:
+    """Total length covered by ``(start, end)`` intervals, overlaps counted once."""
+    total, cur_s, cur_e = 0.0, None, 0.0
+    for s, e in sorted(intervals):
+        if cur_s is None or s > cur_e:
+            if cur_s is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_s is not None:
+        total += cur_e - cur_s
+    return total

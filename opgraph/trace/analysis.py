@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from opgraph.ir.timeline import union_length
 from opgraph.trace.classify import KernelClassifier
 from opgraph.trace.events import GpuEvent, HostEvent, TraceData
 from opgraph.trace.patterns import PatternSet
@@ -510,7 +511,7 @@ class Analyzer:
             kernel_time_us=round(total, 3),
             memcpy=len(mem),
             memcpy_time_us=round(sum(g.dur for g in mem), 3),
-            gpu_busy_us=round(_union(gpu), 3),
+            gpu_busy_us=round(union_length((g.ts, g.ts + g.dur) for g in gpu), 3),
             makespan_us=round(max((g.ts + g.dur for g in gpu), default=0.0) - min((g.ts for g in gpu), default=0.0), 3),
             unknown_pct=round(100 * unk_t / denom, 3),
             unknown_count_pct=round(100 * unk_n / max(len(kernels), 1), 3),
@@ -543,18 +544,3 @@ def _find(starts: list[float], t: float) -> int:
     import bisect
 
     return bisect.bisect_right(starts, t) - 1
-
-
-def _union(gpu: Sequence[GpuEvent]) -> float:
-    total, cur_s, cur_e = 0.0, None, 0.0
-    for g in sorted(gpu, key=lambda e: e.ts):
-        s, e = g.ts, g.ts + g.dur
-        if cur_s is None or s > cur_e:
-            if cur_s is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_s is not None:
-        total += cur_e - cur_s
-    return total
