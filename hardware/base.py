@@ -10,7 +10,7 @@ from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from hardware.spec import HardwareSpec
-from opgraph.ir import OpBase, OpGraph, OpgraphError
+from opgraph.ir import IDENTITY_FIELDS, OpBase, OpGraph, OpgraphError
 
 
 class Bound(str, Enum):
@@ -82,7 +82,7 @@ class GraphCosts:
 
 
 #: Fields that do not change what an op costs .
-_NOT_COST: frozenset[str] = frozenset({"id", "inputs", "outputs", "scope", "layer", "stage", "step", "target"})
+_NOT_COST: frozenset[str] = IDENTITY_FIELDS | {"inputs", "outputs", "target"}
 """Fields that do not change what an op costs (where it sits, its tensors)."""
 _getters: dict[type[OpBase], Callable[[OpBase], tuple[object, ...]]] = {}
 

@@ -71,6 +71,11 @@ def run_problem(
     if config.host.mode is HostMode.EAGER and problem.host_us:
         # A calibrated cost model knows each op's measured eager issue time: it wins over the per-op default.
         host_us = [h if (m is None or h == 0.0) else m for h, m in zip(host_us, problem.host_us, strict=True)]
+    notes: list[str] = []
+    if config.host.mode is HostMode.EAGER and config.host.framework and any(problem.framework_us):
+        host_us = [h + f for h, f in zip(host_us, problem.framework_us, strict=True)]
+        cpu = problem.graph.metadata.capture.get("host_timing_cpu", "the capture host")
+        notes.append(f"host: {sum(problem.framework_us) / 1e3:.3f} ms of framework time between ops, measured on {cpu}")
     with paused_gc():
         sim = Simulator(problem, config, policy, host_us, progress=progress)
         kernel = sim.run()
@@ -83,7 +88,7 @@ def run_problem(
         host_segments=sim._segments,
         hardware_name=hardware_name,
         cost_model_name=cost_model_name,
-        notes=list(kernel.notes),
+        notes=[*notes, *kernel.notes],
     )
 
 

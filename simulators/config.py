@@ -83,6 +83,9 @@ class HostConfig(BaseModel):
     """Host time per op; ``None`` takes it from the hardware spec for ``mode``."""
     free_ops: bool = False
     """Charge host time for ops that launch no kernel (views) too."""
+    framework: bool = True
+    """Eager mode: add the framework's host time before each op where the graph has it (captured with
+    ``--host-timing``, ``OpBase.host_gap_us``) to the op's issue time."""
     sync_each_step: bool = True
     """The host waits for the last op of each forward step (``op.step``) before issuing the next
     step, as a generate loop that reads the sampled token does."""

@@ -51,6 +51,8 @@ class SchedulingProblem:
     """Kind of each op."""
     host_us: list[float | None] = field(default_factory=list)
     """Host time to issue each op as the cost model measured it (a calibrated table), else ``None``."""
+    framework_us: list[float] = field(default_factory=list)
+    """Host time the framework spends before each op, as measured at capture (``op.host_gap_us``), else 0."""
     _bottom: list[float] | None = field(default=None, repr=False)
 
     # ---------------------------------------------------------------- construction
@@ -139,7 +141,8 @@ class SchedulingProblem:
             path = " -> ".join(str(i) for i in [*cycle, cycle[0]]) if cycle else "?"
             raise CycleError(f"dependency cycle {path}", where="edges", hint="remove one of these edges")
         kinds = [op.kind for op in ops]
-        return cls(graph, dur, bound, free, succ, indeg, topo, uncosted, kinds)
+        framework = [op.host_gap_us or 0.0 for op in ops]
+        return cls(graph, dur, bound, free, succ, indeg, topo, uncosted, kinds, framework_us=framework)
 
     # ---------------------------------------------------------------- analysis
     def __len__(self) -> int:

@@ -45,6 +45,28 @@ def golden() -> object:
     return check_golden
 
 
+TINY_LLAMA: dict[str, object] = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+    "max_position_embeddings": 64,
+}
+"""A two-layer llama config small enough to capture (and run on the CPU) in well under a second."""
+
+
+@pytest.fixture
+def tiny_config(tmp_path: Path) -> str:
+    """Path of a ``config.json`` holding :data:`TINY_LLAMA`."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
 @pytest.fixture(scope="session")
 def graphs() -> ModuleType:
     """Builders of hand-written llama-like graphs (``graphs.llama_like(...)``), shared by the catalog,

@@ -12,7 +12,8 @@ does not import torch.
 
 from validators.configs import OpConfig, config_key, roofline_estimator, unique_configs
 from validators.coverage import CoverageReport, auto_expectation, format_report, load_expectation, verify_graph
-from validators.inputs import DeviceError, resolve_device, routing_counts
+from validators.energy import ClockSampler
+from validators.inputs import DeviceError, match_inputs, resolve_device, routing_counts
 from validators.numerics import TOLERANCES, Tolerance
 from validators.recipes import RECIPES, Case, Recipe, RecipeSelector
 from validators.replay import DeviceLostError, Replayer, ReplayOptions, replay_configs, replay_graph, replay_op
@@ -32,12 +33,13 @@ from validators.results import (
 )
 from validators.runner import ReplayRun, run_replay
 from validators.sweep import SweepLoader, check_replay, sweep_params, write_sweep_module
-from validators.timing import TimingConfig
+from validators.timing import TimingConfig, ci_rel, stop_sampling
 
 __all__ = [
     "RECIPES",
     "TOLERANCES",
     "Case",
+    "ClockSampler",
     "Coverage",
     "CoverageReport",
     "DeviceError",
@@ -60,12 +62,14 @@ __all__ = [
     "Tolerance",
     "auto_expectation",
     "check_replay",
+    "ci_rel",
     "config_key",
     "coverage",
     "format_report",
     "iter_results",
     "load_expectation",
     "load_results",
+    "match_inputs",
     "replay_configs",
     "replay_graph",
     "replay_op",
@@ -74,6 +78,7 @@ __all__ = [
     "routing_counts",
     "run_replay",
     "run_to_run",
+    "stop_sampling",
     "sweep_params",
     "unique_configs",
     "verify_graph",

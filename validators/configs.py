@@ -4,16 +4,21 @@ A config is an op with its identity stripped: the definition, kind, target, type
 shapes, dtypes and strides of its tensors, and its recorded aten call, but not its id, scope,
 layer, stage or tensor ids. Ops of all graphs that agree on these fold into one :class:`OpConfig`
 with a ``count`` of uses and, when a cost estimate is available, their share of the model's op time.
+
+Each config also records which of its inputs are *activations* (:func:`activation_inputs`): tensors
+an earlier op of the same graph wrote, so in the model they are still in the L2 cache when the op
+runs, while weights and the KV cache carried over from an earlier forward come from DRAM. Replay
+with a cold L2 reads these inputs back into L2 before each timed call.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from opgraph.ir import OpBase, OpCategory, OpGraph, OpKind
+from opgraph.ir import IDENTITY_FIELDS, OpBase, OpCategory, OpGraph, OpKind
 
 if TYPE_CHECKING:
     from hardware.base import CostModel
@@ -22,11 +27,8 @@ if TYPE_CHECKING:
 Estimator = Callable[[OpBase], float]
 """Estimated seconds of one call of an op."""
 
-_IDENTITY_FIELDS = frozenset({"id", "scope", "layer", "stage", "step"})
-
-
 _EXCLUDE: dict[str, object] = {
-    **dict.fromkeys(_IDENTITY_FIELDS, True),
+    **dict.fromkeys(IDENTITY_FIELDS, True),
     "inputs": {"__all__": {"id"}},
     "outputs": {"__all__": {"id"}},
 }
@@ -61,6 +63,12 @@ class OpConfig:
     """Estimated time of one call, microseconds."""
     share: float | None = None
     """Estimated share of the model's op time (count x est over the total), 0..1."""
+    warm_inputs: tuple[int, ...] = ()
+    """Indices of the op's inputs that are activations at its first use (written by an earlier op of
+    the graph, so warm in L2 in the model); see :func:`activation_inputs`."""
+    warm_reuse_bytes: tuple[int, ...] = ()
+    """For each of ``warm_inputs``: bytes the graph's ops moved between the write of that input and
+    this read (its reuse distance); an input that far exceeds the L2 size is cold in the model too."""
 
     @property
     def definition(self) -> str:
@@ -75,6 +83,45 @@ def graph_label(graph: OpGraph, index: int = 0) -> str:
     return f"{name}:{md.phase}" if md.phase else name
 
 
+def activation_inputs(op: OpBase, produced: Mapping[int, int]) -> tuple[int, ...]:
+    """Indices of ``op``'s inputs whose tensor id is in ``produced`` (inputs without an id: not produced)."""
+    return tuple(i for i, t in enumerate(op.inputs) if t.id is not None and t.id in produced)
+
+
+class DataFlow:
+    """Walks a graph's ops in order, knowing which tensors an earlier op wrote and how long ago.
+
+    Views (free ops) share their base's id and write nothing. An output with the id of one of the
+    op's own inputs is an in-place update (a KV-cache write, ``add_``): it keeps the status the
+    tensor had (a cache that came in from an earlier forward stays cold after a one-row write) and
+    refreshes the write of one that was already an activation. "How long ago" is the reuse
+    distance in bytes: the sum of the ``total_bytes`` of the ops in between.
+    """
+
+    def __init__(self) -> None:
+        self.written_at: dict[int, int] = {}
+        """Tensor id to the bytes moved by the graph up to the end of its (last) write."""
+        self.traffic = 0
+        """Bytes moved by the ops seen so far."""
+
+    def warm(self, op: OpBase) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``op``'s activation inputs (:func:`activation_inputs`) and their reuse distances, in bytes."""
+        idx = activation_inputs(op, self.written_at)
+        return idx, tuple(max(self.traffic - self.written_at[op.inputs[i].id or 0], 0) for i in idx)
+
+    def step(self, op: OpBase) -> None:
+        """Account for ``op``: its traffic and the tensors it writes."""
+        if op.kind in OpCategory.FREE:
+            return
+        self.traffic += max(int(op.total_bytes), 0)
+        own = {t.id for t in op.inputs if t.id is not None}
+        for t in op.outputs:
+            if t.id is None:
+                continue
+            if t.id not in own or t.id in self.written_at:
+                self.written_at[t.id] = self.traffic
+
+
 def unique_configs(
     graphs: OpGraph | Iterable[OpGraph],
     *,
@@ -85,19 +132,23 @@ def unique_configs(
 
     Views launch no kernel and are left out unless ``include_views``. ``estimate`` gives the
     seconds of one call of an op (see :func:`roofline_estimator`); with it each config gets
-    ``est_us`` and ``share``; without it configs keep program order of first use.
+    ``est_us`` and ``share``; without it configs keep program order of first use. Each config's
+    ``warm_inputs`` are decided by its first use (:func:`activation_inputs`).
     """
     gs = [graphs] if isinstance(graphs, OpGraph) else list(graphs)
     by_key: dict[str, OpConfig] = {}
     for gi, g in enumerate(gs):
         label = graph_label(g, gi)
+        flow = DataFlow()
         for op in g.ops:
             if not include_views and op.kind in OpCategory.FREE:
                 continue
             key = config_key(op)
             cfg = by_key.get(key)
             if cfg is None:
-                cfg = by_key[key] = OpConfig(key=key, op=op)
+                warm, reuse = flow.warm(op)
+                cfg = by_key[key] = OpConfig(key=key, op=op, warm_inputs=warm, warm_reuse_bytes=reuse)
+            flow.step(op)
             cfg.count += 1
             if len(cfg.op_ids) < 64:
                 cfg.op_ids.append(op.id)

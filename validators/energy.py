@@ -5,15 +5,19 @@ total-energy counter (millijoules, Volta and newer) over the window divided by t
 counter is missing, a thread samples board power every few milliseconds and the samples are
 integrated. The idle board power, measured once before the first config, gives the energy above
 idle as well. Everything degrades to ``None`` with a reason when NVML is absent.
+
+The same NVML handle reads the SM clock: :class:`ClockSampler` samples it on a thread while a
+config is timed, so a median that moved between runs can be put down to clocks (or not).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from validators.results import EnergyStats
@@ -32,6 +36,7 @@ class EnergyMeter:
         self._nvml: Any = None
         self._handle: Any = None
         self._counter = False
+        self.clock_available = False
         if device.type != "cuda":
             self.why = "energy needs a CUDA device"
             return
@@ -53,6 +58,11 @@ class EnergyMeter:
             self._counter = True
         except Exception:
             self._counter = False
+        try:
+            self.sm_clock_mhz()
+            self.clock_available = True
+        except Exception:  # an NVML without clock queries (or a fake one): no clocks
+            self.clock_available = False
         self.available = True
 
     def _device_handle(self, device: torch.device) -> Any:
@@ -75,6 +85,15 @@ class EnergyMeter:
     def energy_j(self) -> float:
         """The board's total-energy counter, joules."""
         return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)) / 1e3
+
+    def sm_clock_mhz(self) -> float:
+        """The SM clock now, MHz."""
+        nvml = self._nvml
+        return float(nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM))
+
+    def clock_sampler(self, interval_s: float = 0.005) -> ClockSampler:
+        """A :class:`ClockSampler` of the SM clock (one that records nothing when clocks are unavailable)."""
+        return ClockSampler(self.sm_clock_mhz if (self.available and self.clock_available) else None, interval_s)
 
     def measure_idle(self, seconds: float = 0.5) -> float | None:
         """Mean board power with the device idle (called once, before replay)."""
@@ -145,6 +164,76 @@ class EnergyMeter:
                 self._nvml.nvmlShutdown()
             self._nvml = None
             self.available = False
+            self.clock_available = False
+
+
+class ClockSampler:
+    """Samples ``read()`` (a clock, MHz) on a daemon thread, only inside :meth:`window` blocks.
+
+    Use as ``with sampler:`` (starts and stops the thread) around code that opens a ``with
+    sampler.window():`` around the stretches when the device is busy (the timer does, per profiler
+    session), so idle moments between them (profiler parsing) do not count. A reading is taken when
+    each window opens and closes, so even a short one has samples. With ``read`` ``None`` (no NVML)
+    nothing is read and :attr:`median` is ``None``; a failing read stops the sampling.
+    """
+
+    def __init__(self, read: Callable[[], float] | None, interval_s: float = 0.005) -> None:
+        self._read = read
+        self._interval = max(interval_s, 0.0005)
+        self.samples: list[float] = []
+        """Readings taken."""
+        self._active = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _take(self) -> bool:
+        if self._read is None:
+            return False
+        try:
+            self.samples.append(float(self._read()))
+        except Exception:
+            self._read = None
+            return False
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._active.wait(0.05):
+                continue
+            if self._stop.wait(self._interval):
+                return
+            if self._active.is_set() and not self._take():
+                return
+
+    def __enter__(self) -> ClockSampler:
+        if self._read is not None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="opgraph-clock", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._active.clear()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+            self._thread = None
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[None]:
+        """Sample while the block runs (the device is busy)."""
+        self._take()
+        self._active.set()
+        try:
+            yield
+        finally:
+            self._active.clear()
+            self._take()
+
+    @property
+    def median(self) -> float | None:
+        """Median reading, or ``None`` without readings."""
+        return statistics.median(self.samples) if self.samples else None
 
 
 def _integrate(samples: list[tuple[float, float]], t0: float, t1: float) -> float:

@@ -311,3 +311,38 @@ def routing_skew(assumptions: tuple[str, ...], capture: dict[str, object] | None
         if m:
             return float(m.group(1))
     return 0.0
+
+
+def match_inputs(values: tuple[object, ...] | list[object], specs: tuple[TensorSpec, ...]) -> list[int | None]:
+    """Which of ``values`` (a recipe's case inputs) stands for each recorded input spec, or ``None``.
+
+    Recipes build their inputs in their own order and layout (rope puts cos and sin first, a
+    linear may build a 2-D input for a recorded 3-D one). Each spec takes, in order, the first
+    unclaimed tensor of the same shape and dtype; specs left over then take the first unclaimed
+    tensor of the same dtype and element count. Tensors that stand for no spec stay unclaimed.
+    """
+    import torch
+
+    tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    wanted: list[torch.dtype | None] = []
+    for spec in specs:
+        try:
+            wanted.append(torch_dtype(spec.dtype))
+        except OpgraphError:
+            wanted.append(None)
+    out: list[int | None] = [None] * len(specs)
+    claimed: set[int] = set()
+    tests = (
+        lambda spec, t: tuple(t.shape) == tuple(spec.shape),
+        lambda spec, t: t.numel() == spec.numel,
+    )
+    for same in tests:
+        for s, spec in enumerate(specs):
+            if out[s] is not None or wanted[s] is None:
+                continue
+            for i, t in tensors:
+                if i not in claimed and t.dtype == wanted[s] and same(spec, t):
+                    out[s] = i
+                    claimed.add(i)
+                    break
+    return out

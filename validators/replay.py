@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from opgraph.ir import OpBase, OpGraph, OpgraphError
 from validators.configs import Estimator, OpConfig, config_key, roofline_estimator, unique_configs
-from validators.inputs import device_name, make_generator, resolve_device, routing_skew
+from validators.inputs import device_name, make_generator, match_inputs, resolve_device, routing_skew
 from validators.numerics import check_case, reference_inputs
 from validators.recipes import BuildContext, Case, RecipeSelector
 from validators.results import (
@@ -60,6 +60,15 @@ class ReplayOptions:
     """MoE routing skew; ``None`` takes the graph's assumption."""
     recipes: dict[str, str] = field(default_factory=dict)
     """Recipe overrides: op target or definition to a recipe name or ``pkg.module:Class``."""
+    sm_clock: bool = True
+    """Sample the SM clock with NVML while each config is timed (CUDA, where NVML is available)."""
+    warm_l2_fraction: float = 0.5
+    """Share of the L2 an activation (its reuse distance plus its size) must fit in to be read back
+    warm: a stream keeps about half of an H100's two-partition L2 near."""
+    warm_aux_bytes: int = 1 << 20
+    """With a cold L2 and warm activations: recipe-built tensors that stand for no recorded input
+    (offsets, positions, small masks) up to this size are read into L2 too (the model makes them
+    just before the op)."""
 
 
 def _reason(exc: BaseException) -> str:
@@ -96,23 +105,27 @@ class Replayer:
         self.selector = RecipeSelector(dict(self.options.recipes))
         self._timer = CudaTimer(self.device) if self.device.type == "cuda" else None
         self._energy: Any = None
+        self._nvml: Any = None
         self.energy_note = ""
-        if self.options.energy is not False and self.device.type == "cuda":
+        want_energy = self.options.energy is not False
+        if self.device.type == "cuda" and (want_energy or self.options.sm_clock):
             from validators.energy import EnergyMeter
 
             meter = EnergyMeter(self.device)
             if meter.available:
-                meter.measure_idle()
-                self._energy = meter
-            else:
+                self._nvml = meter
+                if want_energy:
+                    meter.measure_idle()
+                    self._energy = meter
+            elif want_energy:
                 self.energy_note = meter.why
         elif self.options.energy:
             self.energy_note = "energy needs a CUDA device with NVML"
 
     def close(self) -> None:
         """Release NVML."""
-        if self._energy is not None:
-            self._energy.close()
+        if self._nvml is not None:
+            self._nvml.close()
 
     def _result(
         self, cfg: OpConfig, status: ReplayStatus, reason: str = "", recipe: str = "", **extra: Any
@@ -162,7 +175,7 @@ class Replayer:
                 stage = "check"
                 numerics = self._check(case, op)
             stage = "time"
-            timing = self._time(case)
+            timing = self._time(case, cfg)
             energy: EnergyStats | None = None
             if self._energy is not None:
                 stage = "energy"
@@ -211,10 +224,56 @@ class Replayer:
         del ref_in, out
         return result
 
-    def _time(self, case: Case) -> TimingStats:
-        if self._timer is not None:
-            return self._timer.time(case, self.options.timing)
-        return time_cpu(case, self.options.timing)
+    def _time(self, case: Case, cfg: OpConfig) -> TimingStats:
+        timing = self.options.timing
+        if self._timer is None:
+            return time_cpu(case, timing)
+        warm_idx: tuple[int, ...] | None = None
+        warm: list[Any] = []
+        if timing.cold_l2 and timing.warm_activations:
+            warm_idx, warm = self.warm_tensors(case, cfg, self._timer.l2_bytes)
+        sampler = self._nvml.clock_sampler() if (self._nvml is not None and self.options.sm_clock) else None
+        if sampler is None:
+            stats = self._timer.time(case, timing, warm=warm)
+        else:
+            with sampler:
+                stats = self._timer.time(case, timing, warm=warm, busy=sampler)
+        return stats.model_copy(
+            update={"warm_inputs": warm_idx, "sm_clock_mhz": sampler.median if sampler is not None else None}
+        )
+
+    def warm_tensors(self, case: Case, cfg: OpConfig, l2_bytes: int) -> tuple[tuple[int, ...], list[Any]]:
+        """The op inputs to read into L2 after a flush (indices into the op's inputs) and the tensors.
+
+        Those are the config's activation inputs (``cfg.warm_inputs``) whose reuse distance plus
+        their own size fits in ``options.warm_l2_fraction`` of ``l2_bytes`` (an activation written
+        long ago, with more than the L2 moved since, or too big to stay there, is cold in the model
+        too), found among the case's tensors by :func:`match_inputs`; plus case
+        tensors that stand for no recorded input, up to ``options.warm_aux_bytes`` each.
+        """
+        import torch
+
+        reuse = cfg.warm_reuse_bytes if len(cfg.warm_reuse_bytes) == len(cfg.warm_inputs) else ()
+        room = l2_bytes * self.options.warm_l2_fraction
+        wanted = [
+            i
+            for n, i in enumerate(cfg.warm_inputs)
+            if (reuse[n] if reuse else 0) + (cfg.op.inputs[i].nbytes if i < len(cfg.op.inputs) else 0) <= room
+        ]
+        where = match_inputs(case.inputs, cfg.op.inputs)
+        idx: list[int] = []
+        tensors: list[Any] = []
+        for i in wanted:
+            pos = where[i] if 0 <= i < len(where) else None
+            if pos is not None:
+                idx.append(i)
+                tensors.append(case.inputs[pos])
+        claimed = {p for p in where if p is not None}
+        for pos, v in enumerate(case.inputs):
+            small = isinstance(v, torch.Tensor) and v.numel() * v.element_size() <= self.options.warm_aux_bytes
+            if pos not in claimed and small:
+                tensors.append(v)
+        return tuple(idx), tensors
 
 
 class _Carry(Exception):
@@ -293,9 +352,14 @@ def replay_graph(
     yield from replay_configs(configs, device, options, writer=writer, moe_skew=graph_skew(graphs))
 
 
-def replay_op(op: OpBase, device: str = "cpu", options: ReplayOptions | None = None) -> ReplayResult:
-    """Replay a single op (its own config, count 1) and return the result."""
-    cfg = OpConfig(key=config_key(op), op=op, count=1, op_ids=[op.id])
+def replay_op(
+    op: OpBase, device: str = "cpu", options: ReplayOptions | None = None, *, warm_inputs: tuple[int, ...] = ()
+) -> ReplayResult:
+    """Replay a single op (its own config, count 1) and return the result.
+
+    ``warm_inputs``: indices of the op's inputs that are activations (read into L2 after a flush).
+    """
+    cfg = OpConfig(key=config_key(op), op=op, count=1, op_ids=[op.id], warm_inputs=warm_inputs)
     rep = Replayer(device, options)
     try:
         return rep.replay(cfg)

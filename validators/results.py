@@ -76,6 +76,14 @@ class TimingStats(BaseModel):
     """``cuda_events`` (device events around each call), ``cuda_graph`` or ``perf_counter`` (host clock)."""
     cold_l2: bool = False
     """The L2 cache was flushed before each sample."""
+    warm_inputs: tuple[int, ...] | None = None
+    """With ``cold_l2``: the op's inputs read back into L2 after each flush (indices into the op's
+    inputs: activations the model had just written); ``None`` when not flushed or not warmed."""
+    attribution: str | None = None
+    """How the ``cuda_kernels`` timer picked the op's kernels: ``range`` (kernels launched inside the
+    op's profiler range), ``subtracted`` (all kernels minus the flush profiled alone), or both."""
+    sm_clock_mhz: NonNegFloat | None = None
+    """Median SM clock while the config was timed (NVML), to tell clock drift from run to run."""
     host_us: NonNegFloat | None = None
     """Median host (CPU) time to issue one call, when measured: the framework overhead."""
     converged: bool = True
@@ -385,6 +393,10 @@ class RunToRun(BaseModel):
     """Definition of the config with the largest difference."""
     over_2pct: int = 0
     """Configs whose medians differ by more than 2%."""
+    clock_median_rel: float | None = None
+    """Median of ``|clock a - clock b| / mean`` of the SM clocks, over configs with clocks in both runs."""
+    worst_clocks_mhz: tuple[float, float] | None = None
+    """SM clocks of the worst config in the two runs, when both recorded one."""
 
     def line(self) -> str:
         """One line for the CLI."""
@@ -392,13 +404,20 @@ class RunToRun(BaseModel):
             f"run-to-run: {self.configs} configs over {self.min_us:g} us; |Δmedian| median "
             f"{100 * self.median_rel:.2f}%, p95 {100 * self.p95_rel:.2f}%, max {100 * self.max_rel:.2f}% "
             f"({self.worst}); {self.over_2pct} over 2%"
+            + (f"; |Δclock| median {100 * self.clock_median_rel:.2f}%" if self.clock_median_rel is not None else "")
+            + (
+                f", worst at {self.worst_clocks_mhz[0]:.0f} vs {self.worst_clocks_mhz[1]:.0f} MHz"
+                if self.worst_clocks_mhz is not None
+                else ""
+            )
         )
 
 
 def run_to_run(a: Iterable[ReplayResult], b: Iterable[ReplayResult], *, min_us: float = 20.0) -> RunToRun:
     """Compare the medians of two runs config by config (only configs timed in both, over ``min_us``)."""
     first = {r.key: r for r in a if r.timing is not None}
-    diffs: list[tuple[float, str]] = []
+    diffs: list[tuple[float, str, tuple[float, float] | None]] = []
+    clock_rel: list[float] = []
     for r in b:
         other = first.get(r.key)
         if r.timing is None or other is None or other.timing is None:
@@ -406,11 +425,15 @@ def run_to_run(a: Iterable[ReplayResult], b: Iterable[ReplayResult], *, min_us: 
         ma, mb = other.timing.median_us, r.timing.median_us
         if min(ma, mb) < min_us:
             continue
-        diffs.append((abs(ma - mb) / ((ma + mb) / 2), r.definition))
+        ca, cb = other.timing.sm_clock_mhz, r.timing.sm_clock_mhz
+        clocks = (ca, cb) if ca is not None and cb is not None else None
+        if clocks is not None and ca and cb:
+            clock_rel.append(abs(ca - cb) / ((ca + cb) / 2))
+        diffs.append((abs(ma - mb) / ((ma + mb) / 2), r.definition, clocks))
     if not diffs:
         return RunToRun(configs=0, min_us=min_us, median_rel=0.0, p95_rel=0.0, max_rel=0.0)
-    rel = sorted(d for d, _ in diffs)
-    worst = max(diffs)
+    rel = sorted(d for d, _, _ in diffs)
+    worst = max(diffs, key=lambda d: d[0])
     p95 = rel[min(len(rel) - 1, math.ceil(0.95 * len(rel)) - 1)]
     return RunToRun(
         configs=len(rel),
@@ -420,4 +443,6 @@ def run_to_run(a: Iterable[ReplayResult], b: Iterable[ReplayResult], *, min_us: 
         max_rel=worst[0],
         worst=worst[1],
         over_2pct=sum(1 for d in rel if d > 0.02),
+        clock_median_rel=statistics.median(clock_rel) if clock_rel else None,
+        worst_clocks_mhz=worst[2],
     )

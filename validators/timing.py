@@ -4,26 +4,53 @@ On CUDA each sample is bracketed by CUDA events. A spin kernel (``torch.cuda._sl
 torch has it) is queued before each sample for longer than the host needs to issue the op, so the
 op's kernels are already queued when the GPU reaches them and the events measure device time, not
 launch latency. Very short ops are issued several times per sample (warm L2 only) so the event
-resolution does not dominate. With ``cold_l2`` a buffer twice the L2 size is read before each
-sample. On the CPU a monotonic clock (``perf_counter_ns``) times each sample.
+resolution does not dominate. On the CPU a monotonic clock (``perf_counter_ns``) times each sample.
 
-Sampling stops when the 95% confidence half-width of the median (about ``1.57 * IQR / sqrt(n)``)
-is below ``target_ci`` of the median, or at the sample or time cap.
+The default CUDA timer (``kernels``) sums the durations of the kernels the op launches, as the
+profiler records them, over profiler sessions of about ``kernel_session_ms`` of device work each
+(one sample a session). Each call of the op runs inside a ``record_function`` range
+(:data:`OP_RANGE`) and only kernels launched inside it count, so the L2 flush and the warm-up
+reads around it are separated exactly.
+
+With ``cold_l2`` a buffer twice the L2 size is read before each call, then (``warm_activations``)
+the op's activation inputs are read back: in the model those were just written by the op before
+and sit in L2, while its weights come from DRAM.
+
+Sampling stops (:func:`stop_sampling`) when the 95% confidence half-width of the median (about
+``1.57 * IQR / sqrt(n)``) is below ``target_ci`` of the median, or at the sample or time cap; never
+before the minimum.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from validators.results import TimingStats
 
 if TYPE_CHECKING:
     import torch
+
+OP_RANGE = "opgraph_replay_op"
+"""Name of the profiler range around each timed call of the op (kernels timer)."""
+
+
+class BusyWindows(Protocol):
+    """Something told when the device is busy with timed work (a clock sampler)."""
+
+    def window(self) -> AbstractContextManager[Any]:
+        """A block during which the device runs the timed work."""
+        ...
+
+
+def _busy(clock: BusyWindows | None) -> AbstractContextManager[Any]:
+    return clock.window() if clock is not None else contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -44,6 +71,9 @@ class TimingConfig:
     """Stop once the median's 95% confidence half-width is below this fraction of it."""
     cold_l2: bool = False
     """Flush the L2 cache before each sample (one call per sample)."""
+    warm_activations: bool = True
+    """With ``cold_l2``: after the flush, read the op's activation inputs back into L2 (the model
+    just wrote them), so only weights and inputs from an earlier forward are cold."""
     min_sample_us: float = 40.0
     """Very short ops are issued several times per sample to fill at least this long (warm L2 only)."""
     batch: int = 10
@@ -53,7 +83,11 @@ class TimingConfig:
     time a measured trace counts; no launch gaps, no idle clocks), ``events`` brackets each sample
     with CUDA events (elapsed device time, gaps between the op's kernels included)."""
     kernel_sessions: int = 9
-    """Profiler sessions (samples) for the ``kernels`` timer."""
+    """Fewest profiler sessions (samples) for the ``kernels`` timer."""
+    max_kernel_sessions: int = 25
+    """Most profiler sessions: sessions are added until the median is within ``target_ci``."""
+    kernel_max_time_s: float = 5.0
+    """Stop adding profiler sessions after this long (the fewest always run)."""
     kernel_session_ms: float = 20.0
     """Device work per profiler session: long enough to average out clock and power transients."""
     device_warmup_s: float = 1.0
@@ -83,15 +117,106 @@ def summarize(samples_us: list[float], **extra: Any) -> TimingStats:
     )
 
 
-def _converged(xs: list[float], cfg: TimingConfig) -> bool:
-    if len(xs) < cfg.min_samples:
-        return False
+def ci_rel(xs: Sequence[float]) -> float:
+    """Approximate relative 95% confidence half-width of the median: ``1.57 * IQR / sqrt(n) / median``.
+
+    0 for a non-positive median (nothing to resolve), infinite for fewer than two samples.
+    """
+    n = len(xs)
+    if n < 2:
+        return math.inf
     s = sorted(xs)
     med = statistics.median(s)
     if med <= 0:
-        return True
+        return 0.0
     q = statistics.quantiles(s, n=4, method="inclusive")
-    return 1.57 * (q[2] - q[0]) / math.sqrt(len(s)) / med <= cfg.target_ci
+    return 1.57 * (q[2] - q[0]) / math.sqrt(n) / med
+
+
+def stop_sampling(
+    xs: Sequence[float],
+    *,
+    min_n: int,
+    max_n: int,
+    target_ci: float,
+    elapsed_s: float = 0.0,
+    max_time_s: float = math.inf,
+) -> bool:
+    """Whether to stop taking samples after ``xs``: never before ``min_n``, always at ``max_n``.
+
+    In between, stop once the median's relative 95% confidence half-width (:func:`ci_rel`) is at
+    most ``target_ci``, or once ``elapsed_s`` has reached ``max_time_s``.
+    """
+    n = len(xs)
+    if n < max(min_n, 1):
+        return False
+    if n >= max_n:
+        return True
+    return ci_rel(xs) <= target_ci or elapsed_s >= max_time_s
+
+
+def _converged(xs: list[float], cfg: TimingConfig) -> bool:
+    return len(xs) >= cfg.min_samples and ci_rel(xs) <= cfg.target_ci
+
+
+_INT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def read_view(t: Any) -> Any:
+    """A same-shape integer view of tensor ``t`` that any reduction can read (bool, fp8, floats).
+
+    ``None`` for what cannot or need not be read: non-tensors, empty and complex tensors.
+    """
+    import torch
+
+    if not isinstance(t, torch.Tensor) or t.numel() == 0 or t.dtype.is_complex:
+        return None
+    name = _INT_OF_SIZE.get(t.element_size())
+    if name is None:
+        return None
+    target = getattr(torch, name)
+    # Same element size: the view keeps the tensor's shape and strides, so exactly its bytes are read.
+    return t if t.dtype == target else t.view(target)
+
+
+def touch(views: Iterable[Any]) -> None:
+    """Read every element of each view (one reduction kernel per tensor) to bring it into the cache."""
+    for v in views:
+        v.max()
+
+
+def _on_cpu(e: Any) -> bool:
+    dt = getattr(e, "device_type", None)
+    return dt is not None and str(getattr(dt, "name", dt)).upper().endswith("CPU")
+
+
+def range_kernel_us(events: Iterable[Any], name: str = OP_RANGE) -> tuple[float, float, int]:
+    """Device time of kernels launched inside the ``name`` ranges, all device time, and the ranges.
+
+    ``events`` are the profiler's ``FunctionEvent`` objects (``prof.events()``). The kernels of a
+    CPU-side event are those the profiler correlated with it (``FunctionEvent.kernels``); a range's
+    kernels are those of its CPU subtree (what ``device_time_total`` sums), walked here so that a
+    device-side annotation of the range (``gpu_user_annotation``) is never counted as a kernel.
+    Returns microseconds: (inside the ranges, every device event, number of ranges).
+    """
+    evs = list(events)
+    total = 0.0
+    for e in evs:
+        if _on_cpu(e) or e.name == name or getattr(e, "is_user_annotation", False):
+            continue
+        total += float(e.time_range.elapsed_us())
+    inside = 0.0
+    ranges = 0
+    for e in evs:
+        if e.name != name or not _on_cpu(e) or getattr(e, "is_async", False):
+            continue
+        ranges += 1
+        stack = [e]
+        while stack:
+            ev = stack.pop()
+            inside += sum(float(k.duration) for k in getattr(ev, "kernels", ()) if k.name != name)
+            stack.extend(c for c in getattr(ev, "cpu_children", ()) if c.name != name)
+    return inside, total, ranges
 
 
 def time_cpu(fn: Callable[[], Any], cfg: TimingConfig) -> TimingStats:
@@ -133,6 +258,7 @@ class CudaTimer:
         self._sleep: Callable[[int], None] | None = getattr(torch.cuda, "_sleep", None)
         self._cycles_per_us: float | None = None
         self._warmed = False
+        self._l2: int | None = None
 
     def _calibrate_sleep(self) -> float:
         import torch as _torch
@@ -152,25 +278,56 @@ class CudaTimer:
             self._cycles_per_us = cycles / us if us > 0 else 1500.0
         return self._cycles_per_us
 
+    @property
+    def l2_bytes(self) -> int:
+        """The device's L2 cache size in bytes (64 MiB when the driver does not say)."""
+        import torch
+
+        if self._l2 is None:
+            props = torch.cuda.get_device_properties(self.device)
+            self._l2 = int(getattr(props, "L2_cache_size", 0) or 0) or 64 * 2**20
+        return self._l2
+
     def _flush_l2(self) -> None:
         import torch
 
         if self._flush is None:
-            props = torch.cuda.get_device_properties(self.device)
-            l2 = int(getattr(props, "L2_cache_size", 0) or 0) or 64 * 2**20
-            self._flush = torch.zeros(2 * l2 // 4, dtype=torch.int32, device=self.device)
+            self._flush = torch.zeros(2 * self.l2_bytes // 4, dtype=torch.int32, device=self.device)
         # Read (not write) a buffer twice the L2 size: the L2 ends up holding clean lines, so the op
         # does not pay for writing the flush back, as it would after a memset.
         self._flush.max()
 
-    def time(self, fn: Callable[[], Any], cfg: TimingConfig) -> TimingStats:
-        """Time ``fn`` (one call of the op) on the GPU (kernel sum or events, see :class:`TimingConfig`)."""
+    def _prepare(self, cfg: TimingConfig, warm: Sequence[Any]) -> Callable[[], None] | None:
+        """What runs before each timed call: the L2 flush, then reads of the warm inputs; or nothing."""
+        if not cfg.cold_l2:
+            return None
+        views = [v for v in (read_view(t) for t in warm) if v is not None] if cfg.warm_activations else []
+
+        def prepare() -> None:
+            self._flush_l2()
+            touch(views)
+
+        return prepare
+
+    def time(
+        self,
+        fn: Callable[[], Any],
+        cfg: TimingConfig,
+        *,
+        warm: Sequence[Any] = (),
+        busy: BusyWindows | None = None,
+    ) -> TimingStats:
+        """Time ``fn`` (one call of the op) on the GPU (kernel sum or events, see :class:`TimingConfig`).
+
+        ``warm``: tensors read into L2 after each flush (with ``cold_l2`` and ``warm_activations``).
+        ``busy``: told (``window()``) while the timed work runs, to sample the SM clock then only.
+        """
         import torch
 
         with torch.cuda.device(self.device):
             if not self._warmed and cfg.device_warmup_s > 0:
                 self._warm_device(cfg.device_warmup_s, torch)
-            return self._time(fn, cfg, torch)
+            return self._time(fn, cfg, torch, self._prepare(cfg, warm), busy)
 
     def _warm_device(self, seconds: float, torch: Any) -> None:
         # Clocks and power settle within about a second of sustained work; measure from there.
@@ -182,19 +339,37 @@ class CudaTimer:
             torch.cuda.synchronize(self.device)
         self._warmed = True
 
-    def _time(self, fn: Callable[[], Any], cfg: TimingConfig, torch: Any) -> TimingStats:
+    def _issue_us(self, fn: Callable[[], Any], torch: Any, bursts: int = 7, calls: int = 4) -> float:
+        """Host time to issue one call, as in a model run: a few calls after the device has caught
+        up, so no launch waits for room in the queue (median over bursts)."""
         clock = time.perf_counter_ns
-        # Warm-up: also measures the host time to issue one call, and a rough device time.
-        host: list[float] = []
+        xs: list[float] = []
+        for _ in range(bursts):
+            torch.cuda.synchronize(self.device)
+            for _ in range(calls):
+                t0 = clock()
+                fn()
+                xs.append((clock() - t0) / 1e3)
+        torch.cuda.synchronize(self.device)
+        return statistics.median(xs)
+
+    def _time(
+        self,
+        fn: Callable[[], Any],
+        cfg: TimingConfig,
+        torch: Any,
+        prepare: Callable[[], None] | None,
+        busy: BusyWindows | None = None,
+    ) -> TimingStats:
+        clock = time.perf_counter_ns
+        # Warm-up: also measures a rough device time.
         warm = 0
         t_end = clock() + int(cfg.warmup_ms * 1e6)
         w0, w1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         w0.record()
         while warm < cfg.min_warmup or clock() < t_end:
-            t0 = clock()
             fn()
-            host.append((clock() - t0) / 1e3)
             warm += 1
             if warm >= 2000:
                 break
@@ -203,12 +378,12 @@ class CudaTimer:
         w1.record()
         torch.cuda.synchronize()
         rough_us = w0.elapsed_time(w1) * 1e3 / warm
-        host_us = statistics.median(host)
+        host_us = self._issue_us(fn, torch)
         reps = 1
         if not cfg.cold_l2 and rough_us < cfg.min_sample_us:
             reps = min(64, max(1, math.ceil(cfg.min_sample_us / max(rough_us, 0.5))))
         if cfg.timer == "kernels":
-            return self._time_kernels(fn, cfg, torch, warm=warm, host_us=host_us, rough_us=rough_us)
+            return self._time_kernels(fn, cfg, torch, prepare, warm=warm, host_us=host_us, rough_us=rough_us, busy=busy)
         lead_cycles = 0
         if self._sleep is not None:
             lead_us = min(20_000.0, 1.5 * host_us * reps + 20.0)
@@ -217,18 +392,19 @@ class CudaTimer:
         deadline = clock() + int(cfg.max_time_s * 1e9)
         while len(xs) < cfg.max_samples:
             pairs = []
-            for _ in range(cfg.batch):
-                if cfg.cold_l2:
-                    self._flush_l2()
-                if lead_cycles:
-                    self._sleep(lead_cycles)  # type: ignore[misc]
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                for _ in range(reps):
-                    fn()
-                e.record()
-                pairs.append((s, e))
-            pairs[-1][1].synchronize()
+            with _busy(busy):
+                for _ in range(cfg.batch):
+                    if prepare is not None:
+                        prepare()
+                    if lead_cycles:
+                        self._sleep(lead_cycles)  # type: ignore[misc]
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    for _ in range(reps):
+                        fn()
+                    e.record()
+                    pairs.append((s, e))
+                pairs[-1][1].synchronize()
             xs.extend(s.elapsed_time(e) * 1e3 / reps for s, e in pairs)
             if _converged(xs, cfg) or clock() > deadline:
                 break
@@ -239,38 +415,70 @@ class CudaTimer:
         )  # fmt: skip
 
     def _time_kernels(
-        self, fn: Callable[[], Any], cfg: TimingConfig, torch: Any, *, warm: int, host_us: float, rough_us: float
+        self,
+        fn: Callable[[], Any],
+        cfg: TimingConfig,
+        torch: Any,
+        prepare: Callable[[], None] | None,
+        *,
+        warm: int,
+        host_us: float,
+        rough_us: float,
+        busy: BusyWindows | None = None,
     ) -> TimingStats:
-        """Sum of the op's kernel durations per call, from CUPTI via torch.profiler (one sample a session)."""
-        from torch.profiler import ProfilerActivity, profile
+        """Sum of the op's kernel durations per call, from CUPTI via torch.profiler (one sample a session).
+
+        Each call runs inside an :data:`OP_RANGE` range and only the kernels launched inside it
+        count. Should the profiler attribute no kernel to the ranges while it recorded some, the
+        kernels of ``prepare`` (flush and warm reads), profiled alone once, are taken off the total.
+        """
+        from torch.profiler import ProfilerActivity, profile, record_function
 
         work_us = cfg.kernel_session_ms * 1e3
         calls = max(3, min(500, math.ceil(work_us / max(rough_us, 1.0))))
+        activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
         xs: list[float] = []
-        deadline = time.perf_counter() + cfg.max_time_s
-        flush_us = 0.0
-        if cfg.cold_l2:
-            # The flush kernels are profiled with the op; their own time, profiled alone, is taken off.
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ways: set[str] = set()
+        prep_us: float | None = None
+        lo = max(3, cfg.kernel_sessions)
+        hi = max(lo, cfg.max_kernel_sessions)
+        start = time.perf_counter()
+        while True:
+            with profile(activities=activities) as prof, _busy(busy):
                 for _ in range(calls):
-                    self._flush_l2()
+                    if prepare is not None:
+                        prepare()
+                    with record_function(OP_RANGE):
+                        fn()
                 torch.cuda.synchronize()
-            flush_us = sum(float(getattr(e, "device_time_total", 0.0) or 0.0) for e in prof.key_averages()) / calls
-        for _ in range(max(3, cfg.kernel_sessions)):
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(calls):
-                    if cfg.cold_l2:
-                        self._flush_l2()
-                    fn()
-                torch.cuda.synchronize()
-            total_us = sum(float(getattr(e, "device_time_total", 0.0) or 0.0) for e in prof.key_averages())
-            xs.append(max(total_us / calls - flush_us, 0.0))
-            if time.perf_counter() > deadline and len(xs) >= 3:
+            inside, total, _ranges = range_kernel_us(prof.events())
+            if inside > 0 or total <= 0:
+                xs.append(inside / calls)
+                ways.add("range")
+            else:
+                if prep_us is None:
+                    prep_us = self._prepare_us(prepare, calls, torch) if prepare is not None else 0.0
+                xs.append(max(total / calls - prep_us, 0.0))
+                ways.add("subtracted")
+            if stop_sampling(
+                xs, min_n=lo, max_n=hi, target_ci=cfg.target_ci, elapsed_s=time.perf_counter() - start,
+                max_time_s=cfg.kernel_max_time_s,
+            ):  # fmt: skip
                 break
         return summarize(
             xs, calls_per_sample=calls, warmup_calls=warm, timer="cuda_kernels", cold_l2=cfg.cold_l2, host_us=host_us,
-            converged=_converged(xs, cfg),
+            converged=ci_rel(xs) <= cfg.target_ci, attribution="+".join(sorted(ways)),
         )  # fmt: skip
+
+    def _prepare_us(self, prepare: Callable[[], None], calls: int, torch: Any) -> float:
+        """Device time of ``prepare`` (flush and warm reads) per call, profiled alone (the fallback)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                prepare()
+            torch.cuda.synchronize()
+        return range_kernel_us(prof.events())[1] / calls
 
 
 def synchronize(device: torch.device) -> None:

@@ -6,7 +6,8 @@ Run on a GPU machine from the repo root (one case per call keeps each under ten 
 
 For the case it:
 
-1. captures the graph on meta (no weights) and replays every unique config on the GPU twice
+1. captures the graph on meta (no weights) with ``host_timing`` (the framework's Python and views
+   between ops, timed on this machine's CPU without the GPU) and replays every unique config on the GPU twice
    (run 1: float64 check + timing, run 2: timing only, for the run-to-run spread) -> JSONL;
 2. fits a calibrated cost table from run 1 only (``hardware.fit_cost_table``);
 3. runs the model (random weights, bf16, HF eager with SDPA) under the profiler with every kernel
@@ -77,7 +78,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--hardware", default="h100")
-    ap.add_argument("--wall-repeats", type=int, default=5)
+    ap.add_argument("--wall-repeats", type=int, default=9)
     ap.add_argument("--no-replay2", action="store_true", help="skip the second (run-to-run) replay")
     ap.add_argument("--warm-l2", action="store_true", help="replay with a warm L2 (default: flushed before each call)")
     ap.add_argument(
@@ -124,10 +125,12 @@ def main() -> int:
     }
     hw = load_hardware(args.hardware)
 
-    log(f"{case}: capture on meta")
-    graph = capture(model, device="meta", **kw)
+    log(f"{case}: capture on meta, with host timing")
+    graph = capture(model, device="meta", host_timing=True, **kw)
     save_graph(graph, out / f"{case}.graph.json.gz")
     report["graph_ops"] = len(graph.ops)
+    report["host_timing"] = {k: v for k, v in graph.metadata.capture.items() if k.startswith("host_timing")}
+    log(f"host timing: {report['host_timing']}")
 
     log("replay run 1 (check + timing)")
     t0 = time.perf_counter()
@@ -170,8 +173,24 @@ def main() -> int:
     report["calibration_notes"] = list(table.notes)
 
     log("profiled model run")
-    pc = profile_capture(model, device=args.device, **kw)
+    pc = profile_capture(model, device=args.device, wall_repeats=args.wall_repeats, **kw)
     report["wall"] = {"plain_us": pc.wall_us, "profiled_us": pc.wall_profiled_us}
+    # The host's speed can drift during a session (a shared machine): time the meta phase again
+    # right after the model runs and report both.
+    again = capture(model, device="meta", host_timing=True, **kw)
+    report["host_timing_after"] = {k: v for k, v in again.metadata.capture.items() if k.startswith("host_timing")}
+    log(f"host timing after the model runs: {report['host_timing_after']}")
+    # The profiled graph is the meta graph op for op; it takes the host gaps timed on meta.
+    meta_ops = {o.id: o for o in graph.ops}
+    if len(pc.graph.ops) != len(graph.ops) or any(
+        meta_ops[o.id].definition != o.definition for o in pc.graph.ops if o.id in meta_ops
+    ):
+        raise SystemExit("the profiled graph differs from the meta graph: host gaps cannot be carried over")
+    sim_graph = type(pc.graph).model_construct(
+        metadata=pc.graph.metadata.model_copy(update={"capture": graph.metadata.capture}),
+        ops=tuple(o.model_copy(update={"host_gap_us": meta_ops[o.id].host_gap_us}) for o in pc.graph.ops),
+        edges=pc.graph.edges,
+    )
     measured = pc.timeline.model_copy(update={"wall_us": pc.wall_us})
     save_timeline(measured, out / f"{case}.measured.json.gz")
 
@@ -182,7 +201,7 @@ def main() -> int:
         ("calibrated", TableModel(table), table.hardware or hw),
     ):
         log(f"simulate with {label}")
-        sim = simulate(pc.graph, spec, model_obj, config.model_copy(update={"skip_uncosted": True}))
+        sim = simulate(sim_graph, spec, model_obj, config.model_copy(update={"skip_uncosted": True}))
         tl = sim.timeline()
         save_timeline(tl, out / f"{case}.sim_{label}.json.gz") if label == "calibrated" else None
         c = compare_timelines(tl, measured)

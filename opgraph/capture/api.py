@@ -15,9 +15,9 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from opgraph.capture.lowering import DEFAULT_PIPELINE, Hints, Lowering, run_passes
 from opgraph.capture.lowering.build import build_ops, group_order
@@ -27,6 +27,23 @@ from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.graph import GraphMetadata, OpGraph
 
 Phase = Literal["prefill", "decode", "generate"]
+
+
+class PhaseRecorder(Protocol):
+    """What :func:`run_phase` needs of a recorder: stage tags and the blocks it records in."""
+
+    stage: str | None
+    step: int | None
+
+    def recording(self) -> AbstractContextManager[Any]:
+        """Record what runs inside."""
+        ...
+
+    def scope(self, name: str) -> AbstractContextManager[None]:
+        """Record what runs inside as module ``name``."""
+        ...
+
+
 PHASES = ("prefill", "decode", "generate")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 ATTN_IMPLS = ("sdpa", "eager")
@@ -51,6 +68,8 @@ class CaptureOptions:
     device: str = "meta"
     moe_skew: float | None = None
     trust_remote_code: bool = False
+    host_timing: bool = False
+    """Also measure the framework's host time before each op (:mod:`opgraph.capture.hosttime`)."""
 
     def validate(self) -> None:
         """Raise :class:`CaptureError` on an impossible request."""
@@ -246,7 +265,7 @@ def setup_phase(prepared: PreparedModel, opts: CaptureOptions) -> Any:
     return cache
 
 
-def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: Recorder | None, cache: Any = None) -> None:
+def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: PhaseRecorder | None, cache: Any = None) -> None:
     """Run the phase's forward passes (recorded when ``rec`` is given).
 
     ``cache`` comes from :func:`setup_phase`; without it the phase sets itself up first (a decode
@@ -283,7 +302,7 @@ def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: Recorder | Non
             out = forward(ids, cache, "decode", step, True)
 
 
-def _sample(logits: Any, rec: Recorder | None) -> Any:
+def _sample(logits: Any, rec: PhaseRecorder | None) -> Any:
     # Greedy sampling, recorded in a "sampler" scope.
     if rec is None:
         return logits[:, -1, :].argmax(dim=-1, keepdim=True)
@@ -392,29 +411,53 @@ def capture(
     device: str = "meta",
     moe_skew: float | None = None,
     trust_remote_code: bool = False,
+    host_timing: bool = False,
 ) -> OpGraph:
     """Capture a causal LM into a typed op graph.
 
     ``model_or_id`` is a preset key or HF id of a preset, a ``config.json`` path, a model folder, a
     hub id in the local HF cache, or an ``nn.Module`` taking ``input_ids``. For a measured timeline
-    as well, use :func:`opgraph.capture.profile_capture`.
+    as well, use :func:`opgraph.capture.profile_capture`. ``host_timing`` also measures the host
+    time the framework spends before each op on this machine (``OpBase.host_gap_us``, see
+    :mod:`opgraph.capture.hosttime`).
 
     >>> g = capture("llama-3.2-1b", seq_len=16, layers=1)  # doctest: +SKIP
     >>> g.summary()["by_kind"]["gemm"]["ops"]  # doctest: +SKIP
     8
     """
     opts = CaptureOptions(
-        phase, batch, seq_len, kv_len, new_tokens, dtype, layers, attn_impl, device, moe_skew, trust_remote_code
+        phase,
+        batch,
+        seq_len,
+        kv_len,
+        new_tokens,
+        dtype,
+        layers,
+        attn_impl,
+        device,
+        moe_skew,
+        trust_remote_code,
+        host_timing,
     )
     with paused_gc():
         prepared = prepare(model_or_id, opts)
         rec = Recorder()
         rec.add_root(prepared.model)
         run_phase(prepared, opts, rec)
-        graph, _ = graph_from_recording(rec, **_metadata_args(prepared, opts))
-    return graph
+        graph, event_op = graph_from_recording(rec, **_metadata_args(prepared, opts))
+    return add_host_timing(graph, rec, event_op, prepared, opts)
 
 
+def add_host_timing(
+    graph: OpGraph, rec: Recorder, event_op: list[int | None], prepared: PreparedModel, opts: CaptureOptions
+) -> OpGraph:
+    """The graph with the framework's host time per op when ``opts.host_timing`` asks for it."""
+    if not opts.host_timing:
+        return graph
+    from opgraph.capture.hosttime import measure_host_gaps, with_host_gaps
+
+    timing = measure_host_gaps(prepared, opts, event_op, [e.target for e in rec.events])
+    return with_host_gaps(graph, timing)
 
 
 class Tracing:

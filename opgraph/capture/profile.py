@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from opgraph.capture.api import CaptureOptions, _metadata_args, graph_from_recording, prepare, run_phase, setup_phase
+from opgraph.capture.api import (
+    CaptureOptions,
+    _metadata_args,
+    add_host_timing,
+    graph_from_recording,
+    prepare,
+    run_phase,
+    setup_phase,
+)
 from opgraph.capture.recorder import Recorder
 from opgraph.ir.graph import OpGraph
 from opgraph.ir.timeline import Span, Timeline, TimelineKind, TimelineSource
@@ -92,6 +100,7 @@ def profile_capture(
         _sync(opts.device)
         wall_prof_us = (time.perf_counter() - t1) * 1e6
     graph, event_op = graph_from_recording(rec, **_metadata_args(prepared, opts))
+    graph = add_host_timing(graph, rec, event_op, prepared, opts)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(path))

@@ -259,14 +259,15 @@ class Recorder:
             info = self._finfo[func] = _func_info(func)
         if self._suppress:
             return func(*args, **kwargs)
-        meta_special = self._meta_data_dependent(func, args, kwargs)
+        stand_in = meta_stand_in(func, args)
         tensors: list[torch.Tensor] = []
         enc_args = tuple(self._encode(a, tensors) for a in args)
         enc_kwargs = {k: self._encode(v, tensors) for k, v in kwargs.items() if k != "device"}
         inputs = tuple(self._ref(t) for t in tensors)
         index = len(self.events)
-        if meta_special is not None:
-            out = meta_special
+        if stand_in is not None:
+            out, assumption = stand_in
+            self.assumptions[assumption] = None
         elif self.profile_ranges:
             with self._range(index):
                 out = func(*args, **kwargs)
@@ -340,23 +341,6 @@ class Recorder:
         )
         return out
 
-    def _meta_data_dependent(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Stand-in results for ops whose output depends on values a meta tensor does not have."""
-        if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type != "meta":
-            return None
-        aten = torch.ops.aten
-        if func is aten._local_scalar_dense.default:
-            self.assumptions[_SCALAR_ASSUMPTION] = None
-            t = args[0]
-            if t.dtype == torch.bool:
-                return True
-            return 0.0 if t.dtype.is_floating_point else 1
-        if func in (aten.nonzero.default, aten.argwhere.default):
-            self.assumptions[_NONZERO_ASSUMPTION] = None
-            t = args[0]
-            return torch.empty((t.numel(), t.dim()), dtype=torch.long, device="meta")
-        return None
-
     def _composite(self, name: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Record ``func`` as one event named ``name`` (its aten ops are not recorded separately)."""
         tensors: list[torch.Tensor] = []
@@ -370,7 +354,7 @@ class Recorder:
                 with self._range(index):
                     out = func(*args, **kwargs)
             else:
-                out = _fast_meta(name, args, kwargs)
+                out = fast_meta(name, args, kwargs)
                 if out is None:
                     out = func(*args, **kwargs)
         finally:
@@ -454,7 +438,24 @@ class Recorder:
         return False
 
 
-def _fast_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def meta_stand_in(func: Any, args: tuple[Any, ...]) -> tuple[Any, str] | None:
+    """A stand-in result for an op whose output depends on values a meta tensor does not have, and
+    the assumption it makes; ``None`` for every other op (and on real devices)."""
+    if not args or not isinstance(args[0], torch.Tensor) or args[0].device.type != "meta":
+        return None
+    aten = torch.ops.aten
+    if func is aten._local_scalar_dense.default:
+        t = args[0]
+        if t.dtype == torch.bool:
+            return True, _SCALAR_ASSUMPTION
+        return (0.0 if t.dtype.is_floating_point else 1), _SCALAR_ASSUMPTION
+    if func in (aten.nonzero.default, aten.argwhere.default):
+        t = args[0]
+        return torch.empty((t.numel(), t.dim()), dtype=torch.long, device="meta"), _NONZERO_ASSUMPTION
+    return None
+
+
+def fast_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The output of a composite on meta without running its decomposition."""
     if name != "scaled_dot_product_attention" or len(args) < 3:
         return None

@@ -18,14 +18,13 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from opgraph.ir import OP_TYPES, OpBase, OpKind, TensorSpec, parse_op
+from opgraph.ir import IDENTITY_FIELDS, OP_TYPES, OpBase, OpKind, TensorSpec, parse_op
 
 CONFIG_HASH_VERSION = 1
 """Version of the normalisation rules below; part of every hash, bumped when they change."""
 
-_IDENTITY_FIELDS = ("id", "scope", "layer", "stage", "step")
 _COST_FIELDS = ("flops", "bytes_read", "bytes_written")
-_IDENTITY_DEFAULTS: dict[str, Any] = {"id": 0, "scope": "", "layer": None, "stage": None, "step": None}
+_IDENTITY_DEFAULTS: dict[str, Any] = {**dict.fromkeys(IDENTITY_FIELDS), "id": 0, "scope": ""}
 
 
 def contiguous_strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -112,7 +111,7 @@ def hash_config_dict(data: dict[str, Any]) -> str:
     IR does not change the hash of any existing config.
     """
     op_type = OP_TYPES[OpKind(data["kind"])]
-    keyed = {k: v for k, v in data.items() if k not in _COST_FIELDS and k not in _IDENTITY_FIELDS}
+    keyed = {k: v for k, v in data.items() if k not in _COST_FIELDS and k not in IDENTITY_FIELDS}
     keyed = _without_defaults(keyed, op_type)
     for side in ("inputs", "outputs"):
         if side in keyed:

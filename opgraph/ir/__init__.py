@@ -30,6 +30,7 @@ from opgraph.ir.io import (
     save_timeline,
 )
 from opgraph.ir.ops import (
+    IDENTITY_FIELDS,
     OP_TYPES,
     Activation,
     AtenCall,
@@ -63,6 +64,7 @@ from opgraph.ir.tensor import TensorSpec
 from opgraph.ir.timeline import Span, Timeline, TimelineKind, TimelineSource
 
 __all__ = [
+    "IDENTITY_FIELDS",
     "OP_TYPES",
     "SCHEMA_VERSION",
     "Activation",

@@ -17,6 +17,9 @@ from pydantic import BaseModel, Field, JsonValue, model_validator
 from opgraph.ir.dtypes import DType
 from opgraph.ir.tensor import FROZEN, NonNegInt, TensorSpec
 
+IDENTITY_FIELDS: frozenset[str] = frozenset({"id", "scope", "layer", "stage", "step", "host_gap_us"})
+"""Op fields that say where and when an op ran, not what it computes: equal configs differ only here."""
+
 PosInt = Annotated[int, Field(ge=1)]
 """An integer that is one or more (dimensions that cannot be empty)."""
 
@@ -116,6 +119,10 @@ class OpBase(BaseModel):
     """Stable flashinfer-bench style name (``gemm_n4096_k4096``) for dedup, replay and tables."""
     call: AtenCall | None = None
     """The aten call as recorded, for ops lowered from one aten op; ``None`` for fused/composite ops."""
+    host_gap_us: Annotated[float, Field(ge=0)] | None = None
+    """Host time the framework spent before issuing this op (Python, module calls and the views
+    folded away since the previous op), measured at capture with ``host_timing``; ``None`` when not
+    measured. Eager simulations add it to the op's issue time."""
 
     @model_validator(mode="after")
     def _derive_defaults(self) -> OpBase:

@@ -24,8 +24,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-
-
 def _paused(func: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(func)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

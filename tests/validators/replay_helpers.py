@@ -138,7 +138,7 @@ def tiny_ops(seq: int = 8, hidden: int = 32, heads: int = 4, kv_heads: int = 2, 
 
 def tiny_graph(model: str = "tiny", phase: str = "prefill", ops: list[OpBase] | None = None) -> OpGraph:
     """A graph of :func:`tiny_ops` (no edges: replay does not need them)."""
-    return OpGraph(metadata=GraphMetadata(model=model, phase=phase), ops=tuple(ops or tiny_ops()))  # type: ignore[arg-type]
+    return OpGraph(metadata=GraphMetadata(model=model, phase=phase), ops=tuple(ops or tiny_ops()))
 
 
 def gemm_graph(model: str = "gemms", sizes: tuple[int, ...] = (8, 16, 24)) -> OpGraph:
@@ -147,4 +147,4 @@ def gemm_graph(model: str = "gemms", sizes: tuple[int, ...] = (8, 16, 24)) -> Op
     for i, n in enumerate(sizes):
         ops.append(mm(2 * i, 4, n, 16))
         ops.append(mm(2 * i + 1, 4, n, 16))
-    return OpGraph(metadata=GraphMetadata(model=model, phase="prefill"), ops=tuple(ops))  # type: ignore[arg-type]
+    return OpGraph(metadata=GraphMetadata(model=model, phase="prefill"), ops=tuple(ops))

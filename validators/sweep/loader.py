@@ -33,7 +33,7 @@ from opgraph.catalog import (
     select_op,
     size_label,
 )
-from opgraph.ir import OpBase, OpgraphError, parse_op
+from opgraph.ir import IDENTITY_FIELDS, OpBase, OpgraphError, parse_op
 
 if TYPE_CHECKING:
     from _pytest.mark import ParameterSet
@@ -113,7 +113,7 @@ def _unique_ids(cases: list[SweepCase]) -> list[SweepCase]:
 
 # --- all_cases decomposition ---------------------------------------------------------------------
 
-_COMMON = {"id", "scope", "layer", "stage", "step", "flops", "bytes_read", "bytes_written", "definition"}
+_COMMON = IDENTITY_FIELDS | {"flops", "bytes_read", "bytes_written", "definition"}
 _GROUP_FIELDS = {"kind", "target", "fn", "collective"}
 _DTYPE_FIELDS = {"dtype", "out_dtype"}
 

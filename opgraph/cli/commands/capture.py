@@ -51,6 +51,9 @@ def capture(
     device: str = typer.Option("meta", help="meta (no weights), cpu or cuda (random weights)."),
     moe_skew: float = typer.Option(None, help="Zipf exponent of MoE expert loads (0 or unset: balanced)."),
     trust_remote_code: bool = typer.Option(False, help="Allow a local model's own modelling code."),
+    host_timing: bool = typer.Option(
+        False, help="Also time the framework's host work before each op on this machine (for eager wall time)."
+    ),
     profile: bool = typer.Option(False, help="Run under torch.profiler (cuda, or cpu) and write a measured timeline."),
     timeline: Path = typer.Option(None, help="Timeline file for --profile (default: OUTPUT with .timeline.json)."),
     trace: Path = typer.Option(None, help="Also keep the raw profiler trace here (--profile)."),
@@ -80,6 +83,7 @@ def capture(
         device=device,
         moe_skew=moe_skew,
         trust_remote_code=trust_remote_code,
+        host_timing=host_timing,
     )
     from opgraph.capture.api import CaptureOptions
 
@@ -107,6 +111,8 @@ def capture(
     kinds = ", ".join(f"{k} {v['ops']}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["flops"]))
     console.print(f"{s['ops']} ops ({kinds}); {s['edges']} edges")
     console.print(f"{fmt_count(float(s['flops']), 'FLOP')}  {fmt_bytes(float(s['bytes']))} moved")  # type: ignore[arg-type]
+    if "host_timing_us" in md.capture:
+        console.print(f"host time between ops: {md.capture['host_timing_us']} us on {md.capture['host_timing_cpu']}")
     others = [o for o in graph.ops if o.kind.value == "other"]
     if others:
         console.print(f"unrecognised ops left as 'other': {len(others)}")

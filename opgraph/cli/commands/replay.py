@@ -79,13 +79,25 @@ def replay(
         0.3, "--energy-window", help="Seconds of back-to-back calls per config for energy."
     ),
     cold_l2: bool = typer.Option(False, "--cold-l2", help="Flush the L2 cache before each timed call."),
+    warm_activations: bool = typer.Option(
+        True,
+        "--warm-activations/--cold-activations",
+        help="With --cold-l2: read the op's activation inputs back into L2 after the flush, as the model "
+        "leaves them (only weights and the KV cache stay cold).",
+    ),
     timer: str = typer.Option(
         "kernels", "--timer", help="CUDA timer: kernels (sum of kernel durations, as traces count) or events."
     ),
     warmup_ms: float = typer.Option(25.0, "--warmup-ms", help="Untimed warm-up per config, milliseconds."),
     min_samples: int = typer.Option(10, "--min-samples", help="Fewest timed samples per config."),
     max_samples: int = typer.Option(300, "--max-samples", help="Most timed samples per config."),
-    max_time: float = typer.Option(1.0, "--max-time", help="Most seconds of sampling per config."),
+    max_time: float = typer.Option(
+        1.0, "--max-time", help="Most seconds of sampling per config (CPU and events timers)."
+    ),
+    sessions: int = typer.Option(9, "--sessions", help="Fewest profiler sessions per config (kernels timer)."),
+    max_sessions: int = typer.Option(
+        25, "--max-sessions", help="Most profiler sessions per config: added until the median is within --target-ci."
+    ),
     target_ci: float = typer.Option(
         0.005, "--target-ci", help="Stop when the median's 95% confidence half-width is below this fraction."
     ),
@@ -139,6 +151,8 @@ def replay(
         timing=TimingConfig(
             warmup_ms=warmup_ms, min_samples=max(1, min_samples), max_samples=max(min_samples, max_samples),
             max_time_s=max_time, target_ci=target_ci, cold_l2=cold_l2, timer=timer,
+            warm_activations=warm_activations, kernel_sessions=max(3, sessions),
+            max_kernel_sessions=max(3, sessions, max_sessions),
         ),
         check=check, reference_device=reference_device, check_max_flops=check_max_flops,
         energy=energy, energy_window_s=energy_window, seed=seed, moe_skew=moe_skew, recipes=recipes,

@@ -97,6 +97,9 @@ def simulate(
     host: str = typer.Option("eager", "--host", help="Host issue model: eager, cuda-graph or none."),
     host_us: float | None = typer.Option(None, "--host-us", help="Host time per op in us (default: the spec's)."),
     no_sync: bool = typer.Option(False, "--no-sync", help="The host does not wait for the device between steps."),
+    framework_time: bool = typer.Option(
+        True, help="Eager: add the framework's host time between ops captured with --host-timing."
+    ),
     jitter: float = typer.Option(0.0, "--jitter", help="Relative noise of op times (log-normal sigma)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the noise."),
     skip_uncosted: bool = typer.Option(
@@ -157,6 +160,7 @@ def simulate(
         sync_each_step=not no_sync,
         sync_ops=base.host.sync_ops,
         free_ops=base.host.free_ops,
+        framework=framework_time and base.host.framework,
         record=not no_host_track,
     )
     config = base.model_copy(

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -20,29 +18,11 @@ from opgraph.capture import capture, profile_capture
 from opgraph.capture.autotrace import hook_file
 from opgraph.capture.moe_model import expert_counts
 from opgraph.ir import OpGraph, OpKind, Stage, load_graph
-
-TINY: dict[str, Any] = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-    "max_position_embeddings": 64,
-}
+from tests.conftest import TINY_LLAMA
 
 
-@pytest.fixture
-def tiny(tmp_path: Path) -> str:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
-    return str(path)
-
-
-def test_generate_tags_stage_and_step(tiny: str) -> None:
-    g = capture(tiny, phase="generate", seq_len=8, new_tokens=3)
+def test_generate_tags_stage_and_step(tiny_config: str) -> None:
+    g = capture(tiny_config, phase="generate", seq_len=8, new_tokens=3)
     g.lint()
     steps = sorted({o.step for o in g.ops if o.step is not None})
     assert steps == [0, 1, 2, 3]
@@ -58,12 +38,12 @@ def test_generate_tags_stage_and_step(tiny: str) -> None:
     assert any(e.src in writes and e.dst in step1 for e in g.edges)
 
 
-def test_model_folder_and_module(tmp_path: Path, tiny: str) -> None:
-    g1 = capture(str(Path(tiny).parent), seq_len=4)
-    assert g1.metadata.model == str(Path(tiny).parent) and g1.metadata.architecture == "LlamaForCausalLM"
+def test_model_folder_and_module(tmp_path: Path, tiny_config: str) -> None:
+    g1 = capture(str(Path(tiny_config).parent), seq_len=4)
+    assert g1.metadata.model == str(Path(tiny_config).parent) and g1.metadata.architecture == "LlamaForCausalLM"
     import transformers
 
-    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY.items() if k not in ("model_type", "architectures")})
+    cfg = transformers.LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k not in ("model_type", "architectures")})
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(cfg)
     g2 = capture(model, seq_len=4)
@@ -116,8 +96,8 @@ def test_expert_counts_balanced_and_skewed() -> None:
     assert sum(skewed) == 64 and max(skewed) <= 16 and skewed == sorted(skewed, reverse=True) and skewed[0] > 8
 
 
-def test_profile_on_cpu_attributes_ops(tiny: str) -> None:
-    result = profile_capture(tiny, seq_len=8, device="cpu")
+def test_profile_on_cpu_attributes_ops(tiny_config: str) -> None:
+    result = profile_capture(tiny_config, seq_len=8, device="cpu")
     tl = result.timeline
     ids = {s.op_id for s in tl.spans if s.op_id is not None}
     gemm_ids = {o.id for o in result.graph.ops_of(OpKind.GEMM)}

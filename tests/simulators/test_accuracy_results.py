@@ -1,0 +1,67 @@
+"""The committed H100 accuracy proof (``benchmarks/results/gpu/h100``) is reproducible on the CPU.
+
+Each case holds the graph captured with host timing, the cost table calibrated from replay, the
+measured timeline of the profiled model run and the report. Simulating the graph with the table
+and comparing with the measured run must give the report's numbers again; and the framework time
+measured at capture must be what brings the host-bound runs' wall time close.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hardware import TableModel, load_hardware
+from hardware.models.table import CostTable
+from opgraph.compare import Comparison, compare_timelines
+from opgraph.ir import load_graph, load_timeline
+from simulators import HostConfig, HostMode, SimulationConfig, simulate
+from tests.conftest import REPO
+
+RESULTS = REPO / "benchmarks" / "results" / "gpu" / "h100"
+CASES = ("llama8b_prefill2048", "llama8b_decode_b8_kv2048", "qwen3_30b_a3b_prefill1024")
+
+
+def _compare(case: str, framework: bool = True) -> tuple[Comparison, dict[str, Any]]:
+    report = json.loads((RESULTS / f"{case}.accuracy.json").read_text())
+    graph = load_graph(RESULTS / f"{case}.graph.json.gz")
+    measured = load_timeline(RESULTS / f"{case}.measured.json.gz")
+    table = CostTable.load(RESULTS / f"{case}.calibrated.json")
+    host = HostConfig(mode=HostMode.EAGER, framework=framework)
+    config = SimulationConfig.standard(1, policy="stream", host=host).model_copy(update={"skip_uncosted": True})
+    sim = simulate(graph, table.hardware or load_hardware("h100"), TableModel(table), config)
+    return compare_timelines(sim.timeline(), measured), report
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_report_is_reproduced_from_the_committed_data(case: str) -> None:
+    c, report = _compare(case)
+    want = report["predicted"]["calibrated"]
+    assert c.row("gpu_time").rel_error == pytest.approx(want["gpu_err"], abs=1e-9)
+    assert c.row("wall_time").rel_error == pytest.approx(want["wall_err"], abs=1e-9)
+    assert c.median_abs_rel_error == pytest.approx(want["median_op_err"], abs=1e-9)
+    assert c.matched == len(load_graph(RESULTS / f"{case}.graph.json.gz").ops)
+    assert report["replay"]["coverage"]["share_replayed"] == 1.0
+
+
+@pytest.mark.parametrize("case", ["llama8b_decode_b8_kv2048", "qwen3_30b_a3b_prefill1024"])
+def test_framework_time_closes_the_wall_gap_of_host_bound_runs(case: str) -> None:
+    with_fw, _ = _compare(case)
+    without, _ = _compare(case, framework=False)
+    err_with, err_without = with_fw.row("wall_time").rel_error, without.row("wall_time").rel_error
+    assert err_without is not None and err_with is not None
+    assert err_without < -0.15  # the replayed launches alone leave most of the Python out
+    assert abs(err_with) < abs(err_without) / 2
+    # GPU time does not depend on the host model.
+    assert with_fw.row("gpu_time").predicted_us == pytest.approx(without.row("gpu_time").predicted_us)
+
+
+def test_results_name_the_gpu_and_versions() -> None:
+    for case in CASES:
+        report = json.loads((RESULTS / f"{case}.accuracy.json").read_text())
+        assert report["device"].startswith("NVIDIA H100")
+        assert report["torch"] and report["transformers"] and report["date"]
+        assert Path(RESULTS / f"{case}.replay2.jsonl").exists()
