@@ -66,6 +66,9 @@ class OpConfig:
     warm_inputs: tuple[int, ...] = ()
     """Indices of the op's inputs that are activations at its first use (written by an earlier op of
     the graph, so warm in L2 in the model); see :func:`activation_inputs`."""
+    prev_write_bytes: int = 0
+    """Bytes the op before it (at its first use) wrote: in the model the last of them are still dirty
+    in L2 when this op starts, and it pays for writing them back."""
     warm_reuse_bytes: tuple[int, ...] = ()
     """For each of ``warm_inputs``: bytes the graph's ops moved between the write of that input and
     this read (its reuse distance); an input that far exceeds the L2 size is cold in the model too."""
@@ -103,6 +106,8 @@ class DataFlow:
         """Tensor id to the bytes moved by the graph up to the end of its (last) write."""
         self.traffic = 0
         """Bytes moved by the ops seen so far."""
+        self.last_write = 0
+        """Bytes the last (non-free) op wrote."""
 
     def warm(self, op: OpBase) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``op``'s activation inputs (:func:`activation_inputs`) and their reuse distances, in bytes."""
@@ -114,6 +119,7 @@ class DataFlow:
         if op.kind in OpCategory.FREE:
             return
         self.traffic += max(int(op.total_bytes), 0)
+        self.last_write = sum(t.nbytes for t in op.outputs)
         own = {t.id for t in op.inputs if t.id is not None}
         for t in op.outputs:
             if t.id is None:
@@ -147,7 +153,9 @@ def unique_configs(
             cfg = by_key.get(key)
             if cfg is None:
                 warm, reuse = flow.warm(op)
-                cfg = by_key[key] = OpConfig(key=key, op=op, warm_inputs=warm, warm_reuse_bytes=reuse)
+                cfg = by_key[key] = OpConfig(
+                    key=key, op=op, warm_inputs=warm, warm_reuse_bytes=reuse, prev_write_bytes=flow.last_write
+                )
             flow.step(op)
             cfg.count += 1
             if len(cfg.op_ids) < 64:

@@ -230,16 +230,22 @@ class Replayer:
             return time_cpu(case, timing)
         warm_idx: tuple[int, ...] | None = None
         warm: list[Any] = []
+        dirty: int | None = None
         if timing.cold_l2 and timing.warm_activations:
             warm_idx, warm = self.warm_tensors(case, cfg, self._timer.l2_bytes)
+            dirty = int(min(cfg.prev_write_bytes, self._timer.l2_bytes * self.options.warm_l2_fraction))
         sampler = self._nvml.clock_sampler() if (self._nvml is not None and self.options.sm_clock) else None
         if sampler is None:
-            stats = self._timer.time(case, timing, warm=warm)
+            stats = self._timer.time(case, timing, warm=warm, dirty_bytes=dirty or 0)
         else:
             with sampler:
-                stats = self._timer.time(case, timing, warm=warm, busy=sampler)
+                stats = self._timer.time(case, timing, warm=warm, dirty_bytes=dirty or 0, busy=sampler)
         return stats.model_copy(
-            update={"warm_inputs": warm_idx, "sm_clock_mhz": sampler.median if sampler is not None else None}
+            update={
+                "warm_inputs": warm_idx,
+                "dirty_l2_bytes": dirty,
+                "sm_clock_mhz": sampler.median if sampler is not None else None,
+            }
         )
 
     def warm_tensors(self, case: Case, cfg: OpConfig, l2_bytes: int) -> tuple[tuple[int, ...], list[Any]]:

@@ -22,6 +22,7 @@ from opgraph.ir import LoadError, Op, OpKind
 from opgraph.ir.tensor import FROZEN
 
 NonNegFloat = Annotated[float, Field(ge=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
 """A float of zero or more."""
 
 RESULT_VERSION = 1
@@ -79,6 +80,9 @@ class TimingStats(BaseModel):
     warm_inputs: tuple[int, ...] | None = None
     """With ``cold_l2``: the op's inputs read back into L2 after each flush (indices into the op's
     inputs: activations the model had just written); ``None`` when not flushed or not warmed."""
+    dirty_l2_bytes: NonNegInt | None = None
+    """With ``cold_l2`` and warm activations: bytes written (left dirty in L2) after each flush, as the
+    op before it in the model leaves its output; ``None`` when not flushed that way."""
     attribution: str | None = None
     """How the ``cuda_kernels`` timer picked the op's kernels: ``range`` (kernels launched inside the
     op's profiler range), ``subtracted`` (all kernels minus the flush profiled alone), or both."""

@@ -297,14 +297,21 @@ class CudaTimer:
         # does not pay for writing the flush back, as it would after a memset.
         self._flush.max()
 
-    def _prepare(self, cfg: TimingConfig, warm: Sequence[Any]) -> Callable[[], None] | None:
-        """What runs before each timed call: the L2 flush, then reads of the warm inputs; or nothing."""
+    def _prepare(self, cfg: TimingConfig, warm: Sequence[Any], dirty_bytes: int = 0) -> Callable[[], None] | None:
+        """What runs before each timed call: the L2 flush, a write of ``dirty_bytes`` (the start of
+        the flush buffer, zeroed again: dirty lines, as the op before leaves its output), then reads
+        of the warm inputs; or nothing."""
         if not cfg.cold_l2:
             return None
         views = [v for v in (read_view(t) for t in warm) if v is not None] if cfg.warm_activations else []
+        self._flush_l2()
+        assert self._flush is not None
+        dirty = self._flush[: min(dirty_bytes, self.l2_bytes) // 4] if cfg.warm_activations and dirty_bytes else None
 
         def prepare() -> None:
             self._flush_l2()
+            if dirty is not None:
+                dirty.zero_()
             touch(views)
 
         return prepare
@@ -315,11 +322,13 @@ class CudaTimer:
         cfg: TimingConfig,
         *,
         warm: Sequence[Any] = (),
+        dirty_bytes: int = 0,
         busy: BusyWindows | None = None,
     ) -> TimingStats:
         """Time ``fn`` (one call of the op) on the GPU (kernel sum or events, see :class:`TimingConfig`).
 
-        ``warm``: tensors read into L2 after each flush (with ``cold_l2`` and ``warm_activations``).
+        ``warm``: tensors read into L2 after each flush (with ``cold_l2`` and ``warm_activations``);
+        ``dirty_bytes``: bytes written after the flush, left dirty in L2 for the op to write back.
         ``busy``: told (``window()``) while the timed work runs, to sample the SM clock then only.
         """
         import torch
@@ -327,7 +336,7 @@ class CudaTimer:
         with torch.cuda.device(self.device):
             if not self._warmed and cfg.device_warmup_s > 0:
                 self._warm_device(cfg.device_warmup_s, torch)
-            return self._time(fn, cfg, torch, self._prepare(cfg, warm), busy)
+            return self._time(fn, cfg, torch, self._prepare(cfg, warm, dirty_bytes), busy)
 
     def _warm_device(self, seconds: float, torch: Any) -> None:
         # Clocks and power settle within about a second of sustained work; measure from there.

@@ -9,7 +9,6 @@ measured at capture must be what brings the host-bound runs' wall time close.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from opgraph.compare import Comparison, compare_timelines
 from opgraph.ir import load_graph, load_timeline
 from simulators import HostConfig, HostMode, SimulationConfig, simulate
 from tests.conftest import REPO
+from validators import load_results, run_to_run
 
 RESULTS = REPO / "benchmarks" / "results" / "gpu" / "h100"
 CASES = ("llama8b_prefill2048", "llama8b_decode_b8_kv2048", "qwen3_30b_a3b_prefill1024")
@@ -64,4 +64,13 @@ def test_results_name_the_gpu_and_versions() -> None:
         report = json.loads((RESULTS / f"{case}.accuracy.json").read_text())
         assert report["device"].startswith("NVIDIA H100")
         assert report["torch"] and report["transformers"] and report["date"]
-        assert Path(RESULTS / f"{case}.replay2.jsonl").exists()
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_run_to_run_spread_from_the_committed_replays(case: str) -> None:
+    # Two replays of the same graph on the H100 (issue 8's target: medians of ops over 20 us
+    # within 2% of each other), recomputed from the JSONL.
+    pair = RESULTS / "run-to-run"
+    rtr = run_to_run(load_results(pair / f"{case}.replay.jsonl"), load_results(pair / f"{case}.replay2.jsonl"))
+    assert rtr.configs >= 4
+    assert rtr.over_2pct == 0 and rtr.max_rel < 0.02

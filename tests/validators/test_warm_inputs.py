@@ -98,6 +98,17 @@ def test_activations_are_what_an_earlier_op_wrote() -> None:
     )
 
 
+def test_bytes_the_op_before_wrote() -> None:
+    g = flow_graph()
+    cfgs = by_op(unique_configs(g, include_views=True))
+    written = {o.id: sum(t.nbytes for t in o.outputs) for o in g.ops}
+    assert cfgs[0].prev_write_bytes == 0  # the first op
+    assert cfgs[1].prev_write_bytes == written[0]
+    assert cfgs[3].prev_write_bytes == written[1]  # the view between writes nothing
+    assert cfgs[5].prev_write_bytes == written[4] > written[3]
+    assert cfgs[8].prev_write_bytes == written[0]  # the first use decides
+
+
 def test_real_graph_activations() -> None:
     if not DATA.exists():
         pytest.skip(f"{DATA} not found")
