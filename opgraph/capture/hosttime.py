@@ -11,8 +11,10 @@ measures the rest, on the capture host, by running the captured phase again:
 - per top-level call, the *gap* since the previous one returned (Python between calls) and its own
   time; the profiler's cost per call (a microbenchmark) is taken off every counted gap;
 - where the phase cannot run as it is (a value a ``meta`` tensor does not have, answered by the
-  recorder's stand-ins), a Python ``TorchDispatchMode`` clock that gives the same stand-ins stamps
-  every aten call instead (a larger cost per call, also measured and taken off).
+  recorder's stand-ins) or its profile does not line up with the recording (on real devices some
+  kernels run aten ops of their own that the profiler shows and the recorder does not), a Python
+  ``TorchDispatchMode`` clock that gives the same stand-ins stamps every aten call instead (a larger
+  cost per call, also measured and taken off; ``host_timing_from`` says which).
 
 Each graph op gets the gap before its first call plus the gaps and own times of the calls folded
 into no op since the op before it (``OpBase.host_gap_us``). Its own calls, and the Python between
@@ -189,7 +191,7 @@ def align_profile(
     dispatched op either). A call's owner is the op of the first owned recorded event in it.
     ``None`` when the recording does not line up with the profile.
     """
-    names = [f"aten::{t.split('.')[1]}" if t.count(".") >= 1 else t for t in event_targets]
+    names = ["::".join(t.split(".")[:2]) for t in event_targets]  # aten.mm.default -> aten::mm
     k = 0
     out: list[tuple[float, float, int | None]] = []
 

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from hardware import RooflineModel, load_hardware
 from opgraph.capture import capture
-from opgraph.capture.hosttime import attribute_gaps
+from opgraph.capture.hosttime import BLOCK_RANGE, align_profile, attribute_gaps
 from opgraph.cli.app import app
 from opgraph.ir import load_graph
 from simulators import HostConfig, HostMode, SimulationConfig, simulate
@@ -167,3 +167,34 @@ def test_cli_host_timing(tmp_path: Path, tiny_config: str) -> None:
     assert "ms of framework time between ops" in sim.output
     off = CliRunner().invoke(app, ["simulate", str(out), "--hardware", "h100", "--no-framework-time"])
     assert off.exit_code == 0 and "framework time" not in off.output
+
+
+class _Range:
+    def __init__(self, start: float, end: float) -> None:
+        self.start, self.end = start, end
+
+
+class _Ev:
+    """A profiler ``FunctionEvent`` as :func:`align_profile` reads it."""
+
+    def __init__(self, name: str, start: float, end: float, children: list[_Ev] | None = None) -> None:
+        self.name, self.time_range, self.cpu_children = name, _Range(start, end), children or []
+
+
+def test_align_profile_matches_recorded_calls_in_order() -> None:
+    # linear -> t (-> transpose), matmul -> mm (-> empty inside its meta kernel); then a view.
+    mm = _Ev("aten::mm", 22, 30, [_Ev("aten::empty", 25, 26)])
+    linear = _Ev(
+        "aten::linear",
+        15,
+        31,
+        [_Ev("aten::t", 16, 18, [_Ev("aten::transpose", 16, 17)]), _Ev("aten::matmul", 20, 30, [mm])],
+    )
+    view = _Ev("aten::view", 40, 41)
+    block = _Ev(BLOCK_RANGE, 10, 50, [view, linear])  # children in any order
+    events = [block, linear, view, mm]
+    targets = ["aten.t.default", "aten.mm.default", "aten.view.default"]
+    calls = align_profile(events, [None, 7, None], targets)
+    assert calls == [(5, 16, 7), (9, 1, None)]
+    # A recorded call the profile does not have: no alignment.
+    assert align_profile(events, [None, 7, None, 8], [*targets, "aten.empty.memory_format"]) is None
