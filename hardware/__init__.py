@@ -18,6 +18,7 @@ from hardware.base import (
     check_cost,
     cost_graph,
     cost_key,
+    estimate_op,
 )
 from hardware.calibrate import CalibrationError, Measurement, fit_cost_table, host_overhead_from_trace
 from hardware.loader import (
@@ -83,6 +84,7 @@ __all__ = [
     "cost_graph",
     "cost_key",
     "cost_model_names",
+    "estimate_op",
     "fit_cost_table",
     "host_overhead_from_trace",
     "list_hardware",

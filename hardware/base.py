@@ -130,6 +130,21 @@ def check_cost(cost: object, op: OpBase, model_name: str) -> Cost:
     return cost
 
 
+def estimate_op(model: CostModel, op: OpBase, hw: HardwareSpec, model_name: str) -> Cost | str:
+    """``model``'s checked :class:`Cost` for ``op``, or the reason it declined the op
+    (:class:`UncostedOpError`); anything else it raises becomes a :class:`CostModelError` naming the op."""
+    try:
+        return check_cost(model.estimate(op, hw), op, model_name)
+    except UncostedOpError as exc:
+        return exc.message
+    except OpgraphError:
+        raise
+    except Exception as exc:
+        raise CostModelError(
+            f"cost model {model_name} raised {type(exc).__name__}: {exc}", where=f"op {op.id} ({op.definition})"
+        ) from exc
+
+
 def cost_graph(graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: bool = True) -> GraphCosts:
     """Cost every op; ops the model declines go to ``uncosted``, failures raise :class:`CostModelError`.
 
@@ -142,16 +157,7 @@ def cost_graph(graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: boo
         key = cost_key(op) if cache else None
         hit = memo.get(key) if cache else None
         if hit is None:
-            try:
-                hit = check_cost(model.estimate(op, hw), op, name)
-            except UncostedOpError as exc:
-                hit = exc.message
-            except OpgraphError:
-                raise
-            except Exception as exc:
-                raise CostModelError(
-                    f"cost model {name} raised {type(exc).__name__}: {exc}", where=f"op {op.id} ({op.definition})"
-                ) from exc
+            hit = estimate_op(model, op, hw, name)
             if cache:
                 memo[key] = hit
         if isinstance(hit, Cost):

@@ -1,7 +1,7 @@
 """Costing a graph for simulation: each unique op configuration once, collectives from the interconnect.
 
-:func:`cost_ops` follows :func:`hardware.base.cost_graph` (same cache key, same checks and error
-types) and adds the interconnect fallback for collectives the model declines.
+:func:`cost_ops` follows :func:`hardware.base.cost_graph` (same cache key, same
+:func:`~hardware.base.estimate_op`) and adds the interconnect fallback for collectives the model declines.
 """
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ from hardware.base import (
     Bound,
     Cost,
     CostModel,
-    CostModelError,
     GraphCosts,
     UncostedOpError,
-    check_cost,
     cost_key,
+    estimate_op,
 )
 from hardware.spec import HardwareSpec
-from opgraph.ir import Collective, CollectiveKind, OpBase, OpGraph, OpgraphError, OpKind
+from opgraph.ir import Collective, CollectiveKind, OpBase, OpGraph, OpKind
 
 
 def collective_seconds(op: Collective, hw: HardwareSpec) -> float | None:
@@ -72,27 +71,17 @@ def cost_ops(graph: OpGraph, model: CostModel, hw: HardwareSpec) -> CostReport:
     name = type(model).__name__
     out = GraphCosts()
     memo: dict[Hashable, Cost | str] = {}
-    estimate = model.estimate
     from_link = 0
     for op in graph.ops:
         key = cost_key(op)
         hit = memo.get(key)
         if hit is None:
-            try:
-                hit = check_cost(estimate(op, hw), op, name)
-            except UncostedOpError as exc:
-                hit = exc.message
-                if isinstance(op, Collective):
-                    secs = collective_seconds(op, hw)
-                    if secs is not None:
-                        hit = Cost(seconds=secs, bound=Bound.LINK)
-                        from_link += 1
-            except OpgraphError:
-                raise
-            except Exception as exc:
-                raise CostModelError(
-                    f"cost model {name} raised {type(exc).__name__}: {exc}", where=f"op {op.id} ({op.definition})"
-                ) from exc
+            hit = estimate_op(model, op, hw, name)
+            if isinstance(hit, str) and isinstance(op, Collective):
+                secs = collective_seconds(op, hw)
+                if secs is not None:
+                    hit = Cost(seconds=secs, bound=Bound.LINK)
+                    from_link += 1
             memo[key] = hit
         if isinstance(hit, Cost):
             out.costs[op.id] = hit

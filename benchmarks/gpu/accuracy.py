@@ -90,6 +90,7 @@ def main() -> int:
 
     from hardware import Measurement, RooflineModel, TableModel, fit_cost_table, load_hardware
     from opgraph.capture import capture
+    from opgraph.capture.hosttime import carry_host_gaps
     from opgraph.capture.profile import profile_capture
     from opgraph.compare import compare_timelines
     from opgraph.ir import save_graph, save_timeline
@@ -181,16 +182,7 @@ def main() -> int:
     report["host_timing_after"] = {k: v for k, v in again.metadata.capture.items() if k.startswith("host_timing")}
     log(f"host timing after the model runs: {report['host_timing_after']}")
     # The profiled graph is the meta graph op for op; it takes the host gaps timed on meta.
-    meta_ops = {o.id: o for o in graph.ops}
-    if len(pc.graph.ops) != len(graph.ops) or any(
-        meta_ops[o.id].definition != o.definition for o in pc.graph.ops if o.id in meta_ops
-    ):
-        raise SystemExit("the profiled graph differs from the meta graph: host gaps cannot be carried over")
-    sim_graph = type(pc.graph).model_construct(
-        metadata=pc.graph.metadata.model_copy(update={"capture": graph.metadata.capture}),
-        ops=tuple(o.model_copy(update={"host_gap_us": meta_ops[o.id].host_gap_us}) for o in pc.graph.ops),
-        edges=pc.graph.edges,
-    )
+    sim_graph = carry_host_gaps(graph, pc.graph)
     measured = pc.timeline.model_copy(update={"wall_us": pc.wall_us})
     save_timeline(measured, out / f"{case}.measured.json.gz")
 

@@ -8,18 +8,9 @@
 # and prints the coverage lines. Targets: 100% of configs replayed or given a reason, >99% of the
 # estimated op time replayed, run-to-run spread of medians < 2% for ops over 20 us. ~4-6 min on an H100.
 set -uo pipefail
-OUT=${OUT:-out}
-mkdir -p "$OUT"
+. benchmarks/gpu/env.sh
 GRAPHS=${GRAPHS:-/tmp/opgraph-graphs}
 mkdir -p "$GRAPHS"
-PY=${PYTHON:-python3}
-# The GPU machine lacks some wheels (pydantic, simpy, nvidia-ml-py): shared/device/wheels.sh fetches them.
-if [ -d .whl ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-fi
 SUMMARY="$OUT/summary.txt"
 {
   echo "# opgraph replay on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"

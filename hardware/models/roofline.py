@@ -17,6 +17,7 @@ Every op is either costed or raises :class:`~hardware.base.UncostedOpError` with
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -159,14 +160,7 @@ class RooflineModel:
                 hint="add a lowering for it, a table entry for its definition, or a custom cost model",
             )
         cost = self._pointwise(op, hw, OpKind.OTHER)
-        return Cost(
-            cost.seconds,
-            cost.bound,
-            compute_s=cost.compute_s,
-            memory_s=cost.memory_s,
-            efficiency=cost.efficiency,
-            detail=f"unrecognised op {name!r}: generic roofline from its FLOPs and bytes",
-        )
+        return dataclasses.replace(cost, detail=f"unrecognised op {name!r}: generic roofline from its FLOPs and bytes")
 
     def _pointwise(self, op: OpBase, hw: HardwareSpec, kind: OpKind) -> Cost:
         peak = hw.peak_flops(op.dtype, tensor=False) * self.params.vector_efficiency

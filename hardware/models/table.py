@@ -19,6 +19,7 @@ smallest below it; an unmeasured definition goes to the fallback model.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
@@ -306,14 +307,7 @@ class TableModel:
                 host_s=self._host.get(op.definition),
             )
         cost = self.fallback.estimate(op, hw)
-        return Cost(
-            cost.seconds,
-            cost.bound,
-            compute_s=cost.compute_s,
-            memory_s=cost.memory_s,
-            efficiency=cost.efficiency,
-            detail=f"fallback (not in the table): {cost.detail}".rstrip(": "),
-        )
+        return dataclasses.replace(cost, detail=f"fallback (not in the table): {cost.detail}".rstrip(": "), host_s=None)
 
 
 def load_cost_table(path: str | Path) -> CostTable:

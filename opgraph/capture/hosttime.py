@@ -27,7 +27,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -40,7 +40,7 @@ from opgraph.ir.gcpause import paused_gc
 
 if TYPE_CHECKING:
     from opgraph.capture.api import CaptureOptions, PreparedModel
-    from opgraph.ir.graph import OpGraph
+    from opgraph.ir.graph import OpGraph, Scalar
 
 _SDPA = "scaled_dot_product_attention"
 
@@ -229,83 +229,48 @@ def measure_host_gaps(
     """Run the phase ``runs`` times (after one warm-up); the framework time before each op.
 
     The runs go under the CPU profiler, whose per-call cost is small and mostly inside the call;
-    where the phase cannot run as it is (a value a ``meta`` tensor does not have) a Python clock
-    that answers for those ops stamps every call instead. ``event_op`` and ``event_targets`` are the
-    recording's op id and aten target per event; a run that does not line up with them is dropped
-    (:class:`CaptureError` when none does).
+    where the phase cannot run as it is (a value a ``meta`` tensor does not have) or its profile
+    does not line up, a Python clock that answers for those ops stamps every call instead.
+    ``event_op`` and ``event_targets`` are the recording's op id and aten target per event; a
+    clocked run that does not line up with them is dropped (:class:`CaptureError` when none does).
     """
-    try:
-        return _measure_profiled(prepared, opts, event_op, event_targets, runs)
-    except _NotAligned:
-        return _measure_clocked(prepared, opts, event_op, event_targets, runs)
-
-
-class _NotAligned(Exception):
-    """The profiled runs could not be used."""
-
-
-def _median_gaps(per_run: list[dict[int, float]]) -> dict[int, float]:
-    return {op: statistics.median(r.get(op, 0.0) for r in per_run) for op in per_run[0]}
-
-
-def _measure_profiled(
-    prepared: PreparedModel,
-    opts: CaptureOptions,
-    event_op: Sequence[int | None],
-    event_targets: Sequence[str],
-    runs: int,
-) -> HostTiming:
-    from torch.profiler import ProfilerActivity, profile
-
-    from opgraph.capture.api import run_phase, setup_phase
-
-    per_run: list[dict[int, float]] = []
-    with paused_gc():
-        cost = clock_cost_ns(opts.device, profiled=True) / 1e3
-        for i in range(runs + 1):
-            cache = setup_phase(prepared, opts)
-            try:
-                with profile(activities=[ProfilerActivity.CPU]) as prof:
-                    run_phase(prepared, opts, _PhaseRun(), cache)
-            except Exception as exc:  # a value a meta tensor does not have
-                raise _NotAligned(str(exc)) from None
-            calls = align_profile(prof.events(), event_op, event_targets)
-            if calls is None:
-                raise _NotAligned("the profiled calls do not line up with the recording")
-            if i:
-                samples = [x for gap, own, _ in calls for x in (gap, own)]
-                per_run.append(attribute_gaps(samples, [o for _, _, o in calls], cost))
-    return HostTiming(
-        gaps_us=_median_gaps(per_run),
-        calls=len(event_targets),
-        runs=len(per_run),
-        clock_overhead_us=cost,
-        overhead_source="profiler",
-        host=_cpu_name(),
-    )
-
-
-def _measure_clocked(
-    prepared: PreparedModel,
-    opts: CaptureOptions,
-    event_op: Sequence[int | None],
-    event_targets: Sequence[str],
-    runs: int,
-) -> HostTiming:
-    from opgraph.capture.api import run_phase, setup_phase
     from opgraph.capture.sources import CaptureError
 
-    n = len(event_targets)
-    per_run: list[dict[int, float]] = []
-    with paused_gc():
-        cost = clock_cost_ns(opts.device)
-        for i in range(runs + 1):
-            run = _PhaseRun(_Clock())
-            run_phase(prepared, opts, run, setup_phase(prepared, opts))
-            assert run.clock is not None
-            names = [_target_name(t) for t in run.clock.targets]
-            if i and len(names) == n and names == list(event_targets):
-                per_run.append(attribute_gaps(run.clock.samples, event_op, cost))
+    def profiled(cache: Any, cost: float) -> dict[int, float]:
+        from torch.profiler import ProfilerActivity, profile
+
+        try:
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                run_phase(prepared, opts, _PhaseRun(), cache)
+        except Exception as exc:  # a value a meta tensor does not have
+            raise _NotAligned(str(exc)) from None
+        calls = align_profile(prof.events(), event_op, event_targets)
+        if calls is None:
+            raise _NotAligned("the profiled calls do not line up with the recording")
+        samples = [x for gap, own, _ in calls for x in (gap, own)]
+        return attribute_gaps(samples, [o for _, _, o in calls], cost)
+
+    def clocked(cache: Any, cost: float) -> dict[int, float] | None:
+        run = _PhaseRun(_Clock())
+        run_phase(prepared, opts, run, cache)
+        assert run.clock is not None
+        if [_target_name(t) for t in run.clock.targets] != list(event_targets):
+            return None
+        return attribute_gaps([ns / 1e3 for ns in run.clock.samples], event_op, cost)
+
+    from opgraph.capture.api import run_phase, setup_phase
+
+    def repeat(one_run: Callable[[Any, float], dict[int, float] | None], cost: float) -> list[dict[int, float]]:
+        with paused_gc():
+            per_run = [one_run(setup_phase(prepared, opts), cost) for _ in range(runs + 1)][1:]
+        return [r for r in per_run if r is not None]
+
+    try:
+        cost, source = clock_cost_ns(opts.device, profiled=True) / 1e3, "profiler"
+        per_run = repeat(profiled, cost)
+    except _NotAligned:
+        cost, source = clock_cost_ns(opts.device) / 1e3, "python clock (microbenchmark cost)"
+        per_run = repeat(clocked, cost)
     if not per_run:
         raise CaptureError(
             "the timed runs did not make the same aten calls as the recording",
@@ -313,13 +278,17 @@ def _measure_clocked(
             hint="the model's control flow changes between runs; capture without --host-timing",
         )
     return HostTiming(
-        gaps_us={op: ns / 1e3 for op, ns in _median_gaps(per_run).items()},
-        calls=n,
+        gaps_us={op: statistics.median(r.get(op, 0.0) for r in per_run) for op in per_run[0]},
+        calls=len(event_targets),
         runs=len(per_run),
-        clock_overhead_us=cost / 1e3,
-        overhead_source="python clock (microbenchmark cost)",
+        clock_overhead_us=cost,
+        overhead_source=source,
         host=_cpu_name(),
     )
+
+
+class _NotAligned(Exception):
+    """The profiled runs could not be used."""
 
 
 def attribute_gaps(samples: Sequence[float], event_op: Sequence[int | None], clock: float) -> dict[int, float]:
@@ -348,15 +317,34 @@ def attribute_gaps(samples: Sequence[float], event_op: Sequence[int | None], clo
 
 def with_host_gaps(graph: OpGraph, timing: HostTiming) -> OpGraph:
     """The graph with ``host_gap_us`` set on every op and the measurement named in its settings."""
-    ops = tuple(op.model_copy(update={"host_gap_us": round(timing.gaps_us.get(op.id, 0.0), 3)}) for op in graph.ops)
-    settings = {
-        **graph.metadata.capture,
+    settings: dict[str, Scalar] = {
         "host_timing_us": round(timing.total_us, 1),
         "host_timing_cpu": timing.host,
         "host_timing_clock_overhead_us": round(timing.clock_overhead_us, 3),
         "host_timing_from": timing.overhead_source,
     }
-    md = graph.metadata.model_copy(update={"capture": settings})
+    gaps = {op.id: round(timing.gaps_us.get(op.id, 0.0), 3) for op in graph.ops}
+    return _set_gaps(graph, gaps, settings)
+
+
+def carry_host_gaps(source: OpGraph, target: OpGraph) -> OpGraph:
+    """``target`` with the host gaps (and their settings) of ``source``, a capture of the same phase
+    (a meta capture timed with ``host_timing`` for a profiled run on the device, say).
+
+    Raises :class:`ValueError` when the two graphs do not have the same ops.
+    """
+    src = {op.id: op for op in source.ops}
+    if len(src) != len(target.ops) or any(
+        op.id not in src or src[op.id].definition != op.definition for op in target.ops
+    ):
+        raise ValueError("the graphs differ op for op: host gaps cannot be carried over")
+    settings = {k: v for k, v in source.metadata.capture.items() if k.startswith("host_timing")}
+    return _set_gaps(target, {i: op.host_gap_us for i, op in src.items()}, settings)
+
+
+def _set_gaps(graph: OpGraph, gaps: Mapping[int, float | None], settings: Mapping[str, Scalar]) -> OpGraph:
+    ops = tuple(op.model_copy(update={"host_gap_us": gaps.get(op.id)}) for op in graph.ops)
+    md = graph.metadata.model_copy(update={"capture": {**graph.metadata.capture, **settings}})
     return type(graph).model_construct(metadata=md, ops=ops, edges=graph.edges)
 
 

@@ -297,21 +297,7 @@ class Recorder:
         if info.fn == "_to_copy" and outs and tensors and outs[0].device != tensors[0].device:
             # Moving a (cpu) constant onto the capture device: on meta this stands for data that a
             # real run creates in place, so it is no op of the model (no kernel on the cpu run either).
-            self.events.append(
-                Event(
-                    index,
-                    info.target,
-                    info.fn,
-                    inputs,
-                    (self._fresh(outs[0]),),
-                    self._stack[-1] if self._stack else -1,
-                    self.stage,
-                    self.step,
-                    enc_args,
-                    enc_kwargs,
-                    alias=True,
-                )
-            )
+            self._append(index, info.target, info.fn, inputs, (self._fresh(outs[0]),), enc_args, enc_kwargs, alias=True)
             return out
         for o in outs:
             key = o.untyped_storage()._cdata
@@ -322,24 +308,43 @@ class Recorder:
                 out_refs.append(self._fresh(o))
         if mutated_keys and not outs:
             out_refs.extend(self._ref(t) for t in tensors if t.untyped_storage()._cdata in mutated_keys)
-        self.events.append(
-            Event(
-                index,
-                info.target,
-                info.fn,
-                inputs,
-                tuple(out_refs),
-                self._stack[-1] if self._stack else -1,
-                self.stage,
-                self.step,
-                enc_args,
-                enc_kwargs,
-                alias or info.is_view,
-                bool(mutated_keys),
-                info.pointwise,
-            )
+        self._append(
+            index,
+            info.target,
+            info.fn,
+            inputs,
+            tuple(out_refs),
+            enc_args,
+            enc_kwargs,
+            alias=alias or info.is_view,
+            mutates=bool(mutated_keys),
+            pointwise=info.pointwise,
         )
         return out
+
+    def _append(
+        self,
+        index: int,
+        target: str,
+        fn: str,
+        inputs: tuple[TRef, ...],
+        outputs: tuple[TRef, ...],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        alias: bool = False,
+        mutates: bool = False,
+        pointwise: bool = False,
+        composite: bool = False,
+    ) -> None:
+        """Log an event in the innermost module call, with the current stage and step."""
+        call = self._stack[-1] if self._stack else -1
+        self.events.append(
+            Event(
+                index, target, fn, inputs, outputs, call, self.stage, self.step, args, kwargs,
+                alias=alias, mutates=mutates, pointwise=pointwise, composite=composite,
+            )
+        )  # fmt: skip
 
     def _composite(self, name: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Record ``func`` as one event named ``name`` (its aten ops are not recorded separately)."""
@@ -359,21 +364,7 @@ class Recorder:
                     out = func(*args, **kwargs)
         finally:
             self._suppress -= 1
-        self.events.append(
-            Event(
-                index,
-                f"aten.{name}",
-                name,
-                inputs,
-                (self._fresh(out),),
-                self._stack[-1] if self._stack else -1,
-                self.stage,
-                self.step,
-                enc_args,
-                enc_kwargs,
-                composite=True,
-            )
-        )
+        self._append(index, f"aten.{name}", name, inputs, (self._fresh(out),), enc_args, enc_kwargs, composite=True)
         return out
 
     @contextmanager
@@ -423,19 +414,6 @@ class Recorder:
             pre.remove()
             post.remove()
             self._stack.clear()
-
-    def scope_of(self, call: int) -> str:
-        """Module path of a call index ('' outside modules)."""
-        return self.calls[call].scope if call >= 0 else ""
-
-    def in_call(self, event_call: int, call: int) -> bool:
-        """Whether a module call ``event_call`` is ``call`` or nested inside it."""
-        c = event_call
-        while c >= 0:
-            if c == call:
-                return True
-            c = self.calls[c].parent
-        return False
 
 
 def meta_stand_in(func: Any, args: tuple[Any, ...]) -> tuple[Any, str] | None:
