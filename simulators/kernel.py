@@ -359,10 +359,11 @@ class Simulator:
                 idle.append(ev)
                 yield ev
 
-    def _issue_pending(self, rank: int, g: int) -> None:
-        """Move ops of group ``g`` whose issue time has come from the pending heap to the ready heap."""
+    def _issue_pending(self, rank: int, g: int, now: float | None = None) -> None:
+        """Move ops of group ``g`` whose issue time has come (by ``now``, default the clock) from the
+        pending heap to the ready heap."""
         pend, heap, issue, key = self.pend[rank][g], self.heaps[rank][g], self.issue[rank], self.key
-        now = self.env._now
+        now = self.env._now if now is None else max(now, self.env._now)
         while pend and issue[pend[0]] <= now:
             heapq.heappush(heap, key[heapq.heappop(pend)])
         idle = self.idles[rank][g]
@@ -381,14 +382,16 @@ class Simulator:
         if current <= t:
             return
         self.timer_at[rank][g] = t
-        ev = Timeout(self.env, t - self.env._now, (rank, g))
+        ev = Timeout(self.env, t - self.env._now, (rank, g, t))
         ev.callbacks.append(self._on_timer)
 
     def _on_timer(self, ev: Event) -> None:
-        rank, g = ev._value
-        if self.timer_at[rank][g] <= self.env._now:
+        # The timer fires at now + (t - now), which rounding can put a hair before t: the ops due at
+        # t are released by t itself, or none would be and no timer would be armed again.
+        rank, g, t = ev._value
+        if self.timer_at[rank][g] <= t:
             self.timer_at[rank][g] = INF
-        self._issue_pending(rank, g)
+        self._issue_pending(rank, g, t)
         if self.heaps[rank][g]:
             idle = self.idles[rank][g]
             if idle:

@@ -32,6 +32,7 @@ from validators.results import (
     run_to_run,
 )
 from validators.runner import ReplayRun, run_replay
+from validators.sequence import IssueSequence, SequenceIssue, issue_in_sequence
 from validators.sweep import SweepLoader, check_replay, sweep_params, write_sweep_module
 from validators.timing import TimingConfig, ci_rel, stop_sampling
 
@@ -45,6 +46,7 @@ __all__ = [
     "DeviceError",
     "DeviceLostError",
     "EnergyStats",
+    "IssueSequence",
     "NumericCheck",
     "OpConfig",
     "Recipe",
@@ -56,6 +58,7 @@ __all__ = [
     "Replayer",
     "ResultWriter",
     "RunToRun",
+    "SequenceIssue",
     "SweepLoader",
     "TimingConfig",
     "TimingStats",
@@ -66,6 +69,7 @@ __all__ = [
     "config_key",
     "coverage",
     "format_report",
+    "issue_in_sequence",
     "iter_results",
     "load_expectation",
     "load_results",

@@ -69,6 +69,10 @@ class ReplayOptions:
     """With a cold L2 and warm activations: recipe-built tensors that stand for no recorded input
     (offsets, positions, small masks) up to this size are read into L2 too (the model makes them
     just before the op)."""
+    issue_in_sequence: bool = True
+    """On CUDA, time each config's host issue time with every op of the graphs called in their
+    order (:mod:`validators.sequence`), as a model run issues it, instead of in a burst of
+    calls of that op alone."""
 
 
 def _reason(exc: BaseException) -> str:
@@ -103,6 +107,9 @@ class Replayer:
         self.torch_version = str(torch.__version__)
         self.rank = rank
         self.selector = RecipeSelector(dict(self.options.recipes))
+        self.issue_in_sequence: dict[str, float] = {}
+        """Host issue time per config key timed in the graphs' op order
+        (:func:`validators.sequence.issue_in_sequence`); it replaces the isolated burst's."""
         self._timer = CudaTimer(self.device) if self.device.type == "cuda" else None
         self._energy: Any = None
         self._nvml: Any = None
@@ -156,6 +163,21 @@ class Replayer:
     def _generator_seed(self, key: str) -> int:
         return (self.options.seed * 1_000_003 + int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)) % (2**63)
 
+    def _context(self, cfg: OpConfig, moe_skew: float) -> BuildContext:
+        skew = self.options.moe_skew if self.options.moe_skew is not None else moe_skew
+        return BuildContext(self.device, make_generator(self.device, self._generator_seed(cfg.key)), skew)
+
+    def build_case(self, cfg: OpConfig, *, moe_skew: float = 0.0) -> Case | None:
+        """The config's case as :meth:`replay` builds it (same recipe, seed and inputs); ``None``
+        when no recipe takes it or the build fails."""
+        recipe = self.selector.select(cfg.op).recipe
+        if recipe is None:
+            return None
+        try:
+            return recipe.build(cfg.op, self._context(cfg, moe_skew))
+        except Exception:
+            return None
+
     def replay(self, cfg: OpConfig, *, moe_skew: float = 0.0) -> ReplayResult:
         """Replay one config: never raises for the op's own failures (only :class:`DeviceLostError`)."""
         op = cfg.op
@@ -164,12 +186,10 @@ class Replayer:
             status = ReplayStatus.SKIPPED if sel.skipped else ReplayStatus.UNSUPPORTED
             return self._result(cfg, status, sel.reason or f"no replay recipe for {op.target or op.definition}")
         recipe = sel.recipe
-        skew = self.options.moe_skew if self.options.moe_skew is not None else moe_skew
         stage = "build"
         case: Case | None = None
         try:
-            ctx = BuildContext(self.device, make_generator(self.device, self._generator_seed(cfg.key)), skew)
-            case = recipe.build(op, ctx)
+            case = recipe.build(op, self._context(cfg, moe_skew))
             numerics: NumericCheck | None = None
             if self.options.check:
                 stage = "check"
@@ -240,13 +260,14 @@ class Replayer:
         else:
             with sampler:
                 stats = self._timer.time(case, timing, warm=warm, dirty_bytes=dirty or 0, busy=sampler)
-        return stats.model_copy(
-            update={
-                "warm_inputs": warm_idx,
-                "dirty_l2_bytes": dirty,
-                "sm_clock_mhz": sampler.median if sampler is not None else None,
-            }
-        )
+        update: dict[str, Any] = {
+            "warm_inputs": warm_idx,
+            "dirty_l2_bytes": dirty,
+            "sm_clock_mhz": sampler.median if sampler is not None else None,
+        }
+        if cfg.key in self.issue_in_sequence:
+            update |= {"host_us": self.issue_in_sequence[cfg.key], "host_burst_us": stats.host_us}
+        return stats.model_copy(update=update)
 
     def warm_tensors(self, case: Case, cfg: OpConfig, l2_bytes: int) -> tuple[tuple[int, ...], list[Any]]:
         """The op inputs to read into L2 after a flush (indices into the op's inputs) and the tensors.

@@ -89,7 +89,11 @@ class TimingStats(BaseModel):
     sm_clock_mhz: NonNegFloat | None = None
     """Median SM clock while the config was timed (NVML), to tell clock drift from run to run."""
     host_us: NonNegFloat | None = None
-    """Median host (CPU) time to issue one call, when measured: the framework overhead."""
+    """Median host (CPU) time to issue one call, when measured: in the graphs' op order when
+    ``host_burst_us`` is set (:mod:`validators.sequence`), else in a burst of calls of this op."""
+    host_burst_us: NonNegFloat | None = None
+    """The issue time in a burst of calls of this op alone (hot CPU caches), when ``host_us`` was
+    timed in sequence instead."""
     converged: bool = True
     """The median's confidence interval reached the target before the sample or time cap."""
 

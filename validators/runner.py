@@ -145,6 +145,13 @@ def run_replay(
         done = done_keys([out_path]) if (out_path is not None and resume) else set()
         todo = [c for c in configs if c.key not in done]
         mine = distributed.shard(todo, rank, world) if ctx else todo
+        if options.issue_in_sequence and replayer.device.type == "cuda" and mine:
+            from validators.sequence import issue_in_sequence
+
+            seq = issue_in_sequence(loaded, mine, replayer, moe_skew=graph_skew(loaded))
+            replayer.issue_in_sequence = seq.us_by_key
+            if seq.note:
+                warn(seq.note)
         target = None
         if out_path is not None:
             target = distributed.part_path(out_path, rank) if ctx else out_path

@@ -6,12 +6,16 @@ Run on a GPU machine from the repo root (one case per call keeps each under ten 
 
 For the case it:
 
-1. captures the graph on meta (no weights) with ``host_timing`` (the framework's Python and views
-   between ops, timed on this machine's CPU without the GPU) and replays every unique config on the GPU twice
+1. captures the graph on meta (no weights) and replays every unique config on the GPU twice
    (run 1: float64 check + timing, run 2: timing only, for the run-to-run spread) -> JSONL;
-2. fits a calibrated cost table from run 1 only (``hardware.fit_cost_table``);
-3. runs the model (random weights, bf16, HF eager with SDPA) under the profiler with every kernel
-   attributed to its op id, and times it without the profiler (median of warm runs);
+2. runs the model (random weights, bf16, HF eager with SDPA) under the profiler with every kernel
+   attributed to its op id, and times it without the profiler (median of warm runs). Alongside,
+   it times the host side of the prediction on this machine: before each timed run, one round of
+   replay's cases called in the graph's order (the issue time of each op), and right before and
+   after the runs, the phase on meta (the framework's Python and views between ops,
+   ``host_timing``); a shared host's speed drifts within minutes, so medians of these are used;
+3. fits a calibrated cost table from run 1's device times and those issue times
+   (``hardware.fit_cost_table``);
 4. simulates the profiled graph with the uncalibrated roofline and with the calibrated table
    (one in-order stream, eager host thread), and compares each with the measured run;
 5. asks PyTorch's own estimator (``RuntimeEstimator``, roofline mode, under FakeTensorMode) too.
@@ -80,6 +84,7 @@ def main() -> int:
     ap.add_argument("--hardware", default="h100")
     ap.add_argument("--wall-repeats", type=int, default=9)
     ap.add_argument("--no-replay2", action="store_true", help="skip the second (run-to-run) replay")
+    ap.add_argument("--sync-every", type=int, default=64, help="issue in sequence: drain the queue every N ops")
     ap.add_argument("--warm-l2", action="store_true", help="replay with a warm L2 (default: flushed before each call)")
     ap.add_argument(
         "--estimator-only", action="store_true", help="only PyTorch's RuntimeEstimator, into an existing report"
@@ -90,13 +95,25 @@ def main() -> int:
 
     from hardware import Measurement, RooflineModel, TableModel, fit_cost_table, load_hardware
     from opgraph.capture import capture
-    from opgraph.capture.hosttime import carry_host_gaps
+    from opgraph.capture.api import CaptureOptions, record
+    from opgraph.capture.hosttime import carry_host_gaps, measure_host_gaps, median_timing, with_host_gaps
     from opgraph.capture.profile import profile_capture
     from opgraph.compare import compare_timelines
     from opgraph.ir import save_graph, save_timeline
     from simulators import HostConfig, HostMode, SimulationConfig, simulate
-    from validators import ReplayOptions, ReplayStatus, TimingConfig, coverage, load_results, run_replay, run_to_run
+    from validators import (
+        Replayer,
+        ReplayOptions,
+        ReplayStatus,
+        TimingConfig,
+        coverage,
+        load_results,
+        run_replay,
+        run_to_run,
+        unique_configs,
+    )
     from validators.configs import roofline_estimator
+    from validators.sequence import IssueSequence, SequenceIssue
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -148,6 +165,12 @@ def main() -> int:
         "seconds": time.perf_counter() - t0,
     }
     log(cov.line())
+    timed = [r for r in results if r.timing is not None and r.timing.host_us is not None]
+    report["replay"]["issue_us"] = {
+        "used": sum(r.timing.host_us * r.count for r in timed),
+        "burst": sum((r.timing.host_burst_us or r.timing.host_us) * r.count for r in timed),
+    }
+    log(f"summed issue time: {report['replay']['issue_us']}")
     if not args.no_replay2:
         log("replay run 2 (timing only)")
         run2 = out / f"{case}.replay2.jsonl"
@@ -157,32 +180,58 @@ def main() -> int:
         report["run_to_run"] = {**rtr.model_dump(mode="json"), "line": rtr.line()}
         log(rtr.line())
 
-    log("calibrate from replay run 1")
-    ms = [
-        Measurement(
-            r.op,
-            r.timing.median_us * 1e-6,
-            host_seconds=r.timing.host_us * 1e-6 if r.timing.host_us is not None else None,
-            spread_s=r.timing.iqr_us * 1e-6,
-            samples=r.timing.samples,
+    # The host's speed drifts on a shared machine (the framework time moved 13-38% within one run,
+    # the issue time 20% within five minutes): the host side of the prediction is timed alongside
+    # the model runs. Before each timed run, one round of replay's cases called in the graph's
+    # order (issue time); the framework time on meta right before and right after those runs.
+    log("profiled model run, the host side timed alongside the plain runs")
+    meta_opts = CaptureOptions(device="meta", host_timing=True, **kw)
+    meta = record(model, meta_opts)
+    targets = [e.target for e in meta.recorder.events]
+    fw_runs = [measure_host_gaps(meta.prepared, meta_opts, meta.event_op, targets, runs=5)]
+    rep = Replayer(args.device, ReplayOptions(check=False, energy=False, sm_clock=False, timing=timing))
+    rounds: list[dict[str, list[float]]] = []
+    with IssueSequence([meta.graph], unique_configs([meta.graph]), rep, sync_every=args.sync_every) as seq:
+        seq.round()  # warm-up
+        pc = profile_capture(
+            model, device=args.device, wall_repeats=args.wall_repeats, between_runs=lambda: rounds.append(seq.round()),
+            **kw,
+        )  # fmt: skip
+        calls = seq.calls
+    rep.close()
+    fw_runs.append(measure_host_gaps(meta.prepared, meta_opts, meta.event_op, targets, runs=5))
+    host_graph = with_host_gaps(meta.graph, median_timing(fw_runs))
+    save_graph(host_graph, out / f"{case}.graph.json.gz")
+    issue = SequenceIssue.of_rounds(rounds, calls).us_by_key
+    report["wall"] = {"plain_us": pc.wall_us, "profiled_us": pc.wall_profiled_us, "runs_us": list(pc.wall_runs_us)}
+    report["host_alongside_runs"] = {
+        **{k: v for k, v in host_graph.metadata.capture.items() if k.startswith("host_timing")},
+        "framework_us_before_after": [t.total_us for t in fw_runs],
+        "issue_us_per_run": [sum(sum(xs) for xs in r.values()) for r in rounds],
+        "issue_us": sum(issue.get(r.key, 0.0) * r.count for r in results),
+    }
+    log(f"alongside the runs: {report['host_alongside_runs']}")
+
+    log("calibrate: device times from replay run 1, issue times from alongside the model runs")
+    ms = []
+    for r in results:
+        if r.status not in (ReplayStatus.OK, ReplayStatus.MISMATCH) or r.timing is None:
+            continue
+        host_us = issue.get(r.key, r.timing.host_us)
+        ms.append(
+            Measurement(
+                r.op,
+                r.timing.median_us * 1e-6,
+                host_seconds=host_us * 1e-6 if host_us is not None else None,
+                spread_s=r.timing.iqr_us * 1e-6,
+                samples=r.timing.samples,
+            )
         )
-        for r in results
-        if r.status in (ReplayStatus.OK, ReplayStatus.MISMATCH) and r.timing is not None
-    ]
     table = fit_cost_table(ms, hw, source={"case": case})
     table.save(out / f"{case}.calibrated.json")
     report["calibration_notes"] = list(table.notes)
-
-    log("profiled model run")
-    pc = profile_capture(model, device=args.device, wall_repeats=args.wall_repeats, **kw)
-    report["wall"] = {"plain_us": pc.wall_us, "profiled_us": pc.wall_profiled_us}
-    # The host's speed can drift during a session (a shared machine): time the meta phase again
-    # right after the model runs and report both.
-    again = capture(model, device="meta", host_timing=True, **kw)
-    report["host_timing_after"] = {k: v for k, v in again.metadata.capture.items() if k.startswith("host_timing")}
-    log(f"host timing after the model runs: {report['host_timing_after']}")
     # The profiled graph is the meta graph op for op; it takes the host gaps timed on meta.
-    sim_graph = carry_host_gaps(graph, pc.graph)
+    sim_graph = carry_host_gaps(host_graph, pc.graph)
     measured = pc.timeline.model_copy(update={"wall_us": pc.wall_us})
     save_timeline(measured, out / f"{case}.measured.json.gz")
 

@@ -439,13 +439,30 @@ def capture(
         trust_remote_code,
         host_timing,
     )
+    rec = record(model_or_id, opts)
+    return add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A prepared model, its recorded phase and the graph lowered from it."""
+
+    prepared: PreparedModel
+    recorder: Recorder
+    graph: OpGraph
+    event_op: list[int | None]
+    """Op id of each recorded event (``None``: folded into no op)."""
+
+
+def record(model_or_id: Any, opts: CaptureOptions) -> Recorded:
+    """Prepare the model, record its phase and lower it (GC paused)."""
     with paused_gc():
         prepared = prepare(model_or_id, opts)
         rec = Recorder()
         rec.add_root(prepared.model)
         run_phase(prepared, opts, rec)
         graph, event_op = graph_from_recording(rec, **_metadata_args(prepared, opts))
-    return add_host_timing(graph, rec, event_op, prepared, opts)
+    return Recorded(prepared, rec, graph, event_op)
 
 
 def add_host_timing(

@@ -24,12 +24,13 @@ the capture host's CPU; capture on the machine (or CPU type) whose host you want
 
 from __future__ import annotations
 
+import math
 import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -180,20 +181,20 @@ def _target_name(t: Any) -> str:
     return f"aten.{t}" if isinstance(t, str) else str(t)
 
 
-def align_profile(
+def owned_calls(
     events: Sequence[Any], event_op: Sequence[int | None], event_targets: Sequence[str]
-) -> list[tuple[float, float, int | None]] | None:
-    """Per top-level call of a profiled phase: (gap before it, its own time, owning op), in us.
+) -> list[tuple[Any, int | None, float]] | None:
+    """The top-level calls of a profiled phase: (call, owning op, start of its block), or ``None``
+    if the recording does not line up with the profile.
 
     ``events`` are the profiler's ``FunctionEvent``s; top-level calls are the children of the
     :data:`BLOCK_RANGE` ranges. Recorded events are found in them in order, by op name, depth
     first, not looking inside a matched call (the recorder does not see what runs inside a
     dispatched op either). A call's owner is the op of the first owned recorded event in it.
-    ``None`` when the recording does not line up with the profile.
     """
     names = ["::".join(t.split(".")[:2]) for t in event_targets]  # aten.mm.default -> aten::mm
     k = 0
-    out: list[tuple[float, float, int | None]] = []
+    out: list[tuple[Any, int | None, float]] = []
 
     def walk(e: Any) -> int | None:
         nonlocal k
@@ -209,13 +210,26 @@ def align_profile(
 
     blocks = sorted((e for e in events if e.name == BLOCK_RANGE), key=lambda e: e.time_range.start)
     for block in blocks:
-        prev_end = block.time_range.start
         for call in sorted(block.cpu_children, key=lambda e: e.time_range.start):
-            owner = walk(call)
-            start, end = call.time_range.start, call.time_range.end
-            out.append((start - prev_end, end - start, owner))
-            prev_end = end
+            out.append((call, walk(call), block.time_range.start))
     return out if k == len(names) else None
+
+
+def align_profile(
+    events: Sequence[Any], event_op: Sequence[int | None], event_targets: Sequence[str]
+) -> list[tuple[float, float, int | None]] | None:
+    """Per top-level call of a profiled phase: (gap before it, its own time, owning op), in us
+    (see :func:`owned_calls`); ``None`` when the recording does not line up with the profile."""
+    calls = owned_calls(events, event_op, event_targets)
+    if calls is None:
+        return None
+    out: list[tuple[float, float, int | None]] = []
+    prev_end = -math.inf
+    for call, owner, block_start in calls:
+        start, end = call.time_range.start, call.time_range.end
+        out.append((start - max(prev_end, block_start), end - start, owner))
+        prev_end = end
+    return out
 
 
 def measure_host_gaps(
@@ -285,6 +299,16 @@ def measure_host_gaps(
         overhead_source=source,
         host=_cpu_name(),
     )
+
+
+def median_timing(timings: Sequence[HostTiming]) -> HostTiming:
+    """One timing from several taken at different moments: per op, the median of their gaps."""
+    if not timings:
+        raise ValueError("no host timings to combine")
+    first = timings[0]
+    ops = sorted(set().union(*(t.gaps_us for t in timings)))
+    gaps = {op: statistics.median(t.gaps_us.get(op, 0.0) for t in timings) for op in ops}
+    return replace(first, gaps_us=gaps, runs=sum(t.runs for t in timings))
 
 
 class _NotAligned(Exception):

@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ class ProfiledCapture:
     """Wall time of the phase with the profiler and recorder."""
     trace_file: str | None = None
     """The raw Chrome trace, when kept."""
+    wall_runs_us: tuple[float, ...] = ()
+    """Every plain run's wall time, in order (``wall_us`` is their median)."""
 
 
 def _sync(device: str) -> None:
@@ -61,12 +64,15 @@ def profile_capture(
     *,
     keep_trace: str | os.PathLike[str] | None = None,
     wall_repeats: int = 3,
+    between_runs: Callable[[], None] | None = None,
     **options: Any,
 ) -> ProfiledCapture:
     """Capture like :func:`~opgraph.capture.capture` (``device`` cuda or cpu) and profile the same run.
 
     The plain wall time is the median of ``wall_repeats`` runs after one warm-up run (library
-    initialisation, allocator growth and autotuning stay out of it).
+    initialisation, allocator growth and autotuning stay out of it). ``between_runs`` is called
+    before each of those runs, outside the timed region: what it times is paired with the runs (a
+    shared host's speed drifts within minutes).
     """
     import torch
 
@@ -79,6 +85,8 @@ def profile_capture(
     run_phase(prepared, opts, None)  # warm-up
     walls: list[float] = []
     for _ in range(max(1, wall_repeats)):
+        if between_runs is not None:
+            between_runs()
         cache = setup_phase(prepared, opts)  # a fresh cache each time, outside the timed region
         _sync(opts.device)
         t0 = time.perf_counter()
@@ -119,7 +127,7 @@ def profile_capture(
     timeline = timeline.model_copy(
         update={"notes": (*timeline.notes, f"wall time with the profiler and recorder: {wall_prof_us:.1f} us")}
     )
-    return ProfiledCapture(graph, timeline, wall_us, wall_prof_us, kept)
+    return ProfiledCapture(graph, timeline, wall_us, wall_prof_us, kept, tuple(walls))
 
 
 def timeline_from_trace(

@@ -108,3 +108,26 @@ def test_stream_runs_in_program_order(case: tuple[OpGraph, dict[int, float]]) ->
     rec = result.kernel.ranks[0]
     starts = [rec.start_us[i] for i in range(len(graph.ops)) if not problem.free[i]]
     assert starts == sorted(starts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 500.0), min_size=2, max_size=12),
+    st.lists(st.floats(0.0, 1000.0), min_size=12, max_size=12),
+    st.floats(0.0, 50.0),
+)
+def test_every_op_runs_whatever_the_float_rounding_of_issue_times(
+    durations: list[float], framework: list[float], host_us: float
+) -> None:
+    # Issue times are running sums of host times; an op whose predecessor ends before its issue
+    # time waits for a timer at now + (issue - now), which rounding can put a hair before the issue
+    # time. It must still run (it once deadlocked the Qwen3 simulation).
+    n = len(durations)
+    ops = tuple(Elementwise(id=i, fn="add", numel=8) for i in range(n))
+    graph = OpGraph(ops=ops, edges=tuple(Edge(src=i, dst=i + 1) for i in range(n - 1)))
+    problem = SchedulingProblem.from_durations(graph, dict(enumerate(durations)))
+    problem.framework_us = framework[:n]
+    config = SimulationConfig.standard(1, policy="stream", host=HostConfig(mode=HostMode.EAGER, per_op_us=host_us))
+    rec = run_problem(problem, config).kernel.ranks[0]
+    assert all(s >= i - EPS for s, i in zip(rec.start_us, rec.issue_us, strict=True))
+    assert rec.start_us[-1] + durations[-1] >= sum(framework[:n]) + n * host_us - EPS * n

@@ -124,3 +124,23 @@ def test_unknown_aten_target_is_unsupported_with_its_name() -> None:
     r = replay_op(other, "cpu", FAST)
     assert r.status is ReplayStatus.UNSUPPORTED
     assert "aten.mm_from_the_future.default" in r.reason
+
+
+def test_aten_recipe_decodes_arguments_once_not_in_the_timed_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Decoding the recorded call on every run would count the harness's Python as issue time.
+    from validators.recipes import aten
+    from validators.recipes.aten import AtenRecipe
+
+    op = mm(0, 4, 8, 16)
+    ctx = BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0))
+    case = AtenRecipe().build(op, ctx)
+    decoded: list[object] = []
+    real = aten._decode
+    monkeypatch.setattr(aten, "_decode", lambda *a: (decoded.append(a[0]), real(*a))[1])
+    out = case()
+    assert not decoded and out.shape == (4, 8)
+    assert torch.equal(case(), out)
+    # Other inputs (the float64 reference, another device's copies) are decoded per call.
+    ref = case.run(tuple(x.double() for x in case.inputs), True)
+    assert decoded and ref.dtype == torch.float64
+    torch.testing.assert_close(ref.float(), out.float(), rtol=0.02, atol=0.05)

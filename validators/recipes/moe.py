@@ -67,19 +67,18 @@ class MoeRoutingRecipe(Recipe):
                 return top.to(lg.dtype), idx
 
             return Case(inputs=(logits,), run=run, compare=Compare.FLOAT_ONLY, note=f"router, {skew} routing")
-        # Token rows sorted by expert, as the experts consume them.
-        by_expert = sorted(((e, t) for t, ps in enumerate(picks) for e in ps))
-        token_idx = torch.tensor([t for _, t in by_expert], device=ctx.device, dtype=torch.int64)
+        pairs = sum(len(ps) for ps in picks)
         if op.fn == "dispatch":
             hidden = make_tensor(TensorSpec(shape=(tokens, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
 
             def run_dispatch(inputs: tuple[Any, ...], reference: bool) -> Any:
-                hs, idx = inputs
-                return hs.index_select(0, idx)
+                # The calls the captured experts make (arange, floor_divide, index_select): each
+                # token's row once per chosen expert.
+                (hs,) = inputs
+                return hs.index_select(0, torch.arange(pairs, device=hs.device) // top_k)
 
-            return Case(inputs=(hidden, token_idx), run=run_dispatch, note=f"gather, {skew} routing")
+            return Case(inputs=(hidden,), run=run_dispatch, note=f"gather, {skew} routing")
         # Combine as the captured experts do: weight each expert row, then sum the top-k rows per token.
-        pairs = tokens * top_k
         expert_out = make_tensor(TensorSpec(shape=(pairs, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
         weights = torch.rand(pairs, 1, device=ctx.device, generator=ctx.gen).to(torch_dtype(op.dtype))
 

@@ -85,6 +85,12 @@ def replay(
         help="With --cold-l2: read the op's activation inputs back into L2 after the flush, as the model "
         "leaves them (only weights and the KV cache stay cold).",
     ),
+    issue_in_sequence: bool = typer.Option(
+        True,
+        "--issue-in-sequence/--issue-in-burst",
+        help="CUDA host issue time: every op of the graphs called in their order, as a model issues them "
+        "(default), or calls of each op alone (hot CPU caches, a lower bound).",
+    ),
     timer: str = typer.Option(
         "kernels", "--timer", help="CUDA timer: kernels (sum of kernel durations, as traces count) or events."
     ),
@@ -156,6 +162,7 @@ def replay(
         ),
         check=check, reference_device=reference_device, check_max_flops=check_max_flops,
         energy=energy, energy_window_s=energy_window, seed=seed, moe_skew=moe_skew, recipes=recipes,
+        issue_in_sequence=issue_in_sequence,
     )  # fmt: skip
     errc = err_console()
 

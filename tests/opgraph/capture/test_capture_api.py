@@ -97,7 +97,12 @@ def test_expert_counts_balanced_and_skewed() -> None:
 
 
 def test_profile_on_cpu_attributes_ops(tiny_config: str) -> None:
-    result = profile_capture(tiny_config, seq_len=8, device="cpu")
+    between: list[int] = []
+    result = profile_capture(
+        tiny_config, seq_len=8, device="cpu", wall_repeats=3, between_runs=lambda: between.append(1)
+    )
+    assert len(between) == 3 and len(result.wall_runs_us) == 3  # paired with each timed run
+    assert result.wall_us == sorted(result.wall_runs_us)[1]
     tl = result.timeline
     ids = {s.op_id for s in tl.spans if s.op_id is not None}
     gemm_ids = {o.id for o in result.graph.ops_of(OpKind.GEMM)}

@@ -209,3 +209,16 @@ def test_carry_host_gaps_to_another_capture_of_the_phase(tiny_config: str) -> No
     assert carried.edges == plain.edges
     with pytest.raises(ValueError, match="differ op for op"):
         carry_host_gaps(timed, capture(tiny_config, seq_len=4, layers=1))
+
+
+def test_timings_taken_at_several_moments_combine_per_op() -> None:
+    from opgraph.capture.hosttime import HostTiming, median_timing
+
+    def timing(gaps: dict[int, float]) -> HostTiming:
+        return HostTiming(gaps, calls=5, runs=3, clock_overhead_us=0.5, overhead_source="profiler", host="cpu")
+
+    out = median_timing([timing({0: 1.0, 1: 10.0}), timing({0: 3.0, 1: 20.0}), timing({0: 2.0})])
+    assert out.gaps_us == {0: 2.0, 1: 10.0}  # an op one timing lacks counts as 0 there
+    assert out.runs == 9 and out.calls == 5 and out.total_us == 12.0
+    with pytest.raises(ValueError, match="no host timings"):
+        median_timing([])
