@@ -107,7 +107,7 @@ class Replayer:
         self.torch_version = str(torch.__version__)
         self.rank = rank
         self.selector = RecipeSelector(dict(self.options.recipes))
-        self.issue_in_sequence: dict[str, float] = {}
+        self.sequence_issue_us: dict[str, float] = {}
         """Host issue time per config key timed in the graphs' op order
         (:func:`validators.sequence.issue_in_sequence`); it replaces the isolated burst's."""
         self._timer = CudaTimer(self.device) if self.device.type == "cuda" else None
@@ -265,8 +265,8 @@ class Replayer:
             "dirty_l2_bytes": dirty,
             "sm_clock_mhz": sampler.median if sampler is not None else None,
         }
-        if cfg.key in self.issue_in_sequence:
-            update |= {"host_us": self.issue_in_sequence[cfg.key], "host_burst_us": stats.host_us}
+        if cfg.key in self.sequence_issue_us:
+            update |= {"host_us": self.sequence_issue_us[cfg.key], "host_burst_us": stats.host_us}
         return stats.model_copy(update=update)
 
     def warm_tensors(self, case: Case, cfg: OpConfig, l2_bytes: int) -> tuple[tuple[int, ...], list[Any]]:

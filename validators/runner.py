@@ -149,7 +149,7 @@ def run_replay(
             from validators.sequence import issue_in_sequence
 
             seq = issue_in_sequence(loaded, mine, replayer, moe_skew=graph_skew(loaded))
-            replayer.issue_in_sequence = seq.us_by_key
+            replayer.sequence_issue_us = seq.us_by_key
             if seq.note:
                 warn(seq.note)
         target = None

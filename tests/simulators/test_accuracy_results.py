@@ -74,3 +74,18 @@ def test_run_to_run_spread_from_the_committed_replays(case: str) -> None:
     rtr = run_to_run(load_results(pair / f"{case}.replay.jsonl"), load_results(pair / f"{case}.replay2.jsonl"))
     assert rtr.configs >= 4
     assert rtr.over_2pct == 0 and rtr.max_rel < 0.02
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_replay_timed_issue_in_sequence_on_the_gpu(case: str) -> None:
+    # On CUDA replay times each config's issue with every op called in the graph's order, and keeps
+    # the burst of the op alone beside it; the accuracy run's table takes the issue times measured
+    # alongside the model runs.
+    results = load_results(RESULTS / f"{case}.replay.jsonl")
+    timed = [r.timing for r in results if r.timing is not None]
+    assert timed and all(t.host_us is not None and t.host_burst_us is not None for t in timed)
+    report = json.loads((RESULTS / f"{case}.accuracy.json").read_text())
+    table = CostTable.load(RESULTS / f"{case}.calibrated.json")
+    uses = {r.definition: r.count for r in results}
+    table_issue = sum((e.host_seconds or 0.0) * 1e6 * uses.get(e.definition, 0) for e in table.entries)
+    assert table_issue == pytest.approx(report["host_alongside_runs"]["issue_us"], rel=1e-6)

@@ -66,7 +66,7 @@ def test_replay_options_default_to_issue_in_sequence() -> None:
 
     assert ReplayOptions().issue_in_sequence
     rep = Replayer("cpu", FAST)
-    assert rep.issue_in_sequence == {}
+    assert rep.sequence_issue_us == {}
     # A config with no recipe has no case.
     assert rep.build_case(unique_configs([OpGraph(ops=(Other(id=0, fn="x", target="aten.x.default"),))])[0]) is None
 

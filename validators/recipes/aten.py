@@ -277,8 +277,7 @@ class AtenRecipe(Recipe):
                     return fn(*fast_args, **fast_kwargs)
                 args, kwargs = device_args(inputs)
                 return fn(*args, **kwargs)
-            dev = inputs[0].device if inputs and hasattr(inputs[0], "device") else ctx.device
-            dev = next((t.device for t in inputs if hasattr(t, "device")), dev)
+            dev = next((t.device for t in inputs if hasattr(t, "device")), ctx.device)
             args = [_decode(v, inputs, True, dev) for v in call.args]
             kwargs = {k: _decode(v, inputs, True, dev) for k, v in call.keywords.items()}
             if add_device:
