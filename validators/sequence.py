@@ -86,13 +86,14 @@ class IssueSequence:
                     continue
                 cases[key] = case
                 if on_cuda and torch.cuda.memory_allocated(self.device) - base > budget:
-                    raise MemoryError(f"the cases' inputs need over {budget / 2**30:.0f} GiB")
-        except (MemoryError, torch.cuda.OutOfMemoryError) as exc:
+                    cases.clear()
+                    self.note = f"issue in sequence skipped: the cases' inputs need over {budget / 2**30:.0f} GiB"
+                    break
+        except torch.cuda.OutOfMemoryError:
             cases.clear()
-            self.note = f"issue in sequence skipped: {exc if isinstance(exc, MemoryError) else 'out of device memory'}"
-        else:
-            if left_out:
-                self.note = f"not in the sequence (no recipe or build failed): {', '.join(sorted(set(left_out)))}"
+            self.note = "issue in sequence skipped: out of device memory"
+        if left_out and not self.note:
+            self.note = f"not in the sequence (no recipe or build failed): {', '.join(sorted(set(left_out)))}"
         self._calls = [(k, cases[k]) for k in order if k in cases]
 
     @property

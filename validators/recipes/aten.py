@@ -260,29 +260,20 @@ class AtenRecipe(Recipe):
         add_device = _takes_device(fn) and "device" not in call.keywords
         sdpa_reference = name in SDPA_OPS and name != "scaled_dot_product_attention"
 
-        def device_args(inputs: tuple[Any, ...]) -> tuple[list[Any], dict[str, Any]]:
-            dev = inputs[0].device if inputs and hasattr(inputs[0], "device") else ctx.device
-            args = [_decode(v, inputs, False, dev) for v in call.args]
-            kwargs = {k: _decode(v, inputs, False, dev) for k, v in call.keywords.items()}
+        def decoded(inputs: tuple[Any, ...], reference: bool) -> tuple[list[Any], dict[str, Any]]:
+            dev = next((t.device for t in inputs if hasattr(t, "device")), ctx.device)
+            args = [_decode(v, inputs, reference, dev) for v in call.args]
+            kwargs = {k: _decode(v, inputs, reference, dev) for k, v in call.keywords.items()}
             if add_device:
                 kwargs["device"] = dev
             return args, kwargs
 
         # Decoded once: decoding on every call would add the harness's Python to the issue time.
-        fast_args, fast_kwargs = device_args(tensors)
+        fast = decoded(tensors, False)
 
         def run(inputs: tuple[Any, ...], reference: bool) -> Any:
-            if not reference:
-                if inputs is tensors:
-                    return fn(*fast_args, **fast_kwargs)
-                args, kwargs = device_args(inputs)
-                return fn(*args, **kwargs)
-            dev = next((t.device for t in inputs if hasattr(t, "device")), ctx.device)
-            args = [_decode(v, inputs, True, dev) for v in call.args]
-            kwargs = {k: _decode(v, inputs, True, dev) for k, v in call.keywords.items()}
-            if add_device:
-                kwargs["device"] = dev
-            if sdpa_reference:
+            args, kwargs = fast if inputs is tensors and not reference else decoded(inputs, reference)
+            if reference and sdpa_reference:
                 return _sdpa_math(name, args, kwargs)
             return fn(*args, **kwargs)
 

@@ -8,6 +8,7 @@ becomes ``Other``. IR ops are built once, from the groups, by :mod:`opgraph.capt
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -92,6 +93,20 @@ class Lowering:
                 return True
             c = self.calls[c].parent
         return False
+
+    def events_by_call(self, calls: Collection[int]) -> dict[int, list[int]]:
+        """Event indices under each of ``calls`` (an event goes to the innermost of them that
+        encloses it), keyed in the order of their first event."""
+        out: dict[int, list[int]] = {}
+        if not calls:
+            return out
+        for ev in self.events:
+            c = ev.call
+            while c >= 0 and c not in calls:
+                c = self.calls[c].parent
+            if c >= 0:
+                out.setdefault(c, []).append(ev.index)
+        return out
 
     def layer_window(self, call: int) -> int | None:
         """Sliding window of the layer a call belongs to."""

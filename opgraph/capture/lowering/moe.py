@@ -62,14 +62,7 @@ class LowerMoe:
         router_calls = [i for i, c in enumerate(lw.calls) if _ROUTER_CLASS.search(c.cls)]
         if not expert_calls and not router_calls:
             return
-        members: dict[int, list[int]] = {}
-        interesting = set(expert_calls) | set(router_calls)
-        for ev in lw.events:
-            c = ev.call
-            while c >= 0 and c not in interesting:
-                c = lw.calls[c].parent
-            if c >= 0:
-                members.setdefault(c, []).append(ev.index)
+        members = lw.events_by_call(set(expert_calls) | set(router_calls))
         for call in router_calls:
             self._router(lw, call, members.get(call, []))
         for call in expert_calls:
@@ -132,14 +125,13 @@ class LowerMoe:
         disp = [i for i in free if i < first_gemm and lw.events[i].fn not in _GEMM]
         comb = [i for i in free if i > last_gemm and lw.events[i].fn not in _GEMM]
         h = hidden
-        if disp:
-            lw.claim(
-                disp,
-                OpKind.MOE_ROUTING,
-                {"fn": "dispatch", "tokens": tokens, "experts": experts, "top_k": top_k, "hidden": h},
-                target="moe_dispatch",
-                call=call,
-            )
+
+        def routing(events: list[int], fn: str) -> None:
+            if events:
+                fields = {"fn": fn, "tokens": tokens, "experts": experts, "top_k": top_k, "hidden": h}
+                lw.claim(events, OpKind.MOE_ROUTING, fields, target=f"moe_{fn}", call=call)
+
+        routing(disp, "dispatch")
         for pos, ((n, k), fam) in enumerate(families.items()):
             rows = 0
             for i in fam:
@@ -156,11 +148,4 @@ class LowerMoe:
                 flops=2 * rows * n * k,
                 definition=f"moe_{impl}_e{experts}_h{h}_i{inter}_topk{top_k}_{part}",
             )
-        if comb:
-            lw.claim(
-                comb,
-                OpKind.MOE_ROUTING,
-                {"fn": "combine", "tokens": tokens, "experts": experts, "top_k": top_k, "hidden": h},
-                target="moe_combine",
-                call=call,
-            )
+        routing(comb, "combine")

@@ -26,15 +26,7 @@ class FuseNorms:
     name: ClassVar[str] = "norm"
 
     def run(self, lw: Lowering) -> None:
-        by_call: dict[int, list[int]] = {}
-        norm_calls = {i for i, c in enumerate(lw.calls) if _NORM_CLASS.search(c.cls)}
-        if norm_calls:
-            for ev in lw.events:
-                c = ev.call
-                while c >= 0 and c not in norm_calls:
-                    c = lw.calls[c].parent
-                if c >= 0:
-                    by_call.setdefault(c, []).append(ev.index)
+        by_call = lw.events_by_call({i for i, c in enumerate(lw.calls) if _NORM_CLASS.search(c.cls)})
         for call, members in by_call.items():
             free = [m for m in members if lw.free(m)]
             if not free:

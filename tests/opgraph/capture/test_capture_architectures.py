@@ -13,14 +13,11 @@ pytest.importorskip("transformers")
 
 from opgraph.capture import capture
 from opgraph.ir import OpGraph, OpKind
+from tests.conftest import TINY_LLAMA
 
+# The shared tiny Llama's sizes, with room for longer positions and an explicit head_dim.
 BASE: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
+    **{k: v for k, v in TINY_LLAMA.items() if k not in ("model_type", "architectures")},
     "max_position_embeddings": 256,
     "head_dim": 16,
 }
