@@ -31,8 +31,8 @@ from validators.results import (
     load_results,
     run_to_run,
 )
-from validators.runner import ReplayRun, run_replay
-from validators.sequence import IssueSequence, SequenceIssue, issue_in_sequence
+from validators.runner import ReplayRun, run_replay, time_issue
+from validators.sequence import IssueSequence, SequenceIssue, issue_in_sequence, load_issue
 from validators.sweep import SweepLoader, check_replay, sweep_params, write_sweep_module
 from validators.timing import TimingConfig, ci_rel, stop_sampling
 
@@ -72,6 +72,7 @@ __all__ = [
     "issue_in_sequence",
     "iter_results",
     "load_expectation",
+    "load_issue",
     "load_results",
     "match_inputs",
     "replay_configs",
@@ -84,6 +85,7 @@ __all__ = [
     "run_to_run",
     "stop_sampling",
     "sweep_params",
+    "time_issue",
     "unique_configs",
     "verify_graph",
     "write_sweep_module",

@@ -24,6 +24,7 @@ from validators.results import (
     iter_results,
     load_results,
 )
+from validators.sequence import SequenceIssue
 
 ResultCallback = Callable[[ReplayResult, int, int], None]
 """Called with each new result, its position and the number of configs this process replays."""
@@ -81,6 +82,44 @@ def load_graphs(
             hint="see the lines above",
         )
     return graphs, skipped
+
+
+def time_issue(
+    graphs: Sequence[str | Path | OpGraph],
+    *,
+    device: str = "cuda",
+    out: str | Path | None = None,
+    options: ReplayOptions | None = None,
+    select: Callable[[OpConfig], bool] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> SequenceIssue:
+    """Only the host issue time of every config, in the graphs' op order (:mod:`validators.sequence`),
+    saved to ``out``: minutes of replay not needed, so it can be timed right before the run it
+    should predict (a shared host's speed drifts). Needs a CUDA device (on a CPU a call is the op)."""
+    from opgraph.ir import save_model
+    from validators.results import now_iso
+    from validators.sequence import issue_in_sequence
+
+    warn = warn or (lambda _m: None)
+    if device.split(":")[0] != "cuda":
+        raise OpgraphError(
+            f"issue timing needs a CUDA device, not {device!r}",
+            where="--device",
+            hint="on a CPU a call runs the whole op; use --device cuda",
+        )
+    loaded, _ = load_graphs(graphs, warn)
+    replayer = Replayer(device, options or ReplayOptions(check=False, energy=False, sm_clock=False))
+    try:
+        configs = [c for c in unique_configs(loaded) if select is None or select(c)]
+        seq = issue_in_sequence(loaded, configs, replayer, moe_skew=graph_skew(loaded))
+    finally:
+        replayer.close()
+    if seq.note:
+        warn(seq.note)
+    seq = seq.model_copy(update={"device_name": replayer.device_name, "created": now_iso()})
+    if out is not None:
+        save_model(seq, out)
+    return seq
 
 
 def _fold_parts(out: Path) -> None:

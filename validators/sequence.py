@@ -15,8 +15,10 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
 
 from validators.configs import OpConfig, config_key
 
@@ -25,17 +27,27 @@ if TYPE_CHECKING:
     from validators.replay import Replayer
 
 
-@dataclass(frozen=True)
-class SequenceIssue:
-    """Per config key, the median host time (us) to issue one call in the graphs' op order."""
+class SequenceIssue(BaseModel):
+    """Per config key, the median host time (us) to issue one call in the graphs' op order.
 
-    us_by_key: dict[str, float] = field(default_factory=dict)
+    ``opgraph replay --issue-only`` saves one as JSON; ``opgraph calibrate --issue`` takes its issue
+    times instead of the replay results' (:func:`load_issue`).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    version: int = 1
+    us_by_key: dict[str, NonNegativeFloat] = Field(default_factory=dict)
     calls: int = 0
     """Calls per round (op uses whose config was built)."""
     rounds: int = 0
     """Timed rounds (after one warm-up round)."""
     note: str = ""
     """Why the pass was skipped or what it left out; empty when every config took part."""
+    device_name: str = ""
+    """The device the cases ran on."""
+    created: str = ""
+    """When it was measured (ISO 8601)."""
 
     @classmethod
     def of_rounds(cls, rounds: Sequence[Mapping[str, Sequence[float]]], calls: int, note: str = "") -> SequenceIssue:
@@ -44,7 +56,30 @@ class SequenceIssue:
         for r in rounds:
             for key, xs in r.items():
                 merged.setdefault(key, []).extend(xs)
-        return cls({k: statistics.median(v) for k, v in merged.items() if v}, calls, len(rounds), note)
+        return cls(
+            us_by_key={k: statistics.median(v) for k, v in merged.items() if v},
+            calls=calls,
+            rounds=len(rounds),
+            note=note,
+        )
+
+
+def load_issue(path: str | Path) -> SequenceIssue:
+    """A :class:`SequenceIssue` saved as JSON; :class:`~opgraph.ir.LoadError` when it is not one."""
+    from opgraph.ir import LoadError
+    from opgraph.ir.io import read_json_bytes
+
+    data = read_json_bytes(path)
+    try:
+        return SequenceIssue.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "top level"
+        raise LoadError(
+            f"not an issue-time file ({where}: {first['msg']})",
+            where=str(path),
+            hint="write one with `opgraph replay GRAPH --device cuda --issue-only -o FILE`",
+        ) from None
 
 
 class IssueSequence:

@@ -99,7 +99,7 @@ def main() -> int:
     from opgraph.capture.hosttime import carry_host_gaps, measure_host_gaps, median_timing, with_host_gaps
     from opgraph.capture.profile import profile_capture
     from opgraph.compare import compare_timelines
-    from opgraph.ir import save_graph, save_timeline
+    from opgraph.ir import save_graph, save_model, save_timeline
     from simulators import HostConfig, HostMode, SimulationConfig, simulate
     from validators import (
         Replayer,
@@ -202,7 +202,11 @@ def main() -> int:
     fw_runs.append(measure_host_gaps(meta.prepared, meta_opts, meta.event_op, targets, runs=5))
     host_graph = with_host_gaps(meta.graph, median_timing(fw_runs))
     save_graph(host_graph, out / f"{case}.graph.json.gz")
-    issue = SequenceIssue.of_rounds(rounds, calls).us_by_key
+    timed_issue = SequenceIssue.of_rounds(rounds, calls).model_copy(
+        update={"device_name": report["device"], "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    )
+    save_model(timed_issue, out / f"{case}.issue.json")  # what `opgraph calibrate --issue` takes
+    issue = timed_issue.us_by_key
     report["wall"] = {"plain_us": pc.wall_us, "profiled_us": pc.wall_profiled_us, "runs_us": list(pc.wall_runs_us)}
     report["host_alongside_runs"] = {
         **{k: v for k, v in host_graph.metadata.capture.items() if k.startswith("host_timing")},

@@ -89,3 +89,32 @@ def test_replay_timed_issue_in_sequence_on_the_gpu(case: str) -> None:
     uses = {r.definition: r.count for r in results}
     table_issue = sum((e.host_seconds or 0.0) * 1e6 * uses.get(e.definition, 0) for e in table.entries)
     assert table_issue == pytest.approx(report["host_alongside_runs"]["issue_us"], rel=1e-6)
+
+
+def test_the_cli_reproduces_the_report_from_replay_and_issue_times(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # What a user types: calibrate on the replay with the issue times timed next to the runs,
+    # simulate the graph with the table, compare with the measured run.
+    from typer.testing import CliRunner
+
+    from opgraph.cli.app import app
+
+    case = "qwen3_30b_a3b_prefill1024"
+    runner = CliRunner()
+    cal, sim, cmp = tmp_path / "cal.json", tmp_path / "sim.json.gz", tmp_path / "cmp.json"
+    replay, issue = RESULTS / f"{case}.replay.jsonl", RESULTS / f"{case}.issue.json"
+    res = runner.invoke(app, ["calibrate", str(replay), "-H", "h100", "--issue", str(issue), "-o", str(cal)])
+    assert res.exit_code == 0, res.output
+    assert "29 of 29 configs" in res.output
+    args = ["simulate", str(RESULTS / f"{case}.graph.json.gz"), "--hardware", str(cal), "--cost-model", str(cal)]
+    res = runner.invoke(app, [*args, "--engines", "1", "--policy", "stream", "-o", str(sim)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["compare", str(sim), str(RESULTS / f"{case}.measured.json.gz"), "--json", str(cmp)])
+    assert res.exit_code == 0, res.output
+    rows = {r["metric"]: r for r in json.loads(cmp.read_text())["end_to_end"]}
+    want = json.loads((RESULTS / f"{case}.accuracy.json").read_text())["predicted"]["calibrated"]
+    assert rows["wall_time"]["rel_error"] == pytest.approx(want["wall_err"], abs=1e-6)
+    assert rows["gpu_time"]["rel_error"] == pytest.approx(want["gpu_err"], abs=1e-6)
+    # Issue times of another graph match nothing: one clear line, exit 2.
+    other = RESULTS / "llama8b_decode_b8_kv2048.issue.json"
+    res = runner.invoke(app, ["calibrate", str(replay), "-H", "h100", "--issue", str(other), "-o", str(cal)])
+    assert res.exit_code == 2 and "none of its 22 configs" in res.output

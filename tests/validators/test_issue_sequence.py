@@ -83,3 +83,36 @@ def test_replay_cli_takes_the_issue_flag(tmp_path, flag: str) -> None:  # type: 
         app, ["replay", str(g), "--device", "cpu", "-o", str(tmp_path / "r.jsonl"), "--limit", "2", "-q", flag]
     )
     assert res.exit_code == 0, res.output
+
+
+def test_issue_times_round_trip_and_bad_files_say_what(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from opgraph.ir import LoadError, save_model
+    from validators import load_issue
+
+    seq = SequenceIssue(us_by_key={"a": 12.5}, calls=3, rounds=2, device_name="gpu", created="2026-11-26")
+    assert load_issue(save_model(seq, tmp_path / "i.json")) == seq
+    (tmp_path / "bad.json").write_text('{"us_by_key": {"a": -1}}')
+    with pytest.raises(LoadError, match="not an issue-time file"):
+        load_issue(tmp_path / "bad.json")
+    with pytest.raises(LoadError, match="no such file"):
+        load_issue(tmp_path / "missing.json")
+
+
+def test_issue_only_needs_cuda_and_never_overwrites_replay_results(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typer.testing import CliRunner
+
+    from opgraph.cli.app import app
+    from opgraph.ir import OpgraphError, save_graph
+    from validators import time_issue
+
+    g = save_graph(tiny_graph(), tmp_path / "g.json")
+    with pytest.raises(OpgraphError, match="needs a CUDA device"):
+        time_issue([g], device="cpu")
+    runner = CliRunner()
+    res = runner.invoke(app, ["replay", str(g), "--issue-only", "--device", "cpu", "-o", str(tmp_path / "i.json")])
+    assert res.exit_code == 2 and "needs a CUDA device" in res.output and "Traceback" not in res.output
+    kept = tmp_path / "replay.jsonl"
+    kept.write_text("{}\n")
+    res = runner.invoke(app, ["replay", str(g), "--issue-only", "--device", "cuda", "-o", str(kept)])
+    assert res.exit_code == 2 and "names replay results" in res.output
+    assert kept.read_text() == "{}\n"

@@ -23,6 +23,12 @@ def calibrate(
     trace: Path | None = typer.Option(
         None, "--trace", help="Fit the eager host overhead per op from this measured trace's kernel launches instead."
     ),
+    issue: Path | None = typer.Option(
+        None,
+        "--issue",
+        help="Host issue times from `opgraph replay --issue-only` (timed right before the run to predict) "
+        "instead of the replay results'.",
+    ),
     include_mismatch: bool = typer.Option(
         True, "--include-mismatch/--ok-only", help="Use timings of configs whose numeric check failed."
     ),
@@ -35,7 +41,13 @@ def calibrate(
     from opgraph.ir import OpgraphError
     from validators import ReplayStatus, load_results
 
+    issue_us: dict[str, float] = {}
+    if issue is not None:
+        from validators import load_issue
+
+        issue_us = load_issue(issue).us_by_key
     usable = {ReplayStatus.OK, ReplayStatus.MISMATCH} if include_mismatch else {ReplayStatus.OK}
+    from_issue = 0
     measurements: list[Measurement] = []
     devices: set[str] = set()
     total = 0
@@ -46,11 +58,13 @@ def calibrate(
                 continue
             devices.add(r.device_name or r.device)
             t = r.timing
+            host_us = issue_us.get(r.key, t.host_us)
+            from_issue += r.key in issue_us
             measurements.append(
                 Measurement(
                     op=r.op,
                     seconds=t.median_us * 1e-6,
-                    host_seconds=t.host_us * 1e-6 if t.host_us is not None else None,
+                    host_seconds=host_us * 1e-6 if host_us is not None else None,
                     spread_s=t.iqr_us * 1e-6,
                     samples=t.samples,
                 )
@@ -60,6 +74,12 @@ def calibrate(
             f"none of the {total} results has a usable timing",
             where=", ".join(map(str, replays)),
             hint="replay on the device first; results with status error/unsupported carry no time",
+        )
+    if issue is not None and not from_issue:
+        raise OpgraphError(
+            f"none of its {len(issue_us)} configs is among the {len(measurements)} timed replay results",
+            where=str(issue),
+            hint="time the issue of the same graphs (`opgraph replay GRAPH --issue-only`)",
         )
     hw = load_hardware(hardware_name)
     host_us = None
@@ -74,6 +94,8 @@ def calibrate(
         host_overhead_us=host_us,
     )
     table.save(output)
+    if issue is not None:
+        console.print(f"issue times: {from_issue} of {len(measurements)} configs from {issue}")
     shown = Table(title=f"Calibrated {hw.name} from {len(measurements)} measured configs", title_justify="left")
     shown.add_column("fit")
     for note in table.notes:

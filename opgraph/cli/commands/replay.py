@@ -91,6 +91,12 @@ def replay(
         help="CUDA host issue time: every op of the graphs called in their order, as a model issues them "
         "(default), or calls of each op alone (hot CPU caches, a lower bound).",
     ),
+    issue_only: bool = typer.Option(
+        False,
+        "--issue-only",
+        help="Only time each op's host issue in the graphs' order (CUDA, seconds) and write OUT as JSON for "
+        "`calibrate --issue`: right before the run to predict, since a shared host's speed drifts.",
+    ),
     timer: str = typer.Option(
         "kernels", "--timer", help="CUDA timer: kernels (sum of kernel durations, as traces count) or events."
     ),
@@ -174,11 +180,29 @@ def replay(
             console.print(_line(r, i, n))
 
     kinds_set = set(wanted)
+    select = (lambda c: getattr(c.op, "kind").value in kinds_set) if kinds_set else None  # noqa: B009
+    if issue_only:
+        from validators.runner import time_issue
+
+        if out.name.endswith((".jsonl", ".jsonl.gz")):
+            raise OpgraphError(
+                f"{out} names replay results, not issue times",
+                where="--out",
+                hint="with --issue-only give -o FILE.json (replay results are not overwritten)",
+            )
+
+        seq = time_issue([str(g) for g in graphs], device=device, out=out, options=options, select=select, warn=warn)
+        total_ms = sum(seq.us_by_key.values()) / 1e3
+        console.print(
+            f"device: {seq.device_name} ({device}); issue in sequence: {len(seq.us_by_key)} configs, "
+            f"{seq.calls} calls a round, {seq.rounds} rounds; {total_ms:.3f} ms over one call of each config"
+        )
+        console.print(f"issue times: {out} (use with `opgraph calibrate REPLAY.jsonl --issue {out}`)")
+        return
     try:
         run = run_replay(
             [str(g) for g in graphs], device=device, out=out, resume=resume, options=options, estimate=estimate,
-            select=(lambda c: getattr(c.op, "kind").value in kinds_set) if kinds_set else None,  # noqa: B009
-            limit=limit, on_result=on_result, warn=warn,
+            select=select, limit=limit, on_result=on_result, warn=warn,
         )  # fmt: skip
     except KeyboardInterrupt:
         errc.print(f"interrupted: results measured so far are in {out}; rerun with --resume to continue")
