@@ -3,9 +3,10 @@
 Plain functions of timelines (and the graph, when given) returning small frozen dataclasses or
 :class:`~opgraph.export.ReportTable` rows; the HTML template only lays them out.
 
-Device time is the sum of span durations on device tracks; spans of host threads (category
-``host``, ``cpu_op``, ...) are left out of it when a timeline has device spans, because they issue
-the same ops and would count them twice.
+Device time is the sum of the durations of device work (:attr:`opgraph.ir.Span.on_device`: kernels,
+device copies, simulated ops); host spans (CPU ops, runtime calls, annotations, simulated issue) are
+left out of it, because they issue the same work and would count it twice. A timeline with no device
+work at all (a CPU-only profile) is summarised over all its spans.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from opgraph.export.common import (
-    HOST_CATEGORIES,
     ReportTable,
+    host_tracks,
     natural_key,
     op_kind,
     span_kind_key,
@@ -133,8 +134,9 @@ class TimelineSummary:
 
 
 def device_spans(timeline: Timeline) -> list[Span]:
-    """The spans that count as device time: all spans off host tracks, or every span of a host-only timeline."""
-    dev = [s for s in timeline.spans if s.category not in HOST_CATEGORIES]
+    """The spans that count as device time (:meth:`opgraph.ir.Timeline.device_spans`), or every span of a
+    timeline with no device work (a CPU-only profile)."""
+    dev = timeline.device_spans()
     return dev if dev else list(timeline.spans)
 
 
@@ -175,13 +177,13 @@ def summarize(timeline: Timeline, index: int = 0, graph: OpGraph | None = None) 
     dev = device_spans(timeline)
     total = sum(s.dur_us for s in dev)
     makespan = timeline.makespan_us
-    host_tracks = {s.track for s in timeline.spans if s.category in HOST_CATEGORIES}
+    host = host_tracks(timeline)
     counts: dict[str, int] = defaultdict(int)
     for s in timeline.spans:
         counts[s.track] += 1
-    tracks = sorted(timeline.tracks(), key=lambda t: (t not in host_tracks, natural_key(t)))
+    tracks = sorted(timeline.tracks(), key=lambda t: (t not in host, natural_key(t)))
     track_rows = tuple(
-        TrackRow(t, counts[t], b, b / makespan if makespan > 0 else 0.0, t in host_tracks)
+        TrackRow(t, counts[t], b, b / makespan if makespan > 0 else 0.0, t in host)
         for t in tracks
         for b in (timeline.busy_us(t),)
     )

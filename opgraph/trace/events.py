@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from opgraph.trace.patterns import KernelType
+
 GPU_KINDS = ("kernel", "memcpy", "memset")
 """Kinds of device activity."""
 HOST_KINDS = ("cpu_op", "runtime", "annotation", "gpu_annotation", "python")
@@ -38,7 +40,7 @@ class GpuEvent:
     """Innermost CPU op that launched it (``aten::mm``), once linked."""
     launch_dims: Any = None
     """Input dims of that CPU op (with ``record_shapes``)."""
-    ktype: str = "unknown"
+    ktype: KernelType = KernelType.UNKNOWN
     """Kernel type from the classifier."""
     layer_start: bool = False
     """Matches a layer-start marker."""

@@ -13,6 +13,7 @@ import ast
 import bisect
 import gc
 import json
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -225,7 +226,10 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
     if bad_dur:
         data.incomplete.append(f"skipped {bad_dur} events with a negative duration")
     if skipped_python:
-        data.notes.append(f"{skipped_python} python_function events not imported (python=True keeps them)")
+        data.notes.append(
+            f"{skipped_python} python_function events not imported "
+            "(the Python API's opgraph.trace.load_trace_data(path, python=True) keeps them)"
+        )
     _link(data, gpu, host, flow_start, flow_end)
     gpu.sort(key=lambda e: e.ts)
     host.sort(key=lambda e: e.ts)
@@ -446,7 +450,7 @@ def to_timeline(
             "track": f"{track_prefix}gpu{g.device}/stream{g.stream}",
             "start_us": g.ts + offset_us,
             "dur_us": g.dur,
-            "category": g.ktype,
+            "category": g.ktype if g.kind == "kernel" else g.kind,
             "args": args,
         }
         kind = _OPKIND.get(g.ktype)
@@ -565,7 +569,7 @@ def from_timeline(tl: Timeline) -> TraceData:
                     s.start_us,
                     s.dur_us,
                     dev if isinstance(dev, int) else 0,
-                    st if isinstance(st, int) else hash(s.track) % 100000,
+                    st if isinstance(st, int) else _track_stream(s.track),
                     _int(a.get("correlation")),
                     _int(a.get("external_id")),
                     a.get("grid") if isinstance(a.get("grid"), str) else None,  # type: ignore[arg-type]
@@ -593,6 +597,11 @@ def from_timeline(tl: Timeline) -> TraceData:
                 )
             )
     return data
+
+
+def _track_stream(track: str) -> int:
+    """A stream id for a device track without one: the same in every process (a digest of the name)."""
+    return zlib.crc32(track.encode()) % 100000
 
 
 def kernels_of(data: TraceData) -> Iterable[GpuEvent]:
