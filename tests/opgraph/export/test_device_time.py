@@ -120,3 +120,20 @@ def test_reports_comparisons_and_exports_count_kernels_and_copies_only() -> None
         "gpu_annotation": "gpu_user_annotation",
         "python": "python_function",
     }
+
+
+def test_simulated_issue_on_the_host_is_no_device_time() -> None:
+    # The simulator builds spans without validation, so they hold plain strings: the rule must hold for them too.
+    from opgraph.ir import Edge, Elementwise, OpGraph
+    from simulators import HostConfig, SchedulingProblem, SimulationConfig, run_problem
+
+    ops = tuple(Elementwise(id=i, fn="add", numel=8) for i in range(3))
+    graph = OpGraph(ops=ops, edges=(Edge(src=0, dst=2), Edge(src=1, dst=2)))
+    problem = SchedulingProblem.from_durations(graph, {0: 4.0, 1: 4.0, 2: 1.0})
+    tl = run_problem(problem, SimulationConfig.standard(engines=2, host=HostConfig(per_op_us=3.0))).timeline()
+    assert len(tl.spans) == 6
+    assert summarize(tl).device_time_us == 9
+    cats = sorted(e["cat"] for e in trace_document([tl], counter_bins=0)["traceEvents"] if e["ph"] == "X")
+    assert cats == ["cpu_op"] * 3 + ["kernel"] * 3
+    again = Timeline.model_validate_json(tl.model_dump_json())
+    assert {(s.category, s.bound) for s in again.spans if not s.on_device} == {(SpanCategory.HOST, Bound.HOST)}
