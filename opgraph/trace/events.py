@@ -9,11 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from opgraph.ir.timeline import SpanCategory
 from opgraph.trace.patterns import KernelType
 
-GPU_KINDS = ("kernel", "memcpy", "memset")
+GPU_KINDS = (SpanCategory.KERNEL, SpanCategory.MEMCPY, SpanCategory.MEMSET)
 """Kinds of device activity."""
-HOST_KINDS = ("cpu_op", "runtime", "annotation", "gpu_annotation", "python")
+HOST_KINDS = (
+    SpanCategory.CPU_OP,
+    SpanCategory.RUNTIME,
+    SpanCategory.ANNOTATION,
+    SpanCategory.GPU_ANNOTATION,
+    SpanCategory.PYTHON,
+)
 """Kinds of host activity (``gpu_annotation`` lies on the device clock but carries no work)."""
 
 
@@ -22,7 +29,8 @@ class GpuEvent:
     """A kernel, memcpy or memset on a device stream."""
 
     name: str
-    kind: str
+    kind: SpanCategory
+    """One of :data:`GPU_KINDS`."""
     ts: float
     dur: float
     device: int
@@ -55,7 +63,8 @@ class HostEvent:
     """A CPU op, runtime call, user annotation or Python function on a host thread."""
 
     name: str
-    kind: str
+    kind: SpanCategory
+    """One of :data:`HOST_KINDS`."""
     ts: float
     dur: float
     pid: int | str
