@@ -16,6 +16,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from opgraph.compare import CompareError, JoinMode, compare_timelines
 from opgraph.export.common import (
     ReportTable,
     host_tracks,
@@ -351,25 +352,28 @@ def comparison_tables(
                 note="error = (predicted - measured) / measured; device time summed over spans",
             )
         )
-    m_op: dict[int, float] = defaultdict(float)
-    p_op: dict[int, float] = defaultdict(float)
-    names: dict[int, str] = {}
-    for s in m_dev:
-        if s.op_id is not None:
-            m_op[s.op_id] += s.dur_us
-            names.setdefault(s.op_id, s.definition or s.name)
-    for s in p_dev:
-        if s.op_id is not None:
-            p_op[s.op_id] += s.dur_us
-            names.setdefault(s.op_id, s.definition or s.name)
-    joined = [i for i in m_op if i in p_op]
-    if joined:
-        worst = sorted(joined, key=lambda i: (-abs(p_op[i] - m_op[i]), i))[:TOP_OPS]
+    try:
+        joined = compare_timelines(
+            predicted, measured, join=JoinMode.OP_ID, graph=graph, top=TOP_OPS, allow_different_models=True
+        )
+    except CompareError:  # no op ids shared: no per-op table
+        joined = None
+    if joined is not None and joined.top_gaps:
+        gap_rows = tuple(
+            (
+                e.op_id,
+                e.definition or e.key,
+                fmt_us(e.reference_us),
+                fmt_us(e.predicted_us),
+                fmt_err(e.predicted_us, e.reference_us),
+            )
+            for e in joined.top_gaps
+        )
         tables.append(
             ReportTable(
-                title=f"Largest per-op errors ({len(joined)} ops joined by op id)",
+                title=f"Largest per-op errors ({joined.matched} ops joined by op id)",
                 columns=("op", "name", "measured", "predicted", "error"),
-                rows=tuple((i, names[i], fmt_us(m_op[i]), fmt_us(p_op[i]), fmt_err(p_op[i], m_op[i])) for i in worst),
+                rows=gap_rows,
                 numeric=(True, False, True, True, True),
             )
         )
