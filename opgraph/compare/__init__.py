@@ -1,6 +1,7 @@
 """Compare two timelines (simulated, measured, replayed) op by op and end to end."""
 
 from opgraph.compare.compare import (
+    CompareError,
     Comparison,
     ErrorRow,
     GroupError,
@@ -12,6 +13,7 @@ from opgraph.compare.compare import (
 )
 
 __all__ = [
+    "CompareError",
     "Comparison",
     "ErrorRow",
     "GroupError",

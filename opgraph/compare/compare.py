@@ -24,26 +24,7 @@ from pydantic import BaseModel, Field
 
 from opgraph.ir import OpGraph, OpgraphError, Span, Timeline
 from opgraph.ir.tensor import FROZEN
-
-HOST_CATEGORIES = frozenset(
-    {
-        "host",
-        "cpu_op",
-        "cpu",
-        "runtime",
-        "cuda_runtime",
-        "cuda_driver",
-        "annotation",
-        "user_annotation",
-        "python",
-        "python_function",
-        "launch",
-        "gpu_user_annotation",
-        "overhead",
-        "trace",
-    }
-)
-"""Span categories that are not device work."""
+from opgraph.ir.timeline import SpanCategory
 
 MIN_OP_US = 5.0
 """Ops shorter than this (in the reference) are left out of the median per-op error, as in the targets."""
@@ -150,13 +131,13 @@ class Comparison(BaseModel):
 
 
 def device_spans(timeline: Timeline) -> list[Span]:
-    """The spans that are device work (kernels, memcpy, engine work), not host or CPU spans."""
-    return [
-        s
-        for s in timeline.spans
-        if (s.category or "").lower() not in HOST_CATEGORIES
-        and not s.track.lower().startswith(("host", "cpu", "thread"))
-    ]
+    """The spans that are device work (kernels, memcpy, engine work), not host or CPU spans
+    (:meth:`opgraph.ir.Timeline.device_spans`)."""
+    return timeline.device_spans()
+
+
+def _category(s: Span) -> str:
+    return SpanCategory(s.category).value if s.category is not None else ""
 
 
 def _rel(pred: float, ref: float) -> float:
@@ -182,7 +163,7 @@ class _Acc:
         self.dur += s.dur_us
         self.op_id = s.op_id if self.op_id is None else self.op_id
         self.definition = self.definition or (s.definition or "")
-        self.kind = self.kind or (s.kind.value if s.kind else (s.category or ""))
+        self.kind = self.kind or (s.kind.value if s.kind else _category(s))
         self.layer = s.layer if self.layer is None else self.layer
         self.stage = self.stage or (s.stage.value if s.stage else "")
 
@@ -205,7 +186,7 @@ def _by_definition(spans: Iterable[Span]) -> dict[str, _Acc]:
     last_op: int | None = None
     last_key = ""
     for s in spans:
-        base = s.definition or s.category or (s.kind.value if s.kind else "") or s.name
+        base = s.definition or _category(s) or (s.kind.value if s.kind else "") or s.name
         if s.op_id is not None and s.op_id == last_op and last_key.startswith(base + "#"):
             groups[last_key].add(s)
             continue

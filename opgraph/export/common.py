@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from opgraph.ir import OpBase, OpGraph, OpgraphError, OpKind, Scalar, Span, Timeline
 from opgraph.ir.tensor import FROZEN
+from opgraph.ir.timeline import SpanCategory
 
 
 class ExportError(OpgraphError):
@@ -82,8 +83,16 @@ def kind_color(key: str) -> str:
     return f"#{round(r * 255):02X}{round(g * 255):02X}{round(b * 255):02X}"
 
 
-HOST_CATEGORIES = frozenset({"host", "cpu_op", "python_function", "user_annotation", "cuda_runtime", "cuda_driver"})
-"""Span categories that run on the host, not on a device engine."""
+def host_tracks(timeline: Timeline) -> set[str]:
+    """Tracks that hold no device work (host threads, annotation rows)."""
+    device = {s.track for s in timeline.spans if s.on_device}
+    return {t for t in timeline.tracks() if t not in device}
+
+
+def track_order(timeline: Timeline) -> list[str]:
+    """Tracks in display order: host threads first (they issue the work), then engines and streams."""
+    host = host_tracks(timeline)
+    return sorted(timeline.tracks(), key=lambda t: (t not in host, natural_key(t)))
 
 
 def span_op(span: Span, graph: OpGraph | None) -> OpBase | None:
@@ -109,8 +118,9 @@ def span_kind_key(span: Span, graph: OpGraph | None = None) -> str:
     op = span_op(span, graph)
     if op is not None:
         return op_kind(op)
-    if span.category:
-        return "host" if span.category in HOST_CATEGORIES else span.category
+    if span.category is not None:
+        category = SpanCategory(span.category)
+        return category.value if category.is_device else "host"
     return OpKind.OTHER.value
 
 

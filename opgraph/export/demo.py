@@ -4,7 +4,8 @@ Used by the exporters' tests and benchmark and to draw the screenshot in the REA
 (``python -m opgraph.export.demo OUT_DIR`` writes a trace, a Gantt PNG and an HTML report; the
 screenshot ``docs/report.png`` is ``chromium --headless --hide-scrollbars --window-size=1280,1560
 --screenshot=docs/report.png OUT_DIR/demo.html``). The
-timings come from a plain roofline (989 TFLOP/s bf16, 3.35 TB/s, H100-like), scheduled greedily on
+timings come from the project's roofline cost model on an H100 (``hardware.resolve_cost_model("roofline")``
+and ``hardware.load_hardware("h100")``, imported when first needed), scheduled greedily on
 ``engines`` compute engines in dependency order with a host thread issuing each op; the 'measured'
 timeline is the same ops on one stream with seeded noise and launch gaps. It stands in for the
 simulator and the trace importer, which live elsewhere.
@@ -12,10 +13,11 @@ simulator and the trace importer, which live elsewhere.
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opgraph.export.common import op_kind
 from opgraph.ir import (
@@ -38,10 +40,15 @@ from opgraph.ir import (
     TimelineSource,
     topological_order,
 )
+from opgraph.ir.timeline import Bound, SpanCategory
 
-PEAK_FLOPS = 989e12  # FLOP/s, dense bf16
-PEAK_BYTES = 3.35e12  # bytes/s, HBM
-LAUNCH_US = 2.0  # per kernel
+if TYPE_CHECKING:
+    from hardware import CostModel, HardwareSpec
+
+HARDWARE = "h100"
+"""Catalog name of the device the demo's ops are costed on."""
+DEVICE = "H100-SXM"
+"""The device as the demo's timelines name it."""
 HOST_US = 4.0  # framework time to issue one op
 
 
@@ -89,12 +96,18 @@ def demo_graph(layers: int = 4, tokens: int = 512, hidden: int = 2048, heads: in
     return OpGraph(metadata=meta, ops=tuple(ops), edges=tuple(edges))
 
 
-def roofline_us(op: OpBase) -> tuple[float, str]:
-    """Roofline time of an op in microseconds and what bounds it (launch latency included)."""
-    compute = op.flops / PEAK_FLOPS * 1e6
-    memory = op.total_bytes / PEAK_BYTES * 1e6
-    bound = "compute" if compute >= memory else "memory"
-    return max(compute, memory) + LAUNCH_US, bound
+def roofline_us(op: OpBase) -> tuple[float, Bound]:
+    """Time of an op in microseconds on :data:`HARDWARE` by the ``roofline`` cost model, and what bounds it."""
+    model, hw = _roofline()
+    cost = model.estimate(op, hw)
+    return cost.seconds * 1e6, Bound(cost.bound.value)
+
+
+@functools.cache
+def _roofline() -> tuple[CostModel, HardwareSpec]:
+    from hardware import load_hardware, resolve_cost_model
+
+    return resolve_cost_model("roofline"), load_hardware(HARDWARE)
 
 
 def _span(op: OpBase, track: str, start: float, dur: float, **extra: object) -> Span:
@@ -114,7 +127,7 @@ def demo_simulated(graph: OpGraph, engines: int = 2) -> Timeline:
     for op_id in topological_order(graph):
         op = graph.op(op_id)
         dur, bound = roofline_us(op)
-        spans.append(_span(op, "host", host, HOST_US, category="host", bound="host"))
+        spans.append(_span(op, "host", host, HOST_US, category=SpanCategory.HOST, bound=Bound.HOST))
         host += HOST_US
         ready = max([host, *(finish[p] for p in preds[op_id])])
         eng = min(range(engines), key=lambda i: max(free[i], ready))
@@ -122,7 +135,7 @@ def demo_simulated(graph: OpGraph, engines: int = 2) -> Timeline:
         finish[op_id] = free[eng] = start + dur
         spans.append(_span(op, f"engine{eng}", start, dur, bound=bound))
     src = TimelineSource(
-        kind=TimelineKind.SIMULATED, name="demo-llama roofline", device="H100-SXM", graph_model=graph.metadata.model,
+        kind=TimelineKind.SIMULATED, name="demo-llama roofline", device=DEVICE, graph_model=graph.metadata.model,
         config={"engines": engines, "policy": "earliest-engine", "cost_model": "roofline"},
     )  # fmt: skip
     return Timeline(source=src, spans=tuple(spans))
@@ -140,7 +153,7 @@ def demo_measured(graph: OpGraph, seed: int = 0) -> Timeline:
         spans.append(_span(op, "stream 7", t, dur, category=op_kind(op)))
         t += dur + rng.uniform(0.5, 3.0)
     src = TimelineSource(
-        kind=TimelineKind.MEASURED, name="demo-llama measured", device="H100-SXM", trace_file="demo.pt.trace.json.gz"
+        kind=TimelineKind.MEASURED, name="demo-llama measured", device=DEVICE, trace_file="demo.pt.trace.json.gz"
     )
     return Timeline(source=src, spans=tuple(spans), wall_us=t + 5.0)
 

@@ -17,14 +17,13 @@ from typing import Any, cast
 import numpy as np
 
 from opgraph.export.common import (
-    HOST_CATEGORIES,
     ExportError,
     check_timelines,
     kind_color,
-    natural_key,
     span_kind_key,
     span_layer,
     timeline_label,
+    track_order,
 )
 from opgraph.ir import OpGraph, Timeline, atomic_write
 
@@ -82,7 +81,7 @@ def write_gantt(
     start = min(tl.start_us for tl in timelines)
     end = max(tl.end_us for tl in timelines)
     unit, scale = _time_unit(end - start)
-    rows = [_rows(tl) for tl in timelines]
+    rows = [track_order(tl) for tl in timelines]
     heights = [max(1, len(r)) * ROW_HEIGHT_IN + 0.45 for r in rows]
     fig = Figure(figsize=(width_in, sum(heights) + 1.3), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
@@ -129,11 +128,6 @@ def write_gantt(
     with atomic_write(path) as out:
         out.write(buf.getvalue())
     return path
-
-
-def _rows(tl: Timeline) -> list[str]:
-    host = {s.track for s in tl.spans if s.category in HOST_CATEGORIES}
-    return sorted(tl.tracks(), key=lambda t: (t not in host, natural_key(t)))
 
 
 def _mark_layers(ax: Any, starts: list[tuple[int, float]], origin: float, scale: float) -> None:

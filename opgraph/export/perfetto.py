@@ -7,8 +7,9 @@ and our own importer read it back):
   and ordered by ``M`` metadata events; ``deviceProperties`` lists the device of each process;
 - one thread per track (engine, stream, host thread); a track named ``stream N`` (or ``gpu0/streamN``) keeps ``tid`` N,
   other tracks get free small integers; named and ordered by ``M`` events;
-- one complete ``X`` event per span, ``cat: "kernel"`` for device work (with Kineto's ``device``,
-  ``stream`` and ``correlation`` args) and ``cat: "cpu_op"`` for host spans; the args carry the op id,
+- one complete ``X`` event per span, ``cat: "kernel"`` (or ``gpu_memcpy``/``gpu_memset``) for device
+  work (with Kineto's ``device``, ``stream`` and ``correlation`` args) and Kineto's host categories
+  (``cpu_op``, ``cuda_runtime``, ``user_annotation``, ...) for host spans; the args carry the op id,
   kind, definition, layer, stage, step, the cost model's bound and, from the graph when one is given,
   target, scope, dtype, FLOPs, bytes and shapes (Kineto's ``Input Dims`` / ``Input type`` /
   ``Output Dims``);
@@ -36,15 +37,16 @@ from typing import IO, Any
 import numpy as np
 
 from opgraph.export.common import (
-    HOST_CATEGORIES,
     ExportError,
     check_timelines,
+    host_tracks,
     natural_key,
     op_kind,
     span_op,
     timeline_label,
 )
 from opgraph.ir import EdgeKind, OpGraph, Span, Timeline, atomic_write
+from opgraph.ir.timeline import Bound, SpanCategory
 
 NS_PER_US = 1000
 """Trace timestamps are microseconds with nanosecond resolution, as Kineto writes them."""
@@ -55,20 +57,19 @@ BATCH_EVENTS = 4096
 COUNTER_BINS = 200
 """Time bins of the utilisation counter tracks of each timeline."""
 
-KINETO_CATEGORIES = frozenset(
-    {
-        "kernel",
-        "gpu_memcpy",
-        "gpu_memset",
-        "cpu_op",
-        "cuda_runtime",
-        "cuda_driver",
-        "python_function",
-        "user_annotation",
-        "gpu_user_annotation",
-    }
-)
-"""Span categories written through unchanged as the event ``cat``."""
+KINETO_CATEGORIES: dict[SpanCategory, str] = {
+    SpanCategory.MEMCPY: "gpu_memcpy",
+    SpanCategory.MEMSET: "gpu_memset",
+    SpanCategory.HOST: "cpu_op",
+    SpanCategory.CPU_OP: "cpu_op",
+    SpanCategory.RUNTIME: "cuda_runtime",
+    SpanCategory.ANNOTATION: "user_annotation",
+    SpanCategory.GPU_ANNOTATION: "gpu_user_annotation",
+    SpanCategory.PYTHON: "python_function",
+}
+"""The event ``cat`` of each span category that is not a kernel (every other device category is ``kernel``)."""
+
+_DEVICE_EVENT_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 FLOW_CATEGORY = "opgraph.data"
 """``cat`` of the flow events drawn for data dependencies."""
@@ -90,13 +91,11 @@ def trace_span_times(start_us: float, dur_us: float) -> tuple[float, float]:
 
 
 def event_category(span: Span) -> str:
-    """The event ``cat`` of a span: its Kineto category if it has one, ``cpu_op`` on the host, else ``kernel``."""
-    cat = span.category
-    if cat in KINETO_CATEGORIES:
-        return cat
-    if cat in HOST_CATEGORIES:
-        return "cpu_op"
-    return "kernel"
+    """The event ``cat`` of a span, as Kineto writes it: ``kernel`` for device work (no category: a simulated
+    op), ``gpu_memcpy``/``gpu_memset`` for copies, and the host categories (``cpu_op``, ``cuda_runtime``, ...)."""
+    if span.category is None:
+        return "kernel"
+    return KINETO_CATEGORIES.get(SpanCategory(span.category), "kernel")
 
 
 def assign_tids(tracks: Sequence[str]) -> dict[str, int]:
@@ -131,11 +130,7 @@ class _Process:
 def _processes(timelines: Sequence[Timeline]) -> list[_Process]:
     procs = []
     for pid, tl in enumerate(timelines):
-        tracks = tl.tracks()
-        device_tracks = {s.track for s in tl.spans if s.category not in HOST_CATEGORIES}
-        procs.append(
-            _Process(pid, tl, timeline_label(tl, pid), assign_tids(tracks), frozenset(set(tracks) - device_tracks))
-        )
+        procs.append(_Process(pid, tl, timeline_label(tl, pid), assign_tids(tl.tracks()), frozenset(host_tracks(tl))))
     return procs
 
 
@@ -176,7 +171,7 @@ def span_args(span: Span, *, graph: OpGraph | None = None) -> dict[str, Any]:
     elif op is not None:
         args["kind"] = op_kind(op)
     if span.category is not None:
-        args["category"] = span.category
+        args["category"] = SpanCategory(span.category).value
     if span.definition:
         args["definition"] = span.definition
     elif op is not None:
@@ -191,7 +186,7 @@ def span_args(span: Span, *, graph: OpGraph | None = None) -> dict[str, Any]:
     if step is not None:
         args["step"] = step
     if span.bound is not None:
-        args["bound"] = span.bound
+        args["bound"] = Bound(span.bound).value
     if op is not None:
         if op.target:
             args["target"] = op.target
@@ -233,7 +228,7 @@ def _span_events(proc: _Process, graph: OpGraph | None, correlation0: int) -> It
     corr = correlation0
     pid = proc.pid
     tids = proc.tids
-    cats: dict[str | None, str] = {}
+    cats: dict[SpanCategory | None, str] = {}
     for span in proc.timeline.spans:
         ts, dur = trace_span_times(span.start_us, span.dur_us)
         cat = cats.get(span.category)
@@ -241,7 +236,7 @@ def _span_events(proc: _Process, graph: OpGraph | None, correlation0: int) -> It
             cat = cats[span.category] = event_category(span)
         tid = tids[span.track]
         args = span_args(span, graph=graph)
-        if cat == "kernel" or cat.startswith("gpu_"):
+        if cat in _DEVICE_EVENT_CATEGORIES:
             args.setdefault("device", pid)
             args["stream"] = tid
             if "correlation" not in args:

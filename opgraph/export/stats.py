@@ -3,9 +3,10 @@
 Plain functions of timelines (and the graph, when given) returning small frozen dataclasses or
 :class:`~opgraph.export.ReportTable` rows; the HTML template only lays them out.
 
-Device time is the sum of span durations on device tracks; spans of host threads (category
-``host``, ``cpu_op``, ...) are left out of it when a timeline has device spans, because they issue
-the same ops and would count them twice.
+Device time is the sum of the durations of device work (:attr:`opgraph.ir.Span.on_device`: kernels,
+device copies, simulated ops); host spans (CPU ops, runtime calls, annotations, simulated issue) are
+left out of it, because they issue the same work and would count it twice. A timeline with no device
+work at all (a CPU-only profile) is summarised over all its spans.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from opgraph.compare import CompareError, JoinMode, compare_timelines
 from opgraph.export.common import (
-    HOST_CATEGORIES,
     ReportTable,
+    host_tracks,
     natural_key,
     op_kind,
     span_kind_key,
@@ -133,8 +135,9 @@ class TimelineSummary:
 
 
 def device_spans(timeline: Timeline) -> list[Span]:
-    """The spans that count as device time: all spans off host tracks, or every span of a host-only timeline."""
-    dev = [s for s in timeline.spans if s.category not in HOST_CATEGORIES]
+    """The spans that count as device time (:meth:`opgraph.ir.Timeline.device_spans`), or every span of a
+    timeline with no device work (a CPU-only profile)."""
+    dev = timeline.device_spans()
     return dev if dev else list(timeline.spans)
 
 
@@ -175,13 +178,13 @@ def summarize(timeline: Timeline, index: int = 0, graph: OpGraph | None = None) 
     dev = device_spans(timeline)
     total = sum(s.dur_us for s in dev)
     makespan = timeline.makespan_us
-    host_tracks = {s.track for s in timeline.spans if s.category in HOST_CATEGORIES}
+    host = host_tracks(timeline)
     counts: dict[str, int] = defaultdict(int)
     for s in timeline.spans:
         counts[s.track] += 1
-    tracks = sorted(timeline.tracks(), key=lambda t: (t not in host_tracks, natural_key(t)))
+    tracks = sorted(timeline.tracks(), key=lambda t: (t not in host, natural_key(t)))
     track_rows = tuple(
-        TrackRow(t, counts[t], b, b / makespan if makespan > 0 else 0.0, t in host_tracks)
+        TrackRow(t, counts[t], b, b / makespan if makespan > 0 else 0.0, t in host)
         for t in tracks
         for b in (timeline.busy_us(t),)
     )
@@ -349,25 +352,28 @@ def comparison_tables(
                 note="error = (predicted - measured) / measured; device time summed over spans",
             )
         )
-    m_op: dict[int, float] = defaultdict(float)
-    p_op: dict[int, float] = defaultdict(float)
-    names: dict[int, str] = {}
-    for s in m_dev:
-        if s.op_id is not None:
-            m_op[s.op_id] += s.dur_us
-            names.setdefault(s.op_id, s.definition or s.name)
-    for s in p_dev:
-        if s.op_id is not None:
-            p_op[s.op_id] += s.dur_us
-            names.setdefault(s.op_id, s.definition or s.name)
-    joined = [i for i in m_op if i in p_op]
-    if joined:
-        worst = sorted(joined, key=lambda i: (-abs(p_op[i] - m_op[i]), i))[:TOP_OPS]
+    try:
+        joined = compare_timelines(
+            predicted, measured, join=JoinMode.OP_ID, graph=graph, top=TOP_OPS, allow_different_models=True
+        )
+    except CompareError:  # no op ids shared: no per-op table
+        joined = None
+    if joined is not None and joined.top_gaps:
+        gap_rows = tuple(
+            (
+                e.op_id,
+                e.definition or e.key,
+                fmt_us(e.reference_us),
+                fmt_us(e.predicted_us),
+                fmt_err(e.predicted_us, e.reference_us),
+            )
+            for e in joined.top_gaps
+        )
         tables.append(
             ReportTable(
-                title=f"Largest per-op errors ({len(joined)} ops joined by op id)",
+                title=f"Largest per-op errors ({joined.matched} ops joined by op id)",
                 columns=("op", "name", "measured", "predicted", "error"),
-                rows=tuple((i, names[i], fmt_us(m_op[i]), fmt_us(p_op[i]), fmt_err(p_op[i], m_op[i])) for i in worst),
+                rows=gap_rows,
                 numeric=(True, False, True, True, True),
             )
         )

@@ -11,7 +11,7 @@ from html import escape
 
 import numpy as np
 
-from opgraph.export.common import HOST_CATEGORIES, kind_color, natural_key, span_kind_key
+from opgraph.export.common import kind_color, span_kind_key, track_order
 from opgraph.ir import OpGraph, Timeline
 
 FONT = "font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;font-size:11px"
@@ -140,8 +140,7 @@ def timeline_overview(
     t0 = timeline.start_us if start_us is None else start_us
     t1 = timeline.end_us if end_us is None else end_us
     extent = max(t1 - t0, 1e-9)
-    host = {s.track for s in timeline.spans if s.category in HOST_CATEGORIES}
-    tracks = sorted(timeline.tracks(), key=lambda t: (t not in host, natural_key(t)))
+    tracks = track_order(timeline)
     row_of = {t: i for i, t in enumerate(tracks)}
     kinds: dict[str, int] = {}
     keys = [kinds.setdefault(span_kind_key(s, graph), len(kinds)) for s in timeline.spans]

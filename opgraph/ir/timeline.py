@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from enum import Enum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_serializer, field_validator, model_validator
 
 from opgraph.ir.graph import Scalar
 from opgraph.ir.ops import OpKind, Stage
@@ -22,6 +22,107 @@ class TimelineKind(str, Enum):
     SIMULATED = "simulated"
     MEASURED = "measured"
     REPLAY = "replay"
+
+
+class SpanCategory(str, Enum):
+    """What a span is: device work (a kernel of some type, a copy, a simulated op) or host activity.
+
+    Values are the strings saved in timeline files. Measured kernels carry their kernel type (``gemm``,
+    ``attention``, ... as :class:`opgraph.trace.KernelType`), simulated timelines may carry the op kind;
+    :attr:`is_device` is the one rule for what counts as device time, used by every report.
+    """
+
+    # Device work: generic kinds of device activity.
+    KERNEL = "kernel"
+    MEMCPY = "memcpy"
+    MEMSET = "memset"
+    # Device work: kernel types of measured kernels (the values of opgraph.trace.KernelType).
+    ATTENTION = "attention"
+    GEMM = "gemm"
+    MOE = "moe"
+    NORM = "norm"
+    ACTIVATION = "activation"
+    ROPE = "rope"
+    ELEMENTWISE = "elementwise"
+    REDUCTION = "reduction"
+    MEMORY = "memory"
+    COMMUNICATION = "communication"
+    QUANTIZATION = "quantization"
+    SAMPLING = "sampling"
+    EMBEDDING = "embedding"
+    OTHER = "other"
+    UNKNOWN = "unknown"
+    # Device work: op kinds of simulated ops that are no kernel type (the other op kinds are above).
+    SOFTMAX = "softmax"
+    TOPK = "topk"
+    MOE_ROUTING = "moe_routing"
+    COLLECTIVE = "collective"
+    VIEW = "view"
+    # Host activity (and GPU-side annotations, which mark time but do no work).
+    HOST = "host"
+    """The host issuing a simulated op."""
+    CPU_OP = "cpu_op"
+    """A framework operator on a CPU thread (``aten::mm``)."""
+    RUNTIME = "runtime"
+    """A CUDA/HIP runtime or driver call (``cudaLaunchKernel``)."""
+    ANNOTATION = "annotation"
+    """A user annotation on a CPU thread (``record_function``, an engine step)."""
+    GPU_ANNOTATION = "gpu_annotation"
+    """A user annotation drawn on the device clock; it spans kernels but is no work of its own."""
+    PYTHON = "python"
+    """A Python function call."""
+
+    @property
+    def is_device(self) -> bool:
+        """True for device work (kernels, copies, simulated ops): the spans that make up device time."""
+        return self not in _NOT_DEVICE
+
+    @classmethod
+    def parse(cls, value: str) -> SpanCategory:
+        """The category of ``value``: a value, or a Kineto ``cat`` alias (``cuda_runtime``, ``gpu_memcpy``)."""
+        key = value.lower()
+        return cls(CATEGORY_ALIASES.get(key, key))
+
+
+_NOT_DEVICE = frozenset(
+    {
+        SpanCategory.HOST,
+        SpanCategory.CPU_OP,
+        SpanCategory.RUNTIME,
+        SpanCategory.ANNOTATION,
+        SpanCategory.GPU_ANNOTATION,
+        SpanCategory.PYTHON,
+    }
+)
+
+CATEGORY_ALIASES: dict[str, str] = {
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "operator": "cpu_op",
+    "cpu": "cpu_op",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "hip_runtime": "runtime",
+    "launch": "runtime",
+    "user_annotation": "annotation",
+    "trace": "annotation",
+    "gpu_user_annotation": "gpu_annotation",
+    "python_function": "python",
+    "overhead": "host",
+}
+"""Other spellings of categories (Kineto's ``cat`` names, older files) and the value each stands for."""
+
+
+class Bound(str, Enum):
+    """What limits an op's time (the cost model's verdict, saved on simulated spans)."""
+
+    COMPUTE = "compute"
+    MEMORY = "memory"
+    LAUNCH = "launch"
+    HOST = "host"
+    LINK = "link"
+    FREE = "free"
+    """No kernel: views and other metadata ops."""
 
 
 class TimelineSource(BaseModel):
@@ -60,8 +161,8 @@ class Span(BaseModel):
     """Id of the graph op this span runs, when known."""
     kind: OpKind | None = None
     """Op kind, when known."""
-    category: str | None = None
-    """Finer class: kernel type of measured kernels (gemm, attention, ...), or span type (host, cpu_op)."""
+    category: SpanCategory | None = None
+    """Kernel type of a measured kernel (gemm, ...), memcpy/memset, or host activity (cpu_op, runtime, ...)."""
     layer: int | None = None
     """Transformer layer."""
     stage: Stage | None = None
@@ -70,10 +171,28 @@ class Span(BaseModel):
     """Forward-pass index."""
     definition: str | None = None
     """Op definition name, for joins by definition."""
-    bound: str | None = None
+    bound: Bound | None = None
     """What bounds a simulated span: compute, memory, launch, host, link."""
     args: dict[str, Scalar] = Field(default_factory=dict)
     """Other attributes (grid, correlation id, FLOPs, bytes)."""
+
+    @field_validator("category", mode="before")
+    @classmethod
+    def _category_alias(cls, value: Any) -> Any:
+        return SpanCategory.parse(value) if isinstance(value, str) else value
+
+    @field_serializer("category", "bound")
+    def _saved_string(self, value: Enum | str | None) -> str | None:
+        # Saved as the plain value; spans built without validation (the simulator's fast path) may
+        # hold the value itself rather than the member, which is the same string.
+        return value.value if isinstance(value, Enum) else value
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the span is device work (see :attr:`SpanCategory.is_device`; no category: a simulated op)."""
+        cat = self.category
+        # SpanCategory(...) also accepts the plain value of spans built without validation.
+        return cat is None or SpanCategory(cat).is_device
 
     @property
     def end_us(self) -> float:
@@ -141,6 +260,10 @@ class Timeline(BaseModel):
         if self._tracks is None:
             self._tracks = list(dict.fromkeys(s.track for s in self.spans))
         return self._tracks
+
+    def device_spans(self) -> list[Span]:
+        """The spans that are device work (:attr:`Span.on_device`): device time is the sum of their durations."""
+        return [s for s in self.spans if s.on_device]
 
     def busy_us(self, track: str | None = None) -> float:
         """Union of span intervals (on one track, or on all), so overlapping spans count once."""

@@ -7,7 +7,7 @@ from collections import defaultdict
 from opgraph.trace.events import GpuEvent
 from opgraph.trace.patterns import KernelType, PatternSet
 
-_MEMORY = KernelType.MEMORY.value
+_MEMORY = KernelType.MEMORY
 
 
 class KernelClassifier:
@@ -15,7 +15,7 @@ class KernelClassifier:
 
     def __init__(self, patterns: PatternSet) -> None:
         self.patterns = patterns
-        self._cache: dict[str, tuple[str, str | None, str | None, bool, bool]] = {}
+        self._cache: dict[str, tuple[KernelType, KernelType | None, str | None, bool, bool]] = {}
         self._mla: dict[str, bool] = {}
 
     def is_mla(self, name: str) -> bool:
@@ -25,15 +25,15 @@ class KernelClassifier:
             hit = self._mla[name] = self.patterns.is_mla(name)
         return hit
 
-    def lookup(self, name: str) -> tuple[str, str | None, str | None, bool, bool]:
+    def lookup(self, name: str) -> tuple[KernelType, KernelType | None, str | None, bool, bool]:
         """(type, type outside layers, stage vote, extra layer-start marker, extra FFN marker) of a name."""
         hit = self._cache.get(name)
         if hit is None:
             ps = self.patterns
             kt, outside = ps.kernel_type(name)
             hit = (
-                kt.value,
-                outside.value if outside is not None else None,
+                kt,
+                outside,
                 ps.stage_vote(name),
                 ps.is_layer_start(name),
                 ps.is_ffn(name),
@@ -41,7 +41,7 @@ class KernelClassifier:
             self._cache[name] = hit
         return hit
 
-    def outside_type(self, name: str) -> str | None:
+    def outside_type(self, name: str) -> KernelType | None:
         """The type a kernel takes when it lies outside every layer, if its rule gives one."""
         return self.lookup(name)[1]
 
@@ -95,7 +95,7 @@ class KernelClassifier:
                         break
                 if ok:
                     for ev in kernels[i:j]:
-                        ev.ktype = rule.ktype.value
+                        ev.ktype = rule.ktype
                     if rule.layer_start:
                         kernels[i].layer_start = True
                     matched = j - i

@@ -9,9 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-GPU_KINDS = ("kernel", "memcpy", "memset")
+from opgraph.ir.timeline import SpanCategory
+from opgraph.trace.patterns import KernelType
+
+GPU_KINDS = (SpanCategory.KERNEL, SpanCategory.MEMCPY, SpanCategory.MEMSET)
 """Kinds of device activity."""
-HOST_KINDS = ("cpu_op", "runtime", "annotation", "gpu_annotation", "python")
+HOST_KINDS = (
+    SpanCategory.CPU_OP,
+    SpanCategory.RUNTIME,
+    SpanCategory.ANNOTATION,
+    SpanCategory.GPU_ANNOTATION,
+    SpanCategory.PYTHON,
+)
 """Kinds of host activity (``gpu_annotation`` lies on the device clock but carries no work)."""
 
 
@@ -20,7 +29,8 @@ class GpuEvent:
     """A kernel, memcpy or memset on a device stream."""
 
     name: str
-    kind: str
+    kind: SpanCategory
+    """One of :data:`GPU_KINDS`."""
     ts: float
     dur: float
     device: int
@@ -38,7 +48,7 @@ class GpuEvent:
     """Innermost CPU op that launched it (``aten::mm``), once linked."""
     launch_dims: Any = None
     """Input dims of that CPU op (with ``record_shapes``)."""
-    ktype: str = "unknown"
+    ktype: KernelType = KernelType.UNKNOWN
     """Kernel type from the classifier."""
     layer_start: bool = False
     """Matches a layer-start marker."""
@@ -53,7 +63,8 @@ class HostEvent:
     """A CPU op, runtime call, user annotation or Python function on a host thread."""
 
     name: str
-    kind: str
+    kind: SpanCategory
+    """One of :data:`HOST_KINDS`."""
     ts: float
     dur: float
     pid: int | str

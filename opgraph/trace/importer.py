@@ -13,26 +13,34 @@ import ast
 import bisect
 import gc
 import json
+import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from opgraph.ir.timeline import Timeline, TimelineKind
-from opgraph.trace.events import GpuEvent, HostEvent, TraceData
+from opgraph.ir.timeline import SpanCategory, Timeline, TimelineKind
+from opgraph.trace.events import GPU_KINDS, HOST_KINDS, GpuEvent, HostEvent, TraceData
 from opgraph.trace.reader import NoTraceEventsError, TraceFile, TraceFormatError, discover, read_trace
 
-_GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "memcpy": "memcpy", "memset": "memset"}
-_HOST_CATS = {
-    "cpu_op": "cpu_op",
-    "operator": "cpu_op",
-    "cuda_runtime": "runtime",
-    "cuda_driver": "runtime",
-    "runtime": "runtime",
-    "hip_runtime": "runtime",
-    "user_annotation": "annotation",
-    "gpu_user_annotation": "gpu_annotation",
-    "python_function": "python",
-}
+_KINETO_CATS = (
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "memcpy",
+    "memset",
+    "cpu_op",
+    "operator",
+    "cuda_runtime",
+    "cuda_driver",
+    "runtime",
+    "hip_runtime",
+    "user_annotation",
+    "gpu_user_annotation",
+    "python_function",
+)
+"""Event ``cat`` values imported (Kineto's, and the spellings older or AMD traces use)."""
+_GPU_CATS = {c: SpanCategory.parse(c) for c in _KINETO_CATS if SpanCategory.parse(c).is_device}
+_HOST_CATS = {c: SpanCategory.parse(c) for c in _KINETO_CATS if not SpanCategory.parse(c).is_device}
 _LAUNCH_WORDS = ("LaunchKernel", "LaunchCooperativeKernel", "GraphLaunch", "ModuleLaunchKernel", "ExtLaunch")
 
 
@@ -130,7 +138,7 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
                     hkind = None if gkind else host_cats.get(cat)
                     if gkind is None and hkind is None:
                         continue
-                if hkind == "python" and not python:
+                if hkind is SpanCategory.PYTHON and not python:
                     skipped_python += 1
                     continue
             name = ev.get("name")
@@ -195,7 +203,7 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
                         ev.get("tid", 0),
                         ext if type(ext) is int else _int(ext),
                         corr if type(corr) is int else _int(corr),
-                        args.get("Input Dims") if hkind == "cpu_op" else None,
+                        args.get("Input Dims") if hkind is SpanCategory.CPU_OP else None,
                     )
                 )
         elif ph == "s" or ph == "f":
@@ -225,7 +233,10 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
     if bad_dur:
         data.incomplete.append(f"skipped {bad_dur} events with a negative duration")
     if skipped_python:
-        data.notes.append(f"{skipped_python} python_function events not imported (python=True keeps them)")
+        data.notes.append(
+            f"{skipped_python} python_function events not imported "
+            "(the Python API's opgraph.trace.load_trace_data(path, python=True) keeps them)"
+        )
     _link(data, gpu, host, flow_start, flow_end)
     gpu.sort(key=lambda e: e.ts)
     host.sort(key=lambda e: e.ts)
@@ -423,7 +434,7 @@ def to_timeline(
     event when given by the analyzer) and, with ``cpu``, host spans."""
     spans: list[dict[str, Any]] = []
     for i, g in enumerate(data.gpu):
-        args: dict[str, Any] = {"type": g.kind, "device": g.device, "stream": g.stream}
+        args: dict[str, Any] = {"type": g.kind.value, "device": g.device, "stream": g.stream}
         if g.correlation is not None:
             args["correlation"] = g.correlation
         if g.external_id is not None:
@@ -446,7 +457,7 @@ def to_timeline(
             "track": f"{track_prefix}gpu{g.device}/stream{g.stream}",
             "start_us": g.ts + offset_us,
             "dur_us": g.dur,
-            "category": g.ktype,
+            "category": g.ktype if g.kind == "kernel" else g.kind,
             "args": args,
         }
         kind = _OPKIND.get(g.ktype)
@@ -472,7 +483,7 @@ def to_timeline(
         spans.append(span)
     if cpu:
         for h in data.host:
-            hargs: dict[str, Any] = {"type": h.kind}
+            hargs: dict[str, Any] = {"type": h.kind.value}
             if h.external_id is not None:
                 hargs["external_id"] = h.external_id
             if h.correlation is not None:
@@ -553,8 +564,8 @@ def from_timeline(tl: Timeline) -> TraceData:
         a = s.args
         typ = a.get("type")
         gpu_track = "gpu" in s.track.split("/")[0] and not s.track.endswith("/annotations")
-        if typ in ("kernel", "memcpy", "memset") or (typ is None and gpu_track):
-            kind = typ if isinstance(typ, str) else "kernel"
+        if typ in GPU_KINDS or (typ is None and gpu_track):
+            kind = SpanCategory(typ) if isinstance(typ, str) else SpanCategory.KERNEL
             dev = a.get("device")
             st = a.get("stream")
             launch = a.get("launch_us")
@@ -565,7 +576,7 @@ def from_timeline(tl: Timeline) -> TraceData:
                     s.start_us,
                     s.dur_us,
                     dev if isinstance(dev, int) else 0,
-                    st if isinstance(st, int) else hash(s.track) % 100000,
+                    st if isinstance(st, int) else _track_stream(s.track),
                     _int(a.get("correlation")),
                     _int(a.get("external_id")),
                     a.get("grid") if isinstance(a.get("grid"), str) else None,  # type: ignore[arg-type]
@@ -577,12 +588,12 @@ def from_timeline(tl: Timeline) -> TraceData:
                     json.loads(a["launch_dims"]) if isinstance(a.get("launch_dims"), str) else None,  # type: ignore[arg-type]
                 )
             )
-        elif isinstance(typ, str) and typ in ("cpu_op", "runtime", "annotation", "gpu_annotation", "python"):
+        elif isinstance(typ, str) and typ in HOST_KINDS:
             dims = a.get("input_dims")
             data.host.append(
                 HostEvent(
                     s.name,
-                    typ,
+                    SpanCategory(typ),
                     s.start_us,
                     s.dur_us,
                     0,
@@ -593,6 +604,11 @@ def from_timeline(tl: Timeline) -> TraceData:
                 )
             )
     return data
+
+
+def _track_stream(track: str) -> int:
+    """A stream id for a device track without one: the same in every process (a digest of the name)."""
+    return zlib.crc32(track.encode()) % 100000
 
 
 def kernels_of(data: TraceData) -> Iterable[GpuEvent]:

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from opgraph.trace.patterns import KernelType
+
 _CFG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 StageLabel = Literal["prefill", "decode", "mixed", "idle", "unknown"]
@@ -38,7 +40,7 @@ class StageTypeRow(BaseModel):
     model_config = _CFG
 
     stage: StageLabel
-    type: str
+    type: KernelType
     count: int
     time_us: float
 
@@ -52,7 +54,7 @@ class UniqueKernel(BaseModel):
     """Full kernel name."""
     short_name: str
     """Display name."""
-    type: str
+    type: KernelType
     """Kernel type."""
     count: int
     total_us: float

@@ -111,7 +111,7 @@ def test_definition_join_matches_by_order() -> None:
 
 
 def test_nothing_to_join_and_empty_and_other_model() -> None:
-    other = _tl(TimelineKind.MEASURED, [Span(name="z", track="s", start_us=0, dur_us=1, category="weird")], "x")
+    other = _tl(TimelineKind.MEASURED, [Span(name="z", track="s", start_us=0, dur_us=1, category="quantization")], "x")
     with pytest.raises(CompareError, match="no op matched by definition: 3 predicted and 1 reference"):
         compare_timelines(_sim(), other)
     with pytest.raises(CompareError, match="no device spans"):

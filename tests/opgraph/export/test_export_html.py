@@ -102,3 +102,23 @@ def test_comparison_tables() -> None:
     end = dict((r[0], r[1:]) for r in tables[0].rows)
     assert end["makespan"] == ("20.00 us", "25.00 us", "+25.0%")
     assert [t.title.split(":")[0] for t in tables] == ["End to end", "By op kind", "By layer"]
+
+
+def test_comparison_tables_join_ops_by_id() -> None:
+    def tl(kind: TimelineKind, durs: dict[int, list[float]]) -> Timeline:
+        spans, t = [], 0.0
+        for op_id, parts in durs.items():
+            for d in parts:
+                spans.append(
+                    Span(name=f"k{op_id}", track="s", start_us=t, dur_us=d, op_id=op_id, definition=f"{op_id}")
+                )
+                t += d
+        spans.append(Span(name="launch", track="cpu", start_us=0, dur_us=50, op_id=1, category="runtime"))
+        return Timeline(source=TimelineSource(kind=kind, name=kind.value), spans=tuple(spans))
+
+    # op 1 ran as two kernels; op 3 was not measured; the runtime call is no device time of op 1
+    measured_tl = tl(TimelineKind.MEASURED, {1: [4.0, 6.0], 2: [10.0]})
+    predicted_tl = tl(TimelineKind.SIMULATED, {1: [12.0], 2: [9.0], 3: [1.0]})
+    per_op = comparison_tables(measured_tl, predicted_tl)[-1]
+    assert per_op.title == "Largest per-op errors (2 ops joined by op id)"
+    assert per_op.rows == ((1, "1", "10.00 us", "12.00 us", "+20.0%"), (2, "2", "10.00 us", "9.00 us", "-10.0%"))

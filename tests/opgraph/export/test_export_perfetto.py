@@ -98,7 +98,8 @@ def test_args_carry_op_details_from_the_graph() -> None:
     assert args["flops"] == attn.flops
     assert args["bytes_read"] == attn.bytes_read and args["bytes_written"] == attn.bytes_written
     assert args["layer"] == attn.layer and args["stage"] == "prefill" and args["dtype"] == "bf16"
-    assert args["bound"] in ("compute", "memory")
+    (engine_span,) = [s for s in sim.spans if s.op_id == attn.id and s.on_device]
+    assert engine_span.bound is not None and args["bound"] == engine_span.bound.value
     assert args["scope"] == attn.scope
     # Without the graph, only what the span itself knows.
     bare = trace_document([sim])

@@ -399,3 +399,45 @@ def test_cli_import(tmp_path: Path) -> None:
 
     tl = load_timeline(out)
     assert tl.spans and all(s.track.startswith("gpu") for s in tl.spans)
+
+
+_STREAMS_SCRIPT = """
+from opgraph.ir import Span, Timeline, TimelineKind, TimelineSource
+from opgraph.trace import from_timeline
+tracks = [f"gpu0/queue{i}" for i in range(8)]
+spans = tuple(Span(name=f"k{i}", track=t, start_us=float(i), dur_us=1.0) for i, t in enumerate(tracks))
+tl = Timeline(source=TimelineSource(kind=TimelineKind.MEASURED, name="t"), spans=spans)
+print([g.stream for g in from_timeline(tl).gpu])
+"""
+
+
+def test_stream_ids_of_tracks_without_one_are_the_same_in_every_process() -> None:
+    # Device spans without a "stream" arg get an id from their track name; str hashes change between
+    # processes (PYTHONHASHSEED), so an id taken from hash() differed from one run to the next.
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run([sys.executable, "-c", _STREAMS_SCRIPT], env=env, capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        outs.append(run.stdout)
+    assert outs[0] == outs[1] == outs[2]
+    assert len(set(json.loads(outs[0]))) == 8  # still one id per track
+
+
+def test_python_note_names_the_api_argument(tmp_path: Path) -> None:
+    # The CLI has no python flag: the note must name the Python API call that keeps the events.
+    events = [
+        {"ph": "X", "cat": "python_function", "name": "forward", "pid": 0, "tid": 1, "ts": 0.0, "dur": 5.0},
+        _kernel("gemm", 1.0, 2.0, 1, 1),
+    ]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    (data,) = load_trace_data(path)
+    (note,) = [n for n in data.notes if "python_function" in n]
+    assert "opgraph.trace.load_trace_data(path, python=True)" in note
+    (kept,) = load_trace_data(path, python=True)
+    assert [h.name for h in kept.host] == ["forward"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from collections import Counter
 from functools import cache
 from pathlib import Path
@@ -9,6 +11,10 @@ from typing import Any
 
 import pytest
 
+from opgraph.compare import compare_timelines
+from opgraph.export import write_perfetto
+from opgraph.export.stats import summarize
+from opgraph.ir import Timeline
 from opgraph.trace import AnalysisResult, analyze, analyze_full, from_timeline, load_trace, to_timeline
 
 TRACES = (Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "traces").resolve()
@@ -169,3 +175,68 @@ def _summary(r: AnalysisResult) -> dict[str, Any]:
 @pytest.mark.parametrize("name", sorted(TRUTH))
 def test_golden_summaries(name: str, golden: Any) -> None:
     golden(f"trace/{name.split('.')[0]}.json", _summary(_result(name)))
+
+
+# --- device time: kernels and device copies only, summed from the raw JSON, not through the importer
+
+QWEN_H100 = "TraceLens__h100_Qwen1.5-0.5B-Chat.json.gz"
+DEVICE_TIME_TRACES = (VLLM_DECODE, LLAMA, SGL_DECODE, QWEN_H100)
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+"""Kineto's ``cat`` of device work."""
+
+
+@cache
+def _raw_device(name: str) -> tuple[Counter[str], float, int]:
+    """(names of the device events, their summed duration, host events) read straight from the raw JSON."""
+    with gzip.open(_path(name), "rt") as f:
+        events = json.load(f)["traceEvents"]
+    device = [e for e in events if e.get("ph") == "X" and e.get("cat") in DEVICE_CATS]
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime", "user_annotation")]
+    return Counter(e["name"] for e in device), sum(float(e["dur"]) for e in device), len(host)
+
+
+@cache
+def _timeline(name: str) -> Timeline:
+    return load_trace(_path(name))
+
+
+@pytest.mark.parametrize("name", DEVICE_TIME_TRACES)
+def test_device_time_of_real_traces_is_their_kernel_and_copy_time(name: str) -> None:
+    names, raw_us, n_host = _raw_device(name)
+    n_raw = names.total()
+    tl = _timeline(name)
+    assert n_host and len(tl.spans) > n_raw  # the timeline holds host spans that must not count
+    summary = summarize(tl)
+    assert summary.device_spans == n_raw
+    assert summary.device_time_us == pytest.approx(raw_us, rel=1e-9)
+    assert sum(r.total_us for r in summary.by_kind) == pytest.approx(raw_us, rel=1e-9)
+    assert sum(r.total_us for r in summary.by_layer) == pytest.approx(raw_us, rel=1e-9)
+    assert compare_timelines(tl, tl).row("gpu_time").reference_us == pytest.approx(raw_us, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", DEVICE_TIME_TRACES[:2])
+def test_perfetto_export_of_real_traces_marks_only_device_work_as_device(name: str, tmp_path: Path) -> None:
+    names, raw_us, _ = _raw_device(name)
+    out = write_perfetto([_timeline(name)], tmp_path / "t.json", counter_bins=0)
+    events = [e for e in json.loads(out.read_text())["traceEvents"] if e["ph"] == "X"]
+    device = [e for e in events if e["cat"] in DEVICE_CATS]
+    assert Counter(e["name"] for e in device) == names  # no runtime call or annotation among them
+    # rounding to whole nanoseconds moves each duration by at most 1 ns
+    assert sum(e["dur"] for e in device) == pytest.approx(raw_us, abs=1e-3 * names.total())
+
+
+def test_hta_sees_only_the_kernels_of_an_exported_trace_as_gpu_work(tmp_path: Path) -> None:
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except Exception as exc:
+        pytest.skip(f"HolisticTraceAnalysis cannot be imported: {exc}")
+    name = VLLM_DECODE
+    names, raw_us, _ = _raw_device(name)
+    n_raw = names.total()
+    write_perfetto([_timeline(name)], tmp_path / "rank0.json", counter_bins=0)
+    analysis = TraceAnalysis(trace_dir=str(tmp_path))
+    df = analysis.t.get_trace(0)
+    gpu = df[df["stream"] >= 0]  # HTA puts CPU events on stream -1
+    assert len(gpu) == n_raw
+    # HTA rounds times to whole microseconds
+    assert float(gpu["dur"].sum()) == pytest.approx(raw_us, abs=n_raw)
