@@ -61,9 +61,10 @@ from opgraph.ir.ops import (
 )
 from opgraph.ir.registry import Registry, import_object
 from opgraph.ir.tensor import TensorSpec
-from opgraph.ir.timeline import Span, Timeline, TimelineKind, TimelineSource
+from opgraph.ir.timeline import CATEGORY_ALIASES, Bound, Span, SpanCategory, Timeline, TimelineKind, TimelineSource
 
 __all__ = [
+    "CATEGORY_ALIASES",
     "IDENTITY_FIELDS",
     "OP_TYPES",
     "SCHEMA_VERSION",
@@ -71,6 +72,7 @@ __all__ = [
     "AtenCall",
     "Attention",
     "AttentionVariant",
+    "Bound",
     "Collective",
     "CollectiveKind",
     "CriticalPath",
@@ -105,6 +107,7 @@ __all__ = [
     "SchemaVersionError",
     "Softmax",
     "Span",
+    "SpanCategory",
     "Stage",
     "TensorSpec",
     "Timeline",
