@@ -2,7 +2,7 @@
 
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams, ring_factors
 from hardware.models.efficiency import EfficiencyCurve, GemmTile, RooflineParams
-from hardware.models.formula import FormulaModel, FormulaParams
+from hardware.models.formula import FormulaModel, FormulaParams, HardwareIgnoredWarning
 from hardware.models.registry import (
     COST_MODELS,
     ENTRY_POINT_GROUP,
@@ -23,6 +23,7 @@ __all__ = [
     "FormulaModel",
     "FormulaParams",
     "GemmTile",
+    "HardwareIgnoredWarning",
     "RooflineModel",
     "RooflineParams",
     "TableEntry",

@@ -7,16 +7,21 @@ those numbers (all options) so engine and scheduling studies match the seed, and
 seed lacked: every op kind of the IR, free views, alpha-beta collectives, and an optional
 ``reference`` device so the same formula scales to hypothetical hardware (time x the reference's
 peak FLOP/s or bandwidth / the device's).
+
+Without a ``reference`` the formula ignores the simulated device's peaks altogether: its times are
+the seed's constants, not a prediction for that device (a 70B prefill "takes" 20 hours on an H100).
+It then says so, once per device, with a :class:`HardwareIgnoredWarning` (also in :meth:`FormulaModel.notes`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Annotated
 
 from pydantic import BaseModel, Field, ValidationError
 
-from hardware.base import Bound, Cost, CostModel, CostModelError
+from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarning
 from hardware.models.collective import AlphaBetaCollectiveModel
 from hardware.spec import HardwareSpec
 from opgraph.ir import (
@@ -34,6 +39,10 @@ from opgraph.ir import (
     Softmax,
 )
 from opgraph.ir.tensor import FROZEN
+
+
+class HardwareIgnoredWarning(CostModelWarning):
+    """The formula model was asked to cost ops on a device whose peaks it does not use."""
 
 
 def _default_factors() -> dict[OpKind, float]:
@@ -113,6 +122,18 @@ class FormulaModel:
             from hardware.loader import load_hardware
 
             self._reference = load_hardware(self.params.reference)
+        self._warned: set[str] = set()
+
+    def notes(self, hw: HardwareSpec) -> tuple[str, ...]:
+        """What a user must know about this model's times on ``hw`` (empty when it scales to ``hw``)."""
+        if self._reference is not None:
+            return ()
+        return (
+            f"the formula cost model ignores {hw.name}'s peak FLOP/s and memory bandwidth: its times are the "
+            "seed simulator's size formulas (elements x 0.5 us x a per-kind factor), not a prediction for this "
+            "device; use -c roofline or a calibrated table, or the option reference=DEVICE to scale the "
+            "formula from the device its constants describe",
+        )
 
     def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
         """The formula's time for ``op``; ``hw`` matters only with a ``reference`` device."""
@@ -121,6 +142,10 @@ class FormulaModel:
             return Cost(0.0, Bound.FREE, detail="view: no kernel")
         if isinstance(op, Collective):
             return self.collective.estimate(op, hw)
+        if hw.name not in self._warned:
+            self._warned.add(hw.name)
+            for note in self.notes(hw):
+                warnings.warn(note, HardwareIgnoredWarning, stacklevel=2)
         p = self.params
         factor = p.factors.get(kind, p.default_factor)
         us = formula_elements(op) * p.base_us_per_element * factor
