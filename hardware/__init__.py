@@ -32,10 +32,14 @@ from hardware.loader import (
     normalize_name,
 )
 from hardware.models import (
+    COST_FORMULAS,
     COST_MODELS,
     ENTRY_POINT_GROUP,
     AlphaBetaCollectiveModel,
     CollectiveParams,
+    CostFormula,
+    CostKey,
+    CostRegistry,
     CostTable,
     EfficiencyCurve,
     FormulaModel,
@@ -49,12 +53,14 @@ from hardware.models import (
     cost_model_names,
     load_cost_table,
     parse_cost_options,
+    register_cost,
     resolve_cost_model,
 )
 from hardware.spec import DeviceKind, HardwareSpec, HostOverhead, Interconnect, PeakFlops
 from hardware.units import parse_quantity
 
 __all__ = [
+    "COST_FORMULAS",
     "COST_MODELS",
     "ENTRY_POINT_GROUP",
     "AlphaBetaCollectiveModel",
@@ -62,9 +68,12 @@ __all__ = [
     "CalibrationError",
     "CollectiveParams",
     "Cost",
+    "CostFormula",
+    "CostKey",
     "CostModel",
     "CostModelError",
     "CostModelWarning",
+    "CostRegistry",
     "CostTable",
     "DeviceKind",
     "EfficiencyCurve",
@@ -100,5 +109,6 @@ __all__ = [
     "normalize_name",
     "parse_cost_options",
     "parse_quantity",
+    "register_cost",
     "resolve_cost_model",
 ]

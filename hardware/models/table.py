@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, model_validator
 from hardware.base import Bound, Cost, CostModel, CostModelError, UncostedOpError
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams
 from hardware.models.efficiency import RooflineParams
+from hardware.models.registry import resolve_cost_model
 from hardware.spec import HardwareSpec
 from opgraph.ir import DType, OpBase, OpCategory, OpKind, Scalar, load_model, save_model
 from opgraph.ir.tensor import FROZEN
@@ -249,17 +250,12 @@ class TableModel:
         if fallback is not None and not isinstance(fallback, str):
             return fallback
         name = fallback or self.table.fallback
-        if name == "roofline":
-            from hardware.models.roofline import RooflineModel
-
-            return RooflineModel(self.table.roofline, collective=self.collective)
-        if name == "formula":
-            from hardware.models.formula import FormulaModel
-
-            return FormulaModel(collective=self.collective)
-        from hardware.models.registry import resolve_cost_model
-
-        return resolve_cost_model(name)
+        # The built-ins get the table's fitted parameters; anything else is built as it is.
+        fitted: dict[str, dict[str, object]] = {
+            "roofline": {"params": self.table.roofline, "collective": self.collective},
+            "formula": {"collective": self.collective},
+        }
+        return resolve_cost_model(name, **fitted.get(name, {}))
 
     def _where(self) -> str:
         return self.path or "cost table"
