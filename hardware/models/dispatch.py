@@ -29,9 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
-from hardware.base import Cost
+from pydantic import BaseModel
+
+from hardware.base import Bound, Cost, CostModel, UncostedOpError
+from hardware.models.collective import AlphaBetaCollectiveModel
+from hardware.models.options import apply_options
 from hardware.spec import HardwareSpec
 from opgraph.ir import OpBase, RegistryError
 
@@ -40,6 +44,7 @@ CostFormula = Callable[[Any, Any, HardwareSpec], Cost]
 CostKey = Enum | str | type[OpBase]
 """What a formula is registered for: an op kind (enum or string) or an op class."""
 F = TypeVar("F", bound=CostFormula)
+P = TypeVar("P", bound=BaseModel)
 
 
 def _key(key: object) -> str | type[OpBase]:
@@ -151,3 +156,56 @@ def register_cost(model: str | type, *keys: CostKey) -> Callable[[F], F]:
         return formula
 
     return wrap
+
+
+class FormulaDispatchModel(Generic[P]):
+    """Base of cost models that cost each op by the formula registered for its kind or class.
+
+    Subclasses set ``name`` and ``params_type`` and register their formulas under ``name``.
+
+    Parameters
+    ----------
+    params:
+        The model's parameters; keyword ``options`` override single fields.
+    collective:
+        The model for :class:`~opgraph.ir.Collective` ops (alpha-beta by default).
+    formulas:
+        Per-instance cost formulas by op kind or class, used before the registered ones.
+    """
+
+    name: str
+    """The model's name: formulas are registered under it."""
+    params_type: type[P]
+
+    def __init__(
+        self,
+        params: P | None = None,
+        *,
+        collective: CostModel | None = None,
+        formulas: Mapping[CostKey, CostFormula] | None = None,
+        **options: object,
+    ) -> None:
+        self.params: P = apply_options(self.params_type, params, options, self.name)
+        self.collective: CostModel = collective or AlphaBetaCollectiveModel()
+        self.formulas = formula_overrides(formulas)
+        self.setup()
+
+    def setup(self) -> None:
+        """Hook: what a subclass prepares once its parameters are set (nothing by default)."""
+
+    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
+        """The cost of ``op`` on ``hw``, by the formula registered for its class or kind."""
+        formula = COST_FORMULAS.find(self, op)
+        if formula is None:
+            raise UncostedOpError(f"the {self.name} model has no rule for ops of kind {kind_name(op)!r}")
+        return formula(self, op, hw)
+
+
+def view_cost(model: object, op: OpBase, hw: HardwareSpec) -> Cost:
+    """Views launch no kernel: free (every built-in model registers it for ``view``)."""
+    return Cost(0.0, Bound.FREE, detail="view: no kernel")
+
+
+def collective_cost(model: FormulaDispatchModel[Any], op: OpBase, hw: HardwareSpec) -> Cost:
+    """Collectives go to the model's ``collective`` model (every built-in model registers it)."""
+    return model.collective.estimate(op, hw)

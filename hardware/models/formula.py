@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
 from typing import Annotated
 
 from pydantic import BaseModel, Field
 
-from hardware.base import Bound, Cost, CostModel, CostModelWarning, UncostedOpError
-from hardware.models.collective import AlphaBetaCollectiveModel
-from hardware.models.dispatch import COST_FORMULAS, CostFormula, CostKey, formula_overrides, kind_name, register_cost
+from hardware.base import Bound, Cost, CostModelWarning
+from hardware.models.dispatch import (
+    FormulaDispatchModel,
+    collective_cost,
+    kind_name,
+    register_cost,
+    view_cost,
+)
 from hardware.models.efficiency import builtin_kind
-from hardware.models.options import apply_options
 from hardware.spec import HardwareSpec
 from opgraph.ir import (
     Activation,
@@ -82,7 +85,7 @@ class FormulaParams(BaseModel):
     """A catalog device the constants describe; times then scale to the simulated device."""
 
 
-class FormulaModel:
+class FormulaModel(FormulaDispatchModel[FormulaParams]):
     """``elements x base_us_per_element x factor[kind]`` microseconds (the seed's simulator).
 
     The element count of each kind is a cost formula registered under ``"formula"`` with
@@ -91,18 +94,10 @@ class FormulaModel:
     """
 
     name = "formula"
+    params_type = FormulaParams
 
-    def __init__(
-        self,
-        params: FormulaParams | None = None,
-        *,
-        collective: CostModel | None = None,
-        formulas: Mapping[CostKey, CostFormula] | None = None,
-        **options: object,
-    ) -> None:
-        self.params = apply_options(FormulaParams, params, options, self.name)
-        self.collective: CostModel = collective or AlphaBetaCollectiveModel()
-        self.formulas = formula_overrides(formulas)
+    def setup(self) -> None:
+        """Load the ``reference`` device, when one is named."""
         self._reference: HardwareSpec | None = None
         if self.params.reference is not None:
             from hardware.loader import load_hardware
@@ -120,13 +115,6 @@ class FormulaModel:
             "device; use -c roofline or a calibrated table, or the option reference=DEVICE to scale the "
             "formula from the device its constants describe",
         )
-
-    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
-        """The formula's time for ``op``; ``hw`` matters only with a ``reference`` device."""
-        formula = COST_FORMULAS.find(self, op)
-        if formula is None:
-            raise UncostedOpError(f"the formula model has no rule for ops of kind {kind_name(op)!r}")
-        return formula(self, op, hw)
 
     def from_elements(self, op: OpBase, hw: HardwareSpec, elements: float, extra_us: float = 0.0) -> Cost:
         """``elements x base_us_per_element x factor[kind] + extra_us``, scaled to ``hw`` from the
@@ -161,14 +149,8 @@ class FormulaModel:
 # -- element counts per kind (multiply-accumulates for matmuls) ------------------------------------
 
 
-@register_cost(FormulaModel, OpKind.VIEW)
-def _view(model: FormulaModel, op: OpBase, hw: HardwareSpec) -> Cost:
-    return Cost(0.0, Bound.FREE, detail="view: no kernel")
-
-
-@register_cost(FormulaModel, OpKind.COLLECTIVE)
-def _collective(model: FormulaModel, op: OpBase, hw: HardwareSpec) -> Cost:
-    return model.collective.estimate(op, hw)
+register_cost(FormulaModel, OpKind.VIEW)(view_cost)
+register_cost(FormulaModel, OpKind.COLLECTIVE)(collective_cost)
 
 
 @register_cost(FormulaModel, OpKind.GEMM)

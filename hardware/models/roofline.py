@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
 
-from hardware.base import Bound, Cost, CostModel, UncostedOpError
-from hardware.models.collective import AlphaBetaCollectiveModel
-from hardware.models.dispatch import COST_FORMULAS, CostFormula, CostKey, formula_overrides, kind_name, register_cost
+from hardware.base import Bound, Cost, UncostedOpError
+from hardware.models.dispatch import FormulaDispatchModel, collective_cost, kind_name, register_cost, view_cost
 from hardware.models.efficiency import RooflineParams
-from hardware.models.options import apply_options
 from hardware.spec import HardwareSpec
 from opgraph.ir import Attention, DType, Gemm, OpBase, OpKind, Other
 
@@ -45,7 +42,7 @@ _POINTWISE_KINDS = (
 )
 
 
-class RooflineModel:
+class RooflineModel(FormulaDispatchModel[RooflineParams]):
     """Roofline with per-kind, size-dependent efficiency, wave quantization and launch latency.
 
     Parameters
@@ -60,18 +57,7 @@ class RooflineModel:
     """
 
     name = "roofline"
-
-    def __init__(
-        self,
-        params: RooflineParams | None = None,
-        *,
-        collective: CostModel | None = None,
-        formulas: Mapping[CostKey, CostFormula] | None = None,
-        **options: object,
-    ) -> None:
-        self.params = apply_options(RooflineParams, params, options, self.name)
-        self.collective: CostModel = collective or AlphaBetaCollectiveModel()
-        self.formulas = formula_overrides(formulas)
+    params_type = RooflineParams
 
     # -- shared pieces (for formulas, built-in and yours) --------------------------------------------
 
@@ -124,25 +110,12 @@ class RooflineModel:
         memory, m_eff = self.memory_s(kind, op.total_bytes, hw)
         return self.finish(op, hw, compute, memory, self.params.vector_efficiency, m_eff)
 
-    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
-        """The cost of ``op`` on ``hw``, by the formula registered for its class or kind."""
-        formula = COST_FORMULAS.find(self, op)
-        if formula is None:
-            raise UncostedOpError(f"the roofline model has no rule for ops of kind {kind_name(op)!r}")
-        return formula(self, op, hw)
-
 
 # -- per kind --------------------------------------------------------------------------------------
 
 
-@register_cost(RooflineModel, OpKind.VIEW)
-def _view(model: RooflineModel, op: OpBase, hw: HardwareSpec) -> Cost:
-    return Cost(0.0, Bound.FREE, detail="view: no kernel")
-
-
-@register_cost(RooflineModel, OpKind.COLLECTIVE)
-def _collective(model: RooflineModel, op: OpBase, hw: HardwareSpec) -> Cost:
-    return model.collective.estimate(op, hw)
+register_cost(RooflineModel, OpKind.VIEW)(view_cost)
+register_cost(RooflineModel, OpKind.COLLECTIVE)(collective_cost)
 
 
 @register_cost(RooflineModel, *_POINTWISE_KINDS)

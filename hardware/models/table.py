@@ -30,11 +30,9 @@ from hardware.base import Bound, Cost, CostModel, CostModelError, UncostedOpErro
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams
 from hardware.models.efficiency import RooflineParams
 from hardware.models.registry import resolve_cost_model
-from hardware.spec import HardwareSpec
+from hardware.spec import HardwareSpec, NonNegFloat
 from opgraph.ir import DType, OpBase, OpCategory, OpKind, Scalar, load_model, save_model
 from opgraph.ir.tensor import FROZEN
-
-NonNegFloat = Annotated[float, Field(ge=0)]
 
 _COMMON_FIELDS = frozenset(OpBase.model_fields) | {"kind"}
 
