@@ -12,7 +12,15 @@ from hardware.models.registry import (
     resolve_cost_model,
 )
 from hardware.models.roofline import RooflineModel
-from hardware.models.table import CostTable, TableEntry, TableModel, load_cost_table, shape_key, table_work
+from hardware.models.table import (
+    CostTable,
+    TableEntry,
+    TableExtrapolationWarning,
+    TableModel,
+    load_cost_table,
+    shape_key,
+    table_work,
+)
 
 __all__ = [
     "COST_FORMULAS",
@@ -32,6 +40,7 @@ __all__ = [
     "RooflineModel",
     "RooflineParams",
     "TableEntry",
+    "TableExtrapolationWarning",
     "TableModel",
     "cost_model_names",
     "load_cost_table",
