@@ -1,7 +1,14 @@
 """Built-in cost models (roofline, formula, table, alpha-beta collectives) and their registry."""
 
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams, ring_factors
-from hardware.models.dispatch import COST_FORMULAS, CostFormula, CostKey, CostRegistry, register_cost
+from hardware.models.dispatch import (
+    COST_FORMULAS,
+    CostFormula,
+    CostKey,
+    CostRegistry,
+    FormulaDispatchModel,
+    register_cost,
+)
 from hardware.models.efficiency import EfficiencyCurve, GemmTile, RooflineParams
 from hardware.models.formula import FormulaModel, FormulaParams, HardwareIgnoredWarning
 from hardware.models.registry import (
@@ -33,6 +40,7 @@ __all__ = [
     "CostRegistry",
     "CostTable",
     "EfficiencyCurve",
+    "FormulaDispatchModel",
     "FormulaModel",
     "FormulaParams",
     "GemmTile",
