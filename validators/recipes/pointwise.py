@@ -10,7 +10,16 @@ from opgraph.ir import Activation, Elementwise, Embedding, OpBase, Reduction, So
 from validators.inputs import NORMAL, POSITIVE, Domain, DomainKind, index, make_tensor
 from validators.recipes.base import BuildContext, Case, Compare, Recipe
 
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "sigmoid", "tanh", "swiglu", "geglu")
+GATED_BASE: dict[str, str] = {
+    "swiglu": "silu",
+    "geglu": "gelu",
+    "geglu_tanh": "gelu_tanh",
+    "reglu": "relu",
+    "glu": "sigmoid",
+}
+"""The activation inside each gated form, by the ``fn`` capture records (``act(gate) * up``).
+
+Keyed by :attr:`opgraph.ir.Activation.fn`: if capture renames a gated form, change its key here."""
 UNARY_POSITIVE = frozenset({"rsqrt", "sqrt", "log", "log2", "log10", "reciprocal"})
 BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "where"})
 
@@ -21,20 +30,18 @@ def _rows_spec(op: OpBase, numel: int, hidden: int) -> TensorSpec:
 
 
 def _act(fn: str) -> Any:
+    """The torch function of activation ``fn`` (the inner activation of a gated form), or ``None``."""
     import torch.nn.functional as F
 
-    base = fn.removesuffix("glu") if fn in ("swiglu", "geglu") else fn
     table = {
         "silu": F.silu,
-        "swi": F.silu,
-        "ge": F.gelu,
         "gelu": F.gelu,
         "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
         "relu": F.relu,
         "sigmoid": F.sigmoid,
         "tanh": F.tanh,
     }
-    return table.get(base)
+    return table.get(GATED_BASE.get(fn, fn))
 
 
 class ActivationRecipe(Recipe):
@@ -52,7 +59,7 @@ class ActivationRecipe(Recipe):
     def build(self, op: OpBase, ctx: BuildContext) -> Case:
         assert isinstance(op, Activation)
         act = _act(op.fn)
-        gated = op.gated or op.fn in ("swiglu", "geglu")
+        gated = op.gated or op.fn in GATED_BASE
         specs = [t for t in op.inputs if t.dtype.is_float][: 2 if gated else 1]
         if gated and len(specs) == 1:
             # gate and up are the two halves of one projection (``gate_up(x).chunk(2, -1)``).
