@@ -15,7 +15,7 @@ from validators.coverage import CoverageReport, auto_expectation, format_report,
 from validators.energy import ClockSampler
 from validators.inputs import DeviceError, match_inputs, resolve_device, routing_counts
 from validators.numerics import TOLERANCES, Tolerance
-from validators.recipes import RECIPES, Case, Recipe, RecipeSelector
+from validators.recipes import RECIPES, BuildContext, Case, Recipe, RecipeSelector, register_recipe
 from validators.replay import DeviceLostError, Replayer, ReplayOptions, replay_configs, replay_graph, replay_op
 from validators.results import (
     Coverage,
@@ -39,6 +39,7 @@ from validators.timing import TimingConfig, ci_rel, stop_sampling
 __all__ = [
     "RECIPES",
     "TOLERANCES",
+    "BuildContext",
     "Case",
     "ClockSampler",
     "Coverage",
@@ -75,6 +76,7 @@ __all__ = [
     "load_issue",
     "load_results",
     "match_inputs",
+    "register_recipe",
     "replay_configs",
     "replay_graph",
     "replay_op",

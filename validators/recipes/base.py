@@ -12,7 +12,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic
+
+from typing_extensions import TypeVar
 
 from opgraph.ir import OpBase, TensorSpec
 
@@ -69,18 +71,27 @@ class Case:
         return self.run(self.inputs, False)
 
 
-class Recipe(ABC):
-    """A family of ops replay knows how to run. Subclasses set ``name`` and implement ``build``."""
+OpT = TypeVar("OpT", bound=OpBase, default=OpBase)
+"""The op class a recipe builds (``Recipe[Gemm]``); ``OpBase`` for recipes of any op."""
+
+
+class Recipe(ABC, Generic[OpT]):
+    """A family of ops replay knows how to run. Subclasses set ``name`` and implement ``build``.
+
+    :func:`~validators.recipes.register_recipe` registers a recipe by name and as the recipe of
+    one op class; the selector passes it only ops of that class, so ``build`` and ``unsupported``
+    receive the op already typed.
+    """
 
     name: ClassVar[str] = ""
     """Registry name."""
 
-    def unsupported(self, op: OpBase) -> str | None:
-        """Why this recipe cannot replay ``op`` (``None`` when it can)."""
+    def unsupported(self, op: OpT) -> str | None:
+        """Why this recipe cannot replay ``op`` of its class (``None`` when it can)."""
         return None
 
     @abstractmethod
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: OpT, ctx: BuildContext) -> Case:
         """Make inputs on ``ctx.device`` and the function that runs ``op``."""
 
 
