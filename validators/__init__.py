@@ -34,7 +34,7 @@ from validators.results import (
 from validators.runner import ReplayRun, run_replay, time_issue
 from validators.sequence import IssueSequence, SequenceIssue, issue_in_sequence, load_issue
 from validators.sweep import SweepLoader, check_replay, sweep_params, write_sweep_module
-from validators.timing import TimingConfig, ci_rel, stop_sampling
+from validators.timing import CudaTimerKind, TimingConfig, ci_rel, stop_sampling
 
 __all__ = [
     "RECIPES",
@@ -44,6 +44,7 @@ __all__ = [
     "ClockSampler",
     "Coverage",
     "CoverageReport",
+    "CudaTimerKind",
     "DeviceError",
     "DeviceLostError",
     "EnergyStats",

@@ -141,9 +141,9 @@ class Replayer:
         return ReplayResult(
             key=cfg.key,
             definition=op.definition,
-            kind=getattr(op, "kind"),  # noqa: B009 - OpBase has no kind; every concrete op does
+            kind=op.kind,
             target=op.target,
-            dtype=op.dtype.value,
+            dtype=op.dtype,
             op=op,
             count=max(cfg.count, 1),
             share=cfg.share,

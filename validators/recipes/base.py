@@ -98,9 +98,3 @@ class Recipe(ABC, Generic[OpT]):
 def float_specs(op: OpBase, rank: int | None = None) -> list[TensorSpec]:
     """The op's floating-point input specs (of ``rank`` dims when given), in order."""
     return [t for t in op.inputs if t.dtype.is_float and (rank is None or len(t.shape) == rank)]
-
-
-def op_kind(op: OpBase) -> str:
-    """The op's kind value (``gemm``...), typed for code that holds an :class:`OpBase`."""
-    kind = getattr(op, "kind", "other")
-    return str(getattr(kind, "value", kind))

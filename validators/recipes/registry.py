@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from opgraph.ir import OP_TYPES, OpBase, OpKind, Registry, RegistryError
-from validators.recipes.base import Recipe, op_kind
+from validators.recipes.base import Recipe
 
 RECIPES: Registry[type[Recipe[Any]]] = Registry("replay recipe", entry_point_group="opgraph.replay_recipes")
 """Recipe classes by name (filled by :func:`register_recipe`); ``--recipe`` overrides name them."""
@@ -124,7 +124,7 @@ class RecipeSelector:
                 return aten
         if name is not None:
             return self._checked(name, op)
-        kind = op_kind(op)
+        kind = op.kind.value
         if kind == "collective":
             return Selection(
                 None,
