@@ -10,7 +10,7 @@ does not import torch.
 ...     print(result.definition, result.status.value, result.median_us)
 """
 
-from validators.configs import OpConfig, config_key, roofline_estimator, unique_configs
+from validators.configs import OpConfig, config_key, cost_estimator, roofline_estimator, unique_configs
 from validators.coverage import CoverageReport, auto_expectation, format_report, load_expectation, verify_graph
 from validators.energy import ClockSampler
 from validators.inputs import DeviceError, match_inputs, resolve_device, routing_counts
@@ -69,6 +69,7 @@ __all__ = [
     "check_replay",
     "ci_rel",
     "config_key",
+    "cost_estimator",
     "coverage",
     "format_report",
     "issue_in_sequence",
