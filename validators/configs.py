@@ -13,12 +13,12 @@ with a cold L2 reads these inputs back into L2 before each timed call.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from opgraph.ir import IDENTITY_FIELDS, OpBase, OpCategory, OpGraph, OpKind
+from opgraph.ir import OpBase, OpCategory, OpGraph, OpKind
+from opgraph.ir.configs import config_key as config_key  # re-exported: replay code and tests import it here
 
 if TYPE_CHECKING:
     from hardware.base import CostModel
@@ -26,23 +26,6 @@ if TYPE_CHECKING:
 
 Estimator = Callable[[OpBase], float]
 """Estimated seconds of one call of an op."""
-
-_EXCLUDE: dict[str, object] = {
-    **dict.fromkeys(IDENTITY_FIELDS, True),
-    "inputs": {"__all__": {"id"}},
-    "outputs": {"__all__": {"id"}},
-}
-
-
-def config_payload(op: OpBase) -> dict[str, object]:
-    """The fields that make an op's config: everything but its identity and tensor ids."""
-    return op.model_dump(mode="json", exclude=_EXCLUDE)  # type: ignore[arg-type]
-
-
-def config_key(op: OpBase) -> str:
-    """A stable 16-hex-digit key of the op's config (same config, same key, across runs and graphs)."""
-    blob = op.model_dump_json(exclude=_EXCLUDE)  # type: ignore[arg-type]
-    return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -16,6 +16,7 @@ from validators import (
     ResultWriter,
     TimingConfig,
     TimingStats,
+    config_key,
     coverage,
     load_results,
     replay_op,
@@ -154,3 +155,5 @@ def test_committed_replay_results_still_load_with_typed_fields() -> None:
     results = load_results(H100_REPLAY)
     assert results and all(isinstance(r.dtype, DType) for r in results)
     assert {r.timing.timer for r in results if r.timing is not None} == {"cuda_kernels"}
+    # Config keys (resume, issue files) are what they were when the results were written.
+    assert all(config_key(r.op) == r.key for r in results)
