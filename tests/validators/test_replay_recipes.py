@@ -8,7 +8,7 @@ import pytest
 import torch
 from replay_helpers import FAST, mm, tiny_graph
 
-from opgraph.ir import Attention, Gemm, Norm, OpBase, OpKind, Other, RegistryError
+from opgraph.ir import Attention, DType, Gemm, Norm, OpBase, OpKind, Other, RegistryError
 from validators import RECIPES, Case, Recipe, ReplayStatus, register_recipe, replay_graph, replay_op
 from validators.recipes import BuildContext, RecipeSelector
 from validators.replay import ReplayOptions
@@ -195,3 +195,16 @@ def test_an_override_naming_a_recipe_of_another_op_class_is_refused() -> None:
     norm = Norm(id=0, rows=4, hidden=8)
     sel = RecipeSelector({norm.definition: "gemm"}).select(norm)
     assert sel.recipe is None and "the gemm recipe needs a Gemm op" in sel.reason
+
+
+@pytest.mark.parametrize("fn", ["div", "remainder", "fmod", "floor_divide"])
+def test_typed_divisions_get_a_divisor_and_match(fn: str) -> None:
+    # The elementwise recipe shares the aten recipe's domain tables: every division takes a second,
+    # non-zero input (it used to know only ``div`` and called remainder/fmod with one argument).
+    from opgraph.ir import Elementwise
+
+    op = Elementwise(id=0, fn=fn, numel=512, hidden=64, dtype=DType.fp32)
+    r = replay_op(op, "cpu", FAST)
+    assert r.status is ReplayStatus.OK, r.reason
+    case = RecipeSelector().select(op).recipe.build(op, BuildContext(torch.device("cpu"), torch.Generator()))  # type: ignore[union-attr]
+    assert len(case.inputs) == 2 and bool((case.inputs[1] > 0).all())

@@ -8,6 +8,7 @@ from typing import Any
 
 from opgraph.ir import Activation, Elementwise, Embedding, OpBase, Reduction, Softmax, TensorSpec, TopK
 from validators.inputs import NORMAL, POSITIVE, Domain, DomainKind, index, make_tensor
+from validators.recipes.aten import POSITIVE_FIRST, POSITIVE_SECOND
 from validators.recipes.base import BuildContext, Case, Compare, Recipe
 from validators.recipes.registry import register_recipe
 
@@ -21,8 +22,17 @@ GATED_BASE: dict[str, str] = {
 """The activation inside each gated form, by the ``fn`` capture records (``act(gate) * up``).
 
 Keyed by :attr:`opgraph.ir.Activation.fn`: if capture renames a gated form, change its key here."""
-UNARY_POSITIVE = frozenset({"rsqrt", "sqrt", "log", "log2", "log10", "reciprocal"})
-BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "where"})
+BINARY = frozenset({"add", "sub", "mul", "maximum", "minimum", "pow", "where"}) | POSITIVE_SECOND
+"""Elementwise ops of two tensors (divisions: the second is a non-zero divisor)."""
+
+
+def _no_torch_fn(op: Elementwise | Reduction) -> str | None:
+    """Why ``torch.<op.fn>`` cannot replay ``op`` (``None`` when it exists)."""
+    import torch
+
+    if not callable(getattr(torch, op.fn, None)):
+        return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
+    return None
 
 
 def _rows_spec(op: OpBase, numel: int, hidden: int) -> TensorSpec:
@@ -84,20 +94,16 @@ class ElementwiseRecipe(Recipe[Elementwise]):
     name = "elementwise"
 
     def unsupported(self, op: Elementwise) -> str | None:
-        import torch
-
-        if not callable(getattr(torch, op.fn, None)):
-            return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
-        return None
+        return _no_torch_fn(op)
 
     def build(self, op: Elementwise, ctx: BuildContext) -> Case:
         import torch
 
         fn = getattr(torch, op.fn)
-        dom = POSITIVE if op.fn in UNARY_POSITIVE else NORMAL
+        dom = POSITIVE if op.fn in POSITIVE_FIRST else NORMAL
         if op.inputs:
             xs = [
-                make_tensor(s, ctx.device, ctx.gen, POSITIVE if (i == 1 and op.fn == "div") else dom)
+                make_tensor(s, ctx.device, ctx.gen, POSITIVE if (i == 1 and op.fn in POSITIVE_SECOND) else dom)
                 for i, s in enumerate(op.inputs)
             ]
         else:
@@ -107,7 +113,7 @@ class ElementwiseRecipe(Recipe[Elementwise]):
                     _rows_spec(op, op.numel, op.hidden),
                     ctx.device,
                     ctx.gen,
-                    POSITIVE if i == 1 and op.fn == "div" else dom,
+                    POSITIVE if i == 1 and op.fn in POSITIVE_SECOND else dom,
                 )
                 for i in range(n)
             ]
@@ -149,11 +155,7 @@ class ReductionRecipe(Recipe[Reduction]):
     name = "reduction"
 
     def unsupported(self, op: Reduction) -> str | None:
-        import torch
-
-        if not callable(getattr(torch, op.fn, None)):
-            return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
-        return None
+        return _no_torch_fn(op)
 
     def build(self, op: Reduction, ctx: BuildContext) -> Case:
         import torch

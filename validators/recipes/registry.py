@@ -18,12 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from opgraph.ir import OP_TYPES, OpBase, OpKind, Registry, RegistryError
+from opgraph.ir.dispatch import OpTypeRegistry
 from validators.recipes.base import Recipe
 
 RECIPES: Registry[type[Recipe[Any]]] = Registry("replay recipe", entry_point_group="opgraph.replay_recipes")
 """Recipe classes by name (filled by :func:`register_recipe`); ``--recipe`` overrides name them."""
 
-_FOR_OP: dict[type[OpBase], str] = {}
+_FOR_OP: OpTypeRegistry[str] = OpTypeRegistry("replay recipe")
 """The recipe name registered for each op class."""
 
 R = TypeVar("R", bound=type[Recipe[Any]])
@@ -51,11 +52,11 @@ def register_recipe(for_op: type[OpBase] | OpKind | None = None) -> Callable[[R]
     def wrap(cls: R) -> R:
         if not cls.name:
             raise RegistryError(f"replay recipe {cls.__qualname__} has no name (set the class attribute 'name')")
-        if op_type is not None and op_type in _FOR_OP:
-            raise RegistryError(f"{op_type.__name__} ops already have the replay recipe {_FOR_OP[op_type]!r}")
+        if op_type is not None:
+            _FOR_OP.check_free(op_type)
         RECIPES.register(cls.name, cls)
         if op_type is not None:
-            _FOR_OP[op_type] = cls.name
+            _FOR_OP.register(op_type, cls.name)
         return cls
 
     return wrap
@@ -63,15 +64,7 @@ def register_recipe(for_op: type[OpBase] | OpKind | None = None) -> Callable[[R]
 
 def recipe_name_for(op: OpBase) -> str | None:
     """The name of the recipe registered for ``op``'s class or its nearest base (``None``: none)."""
-    for cls in type(op).__mro__:
-        name = _FOR_OP.get(cls)
-        if name is not None:
-            return name
-    return None
-
-
-def _op_types_of(name: str) -> tuple[type[OpBase], ...]:
-    return tuple(t for t, n in _FOR_OP.items() if n == name)
+    return _FOR_OP.lookup(op)
 
 
 @dataclass
@@ -104,7 +97,7 @@ class RecipeSelector:
     def _checked(self, name: str, op: OpBase) -> Selection:
         """The recipe ``name`` for ``op``, unless ``op`` is not of its op class or it refuses ``op``."""
         recipe = self.instance(name)
-        types = _op_types_of(name)
+        types = _FOR_OP.types_of(name)
         if types and not isinstance(op, types):
             wanted = " or ".join(t.__name__ for t in types)
             return Selection(None, f"{op.target or 'op'}: the {name} recipe needs a {wanted} op")

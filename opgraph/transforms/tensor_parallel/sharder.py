@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from opgraph.ir import Collective, CollectiveKind, Edge, EdgeKind, Gemm, OpBase, OpGraph, TensorSpec
+from opgraph.ir.dispatch import OpTypeRegistry
 from opgraph.transforms.tensor_parallel.analysis import analyse
 from opgraph.transforms.tensor_parallel.rules import LinearRule
 from opgraph.transforms.tensor_parallel.tensors import (
@@ -29,37 +30,24 @@ COLLECTIVE_TARGET: dict[CollectiveKind, str] = {
 Handler = Callable[["Sharder", Any, list[TensorSpec]], OpBase]
 """``handler(sharder, op, inputs) -> sharded op``: records its outputs' states with ``set_outputs``."""
 
-HANDLERS: dict[type[OpBase], Handler] = {}
+HANDLERS: OpTypeRegistry[Handler] = OpTypeRegistry("sharding handler")
 """The sharding handler of each op class (filled by :func:`register_handler`); ops of other classes
 are replicated."""
 
 
 def register_handler(*op_types: type[OpBase]) -> Callable[[Handler], Handler]:
-    """Decorator: make the function the sharding handler of ops of ``op_types`` (raises if taken).
+    """Decorator: make the function the sharding handler of ops of ``op_types``.
 
-    A user's subclass of an op gets its own handler this way; ops with none are replicated.
+    A user's subclass of an op gets its own handler this way; ops with none are replicated. Raises
+    :class:`~opgraph.ir.RegistryError` when a class already has a handler.
     """
 
     def wrap(fn: Handler) -> Handler:
         for t in op_types:
-            if t in HANDLERS:
-                raise TensorParallelError(
-                    f"{t.__name__} ops already have the sharding handler {HANDLERS[t].__name__}",
-                    where=getattr(fn, "__qualname__", repr(fn)),
-                )
-            HANDLERS[t] = fn
+            HANDLERS.register(t, fn)
         return fn
 
     return wrap
-
-
-def handler_for(op: OpBase) -> Handler | None:
-    """The handler registered for ``op``'s class or its nearest base (``None``: replicate it)."""
-    for cls in type(op).__mro__:
-        fn = HANDLERS.get(cls)
-        if fn is not None:
-            return fn
-    return None
 
 
 class Sharder:
@@ -303,7 +291,7 @@ class Sharder:
             else s
             for s in op.inputs
         ]
-        handler = handler_for(op)
+        handler = HANDLERS.lookup(op)
         if handler is None:  # top-k, other, ...: they need whole tensors
             return self.replicated(op, inputs)
         return handler(self, op, inputs)

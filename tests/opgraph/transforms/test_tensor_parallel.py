@@ -433,5 +433,5 @@ def test_a_users_op_class_is_sharded_by_its_registered_handler() -> None:
     s = shard_tensor_parallel(g, 2)
     assert seen == [1]  # the subclass reached its handler, the plain Other op did not
     assert [c.collective for c in collectives(s)] == [CollectiveKind.ALL_GATHER]
-    with pytest.raises(TensorParallelError, match="Scaled ops already have the sharding handler shard_scaled"):
+    with pytest.raises(OpgraphError, match="Scaled ops already have the sharding handler shard_scaled"):
         register_handler(Scaled)(shard_scaled)
