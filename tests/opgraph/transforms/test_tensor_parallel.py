@@ -411,7 +411,7 @@ def test_vocab_padding_is_noted_not_refused() -> None:
 # ---------------------------------------------------------------- per-kind handlers
 def test_a_users_op_class_is_sharded_by_its_registered_handler() -> None:
     from opgraph.ir import Other
-    from opgraph.transforms.tensor_parallel import register_handler
+    from opgraph.transforms import register_handler
     from opgraph.transforms.tensor_parallel.sharder import Sharder
 
     class Scaled(Other):
