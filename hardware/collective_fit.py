@@ -65,7 +65,9 @@ __all__ = [
     "bus_factor",
     "fit_collectives",
     "fit_line",
+    "format_calibration",
     "load_collective_samples",
+    "main",
 ]
 
 PosFloat = Annotated[float, Field(gt=0)]
@@ -230,6 +232,8 @@ class CollectiveCalibration(BaseModel):
     link_bandwidth_gbps: PosFloat | None = None
     """The per-direction link bandwidth efficiencies are relative to (the hardware spec's), GB/s."""
     fits: tuple[CollectiveFit, ...]
+    skipped: tuple[str, ...] = ()
+    """(collective, group size) pairs left out by a non-strict fit, with the reason."""
     created: str = ""
     """UTC time of the fit, ISO 8601."""
 
@@ -324,13 +328,16 @@ def fit_collectives(
     *,
     link_bandwidth: float | None = None,
     hardware: HardwareSpec | None = None,
+    strict: bool = True,
 ) -> CollectiveCalibration:
     """Fit ``alpha`` and ``busbw`` per (collective, group size) of ``samples``.
 
     ``samples`` are :class:`CollectiveSample` s or objects with the same fields
     (``validators.collectives.CollectiveMeasurement`` has them, with ``median_us`` for ``time_us``).
     Sizes measured more than once count once, at their median. ``link_bandwidth`` (bytes/s, or
-    the ``hardware``'s interconnect bandwidth) sets each fit's ``link_efficiency``.
+    the ``hardware``'s interconnect bandwidth) sets each fit's ``link_efficiency``. With
+    ``strict=False`` a (collective, group size) that cannot be fitted is listed in ``skipped``
+    instead of failing the whole calibration (but no fit at all is still an error).
 
     Raises
     ------
@@ -347,43 +354,56 @@ def fit_collectives(
     for p in pts:
         groups.setdefault((p.collective, p.group_size), {}).setdefault(p.bytes, []).append(p.time_us)
     fits: list[CollectiveFit] = []
+    skipped: list[str] = []
     for (c, g), by_size in sorted(groups.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
-        where = f"{c.value} over {g} ranks"
-        if len(by_size) < 2:
-            raise CollectiveFitError(
-                f"only one size ({next(iter(by_size))} bytes) measured", where=where, hint="measure two or more sizes"
-            )
-        sizes = sorted(by_size)
-        times = [statistics.median(by_size[s]) for s in sizes]
-        xs = [bus_bytes(c, s, g) for s in sizes]
-        alpha, inv_bw = fit_line(xs, times)
-        if inv_bw <= 0:
-            raise CollectiveFitError(
-                "the times do not grow with the size, so no bandwidth fits them",
-                where=where,
-                hint="measure sizes large enough to be bandwidth-bound (1M and more)",
-            )
-        errs = [abs(alpha + x * inv_bw - t) / t for x, t in zip(xs, times, strict=True)]
-        busbw = 1 / inv_bw / 1e3  # bytes per us -> GB/s
-        fits.append(
-            CollectiveFit(
-                collective=c,
-                group_size=g,
-                alpha_us=alpha,
-                busbw_gbps=busbw,
-                bus_factor=bus_factor(c, g),
-                link_efficiency=busbw * 1e9 / link_bandwidth if link_bandwidth else None,
-                max_rel_err=max(errs),
-                median_rel_err=statistics.median(errs),
-                points=tuple(FitPoint(bytes=s, time_us=t) for s, t in zip(sizes, times, strict=True)),
-            )
+        try:
+            fits.append(_fit_one(c, g, by_size, link_bandwidth))
+        except CollectiveFitError as exc:
+            if strict:
+                raise
+            skipped.append(exc.one_line())
+    if not fits:
+        raise CollectiveFitError(
+            "no (collective, group size) could be fitted", hint="; ".join(skipped) or "measure a range of sizes"
         )
     names = sorted({p.device_name for p in pts if p.device_name})
     return CollectiveCalibration(
         device_name=", ".join(names),
         link_bandwidth_gbps=link_bandwidth / 1e9 if link_bandwidth else None,
         fits=tuple(fits),
+        skipped=tuple(skipped),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+def _fit_one(c: CollectiveKind, g: int, by_size: dict[int, list[float]], link_bandwidth: float | None) -> CollectiveFit:
+    where = f"{c.value} over {g} ranks"
+    if len(by_size) < 2:
+        raise CollectiveFitError(
+            f"only one size ({next(iter(by_size))} bytes) measured", where=where, hint="measure two or more sizes"
+        )
+    sizes = sorted(by_size)
+    times = [statistics.median(by_size[s]) for s in sizes]
+    xs = [bus_bytes(c, s, g) for s in sizes]
+    alpha, inv_bw = fit_line(xs, times)
+    if inv_bw <= 0:
+        raise CollectiveFitError(
+            "the times do not grow with the size, so no bandwidth fits them",
+            where=where,
+            hint="measure sizes large enough to be bandwidth-bound (1M and more)",
+        )
+    errs = [abs(alpha + x * inv_bw - t) / t for x, t in zip(xs, times, strict=True)]
+    busbw = 1 / inv_bw / 1e3  # bytes per us -> GB/s
+    return CollectiveFit(
+        collective=c,
+        group_size=g,
+        alpha_us=alpha,
+        busbw_gbps=busbw,
+        bus_factor=bus_factor(c, g),
+        link_efficiency=busbw * 1e9 / link_bandwidth if link_bandwidth else None,
+        max_rel_err=max(errs),
+        median_rel_err=statistics.median(errs),
+        points=tuple(FitPoint(bytes=s, time_us=t) for s, t in zip(sizes, times, strict=True)),
     )
 
 
@@ -460,3 +480,51 @@ class CalibratedCollectiveModel:
             efficiency=fit.link_efficiency,
             detail=f"measured {op.collective.value} over {op.group_size} ranks ({self.method.value})",
         )
+
+
+def format_calibration(cal: CollectiveCalibration) -> str:
+    """A table of the fits: collective, ranks, alpha, bus bandwidth, link efficiency, errors."""
+    lines = [
+        f"{'collective':<15} {'ranks':>5} {'alpha_us':>9} {'busbw_GB/s':>10} {'eff':>6} {'max_err':>8} {'med_err':>8}"
+    ]
+    for f in cal.fits:
+        eff = f"{f.link_efficiency:.2f}" if f.link_efficiency is not None else "-"
+        lines.append(
+            f"{f.collective.value:<15} {f.group_size:>5} {f.alpha_us:>9.2f} {f.busbw_gbps:>10.1f} {eff:>6} "
+            f"{f.max_rel_err:>8.1%} {f.median_rel_err:>8.1%}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hardware.collective_fit MEASUREMENTS.jsonl... [--hardware h100] --out fit.json``."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m hardware.collective_fit", description=main.__doc__)
+    ap.add_argument("measurements", nargs="+", type=Path, help="JSONL files of collective measurements")
+    ap.add_argument("--hardware", default=None, help="catalog name: link efficiencies relative to its interconnect")
+    ap.add_argument("--out", type=Path, default=None, help="write the CollectiveCalibration JSON here")
+    ap.add_argument("--strict", action="store_true", help="fail on any (collective, group size) that cannot be fitted")
+    args = ap.parse_args(argv)
+    try:
+        samples = [s for p in args.measurements for s in load_collective_samples(p)]
+        hw = None
+        if args.hardware:
+            from hardware.loader import load_hardware
+
+            hw = load_hardware(args.hardware)
+        cal = fit_collectives(samples, hardware=hw, strict=args.strict)
+    except CalibrationError as exc:
+        print(f"error: {exc.one_line()}", file=sys.stderr)
+        return 2
+    print(format_calibration(cal))
+    for line in cal.skipped:
+        print(f"skipped: {line}")
+    if args.out is not None:
+        cal.save(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

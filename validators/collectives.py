@@ -659,7 +659,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
-    ap.add_argument("--graph", type=Path, default=None, help="replay the collectives of this graph instead")
+    ap.add_argument(
+        "--graph", type=Path, action="append", default=None, help="replay the collectives of this graph (repeatable)"
+    )
     ap.add_argument("--tp", type=int, default=None, help="with --graph: shard an unsharded graph for TP N first")
     ap.add_argument("--resume", action="store_true", help="skip the cases already in --out")
     ap.add_argument("--no-events", action="store_true", help="skip the CUDA-event cross-check")
@@ -668,25 +670,30 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cases_from_args(args: argparse.Namespace, world: int, dtype: DType) -> list[CollectiveCase]:
-    if args.graph is not None:
+    if args.graph:
         from opgraph.ir import load_graph
 
-        graph = load_graph(args.graph)
-        if args.tp is not None and args.tp > 1 and not graph.ops_of(OpKind.COLLECTIVE):
-            from opgraph.transforms import shard_tensor_parallel
+        merged: dict[tuple[str, int, int, str], CollectiveCase] = {}
+        for path in args.graph:
+            graph = load_graph(path)
+            if args.tp is not None and args.tp > 1 and not graph.ops_of(OpKind.COLLECTIVE):
+                from opgraph.transforms import shard_tensor_parallel
 
-            graph = shard_tensor_parallel(graph, args.tp)
-        cases, skipped = graph_cases(graph)
-        for s in skipped:
-            print(f"skipped: {s}", file=sys.stderr)
-        too_big = [c for c in cases if c.group_size > world]
-        if too_big:
-            raise CollectiveBenchError(
-                f"the graph's {too_big[0].definition} needs {too_big[0].group_size} ranks, the job has {world}",
-                where=str(args.graph),
-                hint=f"run with --nproc-per-node {too_big[0].group_size}",
-            )
-        return cases
+                graph = shard_tensor_parallel(graph, args.tp)
+            cases, skipped = graph_cases(graph)
+            for s in skipped:
+                print(f"skipped: {path}: {s}", file=sys.stderr)
+            for c in cases:
+                prev = merged.get(c.key)
+                merged[c.key] = c if prev is None else prev.model_copy(update={"uses": prev.uses + c.uses})
+            too_big = [c for c in cases if c.group_size > world]
+            if too_big:
+                raise CollectiveBenchError(
+                    f"the graph's {too_big[0].definition} needs {too_big[0].group_size} ranks, the job has {world}",
+                    where=str(path),
+                    hint=f"run with --nproc-per-node {too_big[0].group_size}",
+                )
+        return list(merged.values())
     groups = _ints(args.group_sizes, "--group-sizes") if args.group_sizes else power_of_two_groups(world)
     if not groups:
         raise CollectiveBenchError(
@@ -699,7 +706,7 @@ def _run(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
 
-    if args.graph is None:  # bad sizes or names fail before anything starts
+    if not args.graph:  # bad sizes or names fail before anything starts
         parse_sizes(args.sizes, args.points)
         _kinds(args.collectives)
     world = int(os.environ.get("WORLD_SIZE", "1"))

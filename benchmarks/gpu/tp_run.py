@@ -29,6 +29,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -76,7 +77,8 @@ class TpCase(BaseModel):
         """A short name: ``llama-3.1-8b_decode_b8_kv2048_tp4``."""
         shape = f"s{self.seq_len}" if self.phase == "prefill" else f"kv{self.kv_len}"
         cut = f"_l{self.layers}" if self.layers else ""
-        return f"{self.model}{cut}_{self.phase}_b{self.batch}_{shape}_tp{self.tp}"
+        model = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(self.model).name.removesuffix(".json"))
+        return f"{model}{cut}_{self.phase}_b{self.batch}_{shape}_tp{self.tp}"
 
 
 class TraceTimes(BaseModel):
@@ -99,6 +101,8 @@ class TraceTimes(BaseModel):
     """NCCL kernels per step."""
     nccl_by_name: dict[str, float] = Field(default_factory=dict)
     """NCCL time per step by kernel family (``AllReduce``, ``AllGather``, ...)."""
+    collective_calls: dict[str, int] = Field(default_factory=dict)
+    """c10d collective calls per step by kind (``all_reduce``: from ``c10d::allreduce_``), on any backend."""
 
 
 class RankResult(BaseModel):
@@ -315,6 +319,19 @@ def _nccl_family(name: str) -> str:
     return "other"
 
 
+def c10d_kind(name: str) -> str | None:
+    """The collective kind of a ``c10d::`` CPU op name (``c10d::allreduce_`` -> ``all_reduce``), or None."""
+    if not name.startswith("c10d::"):
+        return None
+    low = name.lower()
+    for key, kind in (("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reduce_scatter", "reduce_scatter"),
+                      ("alltoall", "all_to_all"), ("broadcast", "broadcast"), ("send", "send_recv"),
+                      ("recv", "send_recv")):  # fmt: skip
+        if key in low:
+            return kind
+    return None
+
+
 def trace_times(path: str | Path, steps: int) -> TraceTimes:
     """Device times per step of a torch.profiler Chrome trace (``.json`` or ``.json.gz``)."""
     from opgraph.ir.timeline import union_length
@@ -328,8 +345,16 @@ def trace_times(path: str | Path, steps: int) -> TraceTimes:
     nccl: list[tuple[float, float]] = []
     other: list[tuple[float, float]] = []
     by_name: dict[str, float] = {}
+    calls: dict[str, int] = {}
     for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X" or e.get("cat") not in DEVICE_CATEGORIES:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        if e.get("cat") == "cpu_op":
+            kind = c10d_kind(str(e.get("name", "")))
+            if kind is not None:
+                calls[kind] = calls.get(kind, 0) + 1
+            continue
+        if e.get("cat") not in DEVICE_CATEGORIES:
             continue
         ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
         iv = (ts, ts + dur)
@@ -351,6 +376,7 @@ def trace_times(path: str | Path, steps: int) -> TraceTimes:
         kernels=round(len(dev) / s),
         nccl_kernels=round(len(nccl) / s),
         nccl_by_name=by_name,
+        collective_calls={k: round(v / s) for k, v in sorted(calls.items())},
     )
 
 

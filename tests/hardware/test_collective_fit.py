@@ -205,3 +205,28 @@ def test_calibrated_cost_model() -> None:
         model.estimate(Gemm(id=1, m=1, n=1, k=1), hw)
     with pytest.raises(UncostedOpError, match="16 ranks"):
         model.estimate(op.model_copy(update={"group_size": 16}), hw)
+
+
+def test_non_strict_fit_lists_what_it_skipped() -> None:
+    good = _synthetic(9.0, 300.0)[: len(SIZES)]  # all_reduce over 2 ranks
+    flat = [
+        CollectiveSample(collective="broadcast", group_size=2, bytes=b, time_us=t) for b, t in ((1e3, 50), (1e6, 10))
+    ]
+    with pytest.raises(CollectiveFitError, match="broadcast over 2 ranks"):
+        fit_collectives(good + flat)
+    cal = fit_collectives(good + flat, strict=False)
+    assert [(f.collective, f.group_size) for f in cal.fits] == [(CollectiveKind.ALL_REDUCE, 2)]
+    assert len(cal.skipped) == 1 and "broadcast over 2 ranks" in cal.skipped[0]
+    with pytest.raises(CollectiveFitError, match="no \\(collective, group size\\) could be fitted"):
+        fit_collectives(flat, strict=False)
+
+
+def test_fit_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = tmp_path / "m.jsonl"
+    p.write_text("\n".join(s.model_dump_json(by_alias=False) for s in _synthetic(9.0, 300.0)[:20]) + "\n")
+    out = tmp_path / "fit.json"
+    assert cf.main([str(p), "--hardware", "h100", "--out", str(out)]) == 0
+    cal = CollectiveCalibration.load(out)
+    assert {(f.collective.value, f.group_size) for f in cal.fits} == {("all_reduce", 2), ("all_reduce", 4)}
+    assert cf.main([str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
