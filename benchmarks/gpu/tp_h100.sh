@@ -42,11 +42,13 @@ step() {  # NAME LIMIT_S CMD... : run under timeout, log to $WORK/logs/NAME.log,
 }
 
 NGPU=${NGPU:-$(nvidia-smi -L 2>/dev/null | wc -l)}
-TP_DEVICE=${TP_DEVICE:-auto}; TP_DTYPE=${TP_DTYPE:-bf16}; HW=${HW:-h100}
+TP_DEVICE=${TP_DEVICE:-auto}; TP_DTYPE=${TP_DTYPE:-bf16}
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+case "$GPU_NAME" in *H200*) HW=${HW:-h200} ;; *) HW=${HW:-h100} ;; esac
 MODEL_8B=${MODEL_8B:-llama-3.1-8b}; MODEL_70B=${MODEL_70B:-llama-3.1-70b}
 SEQ=${SEQ:-2048}; KV=${KV:-2048}; SIZES=${SIZES:-4K..1G}; POINTS=${POINTS:-15}
 {
-  echo "# issue 21 TP run on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1) x $NGPU"
+  echo "# issue 21 TP run on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1) x $NGPU (hardware spec $HW)"
   $PY -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
   nvidia-smi topo -m 2>/dev/null | head -n $(( NGPU + 2 ))
   echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores"
@@ -104,5 +106,9 @@ fi
 
 # Pack traces, per-run summaries and logs (kept under 16 MiB: one profiled step per rank).
 tar -czf "$OUT/tp_traces.tar.gz" -C "$WORK" tp logs
+if [ "$(stat -c %s "$OUT/tp_traces.tar.gz")" -gt $(( 15 * 1024 * 1024 )) ]; then
+  echo "traces over 15 MiB: keeping rank 0's only" | tee -a "$SUMMARY"
+  (cd "$WORK" && tar -czf "$OUT/tp_traces.tar.gz" logs tp/*/summary.json tp/*/*.rank0.json.gz)
+fi
 echo "total: $(( $(date +%s) - START ))s" | tee -a "$SUMMARY"
 ls -la "$OUT" | tee -a "$SUMMARY"

@@ -94,6 +94,13 @@ class CaseComparison(BaseModel):
     ranks: tuple[RankComparison, ...]
     collective_ops: int
     """Collectives per rank in the sharded graph."""
+    measured_nccl_transfer_us: float | None = None
+    """Per step: the sum over collectives of the shortest NCCL kernel of the ranks (the rank that
+    arrived last waits for nobody: its kernel is the transfer alone)."""
+    predicted_collective_transfer_us: float = 0.0
+    """Per step: rank 0's simulated collective spans, without waiting."""
+    transfer_err: float | None = None
+    """``predicted_collective_transfer_us / measured_nccl_transfer_us - 1``."""
     predicted_collectives: dict[str, int] = Field(default_factory=dict)
     """Collectives per rank in the sharded graph, by kind."""
     measured_collectives: dict[str, int] = Field(default_factory=dict)
@@ -203,6 +210,16 @@ def _err(pred: float, meas: float | None) -> float | None:
     return pred / meas - 1 if meas else None
 
 
+def nccl_transfer_us(measured: Sequence[Any]) -> float | None:
+    """Per step: sum over the collectives of the shortest of the ranks' NCCL kernels (``None`` when
+    the ranks' kernel lists do not line up)."""
+    lists = [m.trace.nccl_kernel_us for m in measured if m.trace is not None]
+    steps = [m.trace.steps for m in measured if m.trace is not None]
+    if not lists or not all(lists) or len({len(x) for x in lists}) != 1:
+        return None
+    return sum(min(col) for col in zip(*lists, strict=True)) / max(steps[0], 1)
+
+
 def compare_run(
     case: TpCase, measured: Sequence[Any], preds: Sequence[RankPrediction], cost_model: str, collectives: str,
     predicted_collectives: dict[str, int], notes: Sequence[str] = (),
@@ -229,12 +246,15 @@ def compare_run(
                 predicted_makespan_us=p.makespan_us,
             )
         )
+    transfer = nccl_transfer_us(measured)
+    pred_transfer = preds[0].collective_us if preds else 0.0
     first = by_rank.get(0)
     measured_calls = dict(first.trace.collective_calls) if first is not None and first.trace is not None else {}
     return CaseComparison(
         case=case, cost_model=cost_model, collectives=collectives, ranks=tuple(rows),
         collective_ops=sum(predicted_collectives.values()), predicted_collectives=dict(predicted_collectives),
-        measured_collectives=measured_calls, notes=tuple(notes),
+        measured_collectives=measured_calls, notes=tuple(notes), measured_nccl_transfer_us=transfer,
+        predicted_collective_transfer_us=pred_transfer, transfer_err=_err(pred_transfer, transfer),
     )  # fmt: skip
 
 
@@ -282,11 +302,12 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
                     )
                 )
                 c = comparisons[-1]
-                ge, ce = c.max_gpu_err, c.max_collective_err
+                ge, ce, te = c.max_gpu_err, c.max_collective_err, c.transfer_err
                 print(
                     f"{case.name} [{label}]: predicted gpu {preds[0].gpu_us / 1e3:.2f} ms, collectives "
                     f"{(preds[0].collective_us + preds[0].collective_wait_us) / 1e3:.2f} ms; max |err| gpu "
-                    f"{'-' if ge is None else f'{ge:.1%}'}, collectives {'-' if ce is None else f'{ce:.1%}'} "
+                    f"{'-' if ge is None else f'{ge:.1%}'}, collectives {'-' if ce is None else f'{ce:.1%}'}, "
+                    f"transfer {'-' if te is None else f'{te:+.1%}'} "
                     f"({time.perf_counter() - t0:.0f} s)",
                     flush=True,
                 )

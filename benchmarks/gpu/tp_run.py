@@ -101,6 +101,9 @@ class TraceTimes(BaseModel):
     """NCCL kernels per step."""
     nccl_by_name: dict[str, float] = Field(default_factory=dict)
     """NCCL time per step by kernel family (``AllReduce``, ``AllGather``, ...)."""
+    nccl_kernel_us: tuple[float, ...] = ()
+    """Every NCCL kernel's duration, in start order, over all profiled steps (the i-th kernel of every
+    rank is the same collective: their minimum over the ranks is its time without waiting for peers)."""
     collective_calls: dict[str, int] = Field(default_factory=dict)
     """c10d collective calls per step by kind (``all_reduce``: from ``c10d::allreduce_``), on any backend."""
 
@@ -376,6 +379,7 @@ def trace_times(path: str | Path, steps: int) -> TraceTimes:
         kernels=round(len(dev) / s),
         nccl_kernels=round(len(nccl) / s),
         nccl_by_name=by_name,
+        nccl_kernel_us=tuple(round(b - a, 3) for a, b in sorted(nccl)),
         collective_calls={k: round(v / s) for k, v in sorted(calls.items())},
     )
 
