@@ -74,6 +74,10 @@ class RankComparison(BaseModel):
     predicted_gpu_us: float
     gpu_err: float | None
     """``predicted / measured - 1``."""
+    measured_compute_us: float | None = None
+    """Union of the rank's non-NCCL device intervals (NCCL kernels spin while peers arrive)."""
+    predicted_compute_us: float = 0.0
+    compute_err: float | None = None
     measured_nccl_us: float | None
     predicted_collective_us: float
     """Collective spans plus their wait."""
@@ -232,6 +236,7 @@ def compare_run(
         tr = m.trace if m is not None else None
         mg = tr.gpu_busy_us if tr is not None and tr.gpu_busy_us > 0 else None
         mn = tr.nccl_us if tr is not None and tr.nccl_us > 0 else None
+        mc = tr.compute_busy_us if tr is not None and tr.compute_busy_us > 0 else None
         pc = p.collective_us + p.collective_wait_us
         rows.append(
             RankComparison(
@@ -239,6 +244,9 @@ def compare_run(
                 measured_gpu_us=mg,
                 predicted_gpu_us=p.gpu_us,
                 gpu_err=_err(p.gpu_us, mg),
+                measured_compute_us=mc,
+                predicted_compute_us=p.compute_us,
+                compute_err=_err(p.compute_us, mc),
                 measured_nccl_us=mn,
                 predicted_collective_us=pc,
                 collective_err=_err(pc, mn),

@@ -137,3 +137,21 @@ def test_two_rank_gloo_run_matches_its_prediction(tiny_config: Path, tmp_path: P
         assert c.measured_collectives == c.predicted_collectives == {"all_gather": 1, "all_reduce": 2 * layers}
         assert len(c.ranks) == 2 and all(r.predicted_gpu_us > 0 for r in c.ranks)
         assert all(r.gpu_err is None for r in c.ranks)  # no GPU on this machine: nothing to compare
+
+
+def test_compare_run_errors_are_predicted_over_measured() -> None:
+    case = tp_run.TpCase(model="m", phase="decode", tp=2, batch=8, kv_len=2048)
+    trace = tp_run.TraceTimes(
+        steps=1, gpu_busy_us=200.0, nccl_us=50.0, nccl_busy_us=50.0, compute_busy_us=160.0, kernels=10,
+        nccl_kernels=2, nccl_kernel_us=(30.0, 20.0), collective_calls={"all_reduce": 2},
+    )  # fmt: skip
+    measured = [tp_run.RankResult(rank=0, device_name="x", wall_us=900.0, wall_runs_us=(900.0,), trace=trace)]
+    pred = tp_predict.RankPrediction(
+        rank=0, gpu_us=180.0, compute_us=168.0, collective_us=40.0, collective_wait_us=5.0, makespan_us=700.0
+    )
+    c = tp_predict.compare_run(case, measured, [pred], "roofline", "interconnect", {"all_reduce": 2})
+    r = c.ranks[0]
+    assert r.gpu_err == pytest.approx(-0.1) and r.compute_err == pytest.approx(0.05)
+    assert r.predicted_collective_us == 45.0 and r.collective_err == pytest.approx(-0.1)
+    assert c.measured_nccl_transfer_us == 50.0 and c.transfer_err == pytest.approx(-0.2)
+    assert c.max_gpu_err == pytest.approx(0.1) and c.measured_collectives == {"all_reduce": 2}
