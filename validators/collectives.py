@@ -47,12 +47,14 @@ from opgraph.ir.tensor import FROZEN
 
 __all__ = [
     "BENCHMARKED",
+    "CALL_RANGE",
     "CollectiveBenchError",
     "CollectiveBenchmark",
     "CollectiveCase",
     "CollectiveMeasurement",
     "CollectiveTimer",
     "graph_cases",
+    "kernels_per_call",
     "load_measurements",
     "main",
     "parse_size",

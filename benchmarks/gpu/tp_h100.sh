@@ -92,8 +92,16 @@ PYEOF
 # 4. Prediction and comparison (CPU), keeping the sharded graphs for step 5.
 FIT_ARG=()
 [ -s "$OUT/collective_fit.json" ] && FIT_ARG=(--collective-fit "$OUT/collective_fit.json")
-TAIL=60 step predict 150 $PY benchmarks/gpu/tp_predict.py --measured "$OUT/tp_summary.json" --hardware "$HW" \
-  ${FIT_ARG[@]+"${FIT_ARG[@]}"} --graphs-dir "$WORK/graphs" --out "$OUT/tp_compare.json"
+# Cost models: the roofline, and on H100 the tables calibrated from single-GPU replay (benchmarks/results/gpu/h100;
+# fitted on TP=1 configs, so the sharded shapes are out of their sample).
+COST=(--cost-model roofline)
+if [ "$HW" = h100 ]; then
+  for t in benchmarks/results/gpu/h100/llama8b_prefill2048.calibrated.json benchmarks/results/gpu/h100/llama8b_decode_b8_kv2048.calibrated.json; do
+    [ -f "$t" ] && COST+=(--cost-model "$t")
+  done
+fi
+TAIL=80 step predict 150 $PY benchmarks/gpu/tp_predict.py --measured "$OUT/tp_summary.json" --hardware "$HW" \
+  "${COST[@]}" ${FIT_ARG[@]+"${FIT_ARG[@]}"} --graphs-dir "$WORK/graphs" --out "$OUT/tp_compare.json"
 
 # 5. The sharded graphs' own collectives (exact sizes the TP runs use).
 GRAPHS=()

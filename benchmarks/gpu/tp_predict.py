@@ -279,13 +279,20 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
     from opgraph.ir import Collective, OpKind, save_graph
 
     hw = load_hardware(args.hardware)
-    base = resolve_cost_model(args.cost_model)
-    models: list[tuple[str, Any]] = [("interconnect", base)]
+    cal = None
     if args.collective_fit is not None:
         from hardware.collective_fit import CalibratedCollectiveModel, CollectiveCalibration
 
         cal = CollectiveCalibration.load(args.collective_fit)
-        models.append(("calibrated", _WithCollectives(base, CalibratedCollectiveModel(cal))))
+    # (cost model label, collectives label, model): each cost model with the interconnect's
+    # collective costs and, given a fit, with the measured ones.
+    models: list[tuple[str, str, Any]] = []
+    for spec in args.cost_model or ["roofline"]:
+        base = resolve_cost_model(spec)
+        label = Path(spec).name if ("/" in spec or spec.endswith(".json")) else spec
+        models.append((label, "interconnect", base))
+        if cal is not None:
+            models.append((label, "calibrated", _WithCollectives(base, CalibratedCollectiveModel(cal))))
     graphs: dict[tuple[Any, ...], Any] = {}
     comparisons: list[CaseComparison] = []
     device_names: set[str] = set()
@@ -302,17 +309,19 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
                 save_graph(sharded, args.graphs_dir / f"{case.name}.json.gz")
             kinds = [o.collective.value for o in sharded.ops_of(OpKind.COLLECTIVE) if isinstance(o, Collective)]
             by_kind = {k: kinds.count(k) for k in sorted(set(kinds))}
-            for label, model in models:
-                preds = predict_ranks(sharded, case.tp, hw, model)
+            for model_label, label, model in models:
+                try:
+                    preds = predict_ranks(sharded, case.tp, hw, model)
+                except Exception as exc:  # one cost model failing must not lose the others' comparisons
+                    print(f"{case.name} [{model_label}, {label}]: {type(exc).__name__}: {exc}"[:400], flush=True)
+                    continue
                 comparisons.append(
-                    compare_run(
-                        case, tp_run.ranks, preds, args.cost_model, label, by_kind, sharded.metadata.assumptions
-                    )
+                    compare_run(case, tp_run.ranks, preds, model_label, label, by_kind, sharded.metadata.assumptions)
                 )
                 c = comparisons[-1]
                 ge, ce, te = c.max_gpu_err, c.max_collective_err, c.transfer_err
                 print(
-                    f"{case.name} [{label}]: predicted gpu {preds[0].gpu_us / 1e3:.2f} ms, collectives "
+                    f"{case.name} [{model_label}, {label}]: predicted gpu {preds[0].gpu_us / 1e3:.2f} ms, collectives "
                     f"{(preds[0].collective_us + preds[0].collective_wait_us) / 1e3:.2f} ms; max |err| gpu "
                     f"{'-' if ge is None else f'{ge:.1%}'}, collectives {'-' if ce is None else f'{ce:.1%}'}, "
                     f"transfer {'-' if te is None else f'{te:+.1%}'} "
@@ -337,7 +346,9 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--measured", type=Path, nargs="+", required=True, help="summary.json files of tp_run.py")
     ap.add_argument("--hardware", default="h100")
-    ap.add_argument("--cost-model", default="roofline")
+    ap.add_argument(
+        "--cost-model", action="append", default=None, help="roofline (default), a calibrated table JSON...; repeatable"
+    )
     ap.add_argument("--collective-fit", type=Path, default=None, help="a CollectiveCalibration JSON")
     ap.add_argument("--graphs-dir", type=Path, default=None, help="keep each sharded graph here")
     ap.add_argument("--out", type=Path, default=None)
