@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opgraph.ir import OpGraph, OpgraphError, OpKind, Timeline, save_graph, save_model, save_timeline
+from opgraph.scenario.folder import SUMMARY_FILE, check_run_folder, staged_folder
 from opgraph.scenario.model import (
     Bound,
     Expectations,
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 Progress = Callable[[str, int, int], None]
 """Called with a description of the step starting, the steps done and the steps in all."""
 
-SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"
 TRACE_FILE = "trace.perfetto.json.gz"
 REPLAY_FILE = "replay.jsonl"
@@ -403,12 +403,29 @@ class ScenarioRun:
 
     # ------------------------------------------------------------ run
     def run(self) -> ScenarioSummary:
-        """Run every step and write the artefacts; returns the summary (also in ``summary.json``)."""
+        """Run every step and write the artefacts; returns the summary (also in ``summary.json``).
+
+        The artefacts are written into a fresh folder beside the output folder, which replaces the
+        output folder only once the run has finished (see :mod:`opgraph.scenario.folder`): an
+        interrupted run leaves an earlier run's folder as it was.
+        """
         t0 = time.perf_counter()
-        s = self.scenario
         self._step("resolving hardware, cost model and model")
+        check_run_folder(self.out)
         resolved = self.resolve()
-        self.out.mkdir(parents=True, exist_ok=True)
+        final = self.out
+        try:
+            with staged_folder(final) as partial:
+                self.out = partial
+                summary = self._run(resolved, t0)
+        finally:
+            self.out = final
+        if self.progress is not None:
+            self.progress("done", self._total, self._total)
+        return summary
+
+    def _run(self, resolved: _Resolved, t0: float) -> ScenarioSummary:
+        s = self.scenario
         runs: list[_PhaseRun] = []
         for i, p in enumerate(s.phases):
             what = f"loading {p.label}" if p.label in resolved.graphs else f"capturing {p.label}"
@@ -450,8 +467,6 @@ class ScenarioRun:
         self._write(SUMMARY_FILE)
         summary = summary.model_copy(update={"artefacts": tuple(self.artefacts), "elapsed_s": time.perf_counter() - t0})
         save_model(summary, self.out / SUMMARY_FILE)
-        if self.progress is not None:
-            self.progress("done", self._total, self._total)
         return summary
 
     # ------------------------------------------------------------ results

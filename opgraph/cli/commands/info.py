@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from opgraph.cli.common import console, fmt_bytes, fmt_count, handle_errors
+from opgraph.cli.common import console, fmt_bytes, fmt_count, handle_errors, new_table
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +36,7 @@ def info(
     settings = ", ".join(f"{k}={v}" for k, v in md.capture.items())
     if settings:
         console.print(f"capture: {settings}")
-    table = Table(title=None, show_footer=True)
+    table = new_table(title=None, show_footer=True)
     by_kind = summary["by_kind"]
     assert isinstance(by_kind, dict)
     table.add_column("kind", footer="total")

@@ -8,16 +8,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
-from opgraph.cli.common import console, fmt_us, handle_errors
+from opgraph.cli.common import check_output_path, console, fmt_us, handle_errors, new_table
 from opgraph.ir import OpgraphError
 
 if TYPE_CHECKING:
-    from simulators import EngineSweep, SimulationConfig, SimulationResult, SimulationStats
+    from simulators import EngineSweep, SimulationResult, SimulationStats
 
 MAX_SWEEP = 64
-"""Largest engine count a sweep accepts."""
+"""Most engine counts one sweep accepts."""
+
+MAX_ENGINES = 4096
+"""Largest engine count (the simulator's engine-group limit)."""
 
 
 class SimulateOptionError(OpgraphError):
@@ -47,10 +49,10 @@ def parse_engines(text: str) -> list[int]:
         ) from None
     if not counts:
         raise SimulateOptionError("no engine count given", where="--engines")
-    bad = [c for c in counts if c < 1 or c > 4096]
+    bad = [c for c in counts if c < 1 or c > MAX_ENGINES]
     if bad:
         raise SimulateOptionError(
-            f"engine count {bad[0]} is out of range", where="--engines", hint="each count must be 1 or more"
+            f"engine count {bad[0]} is out of range", where="--engines", hint=f"each count must be 1..{MAX_ENGINES}"
         )
     if len(set(counts)) > MAX_SWEEP:
         raise SimulateOptionError(
@@ -138,6 +140,9 @@ def simulate(
     if not 0 <= tolerance < 1:
         raise SimulateOptionError(f"{tolerance} is out of range", where="--tolerance", hint="give 0 <= t < 1")
     mode = _host_mode(host)
+    inputs = [graph_path, config_path]
+    check_output_path(output, "-o/--output", inputs=inputs)
+    check_output_path(stats_path, "--stats", inputs=[*inputs, output])
 
     from simulators.policies import get_policy
 
@@ -210,7 +215,7 @@ def simulate(
     else:
         if sweep is not None:
             _print_sweep(sweep)
-        _print_summary(result, stats, config, graph_path)
+        _print_summary(result, stats, graph_path)
         if output is not None:
             console.print(f"timeline: {output} ({len(result.timeline())} spans)")
         if stats_path is not None:
@@ -295,7 +300,7 @@ def _progress(work: int) -> _NoProgress | _Progress:
 
 
 def _print_sweep(sweep: EngineSweep) -> None:
-    table = Table(title="engine sweep", title_justify="left")
+    table = new_table(title="engine sweep", title_justify="left")
     table.add_column("engines", justify="right")
     table.add_column("makespan", justify="right")
     table.add_column("vs best", justify="right")
@@ -317,7 +322,8 @@ def _print_sweep(sweep: EngineSweep) -> None:
     )
 
 
-def _print_summary(result: SimulationResult, stats: SimulationStats, config: SimulationConfig, path: Path) -> None:
+def _print_summary(result: SimulationResult, stats: SimulationStats, path: Path) -> None:
+    config = result.config  # the run shown (a sweep's recommended count), not the sweep's first
     model = result.problem.graph.metadata.model or path.name
     console.print(
         f"[bold]{model}[/bold] on {result.hardware_name or '-'}  cost model {result.cost_model_name}  "
@@ -334,7 +340,7 @@ def _print_summary(result: SimulationResult, stats: SimulationStats, config: Sim
         f"host-bound {fmt_us(host.host_bound_us)} ({host.host_bound_share * 100:.0f}% of makespan)"
         + (f", {host.sync_points} sync point(s)" if host.sync_points else "")
     )
-    eng = Table(title=None)
+    eng = new_table(title=None)
     eng.add_column("engine")
     eng.add_column("ops", justify="right")
     eng.add_column("busy", justify="right")
@@ -345,7 +351,7 @@ def _print_summary(result: SimulationResult, stats: SimulationStats, config: Sim
     if len(shown) > 32:
         eng.add_row(f"... {len(shown) - 32} more", "", "", "")
     console.print(eng)
-    kinds = Table(title=None)
+    kinds = new_table(title=None)
     kinds.add_column("kind")
     kinds.add_column("ops", justify="right")
     kinds.add_column("time", justify="right")
