@@ -127,7 +127,8 @@ def simulate(
     count within ``--tolerance`` of the best.
     """
     from opgraph.ir import load_graph, load_model, save_model, save_timeline
-    from simulators import HostConfig, HostMode, SimulationConfig, cost_problem, default_host_us, run_problem
+    from opgraph.study import run_study, study_config
+    from simulators import SimulationConfig
 
     counts = parse_engines(engines) if engines is not None else []
     for name, value, low in (("--tp", tp, 1), ("--copy-engines", copy_engines, 0), ("--links", links, 1)):
@@ -150,58 +151,32 @@ def simulate(
     hw = _load_hardware(hardware)
     model = _load_cost_model(cost_model)
     graph = load_graph(graph_path)
-    shard_note = _shard(graph, tp) if tp > 1 and not no_shard else None
-    if shard_note is not None:
-        graph, note = shard_note
-
-    if config_path is not None:
-        base = load_model(config_path, SimulationConfig)
-    else:
-        base = SimulationConfig.standard(counts[0] if counts else 1, copy_engines=copy_engines, links=links)
-    counts = counts or [base.engines]
-    host_cfg = HostConfig(
-        mode=HostMode(mode),
-        per_op_us=host_us,
+    base = load_model(config_path, SimulationConfig) if config_path is not None else None
+    counts = counts or [base.engines if base is not None else 1]
+    config = study_config(
+        counts[0],
+        base=base,
+        copy_engines=copy_engines,
+        links=links,
+        policy=policy,
+        tp=tp,
+        host_mode=mode,
+        host_us=host_us,
         sync_each_step=not no_sync,
-        sync_ops=base.host.sync_ops,
-        free_ops=base.host.free_ops,
-        framework=framework_time and base.host.framework,
-        record=not no_host_track,
+        framework=framework_time,
+        record_host=not no_host_track,
+        jitter=jitter,
+        seed=seed,
+        skip_uncosted=skip_uncosted,
     )
-    config = base.model_copy(
-        update={
-            "policy": policy,
-            "tp": tp,
-            "host": host_cfg,
-            "jitter": jitter,
-            "seed": seed,
-            "skip_uncosted": skip_uncosted,
-        }
-    ).with_engines(counts[0])
-    config = SimulationConfig.model_validate(config.model_dump())
-
-    problem, model_name, _ = cost_problem(graph, model, hw)
-    per_op = default_host_us(config, hw)
-    if problem.uncosted and not skip_uncosted:
-        from simulators import uncosted_error
-
-        raise uncosted_error(problem, model_name)
-    common: dict[str, Any] = {"host_per_op_us": per_op, "hardware_name": hw.name, "cost_model_name": model_name}
-
-    sweep: EngineSweep | None = None
-    with _progress(len(problem) * tp * len(counts)) as tick:
-        if len(counts) == 1:
-            result = run_problem(problem, config, progress=tick, **common)
-        else:
-            from simulators import sweep_engines
-
-            sweep, results = sweep_engines(
-                problem, config, counts, tolerance=tolerance, on_point=lambda n, _r: tick(n, counts[-1]), **common
-            )
-            result = results[sweep.recommended]
+    with _progress(len(graph.ops) * tp * len(counts)) as tick:
+        study = run_study(
+            graph, hw, model, config, engines=counts, shard=not no_shard, tolerance=tolerance, progress=tick
+        )
+    result, sweep = study.result, study.sweep
     stats = result.stats()
-    if shard_note is not None:
-        stats = stats.model_copy(update={"notes": (*stats.notes, note)})
+    if study.notes:
+        stats = stats.model_copy(update={"notes": (*stats.notes, *study.notes)})
 
     if output is not None:
         save_timeline(result.timeline(), output)
@@ -225,23 +200,6 @@ def simulate(
 
 
 # ---------------------------------------------------------------- helpers
-def _shard(graph: Any, tp: int) -> tuple[Any, str] | None:
-    """The graph of one rank of a ``tp``-way run, when ``graph`` has no collectives yet."""
-    from opgraph.ir import OpKind
-    from opgraph.transforms import shard_tensor_parallel
-
-    if graph.ops_of(OpKind.COLLECTIVE):
-        return None
-    sharded = shard_tensor_parallel(graph, tp)
-    colls = [getattr(o, "collective", None) for o in sharded.ops_of(OpKind.COLLECTIVE)]
-    counts = ", ".join(f"{colls.count(c)} {c.value}" for c in dict.fromkeys(colls) if c is not None)
-    note = (
-        f"graph sharded for tensor parallelism (tp={tp}, Megatron-style: column/row-parallel linears, "
-        f"heads / tp; {counts or 'no collectives'} inserted); --no-shard runs it replicated"
-    )
-    return sharded, note
-
-
 def _load_hardware(name: str) -> Any:
     try:
         from hardware import load_hardware
