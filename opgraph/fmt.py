@@ -44,8 +44,6 @@ def fmt_us(value_us: float) -> str:
 def fmt_us_sig(value_us: float, digits: int = 4) -> str:
     """A duration in microseconds with ``digits`` significant digits, in the unit that reads best."""
     v = float(value_us)
-    if not math.isfinite(v):
-        return str(v)
     if abs(v) >= 1e6:
         return f"{v / 1e6:.{digits}g} s"
     if abs(v) >= 1e3:

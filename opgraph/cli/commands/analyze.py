@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import check_output_path, cli_notes, console, fmt_us, handle_errors, new_table
+from opgraph.cli.common import check_output_path, cli_notes, console, handle_errors, new_table
+from opgraph.fmt import fmt_us
 
 
 def register(app: typer.Typer) -> None:

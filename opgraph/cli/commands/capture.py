@@ -7,7 +7,8 @@ from typing import Any
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, fmt_bytes, fmt_count, fmt_us, handle_errors
+from opgraph.cli.common import check_output_path, console, handle_errors
+from opgraph.fmt import fmt_bytes, fmt_count, fmt_us
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 import typer
 from rich import box
 
-from opgraph.cli.common import console, fmt_bytes, fmt_count, handle_errors, new_table
+from opgraph.cli.common import console, handle_errors, new_table
+from opgraph.fmt import fmt_bytes, fmt_count
 
 if TYPE_CHECKING:
     from hardware import HardwareSpec

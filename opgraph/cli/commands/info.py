@@ -7,7 +7,8 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import console, fmt_bytes, fmt_count, handle_errors, new_table
+from opgraph.cli.common import console, handle_errors, new_table
+from opgraph.fmt import fmt_bytes, fmt_count
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, err_console, fmt_us, handle_errors
+from opgraph.cli.common import check_output_path, console, err_console, handle_errors
+from opgraph.fmt import fmt_us
 
 if TYPE_CHECKING:
     from validators.configs import Estimator

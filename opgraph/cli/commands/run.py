@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, err_console, fmt_us, handle_errors, new_table
+from opgraph.cli.common import check_output_path, console, err_console, handle_errors, new_table
+from opgraph.fmt import fmt_us
 
 if TYPE_CHECKING:
     from opgraph.scenario import ScenarioSummary

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, fmt_us, handle_errors, new_table
+from opgraph.cli.common import check_output_path, console, handle_errors, new_table
+from opgraph.fmt import fmt_us
 from opgraph.ir import OpgraphError
 
 if TYPE_CHECKING:
