@@ -35,6 +35,7 @@ __all__ = [
     "fmt_count",
     "fmt_us",
     "handle_errors",
+    "is_tty",
     "new_table",
 ]
 
@@ -45,7 +46,7 @@ UNBOUNDED_WIDTH = 1_000_000
 """Width rich lays out to when the output is not a terminal: wide enough that nothing wraps."""
 
 
-def _is_tty(stream: Any) -> bool:
+def is_tty(stream: Any) -> bool:
     """Whether ``stream`` really is a terminal (not what FORCE_COLOR / TTY_COMPATIBLE claim)."""
     isatty = getattr(stream, "isatty", None)
     try:
@@ -66,7 +67,7 @@ class CliConsole(Console):
     def size(self) -> ConsoleDimensions:
         """The terminal's size on a terminal; an unbounded width otherwise."""
         dims = super().size
-        if _is_tty(self.file):
+        if is_tty(self.file):
             return dims
         return ConsoleDimensions(UNBOUNDED_WIDTH, dims.height)
 

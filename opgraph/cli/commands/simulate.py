@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, handle_errors, new_table
+from opgraph.cli.common import check_output_path, console, handle_errors, is_tty, new_table
 from opgraph.fmt import fmt_us
 from opgraph.ir import OpgraphError
 
@@ -253,7 +253,7 @@ class _Progress:
 
 def _progress(work: int) -> _NoProgress | _Progress:
     """A progress bar on a terminal for long runs (over ~200k simulated ops)."""
-    if console.is_terminal and work > 200_000:
+    if is_tty(console.file) and work > 200_000:  # a real terminal, not FORCE_COLOR into a pipe
         return _Progress()
     return _NoProgress()
 
