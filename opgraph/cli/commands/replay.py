@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.common import console, err_console, fmt_us, handle_errors
+from opgraph.cli.common import check_output_path, console, err_console, handle_errors
+from opgraph.fmt import fmt_us
 
 if TYPE_CHECKING:
     from validators.configs import Estimator
@@ -158,6 +159,7 @@ def replay(
         )
     if timer not in ("kernels", "events"):
         raise OpgraphError(f"unknown timer {timer!r}", where="--timer", hint="use kernels or events")
+    check_output_path(out, "-o/--out", inputs=[*graphs, baseline])
     estimate = _estimator(hardware, cost_model)
     options = ReplayOptions(
         timing=TimingConfig(
