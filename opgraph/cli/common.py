@@ -116,7 +116,9 @@ def new_table(*headers: str | Column, **kwargs: Any) -> Table:
 
 
 _LIBRARY_ONLY_NOTES = {
-    "(python=True keeps them)": "(the CLI leaves Python stack events out)",
+    "(the Python API's opgraph.trace.load_trace_data(path, python=True) keeps them)": (
+        "(the CLI leaves Python stack events out)"
+    ),
 }
 """Library notes that name a keyword argument the CLI has no flag for, and what the CLI says instead."""
 

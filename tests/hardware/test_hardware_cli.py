@@ -67,8 +67,14 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2 and f"error: {bad}: memory_bandwidth" in result.stderr
 
 
-def test_help_golden() -> None:
-    result = runner.invoke(app, ["hardware", "show", "--help"], env={"COLUMNS": "80", "TERMINAL_WIDTH": "80"})
+def test_help_golden(monkeypatch: pytest.MonkeyPatch) -> None:
+    import typer.rich_utils
+
+    # typer reads TERMINAL_WIDTH once per process, when it first renders help: setting it here would
+    # leak into whichever help test runs next in this worker. Pin the width this golden was made with.
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 80)
+    monkeypatch.setattr(typer.rich_utils, "FORCE_TERMINAL", None)
+    result = runner.invoke(app, ["hardware", "show", "--help"], env={"COLUMNS": "80"})
     assert result.exit_code == 0
     check_golden("hardware/show_help.txt", result.stdout)
 

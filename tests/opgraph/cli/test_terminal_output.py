@@ -145,5 +145,9 @@ def test_piped_output_under_the_c_locale(env: dict[str, str]) -> None:
 
 
 def test_cli_notes_do_not_name_library_keywords() -> None:
-    notes = cli_notes(["12 python_function events not imported (python=True keeps them)", "other"])
+    library = (
+        "12 python_function events not imported "
+        "(the Python API's opgraph.trace.load_trace_data(path, python=True) keeps them)"
+    )
+    notes = cli_notes([library, "other"])
     assert notes == ("12 python_function events not imported (the CLI leaves Python stack events out)", "other")
