@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 from opgraph.capture.lowering import DEFAULT_PIPELINE, Hints, Lowering, run_passes
 from opgraph.capture.lowering.build import build_ops, group_order
 from opgraph.capture.recorder import Recorder
-from opgraph.capture.sources import CaptureError, ModelSource, build_config, resolve
+from opgraph.capture.sources import CaptureError, ConfigError, ModelSource, build_config, resolve
 from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.graph import GraphMetadata, OpGraph
 
@@ -177,7 +177,7 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
     from opgraph.capture import moe_model
 
     prepared = PreparedModel(name, model, config, hints_from_config(config), source)
-    if not isinstance(model_or_id, torch.nn.Module) and used_impl != opts.attn_impl:
+    if not isinstance(model_or_id, torch.nn.Module) and used_impl != opts.attn_impl and has_attention(model):
         prepared.assumptions.append(
             f"{name} has no {opts.attn_impl} attention in this transformers; captured with {used_impl} attention"
         )
@@ -186,6 +186,11 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
             moe_model.skew_assumption(opts.moe_skew) if opts.moe_skew else moe_model.BALANCED_ASSUMPTION
         )
     return prepared
+
+
+def has_attention(model: Any) -> bool:
+    """True when some submodule is an attention block (state-space models such as Mamba have none)."""
+    return any("attention" in type(m).__name__.lower() for m in model.modules())
 
 
 def _build(config: Any, opts: CaptureOptions, name: str) -> tuple[Any, str]:
@@ -217,7 +222,12 @@ def _build(config: Any, opts: CaptureOptions, name: str) -> tuple[Any, str]:
                 where=name,
                 hint="capture supports decoder-only models that AutoModelForCausalLM can build",
             ) from None
-        raise CaptureError(f"transformers cannot build this model ({msg[:240]})", where=name) from None
+        raise ConfigError(f"transformers cannot build this model ({msg[:240]})", where=name) from None
+    except RuntimeError as exc:  # torch refusing a size the config gave (a negative dimension)
+        msg = " ".join(str(exc).split())
+        raise ConfigError(
+            f"transformers cannot build this model ({msg[:240]})", where=name, hint="check the sizes in the config"
+        ) from None
     model.eval()
     return model, impl
 

@@ -3,7 +3,9 @@
 Starting from each attention's query and key operands, the pass walks back through unclaimed
 pointwise ops, ``cat`` and copies that ran in the same module call as the attention (HF applies
 ``apply_rotary_pos_emb`` inside the attention module; the cos/sin tables are built elsewhere) and
-stops at GEMMs, norms and the KV-cache write. A walk that met a ``mul`` is one ``Rope`` op.
+stops at GEMMs, norms and the KV-cache write. A walk that met a ``mul`` of two tensors (the
+rotation by the cos/sin tables) is one ``Rope`` op; a multiply by a scalar alone (OPT's query
+scaling ``q_proj(x) * 0.125``) is no rotation and is left to the pointwise pass.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from opgraph.capture.lowering.base import Lowering
-from opgraph.capture.recorder import TRef
+from opgraph.capture.lowering.base import Lowering, numel
+from opgraph.capture.recorder import Event, TRef
 from opgraph.ir.ops import OpKind
 
 _ROPE_FNS = frozenset(
@@ -33,6 +35,11 @@ _ROPE_FNS = frozenset(
         "slice_scatter",
     }
 )
+
+
+def _rotates(ev: Event) -> bool:
+    """A ``mul`` of two tensors of more than one element each (``q * cos``), not a scaling."""
+    return ev.fn == "mul" and sum(1 for r in ev.inputs if numel(r) > 1) == 2
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ class FuseRope:
             todo.extend(r[0] for r in p.inputs if r[2] in ("bf16", "fp16", "fp32", "fp64"))
         if not members or len(members) > self.max_ops:
             return
-        if not any(lw.events[m].fn == "mul" for m in members):
+        if not any(_rotates(lw.events[m]) for m in members):
             return
         heads = int(attn["heads"] if which == "q" else attn["kv_heads"])  # type: ignore[call-overload]
         d = int(attn["head_dim"])  # type: ignore[call-overload]

@@ -136,3 +136,12 @@ def test_opgraph_trace_env_on_unmodified_script(tmp_path: Path) -> None:
     assert [o.kind for o in g.ops][-3:] == [OpKind.GEMM, OpKind.ACTIVATION, OpKind.GEMM]
     assert {o.kind for o in g.ops[:-3]} == {OpKind.MEMORY}
     assert g.metadata.model == "infer.py" and g.metadata.phase == "trace"
+
+
+def test_layers_beyond_the_model_raise_a_typed_error(tiny_config: str) -> None:
+    from opgraph.capture import LayersError
+
+    with pytest.raises(LayersError, match=r"3 layers asked for, but .* has 2"):
+        capture(tiny_config, seq_len=4, layers=3)
+    g = capture(tiny_config, seq_len=4, layers=2)
+    assert {o.layer for o in g.ops if o.layer is not None} == {0, 1}
