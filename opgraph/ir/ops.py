@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
@@ -146,8 +146,14 @@ class OpBase(BaseModel):
         return 0
 
     def default_bytes(self) -> tuple[float, float]:
-        """(read, written) bytes implied by the tensors or, without tensors, by the fields."""
-        return (sum(t.nbytes for t in self.inputs), sum(t.nbytes for t in self.outputs))
+        """(read, written) bytes implied by the tensors or, without tensors, by :meth:`field_bytes`."""
+        if self.inputs or self.outputs:
+            return (sum(t.nbytes for t in self.inputs), sum(t.nbytes for t in self.outputs))
+        return self.field_bytes()
+
+    def field_bytes(self) -> tuple[float, float]:
+        """(read, written) bytes implied by the kind's fields, for an op written without tensors."""
+        return (0, 0)
 
     def default_definition(self) -> str:
         """The definition name implied by the kind's fields."""
@@ -190,9 +196,7 @@ class Gemm(OpBase):
     def default_flops(self) -> float:
         return (2 * self.m * self.n * self.k + (self.m * self.n if self.bias else 0)) * self.batch * self.groups
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         mult = self.batch * self.groups
         out = _isz(self.out_dtype or self.dtype)
         read = (self.m * self.k + self.k * self.n) * _isz(self.dtype) * mult + (self.n * out if self.bias else 0)
@@ -282,9 +286,7 @@ class Attention(OpBase):
     def default_flops(self) -> float:
         return 2 * self.batch * self.heads * self.pairs * (self.head_dim + self.dv)
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         q = self.batch * self.q_len * self.heads * self.head_dim
         kv = self.batch * self.kv_len * self.kv_heads * (self.head_dim + self.dv)
@@ -322,9 +324,7 @@ class Norm(OpBase):
     def default_flops(self) -> float:
         return (4 if self.variant is NormVariant.RMS else 7) * self.rows * self.hidden
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         return ((self.rows + 1) * self.hidden * s, self.rows * self.hidden * s)
 
@@ -345,9 +345,7 @@ class Rope(OpBase):
     def default_flops(self) -> float:
         return 3 * self.tokens * self.heads * (self.rotary_dim or self.head_dim)
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         n = self.tokens * self.heads * self.head_dim * _isz(self.dtype)
         return (n + 2 * self.tokens * (self.rotary_dim or self.head_dim) * _isz(self.dtype), n)
 
@@ -364,10 +362,7 @@ class Embedding(OpBase):
     hidden: PosInt
 
     def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            # The table is an input but only the gathered rows are read.
-            row = self.hidden * _isz(self.dtype)
-            return (self.tokens * (row + 8), self.tokens * row)
+        # The table is an input but only the gathered rows (and their int64 ids) are read.
         row = self.hidden * _isz(self.dtype)
         return (self.tokens * (row + 8), self.tokens * row)
 
@@ -392,9 +387,7 @@ class Activation(OpBase):
         per = {"relu": 1, "silu": 4, "sigmoid": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8}.get(self.fn, 4)
         return self.numel * (per + (1 if self.gated else 0))
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         return (self.numel * s * (2 if self.gated else 1), self.numel * s)
 
@@ -415,9 +408,7 @@ class Elementwise(OpBase):
     def default_flops(self) -> float:
         return self.numel
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         return (2 * self.numel * s, self.numel * s)
 
@@ -438,9 +429,7 @@ class Reduction(OpBase):
     def default_flops(self) -> float:
         return self.numel_in
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         return (self.numel_in * s, self.numel_out * s)
 
@@ -458,9 +447,7 @@ class Softmax(OpBase):
     def default_flops(self) -> float:
         return 5 * self.rows * self.cols
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         n = self.rows * self.cols * _isz(self.dtype)
         return (n, n)
 
@@ -481,9 +468,7 @@ class TopK(OpBase):
     def default_flops(self) -> float:
         return self.rows * self.cols * max(1.0, math.log2(max(self.k, 2)))
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         return (self.rows * self.cols * _isz(self.dtype), self.rows * self.k * (_isz(self.dtype) + 8))
 
     def default_definition(self) -> str:
@@ -508,9 +493,7 @@ class MoeRouting(OpBase):
             return self.tokens * self.experts * 6
         return self.tokens * self.top_k * self.hidden
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         if self.fn == "route":
             return (self.tokens * self.experts * s, self.tokens * self.top_k * (s + 8))
@@ -562,9 +545,7 @@ class Memory(OpBase):
     numel: NonNegInt
     """Elements written."""
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         n = self.numel * _isz(self.dtype)
         return (0 if self.fn == "fill" else n, n)
 
@@ -618,23 +599,7 @@ Op = Annotated[
 ]
 """Any op: a discriminated union on ``kind``."""
 
-OP_TYPES: dict[OpKind, type[OpBase]] = {
-    OpKind.GEMM: Gemm,
-    OpKind.ATTENTION: Attention,
-    OpKind.NORM: Norm,
-    OpKind.ROPE: Rope,
-    OpKind.EMBEDDING: Embedding,
-    OpKind.ACTIVATION: Activation,
-    OpKind.ELEMENTWISE: Elementwise,
-    OpKind.REDUCTION: Reduction,
-    OpKind.SOFTMAX: Softmax,
-    OpKind.TOPK: TopK,
-    OpKind.MOE_ROUTING: MoeRouting,
-    OpKind.COLLECTIVE: Collective,
-    OpKind.MEMORY: Memory,
-    OpKind.VIEW: View,
-    OpKind.OTHER: Other,
-}
+OP_TYPES: dict[OpKind, type[OpBase]] = {cls.model_fields["kind"].default: cls for cls in get_args(get_args(Op)[0])}
 """The model class of each kind."""
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from opgraph.capture.lowering.base import Lowering, numel
+from opgraph.capture.lowering.base import Lowering, float_inputs, numel
 from opgraph.capture.recorder import Event, TRef
 from opgraph.ir.ops import OpKind
 
@@ -65,7 +65,7 @@ class FuseRope:
 
     def _walk(self, lw: Lowering, ref: TRef, call: int, attn: dict[str, object], which: str) -> None:
         members: list[int] = []
-        todo = [ref[0]]
+        todo = [ref.tid]
         seen: set[int] = set()
         while todo and len(members) <= self.max_ops:
             tid = todo.pop()
@@ -78,12 +78,12 @@ class FuseRope:
                     owner = lw.groups[lw.owner[p.index]]
                     fn = owner.fields.get("fn") if owner.kind is OpKind.MEMORY else None
                     if fn == "kv_cache_write":  # continue through the cache write to the new keys
-                        todo.extend(r[0] for r in p.inputs[1:])
+                        todo.extend(r.tid for r in p.inputs[1:])
                     elif fn == "repeat_kv":
-                        todo.extend(r[0] for r in p.inputs[:1])
+                        todo.extend(r.tid for r in p.inputs[:1])
                 continue
             members.append(p.index)
-            todo.extend(r[0] for r in p.inputs if r[2] in ("bf16", "fp16", "fp32", "fp64"))
+            todo.extend(r.tid for r in float_inputs(p))
         if not members or len(members) > self.max_ops:
             return
         if not any(_rotates(lw.events[m]) for m in members):

@@ -145,3 +145,19 @@ def test_layers_beyond_the_model_raise_a_typed_error(tiny_config: str) -> None:
         capture(tiny_config, seq_len=4, layers=3)
     g = capture(tiny_config, seq_len=4, layers=2)
     assert {o.layer for o in g.ops if o.layer is not None} == {0, 1}
+
+
+def test_a_claim_with_bad_fields_fails_in_the_pass_that_made_it() -> None:
+    from opgraph.capture.lowering import GroupFieldsError, Lowering
+    from opgraph.capture.recorder import Recorder
+
+    rec = Recorder()
+    with rec.recording():
+        torch.nn.functional.relu(torch.ones(2, 3))
+    lw = Lowering(rec.events, rec.calls)
+    lw.current_pass = "my-pass"
+    with pytest.raises(GroupFieldsError, match=r"lowering pass 'my-pass' claimed a 'activation' op .*: hidden:"):
+        lw.claim([0], OpKind.ACTIVATION, {"fn": "relu", "numel": 6, "hidden": 0})
+    with pytest.raises(GroupFieldsError, match="heads: Extra inputs are not permitted"):
+        lw.claim([0], OpKind.ACTIVATION, {"fn": "relu", "numel": 6, "hidden": 3, "heads": 2})
+    assert lw.claim([0], OpKind.ACTIVATION, {"fn": "relu", "numel": 6, "hidden": 3}).members == [0]

@@ -217,3 +217,23 @@ def test_a_model_that_falls_back_to_eager_attention_says_so(tmp_path: Path) -> N
     if g.metadata.capture.get("attn_impl") == "sdpa" and not g.metadata.assumptions:
         pytest.skip("this transformers runs Gemma-2 with sdpa")
     assert any("captured with eager attention" in a for a in g.metadata.assumptions)
+
+
+def test_generate_keeps_each_forward_pass_expert_plan(tmp_path: Path) -> None:
+    # Each experts call is lowered with the routing of that call: the prefill of a generate graph
+    # has the expert loads of a prefill graph, not those of the last decode step.
+    path = tiny_config(tmp_path, "qwen3_moe")
+
+    def moe_ops(g: OpGraph, stage: str | None) -> list[tuple[str, int, int]]:
+        return [
+            (o.definition, o.flops, o.bytes_read)
+            for o in g.ops
+            if o.definition.startswith("moe_") and (stage is None or (o.stage and o.stage.value == stage))
+        ]
+
+    prefill = capture(path, seq_len=8)
+    generate = capture(path, phase="generate", seq_len=8, new_tokens=2)
+    assert moe_ops(generate, "prefill") == moe_ops(prefill, None)
+    experts = [o for o in generate.ops_of(OpKind.GEMM) if o.definition.startswith("moe_")]
+    assert [(o.groups, o.m) for o in experts if o.step == 0] == [(4, 4), (4, 4)] * 2  # type: ignore[attr-defined]
+    assert {(o.groups, o.m) for o in experts if o.step} == {(2, 1)}  # type: ignore[attr-defined]
