@@ -161,3 +161,41 @@ def test_a_claim_with_bad_fields_fails_in_the_pass_that_made_it() -> None:
     with pytest.raises(GroupFieldsError, match="heads: Extra inputs are not permitted"):
         lw.claim([0], OpKind.ACTIVATION, {"fn": "relu", "numel": 6, "hidden": 3, "heads": 2})
     assert lw.claim([0], OpKind.ACTIVATION, {"fn": "relu", "numel": 6, "hidden": 3}).members == [0]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"dtype": "bf61"}, "--dtype: unknown dtype 'bf61' (one of bf16, fp16, fp32)"),
+        ({"attn_impl": "flash"}, "--attn-impl: unknown attention implementation 'flash'"),
+        ({"device": "gpu"}, "--device: unknown device 'gpu'"),
+        ({"phase": "decoding"}, "--phase: unknown phase 'decoding'"),
+        ({"batch": 0}, "--batch: must be at least 1"),
+        ({"moe_skew": 9.0}, "--moe-skew: must be between 0 (balanced) and 8"),
+        ({"devcie": "cpu"}, "unknown capture option 'devcie'"),
+    ],
+)
+def test_a_typo_in_the_options_fails_when_they_are_made(options: dict[str, object], message: str) -> None:
+    from opgraph.capture import CaptureError, CaptureOptions
+
+    with pytest.raises(CaptureError) as info:
+        CaptureOptions(**options)  # type: ignore[arg-type]
+    assert message in str(info.value)
+
+
+def test_capture_modules_import_no_cycle() -> None:
+    # The phase runner lives in capture/phase.py so that host timing does not import the API back.
+    import ast
+
+    root = Path(opgraph.__file__).parent / "capture"
+    modules = {f"opgraph.capture.{p.stem}": p for p in root.glob("*.py") if p.stem != "__init__"}
+    deps: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        deps[name] = {m for m in found if m in modules and m != name}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(d == goal or (d not in seen and reaches(d, goal, seen | {d})) for d in deps[start])
+
+    assert not [m for m in modules if reaches(m, m, set())]
