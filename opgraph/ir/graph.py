@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -194,6 +194,13 @@ class GraphMetadata(BaseModel):
     def host_timing(self) -> HostTimingSummary | None:
         """The host timing measured at capture, if any."""
         return capture_settings(self.capture).host_timing
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied; a ``capture`` given as a plain mapping is validated into
+        :class:`CaptureSettings` (``model_copy`` validates nothing else)."""
+        if update and "capture" in update and not isinstance(update["capture"], CaptureSettings):
+            update = {**update, "capture": capture_settings(update["capture"])}
+        return super().model_copy(update=update, deep=deep)
 
 
 class OpGraph(BaseModel):

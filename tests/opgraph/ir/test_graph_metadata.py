@@ -47,9 +47,11 @@ def test_the_mapping_view_reads_as_the_old_dict() -> None:
     assert dict(settings) == OLD_CAPTURE
     assert {**settings, "tp": 4}["tp"] == 4 and settings["host_timing_us"] == 812.5
     assert settings.get("kv_len") is None and "seq_len" in settings and "kv_len" not in settings
-    # A metadata copied with a plain dict (model_copy does not validate) still answers typed.
-    md = GraphMetadata().model_copy(update={"capture": dict(OLD_CAPTURE)})
+    # A metadata copied with a plain dict (as the tensor-parallel transform does) holds typed settings.
+    md = GraphMetadata().model_copy(update={"capture": {**settings, "tp": 4}})
+    assert isinstance(md.capture, CaptureSettings) and md.capture.tp == 4
     assert md.host_timing is not None and md.host_timing.total_us == 812.5
+    assert GraphMetadata.model_validate_json(md.model_dump_json()) == md
 
 
 @pytest.mark.parametrize(
