@@ -37,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from opgraph.capture.phase import CaptureOptions, PreparedModel, run_phase, setup_phase
-from opgraph.capture.recorder import fast_meta, meta_stand_in
+from opgraph.capture.recorder import meta_stand_in, run_composite
 from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.graph import HostTimingSummary, capture_settings
 
@@ -97,9 +97,7 @@ class _Clock(TorchDispatchMode):  # type: ignore[no-untyped-call]
         t0 = time.perf_counter_ns()
         self.inside += 1
         try:
-            out = fast_meta(_SDPA, args, kwargs)
-            if out is None:
-                out = func(*args, **kwargs)
+            out = run_composite(_SDPA, func, args, kwargs)
         finally:
             self.inside -= 1
         t1 = time.perf_counter_ns()
@@ -131,8 +129,7 @@ class _PhaseRun:
             if clock is not None:
                 return clock.composite(original, args, kwargs)
             with record_function(f"aten::{_SDPA}"):
-                out = fast_meta(_SDPA, args, kwargs)
-                return out if out is not None else original(*args, **kwargs)
+                return run_composite(_SDPA, original, args, kwargs)
 
         F.scaled_dot_product_attention = sdpa
         try:

@@ -361,9 +361,7 @@ class Recorder:
                 with self._range(index):
                     out = func(*args, **kwargs)
             else:
-                out = fast_meta(name, args, kwargs)
-                if out is None:
-                    out = func(*args, **kwargs)
+                out = run_composite(name, func, args, kwargs)
         finally:
             self._suppress -= 1
         self._append(index, f"aten.{name}", name, inputs, (self._fresh(out),), enc_args, enc_kwargs, composite=True)
@@ -435,7 +433,13 @@ def meta_stand_in(func: Any, args: tuple[Any, ...]) -> tuple[Any, str] | None:
     return None
 
 
-def fast_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_composite(name: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The output of composite ``name``: :func:`fast_meta`'s on meta, else what ``func`` returns."""
+    out = fast_meta(name, args)
+    return func(*args, **kwargs) if out is None else out
+
+
+def fast_meta(name: str, args: tuple[Any, ...]) -> Any:
     """The output of a composite on meta without running its decomposition."""
     if name != "scaled_dot_product_attention" or len(args) < 3:
         return None

@@ -36,11 +36,11 @@ _SCORE_CHAIN = frozenset(
 )
 
 
-def _kv_source(lw: Lowering, tid: int, attn_members: list[int]) -> tuple[int | None, int]:
+def _kv_source(lw: Lowering, tid: int) -> int | None:
     """Follow a key/value operand back through repeat_kv copies to the cache write.
 
-    Returns (kv heads seen before a repeat_kv copy or None, tensor id of the operand's origin).
-    Claims the repeat_kv copies and the cache write it passes.
+    Returns the kv heads seen before a repeat_kv copy, or None. Claims the repeat_kv copies and the
+    cache write it passes.
     """
     kv_heads: int | None = None
     for _ in range(4):
@@ -61,7 +61,7 @@ def _kv_source(lw: Lowering, tid: int, attn_members: list[int]) -> tuple[int | N
             lw.claim([ev.index], OpKind.MEMORY, {"fn": "kv_cache_write", "numel": numel(out)})
             break
         break
-    return kv_heads, tid
+    return kv_heads
 
 
 def _heads_from_producer(lw: Lowering, ref: TRef) -> tuple[int, int] | None:
@@ -146,8 +146,8 @@ class LowerAttention:
             b, h, s, d = q.shape
             kvh, kv_len = k.shape[1], k.shape[2]
         dv = v.shape[-1]
-        kv_heads_seen, _ = _kv_source(lw, k.tid, [ev.index])
-        _kv_source(lw, v.tid, [ev.index])
+        kv_heads_seen = _kv_source(lw, k.tid)
+        _kv_source(lw, v.tid)
         if kv_heads_seen is not None:
             kvh = kv_heads_seen
         causal_kw = ev.kwargs.get("is_causal")
@@ -222,8 +222,8 @@ class LowerAttention:
             b, h = bh // lw.hints.num_heads, lw.hints.num_heads
         else:
             b, h = 1, bh
-        kvh_seen, _ = _kv_source(lw, ka.tid, [])
-        _kv_source(lw, va.tid, [])
+        kvh_seen = _kv_source(lw, ka.tid)
+        _kv_source(lw, va.tid)
         kvh = kvh_seen or h
         scores = [lw.events[i] for i in chain]
         masked = any(e.fn in ("add", "masked_fill", "where") and len(e.inputs) > 1 for e in scores)
