@@ -155,8 +155,14 @@ class OpBase(BaseModel):
         """(read, written) bytes implied by the kind's fields, for an op written without tensors."""
         return (0, 0)
 
+    definition_format: ClassVar[str] = ""
+    """Template of the default definition name over the op's fields (``"{fn}_h{hidden}"``), for kinds
+    whose name is just their fields; others override :meth:`default_definition`."""
+
     def default_definition(self) -> str:
         """The definition name implied by the kind's fields."""
+        if self.definition_format:
+            return self.definition_format.format(**self.__dict__)
         return str(getattr(self, "kind", "op"))
 
     @property
@@ -336,6 +342,7 @@ class Rope(OpBase):
     """Rotary position embedding applied to ``heads`` heads of ``tokens`` tokens."""
 
     kind: Literal[OpKind.ROPE] = OpKind.ROPE
+    definition_format: ClassVar[str] = "rope_h{heads}_d{head_dim}"
     tokens: NonNegInt
     heads: PosInt
     head_dim: PosInt
@@ -349,14 +356,12 @@ class Rope(OpBase):
         n = self.tokens * self.heads * self.head_dim * _isz(self.dtype)
         return (n + 2 * self.tokens * (self.rotary_dim or self.head_dim) * _isz(self.dtype), n)
 
-    def default_definition(self) -> str:
-        return f"rope_h{self.heads}_d{self.head_dim}"
-
 
 class Embedding(OpBase):
     """Token embedding lookup: ``tokens`` rows gathered from a ``vocab x hidden`` table."""
 
     kind: Literal[OpKind.EMBEDDING] = OpKind.EMBEDDING
+    definition_format: ClassVar[str] = "embedding_v{vocab}_d{hidden}"
     tokens: NonNegInt
     vocab: PosInt
     hidden: PosInt
@@ -366,14 +371,12 @@ class Embedding(OpBase):
         row = self.hidden * _isz(self.dtype)
         return (self.tokens * (row + 8), self.tokens * row)
 
-    def default_definition(self) -> str:
-        return f"embedding_v{self.vocab}_d{self.hidden}"
-
 
 class Activation(OpBase):
     """A nonlinearity (SiLU, GELU, ...), optionally gated (SwiGLU: ``act(gate) * up``)."""
 
     kind: Literal[OpKind.ACTIVATION] = OpKind.ACTIVATION
+    definition_format: ClassVar[str] = "{fn}_h{hidden}"
     fn: str
     """Function name: ``silu``, ``gelu``, ``gelu_tanh``, ``relu``, ``sigmoid``, ``tanh``, ``swiglu``."""
     numel: NonNegInt
@@ -391,14 +394,12 @@ class Activation(OpBase):
         s = _isz(self.dtype)
         return (self.numel * s * (2 if self.gated else 1), self.numel * s)
 
-    def default_definition(self) -> str:
-        return f"{self.fn}_h{self.hidden}"
-
 
 class Elementwise(OpBase):
     """A pointwise arithmetic op (add, mul, ...) over ``numel`` output elements."""
 
     kind: Literal[OpKind.ELEMENTWISE] = OpKind.ELEMENTWISE
+    definition_format: ClassVar[str] = "{fn}_h{hidden}"
     fn: str
     """The aten function name (``add``, ``mul``, ``rsqrt``, ``where``)."""
     numel: NonNegInt
@@ -412,14 +413,12 @@ class Elementwise(OpBase):
         s = _isz(self.dtype)
         return (2 * self.numel * s, self.numel * s)
 
-    def default_definition(self) -> str:
-        return f"{self.fn}_h{self.hidden}"
-
 
 class Reduction(OpBase):
     """A reduction (sum, mean, max, norm) from ``numel_in`` to ``numel_out`` elements."""
 
     kind: Literal[OpKind.REDUCTION] = OpKind.REDUCTION
+    definition_format: ClassVar[str] = "{fn}_d{reduced}"
     fn: str
     numel_in: NonNegInt
     numel_out: NonNegInt
@@ -433,14 +432,12 @@ class Reduction(OpBase):
         s = _isz(self.dtype)
         return (self.numel_in * s, self.numel_out * s)
 
-    def default_definition(self) -> str:
-        return f"{self.fn}_d{self.reduced}"
-
 
 class Softmax(OpBase):
     """Softmax over the last ``cols`` elements of ``rows`` rows."""
 
     kind: Literal[OpKind.SOFTMAX] = OpKind.SOFTMAX
+    definition_format: ClassVar[str] = "softmax_d{cols}"
     rows: NonNegInt
     cols: PosInt
 
@@ -450,9 +447,6 @@ class Softmax(OpBase):
     def field_bytes(self) -> tuple[float, float]:
         n = self.rows * self.cols * _isz(self.dtype)
         return (n, n)
-
-    def default_definition(self) -> str:
-        return f"softmax_d{self.cols}"
 
 
 class TopK(OpBase):
@@ -481,6 +475,7 @@ class MoeRouting(OpBase):
     """Expert routing of a mixture-of-experts layer: scores to top-k experts per token, and dispatch."""
 
     kind: Literal[OpKind.MOE_ROUTING] = OpKind.MOE_ROUTING
+    definition_format: ClassVar[str] = "moe_{fn}_e{experts}_topk{top_k}"
     fn: str = "route"
     """``route`` (softmax/sigmoid + top-k), ``dispatch`` (gather tokens), ``combine`` (scatter-add)."""
     tokens: NonNegInt
@@ -499,9 +494,6 @@ class MoeRouting(OpBase):
             return (self.tokens * self.experts * s, self.tokens * self.top_k * (s + 8))
         n = self.tokens * self.top_k * self.hidden * s
         return (n, n)
-
-    def default_definition(self) -> str:
-        return f"moe_{self.fn}_e{self.experts}_topk{self.top_k}"
 
 
 class CollectiveKind(str, Enum):
@@ -540,6 +532,7 @@ class Memory(OpBase):
     """Data movement with no arithmetic: copy, cast, cat, index, scatter, KV-cache write, fill."""
 
     kind: Literal[OpKind.MEMORY] = OpKind.MEMORY
+    definition_format: ClassVar[str] = "{fn}_n{numel}"
     fn: str
     """``copy``, ``cast``, ``cat``, ``index``, ``index_put``, ``scatter``, ``kv_cache_write``, ``fill``..."""
     numel: NonNegInt
@@ -549,21 +542,16 @@ class Memory(OpBase):
         n = self.numel * _isz(self.dtype)
         return (0 if self.fn == "fill" else n, n)
 
-    def default_definition(self) -> str:
-        return f"{self.fn}_n{self.numel}"
-
 
 class View(OpBase):
     """A view, reshape or metadata op that launches no kernel."""
 
     kind: Literal[OpKind.VIEW] = OpKind.VIEW
+    definition_format: ClassVar[str] = "view_{fn}"
     fn: str = "view"
 
     def default_bytes(self) -> tuple[float, float]:
         return (0, 0)
-
-    def default_definition(self) -> str:
-        return f"view_{self.fn}"
 
 
 class Other(OpBase):
