@@ -214,7 +214,7 @@ def test_model_without_attention_claims_no_attention_implementation(tmp_path: Pa
 
 def test_a_model_that_falls_back_to_eager_attention_says_so(tmp_path: Path) -> None:
     g = capture(tiny_config(tmp_path, "gemma2"), seq_len=8)
-    if g.metadata.capture.get("attn_impl") == "sdpa" and not g.metadata.assumptions:
+    if g.metadata.capture.attn_impl == "sdpa" and not g.metadata.assumptions:
         pytest.skip("this transformers runs Gemma-2 with sdpa")
     assert any("captured with eager attention" in a for a in g.metadata.assumptions)
 
