@@ -12,7 +12,26 @@ not those of the model; the shapes, FLOPs and bytes are those of the chosen rout
 from __future__ import annotations
 
 import types
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
+
+PLAN_ATTR = "_opgraph_plan"
+"""Attribute an experts module sets during its forward; the recorder keeps it on the module call."""
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    """How one call of a stacked-experts module ran its modelled routing (read by the ``moe`` pass)."""
+
+    tokens: int
+    """Tokens routed."""
+    top_k: int
+    """Experts per token."""
+    active: int
+    """Experts that received at least one token."""
+    impl: Literal["bmm", "loop"]
+    """One ``bmm`` over equal loads, or one ``mm`` per expert."""
+
 
 BALANCED_ASSUMPTION = (
     "MoE routing is modelled, not computed: token-expert pairs are spread evenly over the experts "
@@ -74,12 +93,7 @@ def modelled_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, to
     pairs = sum(counts)
     active = len(counts)
     even = bool(counts) and all(c == counts[0] for c in counts)
-    self._opgraph_plan = {
-        "tokens": tokens,
-        "top_k": top_k,
-        "active": active,
-        "impl": "bmm" if even else "loop",
-    }
+    setattr(self, PLAN_ATTR, ExpertPlan(tokens, top_k, active, "bmm" if even else "loop"))
     device = hidden_states.device
     has_gate = getattr(self, "has_gate", True)
     transposed = getattr(self, "is_transposed", False)

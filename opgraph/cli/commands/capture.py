@@ -114,8 +114,8 @@ def capture(
     kinds = ", ".join(f"{k} {v['ops']}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["flops"]))
     console.print(f"{s['ops']} ops ({kinds}); {s['edges']} edges")
     console.print(f"{fmt_count(float(s['flops']), 'FLOP')}  {fmt_bytes(float(s['bytes']))} moved")  # type: ignore[arg-type]
-    if "host_timing_us" in md.capture:
-        console.print(f"host time between ops: {md.capture['host_timing_us']} us on {md.capture['host_timing_cpu']}")
+    if md.host_timing is not None:
+        console.print(f"host time between ops: {md.host_timing.total_us} us on {md.host_timing.cpu}")
     others = [o for o in graph.ops if o.kind.value == "other"]
     if others:
         console.print(f"unrecognised ops left as 'other': {len(others)}")
