@@ -39,6 +39,15 @@ BALANCED_ASSUMPTION = (
 )
 
 
+def is_experts_module(module: object) -> bool:
+    """Whether a module holds stacked expert weights (``gate_up_proj``/``up_proj`` of rank 3)."""
+    for attr in ("gate_up_proj", "up_proj"):
+        w = getattr(module, attr, None)
+        if w is not None and getattr(w, "ndim", 0) == 3:
+            return True
+    return False
+
+
 def skew_assumption(skew: float) -> str:
     """The assumption text for a skewed routing."""
     return (
@@ -148,7 +157,6 @@ def modelled_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, to
 
 def install(model: Any, skew: float = 0.0) -> int:
     """Run every stacked-experts module of ``model`` with modelled routing; returns how many."""
-    from opgraph.capture.lowering.moe import is_experts_module
 
     n = 0
     for module in model.modules():

@@ -75,7 +75,7 @@ class CoverageReport(BaseModel):
 
 def verify_graph(graph: OpGraph, expectation: Expectation, *, source: str = "", auto: bool = False) -> CoverageReport:
     """Count the ops of ``graph`` that make up each operator ``expectation`` names."""
-    from opgraph.catalog import operation_name
+    from opgraph.ir.configs import operation_name
 
     kernel_ops = [o for o in graph.ops if o.kind is not OpKind.VIEW]
     rows: list[OperatorCoverage] = []

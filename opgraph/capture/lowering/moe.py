@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from opgraph.capture.lowering.base import Lowering, float_inputs, last_dim, numel
-from opgraph.capture.moe_model import ExpertPlan
+from opgraph.capture.moe_model import ExpertPlan, is_experts_module
 from opgraph.ir.ops import OpKind
 
 _ROUTER_CLASS = re.compile(r"Router|TopkRouter|TopKRouter|MoeGate|MoEGate")
@@ -41,15 +41,6 @@ _DISPATCH = frozenset(
     }
 )
 _COMBINE = frozenset({"sum", "index_add", "index_add_", "scatter_add", "scatter_add_", "mul"})
-
-
-def is_experts_module(module: object) -> bool:
-    """Whether a module holds stacked expert weights (``gate_up_proj``/``up_proj`` of rank 3)."""
-    for attr in ("gate_up_proj", "up_proj"):
-        w = getattr(module, attr, None)
-        if w is not None and getattr(w, "ndim", 0) == 3:
-            return True
-    return False
 
 
 @dataclass(frozen=True)
