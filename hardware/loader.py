@@ -104,12 +104,19 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def spec_from_table(data: dict[str, Any], where: str, *, default_name: str = "") -> HardwareSpec:
+def spec_from_table(
+    data: dict[str, Any], where: str, *, default_name: str = "", root: Path | None = None
+) -> HardwareSpec:
     """Validate a raw table into a :class:`HardwareSpec`, resolving ``base = NAME`` first.
 
+    ``profile = FILE`` names the device's measured profile, relative to ``root`` (the folder of the
+    TOML); it is registered for the spec (:func:`hardware.profile.hardware_profile`), not a field of it.
     Errors name ``where`` (the file) and the field at fault.
     """
     data = dict(data)
+    profile = data.pop("profile", None)
+    if profile is not None and (not isinstance(profile, str) or not profile.strip()):
+        raise LoadError(f"profile: expected a file name, got {profile!r}", where=where)
     base_name = data.pop("base", None)
     if base_name is not None:
         if not isinstance(base_name, str):
@@ -129,9 +136,17 @@ def spec_from_table(data: dict[str, Any], where: str, *, default_name: str = "")
     elif "name" not in data and default_name:
         data["name"] = default_name
     try:
-        return HardwareSpec.model_validate(data)
+        spec = HardwareSpec.model_validate(data)
     except ValidationError as exc:
         raise LoadError(_format_validation(exc), where=where) from None
+    if profile is not None:
+        from hardware.profile import register_hardware_profile
+
+        path = Path(profile.strip())
+        if not path.is_absolute() and root is not None:
+            path = root / path
+        register_hardware_profile(spec.name, path)
+    return spec
 
 
 def load_hardware_file(path: str | Path) -> HardwareSpec:
@@ -148,7 +163,7 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
             )
         return spec_from_table(hw, f"{p} (hardware)")
     name = p.name.split(".")[0]
-    return spec_from_table(data, str(p), default_name=name)
+    return spec_from_table(data, str(p), default_name=name, root=p.parent)
 
 
 def _catalog_files() -> list[tuple[str, str]]:
@@ -161,6 +176,12 @@ def _catalog_files() -> list[tuple[str, str]]:
     )
 
 
+def _catalog_root() -> Path | None:
+    """The catalog folder on disk (where its profile files lie), when the package is a folder."""
+    root = Path(str(resources.files("hardware.catalog")))
+    return root if root.is_dir() else None
+
+
 @lru_cache(maxsize=1)
 def _catalog() -> tuple[tuple[HardwareSpec, ...], dict[str, HardwareSpec]]:
     specs: list[HardwareSpec] = []
@@ -171,7 +192,7 @@ def _catalog() -> tuple[tuple[HardwareSpec, ...], dict[str, HardwareSpec]]:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise LoadError(f"not valid TOML: {exc}", where=where) from None
-        spec = spec_from_table(data, where)
+        spec = spec_from_table(data, where, root=_catalog_root())
         for key in (spec.name, *spec.aliases):
             norm = normalize_name(key)
             if norm in index:
