@@ -58,7 +58,7 @@ from opgraph.ir import (
     TensorSpec,
 )
 from validators.configs import OpConfig, config_key
-from validators.replay import Replayer, ReplayOptions
+from validators.replay import DeviceLostError, Replayer, ReplayOptions
 from validators.results import ReplayResult, ReplayStatus
 from validators.timing import TimingConfig
 
@@ -411,7 +411,7 @@ def sweep_timing(device_type: str, *, sessions: int = 3, max_sessions: int = 5) 
         )  # fmt: skip
     return TimingConfig(
         cold_l2=True, warm_activations=True, warmup_ms=5.0, min_warmup=2, target_ci=0.01,
-        kernel_sessions=sessions, max_kernel_sessions=max(sessions, max_sessions), kernel_session_ms=5.0,
+        kernel_sessions=sessions, max_kernel_sessions=max(sessions, max_sessions), kernel_session_ms=3.0,
         kernel_max_time_s=1.5, device_warmup_s=1.0,
     )  # fmt: skip
 
@@ -524,17 +524,25 @@ def _append(path: Path, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _resume_state(parts: Path, device: ProfileDevice) -> tuple[dict[str, ProfilePoint], set[str], int]:
-    """Points done (ok), keys done (ok or failed) and unreadable lines of an earlier run's parts file."""
+def _resume_state(
+    parts: Path, device: ProfileDevice | None
+) -> tuple[ProfileDevice, dict[str, ProfilePoint], set[str], int]:
+    """The provenance, points done (ok), keys done (ok or failed) and unreadable lines of an earlier
+    run's parts file; a parts file of another device than ``device`` is refused."""
     header, records, bad = read_parts(parts)
-    if header is not None:
-        before = str(header.get("name", ""))
-        if before and before != device.name:
-            raise ProfileError(
-                f"the parts file was measured on {before!r}, this device is {device.name!r}",
-                where=str(parts),
-                hint="resume on the same device, or start over without --resume",
-            )
+    try:
+        before = ProfileDevice.model_validate(header) if header is not None else None
+    except ValidationError:
+        before = None
+    if device is not None and before is not None and before.name and before.name != device.name:
+        raise ProfileError(
+            f"the parts file was measured on {before.name!r}, this device is {device.name!r}",
+            where=str(parts),
+            hint="resume on the same device, or start over without --resume",
+        )
+    info = device or before
+    if info is None:
+        raise ProfileError("the parts file has no readable header (where the sweep ran)", where=str(parts))
     points: dict[str, ProfilePoint] = {}
     done: set[str] = set()
     for rec in records:
@@ -549,7 +557,7 @@ def _resume_state(parts: Path, device: ProfileDevice) -> tuple[dict[str, Profile
                 bad += 1
                 continue
         done.add(key)
-    return points, done, bad
+    return info, points, done, bad
 
 
 def run_profile(
@@ -578,6 +586,10 @@ def run_profile(
     out = Path(out)
     parts = parts_path(out)
     timing = timing or sweep_timing("cuda" if device.startswith("cuda") else "cpu")
+    if hardware:
+        from hardware import load_hardware
+
+        hardware = load_hardware(hardware).name
     rep = Replayer(device, sweep_options(timing))
     try:
         plan = points if points is not None else sweep_points(rep.device.type)
@@ -587,11 +599,12 @@ def run_profile(
         bad = 0
         out.parent.mkdir(parents=True, exist_ok=True)
         if resume and parts.exists():
-            done_points, done, bad = _resume_state(parts, info)
+            _, done_points, done, bad = _resume_state(parts, info)
         else:
             parts.write_text(json.dumps({"header": info.model_dump(mode="json")}) + "\n", encoding="utf-8")
         durations: list[float] = []
         stopped = False
+        lost: DeviceLostError | None = None
         n = len(plan)
         for i, sp in enumerate(plan, 1):
             if sp.key in done:
@@ -606,7 +619,13 @@ def run_profile(
                     break
             t0 = time.monotonic()
             cfg = OpConfig(key=sp.key, op=sp.op, count=1, op_ids=[0], warm_inputs=sp.warm_inputs)
-            result = rep.replay(cfg)
+            try:
+                result = rep.replay(cfg)
+            except DeviceLostError as exc:
+                _append(parts, {"key": sp.key, "failed": f"device lost: {exc.message}"[:300]})
+                done.add(sp.key)
+                lost = exc
+                break
             durations.append(time.monotonic() - t0)
             point = _point(sp, result)
             if point is not None:
@@ -617,11 +636,38 @@ def run_profile(
             done.add(sp.key)
             if on_point is not None:
                 on_point(i, n, sp, result)
-        profile = finish_profile(plan, done_points, done, info, timing, stopped=stopped, bad_lines=bad)
-        profile.save(out)
-        return profile
     finally:
         rep.close()
+    profile = finish_profile(plan, done_points, done, info, timing, stopped=stopped or lost is not None, bad_lines=bad)
+    profile.save(out)
+    if lost is not None:
+        raise ProfileError(
+            f"the device became unusable ({lost.message}); the profile holds the {len(done_points)} points measured",
+            where=str(out),
+            hint="rerun with --resume in a fresh process: the failed point is recorded and skipped",
+        )
+    return profile
+
+
+def profile_from_parts(
+    out: str | Path, points: list[SweepPoint], timing: TimingConfig, *, hardware: str = ""
+) -> DeviceProfile:
+    """Write the profile ``out`` from its parts file alone, measuring nothing (after a sweep was killed,
+    or to repair a truncated profile JSON): what is valid in the parts file is kept."""
+    out = Path(out)
+    parts = parts_path(out)
+    if not parts.exists():
+        raise ProfileError(
+            "no parts file to rebuild the profile from",
+            where=str(parts),
+            hint="run the sweep first (without --from-parts)",
+        )
+    info, points_done, done, bad = _resume_state(parts, None)
+    if hardware:
+        info = info.model_copy(update={"hardware": hardware})
+    profile = finish_profile(points, points_done, done, info, timing, bad_lines=bad)
+    profile.save(out)
+    return profile
 
 
 def finish_profile(
@@ -647,7 +693,7 @@ def finish_profile(
     if failed:
         notes.append(f"{failed} point(s) failed (see the parts file)")
     if bad_lines:
-        notes.append(f"{bad_lines} unreadable line(s) of the parts file skipped on resume")
+        notes.append(f"{bad_lines} unreadable line(s) of the parts file skipped (a cut last line after a kill)")
     host = [p.host_s for p in launch if p.host_s is not None]
     return DeviceProfile(
         device=device.model_copy(update={"sm_clock_mhz": statistics.median(clocks) if clocks else None}),

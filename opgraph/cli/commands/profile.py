@@ -10,6 +10,7 @@ import typer
 from opgraph.cli.common import console, err_console, fmt_us, handle_errors
 
 if TYPE_CHECKING:
+    from hardware import DeviceProfile
     from validators.profile import SweepPoint
     from validators.results import ReplayResult
 
@@ -35,6 +36,9 @@ def profile(
     kinds: str = typer.Option("", "--kinds", help="Only these op kinds, comma-separated (gemm,attention,...)."),
     max_points: int | None = typer.Option(None, "--max-points", help="Only the first N points of the sweep."),
     plan: bool = typer.Option(False, "--plan", help="Print the sweep's points and exit without measuring."),
+    from_parts: bool = typer.Option(
+        False, "--from-parts", help="Measure nothing: rewrite OUT from OUT.parts.jsonl (after a killed sweep)."
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary, no line per point."),
 ) -> None:
     """Measure a device profile: synthetic ops of every kind across the regimes models reach.
@@ -49,7 +53,7 @@ def profile(
     """
     from hardware import load_hardware
     from opgraph.ir import OpgraphError, OpKind
-    from validators.profile import run_profile, sweep_points, sweep_timing
+    from validators.profile import profile_from_parts, run_profile, sweep_points, sweep_timing
 
     wanted = [k.strip() for k in kinds.split(",") if k.strip()]
     valid = {k.value for k in OpKind}
@@ -88,14 +92,23 @@ def profile(
         took = f"{fmt_us(t.median_us)}" if t is not None else r.reason[:120]
         console.print(f"[{i}/{n}] {r.status.value:<11} {sp.series:<28} {sp.op.definition}  {took}")
 
+    timing = sweep_timing(device_type, sessions=sessions, max_sessions=max_sessions)
+    if from_parts:
+        prof = profile_from_parts(out, points, timing, hardware=hw_name)
+        _summary(out, prof)
+        return
     try:
         prof = run_profile(
             out, device, points=points, budget_s=budget_s, resume=resume, hardware=hw_name,
-            timing=sweep_timing(device_type, sessions=sessions, max_sessions=max_sessions), on_point=on_point,
+            timing=timing, on_point=on_point,
         )  # fmt: skip
     except KeyboardInterrupt:
         err_console().print(f"interrupted: points measured so far are in {out}.parts.jsonl; rerun with --resume")
         raise
+    _summary(out, prof)
+
+
+def _summary(out: Path, prof: DeviceProfile) -> None:
     state = "complete" if prof.complete else "incomplete"
     console.print(
         f"profile: {out} ({len(prof.points)} points of {prof.planned} planned, {state}) on "
