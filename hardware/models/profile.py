@@ -410,7 +410,7 @@ class ProfileModel:
         launch = (profile.launch_us if profile.launch_us is not None else hw.launch_latency_us) * 1e-6
         seconds = roof / eff
         bound = Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY
-        if seconds < launch:
+        if seconds < launch and f.size < regime.lo:  # under the sweep: never below an empty kernel
             seconds, bound = launch, Bound.LAUNCH
         notes = []
         if regime_name != f.regime:
