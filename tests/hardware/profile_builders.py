@@ -27,9 +27,8 @@ def norm_eff(nbytes: int) -> float:
 
 def point(op: OpBase, eff: float, hw: HardwareSpec, host_s: float | None = None, tag: str = "") -> ProfilePoint:
     """The point an op of efficiency ``eff`` would have measured on ``hw``."""
-    return ProfilePoint(
-        key=config_key(op) + tag, op=op, seconds=roofline_seconds(op, hw) / eff, host_s=host_s, tag=tag  # type: ignore[arg-type]
-    )
+    data = {"key": config_key(op) + tag, "op": op, "seconds": roofline_seconds(op, hw) / eff, "host_s": host_s}
+    return ProfilePoint.model_validate({**data, "tag": tag})
 
 
 def gemm_points(

@@ -22,7 +22,7 @@ from hardware import (
 )
 from hardware.models.profile import roofline_seconds
 from opgraph.ir import Attention, DType, Gemm, LoadError, Norm, SchemaVersionError
-from tests.hardware.profile_builders import gemm_eff, gemm_points, norm_eff, norm_points, synthetic_profile
+from tests.hardware.profile_builders import gemm_eff, gemm_points, norm_eff, synthetic_profile
 
 H100 = load_hardware("h100")
 
@@ -133,7 +133,7 @@ def test_profile_of_another_gpu_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "a100.profile.json"
     synthetic_profile(H100, hardware="a100-80gb").save(path)
     model = resolve_cost_model(str(path))
-    with pytest.raises(CostModelError, match="measured on 'a100-80gb'.*not 'h100-sxm'") as exc:
+    with pytest.raises(CostModelError, match=r"measured on 'a100-80gb'.*not 'h100-sxm'") as exc:
         model.estimate(Gemm(id=0, m=8, n=4096, k=4096), H100)
     assert str(path) in exc.value.one_line()
     unchecked = resolve_cost_model(str(path), check_hardware="false")
