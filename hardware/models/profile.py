@@ -17,7 +17,10 @@ Past the largest (or under the smallest) measured size the efficiency stays that
 the roofline carries the op across a regime boundary (a GEMM measured at decode sizes is never
 scaled by FLOPs into a prefill). Such costs say "extrapolated" in their detail; beyond
 :data:`FAR` times the sweep's range a :class:`ProfileExtrapolationWarning` says so once per model.
-Kinds the profile did not measure go to the datasheet roofline, and say so.
+Outside the sweep no op is predicted below the profile's launch floor (an empty kernel). Kinds
+the profile did not measure go to the datasheet roofline, and say so. The host time to issue an
+op (``Cost.host_s``) is the median measured for its regime, else its kind, else the profile's
+time per aten call.
 """
 
 from __future__ import annotations
@@ -405,13 +408,13 @@ class ProfileModel:
             return dataclasses.replace(cost, host_s=self._host_s(profile, idx, f))
         regime, regime_name, dtype = found
         log_eff, used, outside = self._interpolate(regime, f)
-        shape_far = regime.shape_outside(f.shape)
         eff = math.exp(log_eff)
         launch = (profile.launch_us if profile.launch_us is not None else hw.launch_latency_us) * 1e-6
         seconds = roof / eff
         bound = Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY
-        if seconds < launch and f.size < regime.lo:  # under the sweep: never below an empty kernel
-            seconds, bound = launch, Bound.LAUNCH
+        shape_far = regime.shape_outside(f.shape)
+        if seconds < launch and (outside > 1e-9 or shape_far > 1e-9):
+            seconds, bound = launch, Bound.LAUNCH  # outside the sweep: never below an empty kernel
         notes = []
         if regime_name != f.regime:
             notes.append(f"no {f.regime} points, from {regime_name}")
