@@ -140,13 +140,25 @@ def spec_from_table(
     except ValidationError as exc:
         raise LoadError(_format_validation(exc), where=where) from None
     if profile is not None:
-        from hardware.profile import register_hardware_profile
-
         path = Path(profile.strip())
         if not path.is_absolute() and root is not None:
             path = root / path
         register_hardware_profile(spec.name, path)
     return spec
+
+
+_PROFILES: dict[str, Path] = {}
+"""Device name (normalised) to the profile file its TOML names."""
+
+
+def register_hardware_profile(hw_name: str, path: str | Path) -> None:
+    """Make ``path`` the measured profile of the device named ``hw_name`` (``profile = ...`` in a TOML does it)."""
+    _PROFILES[normalize_name(hw_name)] = Path(path)
+
+
+def named_profile(hw_name: str) -> Path | None:
+    """The profile file registered for the device named ``hw_name``, or ``None``."""
+    return _PROFILES.get(normalize_name(hw_name))
 
 
 def load_hardware_file(path: str | Path) -> HardwareSpec:

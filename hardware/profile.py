@@ -216,23 +216,12 @@ def _lines(path: Path) -> Iterator[str]:
 
 # -- which profile a device ships with --------------------------------------------------------------
 
-_PROFILES: dict[str, Path] = {}
-
-
-def register_hardware_profile(hw_name: str, path: str | Path) -> None:
-    """Make ``path`` the profile of the device named ``hw_name`` (the loader does it for ``profile = ...``)."""
-    from hardware.loader import normalize_name
-
-    _PROFILES[normalize_name(hw_name)] = Path(path)
-
-
 def hardware_profile(hw: HardwareSpec | str) -> Path | None:
     """The profile file the device's TOML names (``profile = ...``), or ``None`` when it ships none.
 
     >>> hardware_profile("a6000") is None
     True
     """
-    from hardware.loader import load_hardware, normalize_name
+    from hardware.loader import load_hardware, named_profile
 
-    name = hw.name if isinstance(hw, HardwareSpec) else load_hardware(hw).name
-    return _PROFILES.get(normalize_name(name))
+    return named_profile(hw.name if isinstance(hw, HardwareSpec) else load_hardware(hw).name)
