@@ -120,6 +120,7 @@ DENSE_NK: tuple[tuple[str, int, int], ...] = (
     ("qwen3moe.o", 2048, 4096),
     ("qwen3moe.router", 128, 2048),
     ("mixtral.router", 8, 4096),
+    ("llama1b.lm_head", 128256, 2048),
 )
 """(name, n, k) of the linear layers of common model families."""
 
@@ -297,6 +298,30 @@ def _gpu_sweep() -> list[SweepPoint]:
         pts += _series(f"ew.{fn}", ops, base=0)
     for fn in ("cos", "sin", "rsqrt"):
         pts += _series(f"ew.{fn}", (Elementwise(id=0, fn=fn, numel=t * 128, hidden=128) for t in TOKENS[::2]), base=2)
+    # RoPE's tables as transformers builds them: in float32.
+    f32 = DType.fp32
+    for fn in ("cos", "sin", "mul", "add"):
+        ops = (Elementwise(id=0, fn=fn, numel=t * 128, hidden=128, dtype=f32) for t in TOKENS[::2])
+        pts += _series(f"ew.fp32.{fn}", ops, base=1 if fn in ("cos", "mul") else 2)
+    fill = (Memory(id=0, fn="fill", numel=n, dtype=f32) for n in (1, 128, 2048, 16384))
+    pts += _series("mem.fill.fp32", fill, base=2)
+    cat32 = (
+        Memory(
+            id=0, fn="cat", numel=t * 128, dtype=f32,
+            inputs=(TensorSpec(shape=(t, 64), dtype=f32), TensorSpec(shape=(t, 64), dtype=f32)),
+            outputs=(TensorSpec(shape=(t, 128), dtype=f32),),
+        )
+        for t in TOKENS[::2]
+    )  # fmt: skip
+    pts += _series("mem.cat.fp32", cat32, base=2)
+    cast32 = (
+        Memory(
+            id=0, fn="cast", numel=t * 128, dtype=f32, inputs=(TensorSpec(shape=(t, 128), dtype=f32),),
+            outputs=(TensorSpec(shape=(t, 128), dtype=DType.bf16),),
+        )
+        for t in TOKENS[::2]
+    )  # fmt: skip
+    pts += _series("mem.cast.fp32", cast32, base=2)
     for cols in (128, 4096):
         pts += _series(f"softmax.c{cols}", (Softmax(id=0, rows=t, cols=cols) for t in TOKENS), base=1)
     sizes = [4**i for i in range(5, 15)]  # 1 Ki .. 256 Mi elements
