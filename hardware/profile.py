@@ -222,6 +222,7 @@ def hardware_profile(hw: HardwareSpec | str) -> Path | None:
     >>> hardware_profile("a6000") is None
     True
     """
-    from hardware.loader import load_hardware, named_profile
+    from hardware.loader import list_hardware, load_hardware, named_profile
 
+    list_hardware()  # the catalog registers its profiles as it loads (once)
     return named_profile(hw.name if isinstance(hw, HardwareSpec) else load_hardware(hw).name)
