@@ -41,7 +41,7 @@ def profile(
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary, no line per point."),
 ) -> None:
-    """Measure a device profile: synthetic ops of every kind across the regimes models reach.
+    """Measure a device profile: synthetic ops of every kind, in the regimes models reach.
 
     GEMMs (m from 1 to 16k over the shapes of Llama, Qwen2.5, Qwen3-MoE, Mixtral; bf16, some fp16
     and fp32), attention decode and prefill, norms, RoPE, activations, elementwise, softmax,
