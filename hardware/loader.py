@@ -162,7 +162,8 @@ def named_profile(hw_name: str) -> Path | None:
 
 
 def load_hardware_file(path: str | Path) -> HardwareSpec:
-    """A :class:`HardwareSpec` from a TOML/JSON file, or the spec inside a calibrated cost table."""
+    """A :class:`HardwareSpec` from a TOML/JSON file, the spec inside a calibrated cost table, or the
+    catalog device a device profile (``opgraph profile``) was measured on."""
     p = Path(path)
     data = _read_table(p)
     if data.get("format") == "opgraph.cost_table" or "entries" in data:
@@ -174,6 +175,19 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
                 hint="give --hardware NAME as well, or re-run `opgraph calibrate`",
             )
         return spec_from_table(hw, f"{p} (hardware)")
+    if data.get("format") == "opgraph.device_profile":
+        device = data.get("device")
+        hw_name = device.get("hardware") if isinstance(device, dict) else None
+        if not isinstance(hw_name, str) or not hw_name:
+            raise LoadError(
+                "this device profile names no catalog device",
+                where=str(p),
+                hint="give --hardware NAME (the device it was measured on) and -c with the profile",
+            )
+        try:
+            return catalog_spec(hw_name)
+        except UnknownHardwareError as exc:
+            raise LoadError(f"the profile's device: {exc.message}", where=str(p), hint=exc.hint) from None
     name = p.name.split(".")[0]
     return spec_from_table(data, str(p), default_name=name, root=p.parent)
 

@@ -211,3 +211,12 @@ def test_efficiency_is_finite_for_every_measured_point() -> None:
     idx = model.index(H100)
     assert idx.skipped == 0
     assert all(math.isfinite(v) for r in idx.regimes.values() for g in r.groups for v in g.log_eff)
+
+
+def test_hardware_option_reads_the_device_a_profile_was_measured_on(tmp_path: Path) -> None:
+    path = tmp_path / "h.profile.json"
+    synthetic_profile(H100).save(path)
+    assert load_hardware(path).name == "h100-sxm"
+    synthetic_profile(H100, hardware="").save(path)
+    with pytest.raises(LoadError, match="names no catalog device"):
+        load_hardware(path)
