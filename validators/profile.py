@@ -740,6 +740,27 @@ def finish_profile(
     )
 
 
+def profile_from_replays(results: Iterable[ReplayResult], *, hardware: str = "", name: str = "") -> DeviceProfile:
+    """A :class:`DeviceProfile` of replay results (``opgraph replay`` JSONL, :func:`validators.load_results`):
+    each ok config a point, its host issue time included. For profiles of a model's own ops (what
+    leave-one-out evaluations exclude) or to extend a sweep with captured configs."""
+    points: dict[str, ProfilePoint] = {}
+    device = ""
+    for r in results:
+        t = r.timing
+        if r.status is not ReplayStatus.OK or t is None or r.key in points:
+            continue
+        device = device or r.device_name
+        points[r.key] = ProfilePoint(
+            key=r.key, op=r.op, seconds=t.median_us * 1e-6, spread_s=t.iqr_us * 1e-6, samples=t.samples,
+            host_s=t.host_us * 1e-6 if t.host_us is not None else None, sm_clock_mhz=t.sm_clock_mhz,
+        )  # fmt: skip
+    info = ProfileDevice(name=name or device, hardware=hardware or guess_hardware(name or device))
+    return DeviceProfile(
+        device=info, points=tuple(points.values()), planned=len(points), notes=("from replay results",)
+    )
+
+
 def estimated_seconds(points: list[SweepPoint], per_point_s: float = 0.35) -> float:
     """A rough wall time of a sweep on a GPU (profiler sessions dominate small points)."""
     return math.ceil(len(points) * per_point_s)

@@ -19,6 +19,7 @@ from validators.profile import (
     coarse_to_fine,
     guess_hardware,
     profile_from_parts,
+    profile_from_replays,
     run_profile,
     sweep_points,
     sweep_timing,
@@ -187,3 +188,19 @@ def test_simulate_with_a_device_that_ships_a_profile(tmp_path: Path) -> None:
     assert code == 0 and json.loads(text[text.index("{") :])["serial_us"] != pytest.approx(expected, rel=1e-3)
     code, text = _cli("simulate", GRAPH, "-H", "a6000", "-c", "profile")
     assert code == 2 and "a6000 ships no measured profile" in text
+
+
+REPLAYS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu" / "h100"
+
+
+@pytest.mark.skipif(not (REPLAYS / "llama8b_prefill2048.replay.jsonl").exists(), reason="committed H100 replays absent")
+def test_profile_from_replays_reproduces_each_measured_config() -> None:
+    from validators import load_results
+
+    results = load_results(REPLAYS / "llama8b_prefill2048.replay.jsonl")
+    prof = profile_from_replays(results)
+    assert prof.device.hardware == "h100-sxm" and len(prof.points) == len({r.key for r in results if r.status.value == "ok"})
+    model = ProfileModel(prof)
+    hw = load_hardware("h100")
+    for p in prof.points:
+        assert model.estimate(p.op, hw).seconds == pytest.approx(p.seconds, rel=1e-9), p.op.definition
