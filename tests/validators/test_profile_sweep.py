@@ -199,7 +199,9 @@ def test_profile_from_replays_reproduces_each_measured_config() -> None:
 
     results = load_results(REPLAYS / "llama8b_prefill2048.replay.jsonl")
     prof = profile_from_replays(results)
-    assert prof.device.hardware == "h100-sxm" and len(prof.points) == len({r.key for r in results if r.status.value == "ok"})
+    assert prof.device.hardware == "h100-sxm" and len(prof.points) == len(
+        {r.key for r in results if r.status.value == "ok"}
+    )
     model = ProfileModel(prof)
     hw = load_hardware("h100")
     for p in prof.points:
