@@ -664,6 +664,10 @@ def run_profile(
     finally:
         rep.close()
     profile = finish_profile(plan, done_points, done, info, timing, stopped=stopped or lost is not None, bad_lines=bad)
+    guessed = guess_hardware(info.name) if info.device_type == "cuda" else ""
+    if guessed and info.hardware and guessed != info.hardware:
+        note = f"measured on {info.name!r}, which looks like {guessed}, for --hardware {info.hardware}"
+        profile = profile.model_copy(update={"notes": (*profile.notes, note)})
     profile.save(out)
     if lost is not None:
         raise ProfileError(
