@@ -1,0 +1,234 @@
+"""The held-out accuracy proof (issue 18): recomputed on the CPU from the committed GPU data.
+
+``benchmarks/gpu/heldout.py`` measured unmodified HF models on the device; ``benchmarks/heldout_report.py``
+captures each on meta, simulates it and compares. Here the table is recomputed from the committed
+data (``benchmarks/results/gpu/h100/heldout``), checked against the committed report, and the issue's
+targets are asserted for the cost model that is the CLI's default. Before that data exists those
+tests skip; the whole pipeline is still exercised on tiny fake data made on the CPU in a tmp folder
+(``heldout.py --device cpu --tiny``: leaf aten ops stand in for kernels).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+RESULTS = REPO / "benchmarks" / "results" / "gpu" / "h100" / "heldout"
+
+# The issue's targets (issue 18, "Prove it"): on every case, GPU time within 5% and wall time within
+# 10% (median of at least 9 runs); median per-op error within 10% (ops of 5 us or more).
+GPU_TARGET = 0.05
+WALL_TARGET = 0.10
+MEDIAN_OP_TARGET = 0.10
+MIN_RUNS = 9
+MIN_CASES = 10
+# The project's own benchmark cases, which a held-out case must not be: (preset, phase, batch, tokens).
+BENCHMARK_CASES = {
+    ("llama-3.1-8b", "prefill", 1, 2048),
+    ("llama-3.1-8b", "decode", 8, 2048),
+    ("qwen3-30b-a3b", "prefill", 1, 1024),
+}
+REL = 1e-6
+"""Recomputed numbers must equal the committed report's (the pipeline is deterministic)."""
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+report_mod = _load("heldout_report", REPO / "benchmarks" / "heldout_report.py")
+heldout_mod = _load("heldout_gpu", REPO / "benchmarks" / "gpu" / "heldout.py")
+
+
+def _tokens(s: dict[str, Any]) -> int:
+    return int(s["seq_len"] if s["phase"] == "prefill" else s["kv_len"])
+
+
+def reproduction_gaps(recomputed: dict[str, Any], committed: dict[str, Any]) -> list[str]:
+    """Where the recomputed table differs from the committed report (empty: reproduced)."""
+    gaps: list[str] = []
+    got = {r["case"]: r for r in recomputed["cases"]}
+    want = {r["case"]: r for r in committed["cases"]}
+    if set(got) != set(want):
+        gaps.append(f"cases differ: {sorted(set(got) ^ set(want))}")
+    for name in sorted(set(got) & set(want)):
+        for label, w in want[name]["predicted"].items():
+            g = got[name]["predicted"].get(label)
+            if g is None:
+                gaps.append(f"{name}: no {label} row recomputed")
+                continue
+            for key in ("gpu_err", "wall_err", "median_op_err"):
+                a, b = g.get(key), w.get(key)
+                if (a is None) != (b is None) or (a is not None and not math.isclose(a, b, rel_tol=REL, abs_tol=REL)):
+                    gaps.append(f"{name} {label} {key}: recomputed {a}, committed {b}")
+    return gaps
+
+
+def target_misses(report: dict[str, Any], label: str) -> list[str]:
+    """The cases where the ``label`` cost model misses a target (``n/a`` per-op errors are listed too)."""
+    misses: list[str] = []
+    for r in report["cases"]:
+        p = r["predicted"].get(label)
+        if p is None:
+            misses.append(f"{r['case']}: no {label} prediction")
+            continue
+        if p["gpu_err"] is None or abs(p["gpu_err"]) > GPU_TARGET:
+            misses.append(f"{r['case']}: GPU time {p['gpu_err']}")
+        if p["wall_err"] is None or abs(p["wall_err"]) > WALL_TARGET:
+            misses.append(f"{r['case']}: wall time {p['wall_err']}")
+        if p["median_op_err"] is None or p["median_op_err"] > MEDIAN_OP_TARGET:
+            misses.append(f"{r['case']}: median per-op error {p['median_op_err']}")
+    return misses
+
+
+# ---------------------------------------------------------------- the committed GPU data
+@pytest.fixture(scope="module")
+def committed() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(recomputed report, committed report) of the committed data."""
+    if not (RESULTS / "summary.json").is_file() or not (RESULTS / "report.json").is_file():
+        pytest.skip(f"no committed held-out GPU data yet ({RESULTS.relative_to(REPO)}/summary.json, report.json)")
+    return report_mod.build_report(RESULTS), json.loads((RESULTS / "report.json").read_text())
+
+
+def test_committed_report_is_reproduced_on_the_cpu(committed: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    recomputed, report = committed
+    assert reproduction_gaps(recomputed, report) == []
+    assert recomputed["cli_default_cost_model"] == report["cli_default_cost_model"]
+
+
+def test_committed_cases_cover_the_issue(committed: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    recomputed, _ = committed
+    rows = recomputed["cases"]
+    assert len(rows) >= MIN_CASES
+    assert not any(r["fake_device"] for r in rows)
+    settings = [r["settings"] for r in rows]
+    assert {r["preset"] for r in rows} >= {"llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b"}
+    assert {r["preset"] for r in rows} & {"qwen3-30b-a3b"} and {r["preset"] for r in rows} & {"mixtral-8x7b"}
+    assert {s["phase"] for s in settings} == {"prefill", "decode"}
+    assert {s["dtype"] for s in settings} == {"bf16", "fp16"}
+    assert all(1 <= s["batch"] <= 32 and 512 <= _tokens(s) <= 8192 for s in settings)
+    assert all(r["measured"]["runs"] >= MIN_RUNS for r in rows)
+    held = {(r["preset"], r["settings"]["phase"], r["settings"]["batch"], _tokens(r["settings"])) for r in rows}
+    assert not held & BENCHMARK_CASES
+
+
+def test_targets_hold_for_the_cli_default_cost_model(committed: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    recomputed, _ = committed
+    label = recomputed["cli_default_cost_model"]
+    assert target_misses(recomputed, label) == []
+
+
+# ---------------------------------------------------------------- the pipeline, on fake CPU data
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """Tiny models 'measured' on the CPU by heldout.py, and the report built from them."""
+    out = tmp_path_factory.mktemp("heldout")
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu" / "heldout.py"), "--device", "cpu", "--tiny", "--runs", "3",
+         "--out", str(out)],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return out, report_mod.build_report(out)
+
+
+def test_fake_data_goes_through_the_whole_report(fake: tuple[Path, dict[str, Any]]) -> None:
+    out, report = fake
+    summary = json.loads((out / "summary.json").read_text())
+    assert [c["case"] for c in summary["cases"]] == [r["case"] for r in report["cases"]]
+    assert "roofline" in report["cost_models"]
+    for r in report["cases"]:
+        case = json.loads((out / f"{r['case']}.json").read_text())
+        roof = r["predicted"]["roofline"]
+        # The errors are against the median of the measured runs, not the kept trace's run.
+        assert roof["gpu_err"] == pytest.approx(roof["gpu_us"] / case["gpu_us"]["median"] - 1)
+        assert roof["wall_err"] == pytest.approx(roof["wall_us"] / case["wall_us"]["median"] - 1)
+        assert r["fake_device"]
+    md = report_mod.render_markdown(report)
+    assert all(r["case"] in md for r in report["cases"]) and "CPU smoke data" in md
+
+
+def test_dense_models_kernels_are_attributed_to_ops(fake: tuple[Path, dict[str, Any]]) -> None:
+    _, report = fake
+    dense = [r for r in report["cases"] if r["preset"] not in ("mixtral-8x7b", "qwen3-30b-a3b")]
+    assert dense
+    for r in dense:
+        att = r["attribution"]
+        assert att["aligned"], att
+        assert att["attributed_share"] > 0.9
+        assert r["predicted"]["roofline"]["median_op_err"] is not None
+        assert r["predicted"]["roofline"]["matched_ops"] > 0
+
+
+def test_the_kept_trace_is_the_run_it_names(fake: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = fake
+    for p in sorted(out.glob("*.json")):
+        if p.name in ("summary.json",) or p.name.endswith(".config.json"):
+            continue
+        case = json.loads(p.read_text())
+        with gzip.open(out / case["trace_file"], "rt") as f:
+            trace = json.load(f)
+        runs = heldout_mod.split_runs(trace)
+        assert [r["index"] for r in runs] == [case["trace_run"]]
+        assert runs[0]["gpu_us"] == pytest.approx(case["trace_gpu_us"])
+        assert case["trace_gpu_us"] in case["gpu_us"]["runs"]
+        assert len(case["gpu_us"]["runs"]) == len(case["wall_us"]["runs"]) == case["runs"]
+
+
+def test_a_written_report_is_reproduced_and_the_checks_can_fail(
+    fake: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    out, report = fake
+    report_mod.write_report(report, tmp_path)
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert reproduction_gaps(report_mod.build_report(out), written) == []
+    first = written["cases"][0]["case"]
+    written["cases"][0]["predicted"]["roofline"]["gpu_err"] += 0.01
+    a, b = (
+        report["cases"][0]["predicted"]["roofline"]["gpu_err"],
+        written["cases"][0]["predicted"]["roofline"]["gpu_err"],
+    )
+    assert reproduction_gaps(report, written) == [f"{first} roofline gpu_err: recomputed {a}, committed {b}"]
+    # The roofline against CPU stand-in kernels misses every target; a perfect prediction meets them.
+    assert target_misses(report, "roofline")
+    perfect = {"gpu_err": 0.0, "wall_err": 0.0, "median_op_err": 0.0}
+    ok = {"cases": [{"case": r["case"], "predicted": {"roofline": perfect}} for r in report["cases"]]}
+    assert target_misses(ok, "roofline") == []
+
+
+def test_report_cli_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "heldout_report.py"), str(tmp_path / "missing")],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "missing" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "heldout_report.py"), str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2 and "summary.json" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_measurement_needs_nine_runs() -> None:
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu" / "heldout.py"), "--out", "/nonexistent", "--runs", "5"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2 and "--runs" in res.stderr
