@@ -16,7 +16,9 @@ of opgraph's preset configs cut to a few layers. Per case:
    (kernels, memcpy, memset), the definition of the ``gpu_time`` row of ``opgraph compare``
    (``Timeline.device_spans``); the union of their intervals (``busy_us``) is kept beside it.
    The trace of ONE run (the one with the median GPU time) is kept, trimmed to that run
-   (``<case>.trace.json.gz``), for per-op errors computed on the CPU later;
+   (``<case>.trace.json.gz``), for per-op errors computed on the CPU later; in the profiled runs every
+   module call is a profiler range named by its module path, so the report can line the trace's
+   aten calls up with a meta recording module by module;
 4. PyTorch's ``RuntimeEstimator`` on the same phase (as ``benchmarks/gpu/accuracy.py`` computes it:
    roofline mode, FakeTensorMode, eager attention), a side-by-side baseline that needs the device.
 
@@ -49,6 +51,8 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +218,45 @@ class Phase:
     def run(self, cache: Any) -> None:
         out = self._forward(self.ids, cache)
         del out
+
+
+MODULE_RANGE = "heldout_mod:"
+"""Profiler range around each module call of a profiled run (``heldout_mod:model.layers.0.mlp``): the
+module scope of every aten call, which lets the report line the trace up with a recording module by
+module (a module whose calls differ, such as an MoE block run as the model routes, stays apart)."""
+
+
+@contextmanager
+def module_ranges(model: Any) -> Iterator[None]:
+    """While inside: every call of a submodule of ``model`` is a profiler range named by its path."""
+    import torch
+
+    names = {id(m): n for n, m in model.named_modules()}
+    open_ranges: list[Any] = []
+
+    def pre(module: Any, _args: Any) -> None:
+        name = names.get(id(module))
+        rf = torch.autograd.profiler.record_function(f"{MODULE_RANGE}{name}") if name is not None else None
+        if rf is not None:
+            rf.__enter__()  # type: ignore[no-untyped-call]
+        open_ranges.append(rf)
+
+    def post(module: Any, _args: Any, _out: Any) -> None:
+        rf = open_ranges.pop() if open_ranges else None
+        if rf is not None:
+            rf.__exit__(None, None, None)
+
+    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    h2 = torch.nn.modules.module.register_module_forward_hook(post)
+    try:
+        yield
+    finally:
+        h1.remove()
+        h2.remove()
+        while open_ranges:  # a forward that raised left its ranges open
+            rf = open_ranges.pop()
+            if rf is not None:
+                rf.__exit__(None, None, None)
 
 
 def sync(device: str) -> None:
@@ -453,7 +496,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
     clock_after_runs = sm_clock() if device == "cuda" else None
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=acts, record_shapes=False) as prof:
+    with profile(activities=acts, record_shapes=False) as prof, module_ranges(model):
         for i in range(args.runs):
             cache = phase.fresh()
             sync(device)
@@ -494,6 +537,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
         "fake_device": device != "cuda",
         "attention": "sdpa (HF eager modules)",
         "moe_routing": "the model's own router (unmodified)",
+        "experts_implementation": str(getattr(config, "_experts_implementation", None)),
         "runs": args.runs,
         "wall_us": stats(walls),
         "gpu_us": stats(gpu),
