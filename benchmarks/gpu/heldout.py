@@ -386,6 +386,9 @@ def trim_to_run(trace: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
         elif e.get("cat") in DEVICE_CATS or str(e.get("cat", "")).startswith("gpu_"):
             continue
         elif "ts" in e and lo <= float(e["ts"]) <= hi:
+            if e.get("cat") in ("cpu_op", "user_annotation") and isinstance(e.get("args"), dict):
+                # Keep the trace small: host ops keep only the id that links them to their kernels.
+                e = {**e, "args": {k: v for k, v in e["args"].items() if k == "External id"}}
             host.append(e)
             if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {}):
                 keep_corr.add(e["args"]["correlation"])

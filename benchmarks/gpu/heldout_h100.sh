@@ -7,7 +7,7 @@
 # Run from the repo root on the GPU machine:  OUT=/path/to/out bash benchmarks/gpu/heldout_h100.sh
 # About 6-7 minutes on an H100 (cases over the budget are skipped with a note; the whole command
 # stays under 8 minutes). Writes $OUT/heldout.tar.gz (heldout/: summary.json, log.txt and per case
-# CASE.json, CASE.config.json, CASE.trace.json.gz) and $OUT/heldout_summary.json.
+# CASE.json, CASE.config.json, CASE.trace.json.gz), $OUT/heldout_summary.json and $OUT/heldout_log.txt.
 # Then, on any machine: python benchmarks/heldout_report.py heldout.tar.gz (the CPU-side report).
 set -uo pipefail
 . benchmarks/gpu/env.sh
@@ -25,6 +25,7 @@ timeout -k 10 "$LIMIT" $PY benchmarks/gpu/heldout.py --out "$DIR" --budget-s "$B
 rc=${PIPESTATUS[0]}
 echo "heldout.py exit status $rc" | tee -a "$DIR/log.txt"
 [ -f "$DIR/summary.json" ] && cp "$DIR/summary.json" "$OUT/heldout_summary.json"
+cp "$DIR/log.txt" "$OUT/heldout_log.txt"
 tar -czf "$OUT/heldout.tar.gz" -C "$OUT" heldout && rm -rf "$DIR"
 ls -la "$OUT"
 exit "$rc"
