@@ -116,39 +116,27 @@ def _tree(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 MIN_ATTRIBUTED_SHARE = 0.5
 """Per-op errors are reported when at least this share of the run's device time is given to ops."""
-MAX_SKIPPED_SHARE = 0.02
-"""Recorded calls the trace may lack (another transformers version, a device-only path) before per-op is n/a."""
-WINDOW = 16
-"""How far ahead a tolerant alignment looks for a call's name among the recorded calls."""
+MAX_MISSING_SHARE = 0.1
+"""Recorded calls the trace may lack (another transformers version, a device-only path) before a part
+of the run is left out of the per-op errors."""
 
 
 def owners_of_calls(
-    calls: Sequence[dict[str, Any]], names: Sequence[str], event_op: Sequence[int | None], window: int = 0
+    calls: Sequence[dict[str, Any]], names: Sequence[str], event_op: Sequence[int | None]
 ) -> tuple[list[int | None], int, int]:
-    """The op of each top-level call, how many recorded calls were found (in order, by name) and how
-    many of them were skipped.
+    """The op of each top-level call, and how many recorded calls were found and missed (in order, by name).
 
     As :func:`opgraph.capture.hosttime.owned_calls`: recorded calls (``aten::mm``) are looked for depth
     first, not inside a matched call; a call's owner is the op of the first owned recorded call in it.
-    With ``window``, a call whose name is not the next recorded one but is among the ``window`` after it
-    (and does not hold the next one inside) skips the recorded calls in between (they are missing).
     """
-    k = skipped = 0
+    k = 0
     n = len(names)
 
-    def holds(e: dict[str, Any], name: str) -> bool:
-        return any(c["name"] == name or holds(c, name) for c in e["children"])
-
     def walk(e: dict[str, Any]) -> int | None:
-        nonlocal k, skipped
+        nonlocal k
         if k < n and e["name"] == names[k]:
             k += 1
             return event_op[k - 1]
-        if window and k < n and e["name"] in names[k + 1 : k + 1 + window] and not holds(e, names[k]):
-            j = names.index(e["name"], k + 1, k + 1 + window)
-            skipped += j - k
-            k = j + 1
-            return event_op[j]
         owner = None
         for c in e["children"]:
             o = walk(c)
@@ -156,7 +144,7 @@ def owners_of_calls(
         return owner
 
     owners = [walk(c) for c in calls]
-    return owners, k - skipped, skipped + (n - k)
+    return owners, k, n - k
 
 
 def recorded_calls(
@@ -199,14 +187,51 @@ def _segments(keys: Sequence[str | None]) -> list[tuple[str | None, int, int]]:
     return segs
 
 
+def flat_names(calls: Sequence[dict[str, Any]], known: set[str]) -> list[tuple[int, str]]:
+    """(top-level call index, name) of every call with a recorded name, outermost first, not looking
+    inside one (the rule of :func:`owners_of_calls`), in order."""
+    out: list[tuple[int, str]] = []
+
+    def walk(i: int, e: dict[str, Any]) -> None:
+        if e["name"] in known:
+            out.append((i, e["name"]))
+            return
+        for c in e["children"]:
+            walk(i, c)
+
+    for i, c in enumerate(calls):
+        walk(i, c)
+    return out
+
+
+def owners_by_diff(
+    calls: Sequence[dict[str, Any]], names: Sequence[str], ops: Sequence[int | None]
+) -> tuple[list[int | None], int, int]:
+    """As :func:`owners_of_calls`, when the trace and the recording differ here and there (another
+    transformers version, a device-only path, the caller's own ops): the trace's recorded-name calls
+    and the recorded calls are matched as sequences (``difflib``); unmatched ones own nothing."""
+    flat = flat_names(calls, set(names))
+    matcher = difflib.SequenceMatcher(None, [n for _, n in flat], list(names), autojunk=False)
+    owners: list[int | None] = [None] * len(calls)
+    found = 0
+    for a, b, size in matcher.get_matching_blocks():
+        for t in range(size):
+            call = flat[a + t][0]
+            if owners[call] is None:
+                owners[call] = ops[b + t]
+        found += size
+    return owners, found, len(names) - found
+
+
 def _align(
     calls: Sequence[dict[str, Any]], names: Sequence[str], ops: Sequence[int | None]
 ) -> tuple[list[int | None], int, int]:
-    """Exact alignment, else tolerant; owners all ``None`` when too many recorded calls are missing."""
+    """Exact alignment, else by sequence matching; owners all ``None`` when too many recorded calls are
+    missing for the pairing to be trusted."""
     owners, found, missing = owners_of_calls(calls, names, ops)
     if missing:
-        owners, found, missing = owners_of_calls(calls, names, ops, WINDOW)
-        if missing > MAX_SKIPPED_SHARE * len(names):
+        owners, found, missing = owners_by_diff(calls, names, ops)
+        if missing > MAX_MISSING_SHARE * len(names):
             return [None] * len(calls), 0, len(names)
     return owners, found, missing
 
@@ -289,7 +314,14 @@ def attribute(
     if run is None:
         raise ReportError("the trace has no heldout_run_ range")
     tid = run.get("tid")
-    calls = _tree([e for e in evs if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e.get("tid") == tid])
+    lo, hi = float(run["ts"]), float(run["ts"]) + float(run.get("dur", 0))
+    calls = _tree(
+        [
+            e
+            for e in evs
+            if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e.get("tid") == tid and lo <= float(e["ts"]) <= hi
+        ]
+    )
     ranges = sorted(
         (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e["name"])[len(MODULE_RANGE) :])
         for e in evs
@@ -311,6 +343,8 @@ def attribute(
         if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
             continue
         t = launch.get(e.get("args", {}).get("correlation"))
+        if t is not None and not lo <= t <= hi:
+            continue  # launched outside the run
         op: int | None = None
         if t is not None:
             i = bisect.bisect_right(starts, t) - 1

@@ -358,19 +358,19 @@ def split_runs(trace: dict[str, Any]) -> list[dict[str, Any]]:
             continue
         i = bisect.bisect_right(starts, t) - 1
         if i >= 0 and t <= runs[i]["end"]:
-            runs[i]["spans"].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))))
+            runs[i]["spans"].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), float(e.get("dur", 0))))
     out = []
     for r in runs:
         spans = r.pop("spans")
         busy, cur_s, cur_e = 0.0, None, 0.0
-        for s, e in sorted(spans):
+        for s, e, _ in sorted(spans):
             if cur_s is None or s > cur_e:
                 busy += (cur_e - cur_s) if cur_s is not None else 0.0
                 cur_s, cur_e = s, e
             else:
                 cur_e = max(cur_e, e)
         busy += (cur_e - cur_s) if cur_s is not None else 0.0
-        out.append({**r, "gpu_us": sum(e - s for s, e in spans), "busy_us": busy, "device_events": len(spans)})
+        out.append({**r, "gpu_us": sum(d for _, _, d in spans), "busy_us": busy, "device_events": len(spans)})
     return out
 
 
