@@ -10,7 +10,7 @@ from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from hardware.spec import HardwareSpec
-from opgraph.ir import IDENTITY_FIELDS, OpBase, OpGraph, OpgraphError
+from opgraph.ir import IDENTITY_FIELDS, OpBase, OpCategory, OpGraph, OpgraphError
 
 
 class Bound(str, Enum):
@@ -165,3 +165,34 @@ def cost_graph(graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: boo
         else:
             out.uncosted[op.id] = hit
     return out
+
+
+def peak_times(op: OpBase, hw: HardwareSpec) -> tuple[float, float]:
+    """``(compute_s, memory_s)``: ``op``'s FLOPs at ``hw``'s peak rate and its bytes at the full
+    memory bandwidth, in seconds.
+
+    No kernel of ``op`` can be shorter than either. While ``op`` runs for ``d`` seconds it uses the
+    fraction ``compute_s / d`` of the device's compute and ``memory_s / d`` of its memory bandwidth;
+    the simulator shares the device among ops running at once by these fractions. Matrix kinds
+    (GEMM, attention) count against the tensor units' peak for their dtype, the rest against the
+    vector units'. Collectives (links) and views (no kernel) take nothing of the device, and a spec
+    that names no FLOP/s at all says nothing of compute (``compute_s`` is 0).
+
+    Examples
+    --------
+    >>> from opgraph.ir import Gemm
+    >>> from hardware.spec import HardwareSpec, PeakFlops
+    >>> hw = HardwareSpec(name="x", memory_bytes=1e9, memory_bandwidth=1e12, tensor=PeakFlops(bf16=1e15))
+    >>> gemm = Gemm(id=0, m=1000, n=1000, k=1000)
+    >>> [round(t * 1e6, 3) for t in peak_times(gemm, hw)]
+    [2.0, 6.0]
+    """
+    kind = op.kind
+    if kind in OpCategory.COMMUNICATION or kind in OpCategory.FREE:
+        return 0.0, 0.0
+    rated = any(hw.tensor.model_dump().values()) or any(hw.vector.model_dump().values())
+    if op.flops and rated:
+        compute = op.flops / hw.peak_flops(op.dtype, tensor=kind in OpCategory.MATMUL)
+    else:
+        compute = 0.0
+    return compute, (op.bytes_read + op.bytes_written) / hw.memory_bandwidth

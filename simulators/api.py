@@ -85,7 +85,7 @@ def run_problem(
         kernel=kernel,
         policy_name=policy.name or type(policy).__name__,
         host_per_op_us=host_per_op_us,
-        host_segments=sim._segments,
+        host_segments=sim.host_segments,
         hardware_name=hardware_name,
         cost_model_name=cost_model_name,
         notes=[*notes, *kernel.notes],
@@ -96,7 +96,7 @@ def cost_problem(graph: OpGraph, cost_model: CostModel, hardware: HardwareSpec) 
     """Cost ``graph`` and flatten it: (problem, cost model name, unique configurations costed)."""
     with paused_gc():
         report = cost_ops(graph, cost_model, hardware)
-        problem = SchedulingProblem.from_costs(graph, report.costs.costs, report.costs.uncosted)
+        problem = SchedulingProblem.from_costs(graph, report.costs.costs, report.costs.uncosted, hardware=hardware)
     return problem, report.model_name, report.unique_configs
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hardware.base import Bound, Cost
+from hardware.base import Bound, Cost, peak_times
+from hardware.spec import HardwareSpec
 from opgraph.ir import CycleError, OpBase, OpGraph, OpKind, find_cycle
 
 
@@ -53,14 +54,28 @@ class SchedulingProblem:
     """Host time to issue each op as the cost model measured it (a calibrated table), else ``None``."""
     framework_us: list[float] = field(default_factory=list)
     """Host time the framework spends before each op, as measured at capture (``op.host_gap_us``), else 0."""
+    compute_us: list[float] = field(default_factory=list)
+    """Each op's FLOPs at the device's peak (:func:`~hardware.base.peak_times`); empty when the
+    problem was built without hardware (then ops running at once do not share the device)."""
+    memory_us: list[float] = field(default_factory=list)
+    """Each op's bytes at the device's full memory bandwidth; empty without hardware."""
     _bottom: list[float] | None = field(default=None, repr=False)
 
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_costs(
-        cls, graph: OpGraph, costs: Mapping[int, Cost], uncosted: Mapping[int, str] | None = None
+        cls,
+        graph: OpGraph,
+        costs: Mapping[int, Cost],
+        uncosted: Mapping[int, str] | None = None,
+        *,
+        hardware: HardwareSpec | None = None,
     ) -> SchedulingProblem:
-        """From per-op :class:`~hardware.base.Cost` (by op id); ``uncosted`` maps op id to the reason."""
+        """From per-op :class:`~hardware.base.Cost` (by op id); ``uncosted`` maps op id to the reason.
+
+        With ``hardware`` the problem knows what each op takes of the device, so ops running at
+        once share it (unless the simulation declares independent engines).
+        """
         uncosted = uncosted or {}
         n = len(graph.ops)
         dur = [0.0] * n
@@ -83,15 +98,22 @@ class SchedulingProblem:
             dur[i], bound[i], free[i] = facts
             if c.host_s is not None:
                 host[i] = c.host_s * 1e6
-        problem = cls._build(graph, dur, bound, free, missing)
+        problem = cls._build(graph, dur, bound, free, missing, hardware)
         problem.host_us = host
         return problem
 
     @classmethod
     def from_durations(
-        cls, graph: OpGraph, durations_us: Mapping[int, float] | Callable[[OpBase], float]
+        cls,
+        graph: OpGraph,
+        durations_us: Mapping[int, float] | Callable[[OpBase], float],
+        *,
+        hardware: HardwareSpec | None = None,
     ) -> SchedulingProblem:
-        """From plain durations in microseconds (by op id, or a function of the op); views are free."""
+        """From plain durations in microseconds (by op id, or a function of the op); views are free.
+
+        With ``hardware`` ops running at once share its peaks, as in :meth:`from_costs`.
+        """
         get = durations_us if callable(durations_us) else (lambda op: durations_us[op.id])
         dur = [float(get(op)) for op in graph.ops]
         free = [op.kind is OpKind.VIEW for op in graph.ops]
@@ -99,7 +121,7 @@ class SchedulingProblem:
         for i, f in enumerate(free):
             if f:
                 dur[i] = 0.0
-        return cls._build(graph, dur, bound, free, [])
+        return cls._build(graph, dur, bound, free, [], hardware)
 
     @classmethod
     def _build(
@@ -109,6 +131,7 @@ class SchedulingProblem:
         bound: list[str | None],
         free: list[bool],
         uncosted: list[UncostedOp],
+        hardware: HardwareSpec | None = None,
     ) -> SchedulingProblem:
         ops = graph.ops
         n = len(ops)
@@ -142,7 +165,10 @@ class SchedulingProblem:
             raise CycleError(f"dependency cycle {path}", where="edges", hint="remove one of these edges")
         kinds = [op.kind for op in ops]
         framework = [op.host_gap_us or 0.0 for op in ops]
-        return cls(graph, dur, bound, free, succ, indeg, topo, uncosted, kinds, framework_us=framework)
+        problem = cls(graph, dur, bound, free, succ, indeg, topo, uncosted, kinds, framework_us=framework)
+        if hardware is not None:
+            problem.compute_us, problem.memory_us = _device_work_us(ops, free, hardware)
+        return problem
 
     # ---------------------------------------------------------------- analysis
     def __len__(self) -> int:
@@ -197,6 +223,23 @@ class SchedulingProblem:
     def serial_us(self) -> float:
         """Sum of all op times (what one engine with no host cost would take)."""
         return sum(self.dur_us)
+
+
+def _device_work_us(ops: Sequence[OpBase], free: list[bool], hw: HardwareSpec) -> tuple[list[float], list[float]]:
+    """Each op's :func:`~hardware.base.peak_times` in microseconds (0 for free ops)."""
+    compute = [0.0] * len(ops)
+    memory = [0.0] * len(ops)
+    memo: dict[tuple[object, ...], tuple[float, float]] = {}
+    for i, op in enumerate(ops):
+        if free[i]:
+            continue
+        key = (op.kind, op.dtype, op.flops, op.bytes_read, op.bytes_written)
+        work = memo.get(key)
+        if work is None:
+            c, m = peak_times(op, hw)
+            work = memo[key] = (c * 1e6, m * 1e6)
+        compute[i], memory[i] = work
+    return compute, memory
 
 
 def _kahn(succ: list[list[int]], indeg: list[int]) -> list[int]:

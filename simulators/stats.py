@@ -31,7 +31,8 @@ class EngineStats(BaseModel):
     ops: int
     """Ops it ran."""
     busy_us: NonNegFloat
-    """Sum of the durations of its ops."""
+    """Time its ops occupied it (longer than their time alone where ops running at once on other
+    engines shared the device with them)."""
     utilization: Fraction
     """``busy_us / makespan_us``."""
 
@@ -219,20 +220,23 @@ def compute_stats(result: SimulationResult) -> SimulationStats:
         for i in range(tracks)
     )
     r0 = k.ranks[0]
-    dur0 = np.asarray(r0.dur_us, dtype=float)
+    # Device time of an op is its time alone: sharing the device with other ops stretched its span
+    # (``dur_us``) but did not add work.
+    dur0 = np.asarray(r0.alone_us, dtype=float)
     total = float(dur0.sum())
     ops = pb.ops
     kinds = [op.kind.value for op in ops]
     layers = ["none" if op.layer is None else str(op.layer) for op in ops]
     stages = ["none" if op.stage is None else op.stage.value for op in ops]
-    cp_len, cp_path = pb.critical_path(r0.dur_us)
+    cp_len, cp_path = pb.critical_path(r0.alone_us)
     ids = [op.id for op in ops]
     tr0 = np.asarray(r0.track, dtype=np.int64)
     on0 = tr0 >= 0
     st0 = np.asarray(r0.start_us, dtype=float)
     issue = np.asarray(r0.issue_us, dtype=float)
     host_end = float(issue.max()) if issue.size else 0.0
-    hb = host_bound_us(st0[on0], st0[on0] + dur0[on0], host_end)
+    took0 = np.asarray(r0.dur_us, dtype=float)
+    hb = host_bound_us(st0[on0], st0[on0] + took0[on0], host_end)
     host_cfg = result.config.host
     return SimulationStats(
         makespan_us=makespan,
