@@ -73,7 +73,13 @@ class GraphCosts:
     """Costs of every op of a graph, and the ops that could not be costed with the reason."""
 
     costs: dict[int, Cost] = field(default_factory=dict)
+    """Cost per op id."""
     uncosted: dict[int, str] = field(default_factory=dict)
+    """Ops no model could cost, by id, with the cost model's reason."""
+    unique_configs: int = 0
+    """Distinct op configurations the cost model was asked about (every op with the cache off)."""
+    from_fallback: int = 0
+    """Of those, the configurations the cost model declined and the fallback model costed."""
 
     @property
     def total_seconds(self) -> float:
@@ -145,19 +151,40 @@ def estimate_op(model: CostModel, op: OpBase, hw: HardwareSpec, model_name: str)
         ) from exc
 
 
-def cost_graph(graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: bool = True) -> GraphCosts:
+def cost_graph(
+    graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: bool = True, fallback: CostModel | None = None
+) -> GraphCosts:
     """Cost every op; ops the model declines go to ``uncosted``, failures raise :class:`CostModelError`.
 
-    Ops with equal cost-relevant fields are costed once when ``cache`` is on.
+    Ops with equal cost-relevant fields are costed once when ``cache`` is on. ``fallback`` is asked
+    about the ops ``model`` declines (the simulator passes the collective model, so a compute-only
+    model still gets its collectives costed); an op both decline keeps ``model``'s reason.
+
+    Examples
+    --------
+    >>> from opgraph.ir import Collective, CollectiveKind, Elementwise, OpGraph
+    >>> from hardware import AlphaBetaCollectiveModel, load_hardware, resolve_cost_model
+    >>> ops = (Elementwise(id=0, fn="add", numel=8), Elementwise(id=1, fn="add", numel=8),
+    ...        Collective(id=2, collective=CollectiveKind.ALL_REDUCE, bytes=4096, group_size=2))
+    >>> costs = cost_graph(OpGraph(ops=ops), resolve_cost_model("roofline"), load_hardware("h100"))
+    >>> sorted(costs.costs), costs.unique_configs
+    ([0, 1, 2], 2)
     """
     name = type(model).__name__
+    fallback_name = type(fallback).__name__
     out = GraphCosts()
     memo: dict[Hashable, Cost | str] = {}
     for op in graph.ops:
         key = cost_key(op) if cache else None
         hit = memo.get(key) if cache else None
         if hit is None:
+            out.unique_configs += 1
             hit = estimate_op(model, op, hw, name)
+            if isinstance(hit, str) and fallback is not None:
+                second = estimate_op(fallback, op, hw, fallback_name)
+                if isinstance(second, Cost):
+                    hit = second
+                    out.from_fallback += 1
             if cache:
                 memo[key] = hit
         if isinstance(hit, Cost):

@@ -1,72 +1,16 @@
-"""Costing a graph for simulation: each unique op configuration once, collectives from the interconnect.
+"""A cost model of fixed times, for what-if studies and tests.
 
-:func:`cost_ops` follows :func:`hardware.base.cost_graph` (same cache key, same
-:func:`~hardware.base.estimate_op`) and costs collectives the model declines with the one
-collective formula, :class:`hardware.models.collective.AlphaBetaCollectiveModel`.
+Costing a whole graph is :func:`hardware.base.cost_graph` (one costing loop for the project);
+:func:`simulators.cost_problem` calls it with the collective model as the fallback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
-from hardware.base import (
-    Bound,
-    Cost,
-    CostModel,
-    GraphCosts,
-    UncostedOpError,
-    cost_key,
-    estimate_op,
-)
-from hardware.models.collective import AlphaBetaCollectiveModel
+from hardware.base import Bound, Cost, UncostedOpError
 from hardware.spec import HardwareSpec
-from opgraph.ir import Collective, OpBase, OpGraph, OpKind
-
-
-@dataclass
-class CostReport:
-    """Costs of a graph's ops plus how they were obtained."""
-
-    costs: GraphCosts
-    """Cost per op id; ops the model declined are in ``costs.uncosted`` with the reason."""
-    unique_configs: int
-    """Distinct op configurations the cost model was asked about."""
-    from_interconnect: int
-    """Collectives the model declined that were costed from the interconnect instead."""
-    model_name: str
-    """Class name of the cost model."""
-
-
-def cost_ops(graph: OpGraph, model: CostModel, hw: HardwareSpec) -> CostReport:
-    """Cost every op of ``graph`` with ``model`` on ``hw``, each unique configuration once.
-
-    A collective the model declines is costed by :class:`AlphaBetaCollectiveModel` from
-    ``hw.interconnect`` (the device link, else PCIe) when the spec has one. Other declined ops go
-    to ``uncosted`` with their reason; a model that raises anything else, or returns a bad time,
-    raises :class:`~hardware.base.CostModelError` naming the op.
-    """
-    name = type(model).__name__
-    out = GraphCosts()
-    memo: dict[Hashable, Cost | str] = {}
-    from_link = 0
-    link_model = AlphaBetaCollectiveModel()
-    for op in graph.ops:
-        key = cost_key(op)
-        hit = memo.get(key)
-        if hit is None:
-            hit = estimate_op(model, op, hw, name)
-            if isinstance(hit, str) and isinstance(op, Collective):
-                fallback = estimate_op(link_model, op, hw, type(link_model).__name__)
-                if isinstance(fallback, Cost):
-                    hit = fallback
-                    from_link += 1
-            memo[key] = hit
-        if isinstance(hit, Cost):
-            out.costs[op.id] = hit
-        else:
-            out.uncosted[op.id] = hit
-    return CostReport(costs=out, unique_configs=len(memo), from_interconnect=from_link, model_name=name)
+from opgraph.ir import OpBase, OpKind
 
 
 class FixedCostModel:
