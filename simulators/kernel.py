@@ -136,7 +136,7 @@ class _DeviceShare:
     rises (an op ended) moves them earlier, so the engines are interrupted to re-arm.
     """
 
-    __slots__ = ("cfrac", "end", "mfrac", "proc", "rate", "running", "slowed", "sum_c", "sum_m", "ver")
+    __slots__ = ("cfrac", "end", "mfrac", "poked", "proc", "rate", "running", "slowed", "sum_c", "sum_m", "ver")
 
     def __init__(self, cfrac: list[float], mfrac: list[float]) -> None:
         self.cfrac = cfrac
@@ -146,6 +146,8 @@ class _DeviceShare:
         self.ver = [0] * n
         self.proc: list[Process | None] = [None] * n
         self.slowed = bytearray(n)
+        self.poked = bytearray(n)
+        """Ops whose engine has an interrupt it has not handled yet (a second one could reach it idle)."""
         self.running: list[int] = []
         self.sum_c = 0.0
         self.sum_m = 0.0
@@ -183,10 +185,13 @@ class _DeviceShare:
             rising = rate > self.rate
             self._replan(now, rate)
             if rising:
+                poked = self.poked
                 for j in running:
-                    proc = self.proc[j]
-                    assert proc is not None
-                    proc.interrupt()
+                    if not poked[j]:
+                        proc = self.proc[j]
+                        assert proc is not None
+                        poked[j] = 1
+                        proc.interrupt()
 
     def _replan(self, now: float, rate: float) -> None:
         scale = self.rate / rate
@@ -508,7 +513,7 @@ class Simulator:
                             if share.ver[i] == ver:
                                 break
                         except Interrupt:
-                            pass
+                            share.poked[i] = 0
                         exact = False
                         ver = share.ver[i]
                         delay = share.end[i] - env.now

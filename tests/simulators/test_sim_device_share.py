@@ -68,7 +68,7 @@ def roofline_dags(draw: st.DrawFn) -> tuple[OpGraph, dict[int, float]]:
     return OpGraph(ops=tuple(ops), edges=tuple(edges)), durations
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(roofline_dags(), st.integers(1, 6), st.sampled_from(["earliest", "critical-path"]), st.integers(0, 2))
 def test_no_schedule_beats_the_device_roofline(
     case: tuple[OpGraph, dict[int, float]], engines: int, policy: str, copy_engines: int
@@ -135,6 +135,18 @@ def test_the_survivor_speeds_up_when_its_partner_ends() -> None:
     assert rec.start_us == [0.0, 0.0]
     assert rec.dur_us == [pytest.approx(14.0), pytest.approx(8.0)]
     assert rec.alone_us == [10.0, 4.0]
+
+
+@pytest.mark.parametrize("engines", [2, 3, 5])
+def test_ops_that_end_together_on_a_shared_device(engines: int) -> None:
+    # Equal memory-bound ops end at one instant: the first to end speeds the others up, and each
+    # engine must take that news once, not again after it has gone idle (hypothesis found this).
+    ops = tuple(Elementwise(id=i, fn="add", numel=2**16, dtype=DType.bf16) for i in range(engines))
+    alone = roofline_us(ops[0])[1]
+    problem = SchedulingProblem.from_durations(OpGraph(ops=ops), dict.fromkeys(range(engines), alone), hardware=DEVICE)
+    result = run_problem(problem, SimulationConfig.standard(engines, host=NO_HOST))
+    assert result.makespan_us == pytest.approx(engines * alone)
+    assert result.kernel.ranks[0].dur_us == pytest.approx([engines * alone] * engines)
 
 
 def test_a_problem_without_hardware_has_independent_engines() -> None:
