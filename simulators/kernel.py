@@ -13,7 +13,7 @@ host's issue times are a running sum of its per-op overhead, written in bulk; an
 dependencies are done before the host has issued it is released by one event at its issue time.
 At a sync point the host waits for that op to finish on the device before it issues more.
 
-Ops running at once on the engines of one rank share its device (:class:`_DeviceShare`) unless
+Ops running at once on the engines of one rank share its device (:mod:`simulators.share`) unless
 the configuration declares independent engines; collectives run on links and are not shared.
 """
 
@@ -28,16 +28,15 @@ from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import cast
 
-import numpy as np
 import simpy
-from simpy.events import Event, Process, Timeout
-from simpy.exceptions import Interrupt
+from simpy.events import Event, Timeout
 
 from opgraph.ir import OpKind
 from simulators.config import EngineGroup, EngineRole, SimulationConfig
 from simulators.errors import SimulationConfigError, SimulationError
 from simulators.policies.base import SchedulingPolicy
 from simulators.problem import SchedulingProblem
+from simulators.share import DeviceShare, device_share
 
 INF = math.inf
 FREE = -1
@@ -95,113 +94,6 @@ class _LinkQueue:
         self.order = order
         self.pos = 0
         self.started = False
-
-
-def _rate(sum_c: float, sum_m: float) -> float:
-    """Progress rate of ops that together use ``sum_c`` of the device's compute and ``sum_m`` of its
-    memory bandwidth when each runs at its own speed (1: no contention)."""
-    if sum_c <= _FULL and sum_m <= _FULL:
-        return 1.0
-    return 1.0 / max(sum_c, sum_m)
-
-
-_FULL = 1.0 + 1e-9
-"""Demands summing to at most this fit the device (rounding of the running sums aside)."""
-
-
-def _fractions(work_us: np.ndarray, dur_us: list[float]) -> np.ndarray:
-    """Fraction of a device resource each op uses alone: its work at the peak over its duration (at most 1)."""
-    dur = np.asarray(dur_us, dtype=float)
-    out = np.zeros_like(dur)
-    busy = dur > 0
-    out[busy] = np.minimum(1.0, work_us[busy] / dur[busy])
-    return out
-
-
-def _top_sum(values: np.ndarray, k: int) -> float:
-    """Sum of the ``k`` largest values."""
-    if k >= values.size:
-        return float(values.sum())
-    return float(np.partition(values, values.size - k)[values.size - k :].sum())
-
-
-class _DeviceShare:
-    """The ops running at once on one rank's engines, sharing the device's peaks (fluid sharing).
-
-    Op ``i`` alone uses ``cfrac[i]`` of the device's peak FLOP/s and ``mfrac[i]`` of its memory
-    bandwidth. All running ops progress at one rate ``s = min(1, 1/sum(c), 1/sum(m))`` of their own
-    speed; ``end[i]`` is op ``i``'s planned end at the current rate. A change of rate re-plans every
-    running op and bumps its ``ver``, so its engine knows its timer is stale: a rate that falls
-    (an op started) moves ends later, and the engines re-arm when their timers fire; a rate that
-    rises (an op ended) moves them earlier, so the engines are interrupted to re-arm.
-    """
-
-    __slots__ = ("cfrac", "end", "mfrac", "poked", "proc", "rate", "running", "slowed", "sum_c", "sum_m", "ver")
-
-    def __init__(self, cfrac: list[float], mfrac: list[float]) -> None:
-        self.cfrac = cfrac
-        self.mfrac = mfrac
-        n = len(cfrac)
-        self.end = [0.0] * n
-        self.ver = [0] * n
-        self.proc: list[Process | None] = [None] * n
-        self.slowed = bytearray(n)
-        self.poked = bytearray(n)
-        """Ops whose engine has an interrupt it has not handled yet (a second one could reach it idle)."""
-        self.running: list[int] = []
-        self.sum_c = 0.0
-        self.sum_m = 0.0
-        self.rate = 1.0
-
-    def begin(self, i: int, now: float, dur: float, proc: Process) -> float:
-        """Op ``i`` starts now on ``proc``'s engine; the delay to its planned end."""
-        self.running.append(i)
-        self.proc[i] = proc
-        self.sum_c += self.cfrac[i]
-        self.sum_m += self.mfrac[i]
-        rate = _rate(self.sum_c, self.sum_m)
-        if rate != self.rate:
-            self._replan(now, rate)
-        if rate == 1.0:
-            delay = dur
-        else:
-            delay = dur / rate
-            self.slowed[i] = 1
-        self.end[i] = now + delay
-        return delay
-
-    def finish(self, i: int, now: float) -> None:
-        """Op ``i`` ended now: the others speed up if it held them back."""
-        running = self.running
-        running.remove(i)
-        self.proc[i] = None
-        if running:
-            self.sum_c -= self.cfrac[i]
-            self.sum_m -= self.mfrac[i]
-        else:  # drop the rounding the running sums gathered
-            self.sum_c = self.sum_m = 0.0
-        rate = _rate(self.sum_c, self.sum_m)
-        if rate != self.rate:
-            rising = rate > self.rate
-            self._replan(now, rate)
-            if rising:
-                poked = self.poked
-                for j in running:
-                    if not poked[j]:
-                        proc = self.proc[j]
-                        assert proc is not None
-                        poked[j] = 1
-                        proc.interrupt()
-
-    def _replan(self, now: float, rate: float) -> None:
-        scale = self.rate / rate
-        end, ver, slowed = self.end, self.ver, self.slowed
-        for j in self.running:
-            end[j] = now + (end[j] - now) * scale
-            ver[j] += 1
-            if rate < 1.0:
-                slowed[j] = 1
-        self.rate = rate
 
 
 class Simulator:
@@ -435,23 +327,14 @@ class Simulator:
             self.host_segments,
         )
 
-    def _shares(self) -> list[_DeviceShare | None]:
+    def _shares(self) -> list[DeviceShare | None]:
         """Per rank, the device its engines share; ``None`` where they cannot slow each other (one
         engine, independent engines, or a problem without the ops' device work)."""
         pb = self.problem
         engines = sum(g.count for g in self.local_groups)
         if self.config.independent_engines or engines < 2 or not pb.compute_us:
             return [None] * self.tp
-        shares: list[_DeviceShare | None] = []
-        compute, memory = np.asarray(pb.compute_us, dtype=float), np.asarray(pb.memory_us, dtype=float)
-        for r in range(self.tp):
-            cfrac, mfrac = _fractions(compute, self.dur[r]), _fractions(memory, self.dur[r])
-            # When even the `engines` most demanding ops fit the device together, none is ever slowed.
-            if _top_sum(cfrac, engines) <= _FULL and _top_sum(mfrac, engines) <= _FULL:
-                shares.append(None)
-            else:
-                shares.append(_DeviceShare(cfrac.tolist(), mfrac.tolist()))
-        return shares
+        return [device_share(pb.compute_us, pb.memory_us, self.dur[r], engines) for r in range(self.tp)]
 
     def _durations(self, rank: int) -> list[float]:
         base = self.problem.dur_us
@@ -495,33 +378,15 @@ class Simulator:
                 if in_order:
                     pos[g] += 1
                 i = op_at[heappop(heap)]
-                now = start[i] = env.now
+                start[i] = env.now
                 track[i] = track_id
                 self._started += 1
                 if share is None:
                     yield Timeout(env, dur[i])
-                else:
-                    d = dur[i]
-                    proc = env.active_process
-                    assert proc is not None
-                    delay = share.begin(i, now, d, proc)
-                    exact = delay == d  # alone at full speed so far: it ends at start + d
-                    ver = share.ver[i]
-                    while True:
-                        try:
-                            yield Timeout(env, delay)
-                            if share.ver[i] == ver:
-                                break
-                        except Interrupt:
-                            share.poked[i] = 0
-                        exact = False
-                        ver = share.ver[i]
-                        delay = share.end[i] - env.now
-                        if delay <= 0.0:
-                            break
-                    share.finish(i, env.now)
-                    if not exact:
-                        took[i] = env.now - now
+                else:  # ops running at once share the device
+                    took_i = yield from share.hold(env, i, dur[i])
+                    if took_i is not None:
+                        took[i] = took_i
                 if watch[i]:
                     self._notify(rank, i)
                 now = env.now
