@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
