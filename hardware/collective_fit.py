@@ -96,7 +96,7 @@ __all__ = [
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
 
-LATENCY_BOUND_BYTES = 64 * 1024
+LATENCY_BOUND_BYTES = 256 * 1024
 """Sizes up to this many bytes per rank are latency-bound on NVLink: their time is the floor."""
 DEFAULT_MAX_SPREAD = 0.10
 """A size whose calls' interquartile range exceeds this fraction of their median waited for peers."""

@@ -201,6 +201,9 @@ def test_torchrun_two_ranks_gloo_with_resume(tmp_path: Path) -> None:
         assert (m.group_size, m.world_size, m.rank, m.backend, m.dtype) == (2, 2, 0, "gloo", DType.fp32)
         assert m.timer is CollectiveTimer.WALL and m.samples == 3 and m.median_us > 0
         assert m.events_median_us is None
+        # Both ranks' calls were gathered: the transfer is the shorter rank's time, never above rank 0's.
+        assert m.ranks_timed == 2 and m.transfer_us is not None and m.wait_us is not None
+        assert 0 < m.transfer_us <= m.median_us and m.wait_us >= 0 and m.lead_us == 0
     # A fresh line per new case, appended after the seeded one.
     assert len(out.read_text().splitlines()) == 1 + len(new)
 
@@ -219,6 +222,14 @@ def test_load_tolerates_a_torn_last_line_only(tmp_path: Path) -> None:
     p.write_text(good[:20] + "\n" + good + "\n")
     with pytest.raises(CollectiveBenchError, match="line 1"):
         load_measurements(p)
+
+
+def test_split_wait_takes_the_last_rank_to_arrive_as_the_transfer() -> None:
+    # Rank 1 launched late for call 0 (rank 0 spun 40 us for it), rank 0 late for call 1.
+    transfer, waits = vc.split_wait([[50.0, 10.0, 12.0], [10.0, 40.0, 12.5]]) or ([], [])
+    assert transfer == [10.0, 10.0, 12.0]
+    assert waits == [[40.0, 0.0, 0.0], [0.0, 30.0, 0.5]]
+    assert vc.split_wait([[1.0], [1.0, 2.0]]) is None and vc.split_wait([]) is None
 
 
 def test_algbw_uses_the_gathered_size_for_all_gather() -> None:
