@@ -29,7 +29,7 @@ Run it as::
 
     torchrun --standalone --nproc-per-node 4 -m validators.collectives --sizes 4K..1G --points 15 \\
         --out collectives.jsonl
-    torchrun --standalone --nproc-per-node 2 -m validators.collectives --graph g.json.gz --tp 2 --out g.jsonl
+    torchrun --standalone --nproc-per-node 2 -m validators.collectives --graph sharded.json.gz --out g.jsonl
 
 :func:`fit_collectives <hardware.collective_fit.fit_collectives>` turns the measurements into
 alpha-beta parameters.
@@ -770,7 +770,6 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--graph", type=Path, action="append", default=None, help="replay the collectives of this graph (repeatable)"
     )
-    ap.add_argument("--tp", type=int, default=None, help="with --graph: shard an unsharded graph for TP N first")
     ap.add_argument("--resume", action="store_true", help="skip the cases already in --out")
     ap.add_argument("--no-events", action="store_true", help="skip the CUDA-event cross-check")
     ap.add_argument(
@@ -787,10 +786,13 @@ def _cases_from_args(args: argparse.Namespace, world: int, dtype: DType) -> list
         merged: dict[tuple[str, int, int, str], CollectiveCase] = {}
         for path in args.graph:
             graph = load_graph(path)
-            if args.tp is not None and args.tp > 1 and not graph.ops_of(OpKind.COLLECTIVE):
-                from opgraph.transforms import shard_tensor_parallel
-
-                graph = shard_tensor_parallel(graph, args.tp)
+            if not graph.ops_of(OpKind.COLLECTIVE):
+                # Sharding is a transform (not this package's to import): replay sharded graphs.
+                raise CollectiveBenchError(
+                    "the graph has no collective",
+                    where=str(path),
+                    hint="give a graph sharded for TP N (benchmarks/gpu/tp_predict.py --graphs-only --graphs-dir DIR)",
+                )
             cases, skipped = graph_cases(graph)
             for s in skipped:
                 print(f"skipped: {path}: {s}", file=sys.stderr)

@@ -236,3 +236,16 @@ def test_algbw_uses_the_gathered_size_for_all_gather() -> None:
     ag = _record(collective="all_gather", bytes=1_000_000, group_size=4, median_us=100.0)
     ar = _record(collective="all_reduce", bytes=1_000_000, group_size=4, median_us=100.0)
     assert ag.algbw_gbps == pytest.approx(40.0) and ar.algbw_gbps == pytest.approx(10.0)
+
+
+def test_a_graph_without_collectives_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opgraph.ir import save_graph
+
+    path = tmp_path / "unsharded.json.gz"
+    save_graph(_mlp_graph(8, 64, 128, layers=1), path)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # checked before any process group starts
+    assert vc.main(["--out", str(tmp_path / "x.jsonl"), "--graph", str(path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no collective" in err[0] and "unsharded.json.gz" in err[0]
