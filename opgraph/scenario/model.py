@@ -151,6 +151,9 @@ class SimulationSection(BaseModel):
     """Sweep: engine counts within this fraction of the best makespan are as good as the best."""
     skip_uncosted: bool = False
     """Simulate ops the cost model cannot cost as free (they are listed) instead of failing."""
+    independent_engines: bool = False
+    """Every engine a whole device (a hypothetical accelerator, as in the seed's engine-count study);
+    off: the ops running at once share the device's peak FLOP/s and bandwidth."""
 
     @field_validator("engines")
     @classmethod
