@@ -640,6 +640,12 @@ def from_timeline(tl: Timeline) -> TraceData:
                     json.loads(dims) if isinstance(dims, str) else None,
                 )
             )
+    if data.gpu and data.host:
+        # rebuild the launch links (launching CPU op, its stack and input dims) from the host spans
+        notes = data.notes
+        data.notes = []
+        _link(data, data.gpu, data.host, {}, {})
+        data.notes = notes
     return data
 
 
