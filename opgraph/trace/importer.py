@@ -596,7 +596,8 @@ def from_timeline(tl: Timeline) -> TraceData:
         a = s.args
         typ = a.get("type")
         gpu_track = "gpu" in s.track.split("/")[0] and not s.track.endswith("/annotations")
-        if typ in GPU_KINDS or (typ is None and gpu_track):
+        device = s.category is not None and SpanCategory(s.category).is_device
+        if typ in GPU_KINDS or (typ is None and (gpu_track or device)):
             kind = SpanCategory(typ) if isinstance(typ, str) else SpanCategory.KERNEL
             dev = a.get("device")
             st = a.get("stream")
