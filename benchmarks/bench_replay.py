@@ -31,7 +31,7 @@ def main() -> None:
     n_ops, n_configs = (5_000, 20) if args.smoke else (100_000, 200)
 
     from opgraph.ir import AtenCall, DType, Elementwise, GraphMetadata, OpGraph, TensorSpec
-    from validators import ResultWriter, TimingConfig, replay_configs, roofline_estimator, unique_configs
+    from validators import ResultWriter, TimingConfig, cost_estimator, replay_configs, unique_configs
     from validators.replay import ReplayOptions
 
     def add(i: int, n: int) -> Elementwise:
@@ -45,7 +45,7 @@ def main() -> None:
     ops = tuple(add(i, 8 * (1 + i % n_configs)) for i in range(n_ops))
     graph = OpGraph(metadata=GraphMetadata(model="bench"), ops=ops)
     t0 = time.perf_counter()
-    configs = unique_configs(graph, estimate=roofline_estimator())
+    configs = unique_configs(graph, estimate=cost_estimator())
     dedup_s = time.perf_counter() - t0
     assert len(configs) == n_configs
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Hashable
+import warnings
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, runtime_checkable
@@ -57,6 +59,36 @@ class UncostedOpError(OpgraphError):
 
 class CostModelError(OpgraphError):
     """A cost model failed (raised, returned a negative or non-finite time) on an op."""
+
+
+class CostModelWarning(UserWarning):
+    """A cost model's numbers are not what the user may think they are (the hardware is ignored, a
+    table extrapolates far outside what was measured). Front ends print each as one line."""
+
+
+@contextmanager
+def cost_warnings() -> Iterator[list[str]]:
+    """Collect the :class:`CostModelWarning` messages raised inside the block, each once, in order.
+
+    Other warnings pass through untouched. A front end prints the collected lines after costing:
+
+    >>> import warnings
+    >>> with cost_warnings() as notes:
+    ...     warnings.warn("a note", CostModelWarning)
+    >>> notes
+    ['a note']
+    """
+    notes: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CostModelWarning)
+        yield notes
+    for w in caught:
+        if issubclass(w.category, CostModelWarning):
+            text = str(w.message)
+            if text not in notes:
+                notes.append(text)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
 
 
 @runtime_checkable

@@ -2,7 +2,8 @@
 the prediction against measured runs.
 
 ``import opgraph`` is cheap: it loads the IR only. Capture (which needs torch and transformers) is
-imported on first use of :func:`capture` or :func:`tracing`.
+imported on first use of :func:`capture` or :func:`tracing`; the simulators on first use of
+:func:`run_study` (one simulation study: shard, cost, run or sweep engine counts).
 """
 
 from __future__ import annotations
@@ -38,8 +39,15 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:  # pragma: no cover
     from opgraph.capture import capture, tracing
+    from opgraph.study import StudyResult, run_study, study_config
 
-_LAZY = {"capture": "opgraph.capture", "tracing": "opgraph.capture"}
+_LAZY = {
+    "capture": "opgraph.capture",
+    "tracing": "opgraph.capture",
+    "run_study": "opgraph.study",
+    "study_config": "opgraph.study",
+    "StudyResult": "opgraph.study",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -62,6 +70,7 @@ __all__ = [
     "OpgraphError",
     "Span",
     "Stage",
+    "StudyResult",
     "TensorSpec",
     "Timeline",
     "TimelineKind",
@@ -72,8 +81,10 @@ __all__ = [
     "load_graph",
     "load_timeline",
     "parallelism_profile",
+    "run_study",
     "save_graph",
     "save_timeline",
+    "study_config",
     "topological_generations",
     "tracing",
 ]

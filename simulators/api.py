@@ -74,7 +74,8 @@ def run_problem(
     notes: list[str] = []
     if config.host.mode is HostMode.EAGER and config.host.framework and any(problem.framework_us):
         host_us = [h + f for h, f in zip(host_us, problem.framework_us, strict=True)]
-        cpu = problem.graph.metadata.capture.get("host_timing_cpu", "the capture host")
+        timing = problem.graph.metadata.host_timing
+        cpu = timing.cpu if timing else "the capture host"
         notes.append(f"host: {sum(problem.framework_us) / 1e3:.3f} ms of framework time between ops, measured on {cpu}")
     with paused_gc():
         sim = Simulator(problem, config, policy, host_us, progress=progress)

@@ -10,12 +10,12 @@ does not import torch.
 ...     print(result.definition, result.status.value, result.median_us)
 """
 
-from validators.configs import OpConfig, config_key, roofline_estimator, unique_configs
+from validators.configs import OpConfig, config_key, cost_estimator, roofline_estimator, unique_configs
 from validators.coverage import CoverageReport, auto_expectation, format_report, load_expectation, verify_graph
 from validators.energy import ClockSampler
 from validators.inputs import DeviceError, match_inputs, resolve_device, routing_counts
 from validators.numerics import TOLERANCES, Tolerance
-from validators.recipes import RECIPES, Case, Recipe, RecipeSelector
+from validators.recipes import RECIPES, BuildContext, Case, Recipe, RecipeSelector, register_recipe
 from validators.replay import DeviceLostError, Replayer, ReplayOptions, replay_configs, replay_graph, replay_op
 from validators.results import (
     Coverage,
@@ -34,15 +34,17 @@ from validators.results import (
 from validators.runner import ReplayRun, run_replay, time_issue
 from validators.sequence import IssueSequence, SequenceIssue, issue_in_sequence, load_issue
 from validators.sweep import SweepLoader, check_replay, sweep_params, write_sweep_module
-from validators.timing import TimingConfig, ci_rel, stop_sampling
+from validators.timing import CudaTimerKind, TimingConfig, ci_rel, stop_sampling
 
 __all__ = [
     "RECIPES",
     "TOLERANCES",
+    "BuildContext",
     "Case",
     "ClockSampler",
     "Coverage",
     "CoverageReport",
+    "CudaTimerKind",
     "DeviceError",
     "DeviceLostError",
     "EnergyStats",
@@ -67,6 +69,7 @@ __all__ = [
     "check_replay",
     "ci_rel",
     "config_key",
+    "cost_estimator",
     "coverage",
     "format_report",
     "issue_in_sequence",
@@ -75,6 +78,7 @@ __all__ = [
     "load_issue",
     "load_results",
     "match_inputs",
+    "register_recipe",
     "replay_configs",
     "replay_graph",
     "replay_op",

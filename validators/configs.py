@@ -13,12 +13,12 @@ with a cold L2 reads these inputs back into L2 before each timed call.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from opgraph.ir import IDENTITY_FIELDS, OpBase, OpCategory, OpGraph, OpKind
+from opgraph.ir import OpBase, OpCategory, OpGraph, OpKind
+from opgraph.ir.configs import config_key as config_key  # re-exported: replay code and tests import it here
 
 if TYPE_CHECKING:
     from hardware.base import CostModel
@@ -26,23 +26,6 @@ if TYPE_CHECKING:
 
 Estimator = Callable[[OpBase], float]
 """Estimated seconds of one call of an op."""
-
-_EXCLUDE: dict[str, object] = {
-    **dict.fromkeys(IDENTITY_FIELDS, True),
-    "inputs": {"__all__": {"id"}},
-    "outputs": {"__all__": {"id"}},
-}
-
-
-def config_payload(op: OpBase) -> dict[str, object]:
-    """The fields that make an op's config: everything but its identity and tensor ids."""
-    return op.model_dump(mode="json", exclude=_EXCLUDE)  # type: ignore[arg-type]
-
-
-def config_key(op: OpBase) -> str:
-    """A stable 16-hex-digit key of the op's config (same config, same key, across runs and graphs)."""
-    blob = op.model_dump_json(exclude=_EXCLUDE)  # type: ignore[arg-type]
-    return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -137,7 +120,7 @@ def unique_configs(
     """Fold the ops of ``graphs`` into unique configs, most expensive (count x estimate) first.
 
     Views launch no kernel and are left out unless ``include_views``. ``estimate`` gives the
-    seconds of one call of an op (see :func:`roofline_estimator`); with it each config gets
+    seconds of one call of an op (see :func:`cost_estimator`); with it each config gets
     ``est_us`` and ``share``; without it configs keep program order of first use. Each config's
     ``warm_inputs`` are decided by its first use (:func:`activation_inputs`).
     """
@@ -177,53 +160,52 @@ def unique_configs(
     return configs
 
 
-# Rough datasheet numbers of a current datacenter GPU, used only to weight configs when no
-# hardware spec is given: shares depend on ratios, so the exact device matters little.
-_DEFAULT_TENSOR_FLOPS = 989e12
-_DEFAULT_VECTOR_FLOPS = 67e12
-_DEFAULT_BANDWIDTH = 3.35e12
-_DEFAULT_LAUNCH_S = 2e-6
+DEFAULT_ESTIMATE_DEVICE = "h100"
+"""The catalog device whose roofline weights configs when replay is given no hardware: shares
+depend on ratios of op times, so any current datacenter GPU orders configs about the same."""
+
+
+def cost_estimator(hw: HardwareSpec | str | None = None, model: CostModel | str | None = None) -> Estimator:
+    """Seconds of one call of an op, from a ``hardware`` cost model on a device.
+
+    ``hw`` is a spec or a catalog name (default :data:`DEFAULT_ESTIMATE_DEVICE`); ``model`` a cost
+    model or a spec for :func:`hardware.resolve_cost_model` (default ``roofline``). An op the model
+    cannot cost falls back to the roofline, and an op with no FLOPs or bytes to cost at all to the
+    device's launch latency (it still launches a kernel). Replay uses this only to order configs and
+    weight their time shares.
+
+    >>> from opgraph.ir import Gemm
+    >>> est = cost_estimator()
+    >>> est(Gemm(id=0, m=4096, n=4096, k=4096)) > est(Gemm(id=1, m=16, n=4096, k=4096))
+    True
+    """
+    from hardware import UncostedOpError, load_hardware, resolve_cost_model
+
+    spec = load_hardware(hw or DEFAULT_ESTIMATE_DEVICE) if hw is None or isinstance(hw, str) else hw
+    roofline = resolve_cost_model("roofline")
+    primary = roofline if model is None else resolve_cost_model(model) if isinstance(model, str) else model
+    launch_s = spec.launch_latency_us * 1e-6
+
+    def estimate(op: OpBase) -> float:
+        for cost_model in (primary, roofline) if primary is not roofline else (roofline,):
+            try:
+                return float(cost_model.estimate(op, spec).seconds)
+            except UncostedOpError:
+                continue
+        return launch_s
+
+    return estimate
 
 
 def roofline_estimator(hw: HardwareSpec | None = None) -> Estimator:
-    """A roofline estimate of one call: max(FLOPs / peak, bytes / bandwidth) plus a launch floor.
-
-    With ``hw`` the peaks come from the spec; without, from a generic datacenter GPU. This only
-    weights configs for the coverage share; the cost models in ``hardware`` are the real thing.
-    """
-
-    def estimate(op: OpBase) -> float:
-        if op.kind in OpCategory.FREE:
-            return 0.0
-        tensor = op.kind in OpCategory.MATMUL
-        if hw is not None:
-            peak = hw.peak_flops(op.dtype, tensor=tensor)
-            bw = hw.memory_bandwidth
-            launch = hw.launch_latency_us * 1e-6
-        else:
-            peak = _DEFAULT_TENSOR_FLOPS if tensor else _DEFAULT_VECTOR_FLOPS
-            if op.dtype.value == "fp32" and tensor:
-                peak = _DEFAULT_VECTOR_FLOPS
-            bw = _DEFAULT_BANDWIDTH
-            launch = _DEFAULT_LAUNCH_S
-        return max(op.flops / peak, op.total_bytes / bw) + launch
-
-    return estimate
+    """Deprecated alias of :func:`cost_estimator` (``hw`` or the default device, roofline model);
+    kept until the CLI and benchmarks call :func:`cost_estimator`."""
+    return cost_estimator(hw)
 
 
 def cost_model_estimator(model: CostModel, hw: HardwareSpec) -> Estimator:
-    """An estimator from a ``hardware`` cost model; ops it cannot cost fall back to the roofline."""
-    from hardware.base import UncostedOpError
-
-    fallback = roofline_estimator(hw)
-
-    def estimate(op: OpBase) -> float:
-        try:
-            return float(model.estimate(op, hw).seconds)
-        except UncostedOpError:
-            return fallback(op)
-
-    return estimate
+    """Deprecated alias of :func:`cost_estimator` (``cost_estimator(hw, model)``)."""
+    return cost_estimator(hw, model)
 
 
 def kinds_filter(kinds: Iterable[str]) -> Callable[[OpConfig], bool]:

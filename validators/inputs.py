@@ -65,23 +65,6 @@ def index(bound: int, *, unique: bool = False) -> Domain:
     return Domain(DomainKind.INDEX, bound=max(1, int(bound)), unique=unique)
 
 
-_TORCH_DTYPES = {
-    DType.fp64: "float64",
-    DType.fp32: "float32",
-    DType.tf32: "float32",
-    DType.bf16: "bfloat16",
-    DType.fp16: "float16",
-    DType.fp8_e4m3: "float8_e4m3fn",
-    DType.fp8_e5m2: "float8_e5m2",
-    DType.int64: "int64",
-    DType.int32: "int32",
-    DType.int16: "int16",
-    DType.int8: "int8",
-    DType.uint8: "uint8",
-    DType.bool: "bool",
-    DType.complex64: "complex64",
-    DType.complex128: "complex128",
-}
 
 
 def torch_dtype(dtype: DType | str) -> torch.dtype:
@@ -89,7 +72,7 @@ def torch_dtype(dtype: DType | str) -> torch.dtype:
     import torch
 
     d = DType(dtype)
-    name = _TORCH_DTYPES.get(d)
+    name = d.torch_name
     tdt = getattr(torch, name, None) if name else None
     if tdt is None:
         raise OpgraphError(f"dtype {d.value} has no torch equivalent in torch {torch.__version__}")

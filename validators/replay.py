@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opgraph.ir import OpBase, OpGraph, OpgraphError
-from validators.configs import Estimator, OpConfig, config_key, roofline_estimator, unique_configs
+from validators.configs import Estimator, OpConfig, config_key, cost_estimator, unique_configs
 from validators.inputs import device_name, make_generator, match_inputs, resolve_device, routing_skew
 from validators.numerics import check_case, reference_inputs
 from validators.recipes import BuildContext, Case, RecipeSelector
@@ -141,9 +141,9 @@ class Replayer:
         return ReplayResult(
             key=cfg.key,
             definition=op.definition,
-            kind=getattr(op, "kind"),  # noqa: B009 - OpBase has no kind; every concrete op does
+            kind=op.kind,
             target=op.target,
-            dtype=op.dtype.value,
+            dtype=op.dtype,
             op=op,
             count=max(cfg.count, 1),
             share=cfg.share,
@@ -369,11 +369,11 @@ def replay_graph(
 ) -> Iterator[ReplayResult]:
     """Replay every unique config of one or many graphs, most expensive first; yields as measured.
 
-    ``estimate`` (seconds of one call) weights configs for the time share; by default a roofline
-    of a generic datacenter GPU.
+    ``estimate`` (seconds of one call) weights configs for the time share; by default the hardware
+    roofline on a catalog GPU (:func:`~validators.configs.cost_estimator`).
     """
     graphs = [graph] if isinstance(graph, OpGraph) else list(graph)
-    configs = unique_configs(graphs, estimate=estimate or roofline_estimator())
+    configs = unique_configs(graphs, estimate=estimate or cost_estimator())
     if select is not None:
         configs = [c for c in configs if select(c)]
     yield from replay_configs(configs, device, options, writer=writer, moe_skew=graph_skew(graphs))

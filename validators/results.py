@@ -14,11 +14,11 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, Annotated, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from opgraph.ir import LoadError, Op, OpKind
+from opgraph.ir import DType, LoadError, Op, OpKind
 from opgraph.ir.tensor import FROZEN
 
 NonNegFloat = Annotated[float, Field(ge=0)]
@@ -50,6 +50,10 @@ REPLAYED = frozenset({ReplayStatus.OK, ReplayStatus.MISMATCH})
 """Statuses of configs that ran and were timed."""
 
 
+MeasuredTimer = Literal["cuda_kernels", "cuda_events", "cuda_events_no_lead", "perf_counter", "events", "cuda_graph"]
+"""The clock a :class:`TimingStats` was measured with (the values replay has ever written)."""
+
+
 class TimingStats(BaseModel):
     """Device time of one call, over repeated samples."""
 
@@ -73,8 +77,10 @@ class TimingStats(BaseModel):
     """Calls averaged in each sample (more than one only for very short ops on the CPU)."""
     warmup_calls: Annotated[int, Field(ge=0)] = 0
     """Untimed calls before the samples."""
-    timer: str = "events"
-    """``cuda_events`` (device events around each call), ``cuda_graph`` or ``perf_counter`` (host clock)."""
+    timer: MeasuredTimer = "events"
+    """How the samples were taken: ``cuda_kernels`` (kernel durations from the profiler),
+    ``cuda_events`` (device events around each sample; ``_no_lead`` without a device-side lead),
+    ``perf_counter`` (host clock); ``events`` and ``cuda_graph`` appear in older files."""
     cold_l2: bool = False
     """The L2 cache was flushed before each sample."""
     warm_inputs: tuple[int, ...] | None = None
@@ -164,7 +170,7 @@ class ReplayResult(BaseModel):
     """Op kind."""
     target: str = ""
     """The aten overload or module the op came from."""
-    dtype: str
+    dtype: DType
     """Compute dtype of the op."""
     op: Op
     """A representative op of the config (the first seen), with its shapes, dtypes and call."""

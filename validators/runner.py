@@ -13,7 +13,7 @@ from pathlib import Path
 
 from opgraph.ir import LoadError, OpGraph, OpgraphError, load_graph
 from validators import distributed
-from validators.configs import Estimator, OpConfig, roofline_estimator, unique_configs
+from validators.configs import Estimator, OpConfig, cost_estimator, unique_configs
 from validators.replay import Replayer, ReplayOptions, graph_skew, replay_configs
 from validators.results import (
     Coverage,
@@ -167,7 +167,7 @@ def run_replay(
     out_path = Path(out) if out is not None else None
     try:
         replayer = Replayer(device, options, rank=rank)
-        all_configs = unique_configs(loaded, estimate=estimate or roofline_estimator())
+        all_configs = unique_configs(loaded, estimate=estimate or cost_estimator())
         configs = [c for c in all_configs if select is None or select(c)]
         if limit is not None:
             configs = configs[: max(limit, 0)]

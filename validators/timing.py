@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
+from opgraph.ir import OpgraphError
 from validators.results import TimingStats
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ class BusyWindows(Protocol):
 
 def _busy(clock: BusyWindows | None) -> AbstractContextManager[Any]:
     return clock.window() if clock is not None else contextlib.nullcontext()
+
+
+CudaTimerKind = Literal["kernels", "events"]
+"""How replay times an op on CUDA (:attr:`TimingConfig.timer`)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,7 @@ class TimingConfig:
     """Very short ops are issued several times per sample to fill at least this long (warm L2 only)."""
     batch: int = 10
     """Samples queued between synchronisations on CUDA."""
-    timer: str = "kernels"
+    timer: CudaTimerKind = "kernels"
     """CUDA timer: ``kernels`` sums the op's kernel durations as the profiler records them (the GPU
     time a measured trace counts; no launch gaps, no idle clocks), ``events`` brackets each sample
     with CUDA events (elapsed device time, gaps between the op's kernels included)."""
@@ -92,6 +97,14 @@ class TimingConfig:
     """Device work per profiler session: long enough to average out clock and power transients."""
     device_warmup_s: float = 1.0
     """Before the first op, keep the GPU busy this long so every run starts from a steady power state."""
+
+    def __post_init__(self) -> None:
+        if self.timer not in get_args(CudaTimerKind):
+            raise OpgraphError(
+                f"unknown timer {self.timer!r}",
+                where="TimingConfig.timer",
+                hint=f"use {' or '.join(get_args(CudaTimerKind))}",
+            )
 
 
 def summarize(samples_us: list[float], **extra: Any) -> TimingStats:

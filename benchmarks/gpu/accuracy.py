@@ -112,7 +112,7 @@ def main() -> int:
         run_to_run,
         unique_configs,
     )
-    from validators.configs import roofline_estimator
+    from validators.configs import cost_estimator
     from validators.sequence import IssueSequence, SequenceIssue
 
     out: Path = args.out
@@ -156,7 +156,7 @@ def main() -> int:
     # In a forward pass each weight is read once: replay with the L2 flushed before each call.
     timing = TimingConfig(cold_l2=not args.warm_l2)
     opts = ReplayOptions(check_max_flops=2e11, energy=None, timing=timing)
-    run_replay([graph], device=args.device, out=run1, options=opts, estimate=roofline_estimator(hw))
+    run_replay([graph], device=args.device, out=run1, options=opts, estimate=cost_estimator(hw))
     results = load_results(run1)
     cov = coverage(results)
     report["replay"] = {
@@ -175,7 +175,7 @@ def main() -> int:
         log("replay run 2 (timing only)")
         run2 = out / f"{case}.replay2.jsonl"
         opts2 = ReplayOptions(check=False, energy=False, timing=timing)
-        run_replay([graph], device=args.device, out=run2, options=opts2, estimate=roofline_estimator(hw))
+        run_replay([graph], device=args.device, out=run2, options=opts2, estimate=cost_estimator(hw))
         rtr = run_to_run(results, load_results(run2))
         report["run_to_run"] = {**rtr.model_dump(mode="json"), "line": rtr.line()}
         log(rtr.line())

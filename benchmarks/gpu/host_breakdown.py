@@ -71,7 +71,9 @@ def main() -> int:
 
     def meta_fw() -> float:
         g = capture(model, device="meta", host_timing=True, **kw)
-        return float(g.metadata.capture["host_timing_us"])
+        timing = g.metadata.host_timing
+        assert timing is not None
+        return timing.total_us
 
     out["meta_framework_before_us"] = meta_fw()
 

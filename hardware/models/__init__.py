@@ -1,8 +1,16 @@
 """Built-in cost models (roofline, formula, table, alpha-beta collectives) and their registry."""
 
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams, ring_factors
+from hardware.models.dispatch import (
+    COST_FORMULAS,
+    CostFormula,
+    CostKey,
+    CostRegistry,
+    FormulaDispatchModel,
+    register_cost,
+)
 from hardware.models.efficiency import EfficiencyCurve, GemmTile, RooflineParams
-from hardware.models.formula import FormulaModel, FormulaParams
+from hardware.models.formula import FormulaModel, FormulaParams, HardwareIgnoredWarning
 from hardware.models.registry import (
     COST_MODELS,
     ENTRY_POINT_GROUP,
@@ -11,25 +19,41 @@ from hardware.models.registry import (
     resolve_cost_model,
 )
 from hardware.models.roofline import RooflineModel
-from hardware.models.table import CostTable, TableEntry, TableModel, load_cost_table, shape_key, table_work
+from hardware.models.table import (
+    CostTable,
+    TableEntry,
+    TableExtrapolationWarning,
+    TableModel,
+    load_cost_table,
+    shape_key,
+    table_work,
+)
 
 __all__ = [
+    "COST_FORMULAS",
     "COST_MODELS",
     "ENTRY_POINT_GROUP",
     "AlphaBetaCollectiveModel",
     "CollectiveParams",
+    "CostFormula",
+    "CostKey",
+    "CostRegistry",
     "CostTable",
     "EfficiencyCurve",
+    "FormulaDispatchModel",
     "FormulaModel",
     "FormulaParams",
     "GemmTile",
+    "HardwareIgnoredWarning",
     "RooflineModel",
     "RooflineParams",
     "TableEntry",
+    "TableExtrapolationWarning",
     "TableModel",
     "cost_model_names",
     "load_cost_table",
     "parse_cost_options",
+    "register_cost",
     "resolve_cost_model",
     "ring_factors",
     "shape_key",

@@ -151,7 +151,23 @@ class RooflineParams(BaseModel):
                 raise ValueError(f"memory_scale[{kind.value}] must be in (0, 1], got {value}")
         return self
 
-    def memory_efficiency(self, kind: OpKind, nbytes: float) -> float:
-        """Fraction of memory bandwidth an op of ``kind`` moving ``nbytes`` reaches."""
-        curve = self.memory_curves.get(kind, self.memory_curve)
-        return curve(nbytes) * self.memory_scale.get(kind, 1.0)
+    def memory_efficiency(self, kind: OpKind | str, nbytes: float) -> float:
+        """Fraction of memory bandwidth an op of ``kind`` moving ``nbytes`` reaches (a kind outside
+        :class:`~opgraph.ir.OpKind`, a user's, gets the default curve)."""
+        k = builtin_kind(kind)
+        if k is None:
+            return self.memory_curve(nbytes)
+        return self.memory_curves.get(k, self.memory_curve)(nbytes) * self.memory_scale.get(k, 1.0)
+
+    def time_factor(self, kind: OpKind | str) -> float:
+        """The per-kind ``time_scale`` multiplier (1 when the kind has none)."""
+        k = builtin_kind(kind)
+        return 1.0 if k is None else self.time_scale.get(k, 1.0)
+
+
+def builtin_kind(kind: OpKind | str) -> OpKind | None:
+    """``kind`` as a built-in :class:`~opgraph.ir.OpKind`, or ``None`` for a kind outside it."""
+    try:
+        return OpKind(kind)
+    except ValueError:
+        return None

@@ -7,22 +7,33 @@ those numbers (all options) so engine and scheduling studies match the seed, and
 seed lacked: every op kind of the IR, free views, alpha-beta collectives, and an optional
 ``reference`` device so the same formula scales to hypothetical hardware (time x the reference's
 peak FLOP/s or bandwidth / the device's).
+
+Without a ``reference`` the formula ignores the simulated device's peaks altogether: its times are
+the seed's constants, not a prediction for that device (a 70B prefill "takes" 20 hours on an H100).
+It then says so, once per device, with a :class:`HardwareIgnoredWarning` (also in :meth:`FormulaModel.notes`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Annotated
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
-from hardware.base import Bound, Cost, CostModel, CostModelError
-from hardware.models.collective import AlphaBetaCollectiveModel
+from hardware.base import Bound, Cost, CostModelWarning
+from hardware.models.dispatch import (
+    FormulaDispatchModel,
+    collective_cost,
+    kind_name,
+    register_cost,
+    view_cost,
+)
+from hardware.models.efficiency import builtin_kind
 from hardware.spec import HardwareSpec
 from opgraph.ir import (
     Activation,
     Attention,
-    Collective,
     Elementwise,
     Gemm,
     Memory,
@@ -34,6 +45,10 @@ from opgraph.ir import (
     Softmax,
 )
 from opgraph.ir.tensor import FROZEN
+
+
+class HardwareIgnoredWarning(CostModelWarning):
+    """The formula model was asked to cost ops on a device whose peaks it does not use."""
 
 
 def _default_factors() -> dict[OpKind, float]:
@@ -70,62 +85,48 @@ class FormulaParams(BaseModel):
     """A catalog device the constants describe; times then scale to the simulated device."""
 
 
-def formula_elements(op: OpBase) -> float:
-    """The element count the formula multiplies, per kind (multiply-accumulates for matmuls)."""
-    if isinstance(op, Gemm):
-        return float(op.m * op.n * op.k * op.batch * op.groups)
-    if isinstance(op, Attention):
-        return float(op.batch * op.heads * op.pairs * (op.head_dim + op.dv))
-    if isinstance(op, Norm):
-        return float(op.rows * op.hidden)
-    if isinstance(op, Rope):
-        return float(op.tokens * op.head_dim)  # the seed counted numel / heads
-    if isinstance(op, (Activation, Elementwise, Memory)):
-        return float(op.numel)
-    if isinstance(op, Softmax):
-        return float(op.rows * op.cols)
-    size = op.dtype.itemsize or 1
-    return max(op.bytes_written, op.bytes_read) / size
+class FormulaModel(FormulaDispatchModel[FormulaParams]):
+    """``elements x base_us_per_element x factor[kind]`` microseconds (the seed's simulator).
 
-
-class FormulaModel:
-    """``elements x base_us_per_element x factor[kind]`` microseconds (the seed's simulator)."""
+    The element count of each kind is a cost formula registered under ``"formula"`` with
+    :func:`~hardware.models.dispatch.register_cost`; a formula for your own op kind or class calls
+    :meth:`from_elements`. ``formulas=`` overrides formulas for one model.
+    """
 
     name = "formula"
+    params_type = FormulaParams
 
-    def __init__(
-        self, params: FormulaParams | None = None, *, collective: CostModel | None = None, **options: object
-    ) -> None:
-        base = params or FormulaParams()
-        unknown = sorted(set(options) - set(FormulaParams.model_fields))
-        if unknown:
-            raise CostModelError(
-                f"unknown option {unknown[0]!r} for the formula model",
-                hint=f"known: {', '.join(sorted(FormulaParams.model_fields))}",
-            )
-        try:
-            self.params = FormulaParams.model_validate({**base.model_dump(), **options}) if options else base
-        except ValidationError as exc:
-            raise CostModelError(f"bad option for the formula model: {exc.errors()[0]['msg']}") from None
-        self.collective: CostModel = collective or AlphaBetaCollectiveModel()
+    def setup(self) -> None:
+        """Load the ``reference`` device, when one is named."""
         self._reference: HardwareSpec | None = None
         if self.params.reference is not None:
             from hardware.loader import load_hardware
 
             self._reference = load_hardware(self.params.reference)
+        self._warned: set[str] = set()
 
-    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
-        """The formula's time for ``op``; ``hw`` matters only with a ``reference`` device."""
-        kind = OpKind(getattr(op, "kind", OpKind.OTHER))
-        if kind is OpKind.VIEW:
-            return Cost(0.0, Bound.FREE, detail="view: no kernel")
-        if isinstance(op, Collective):
-            return self.collective.estimate(op, hw)
+    def notes(self, hw: HardwareSpec) -> tuple[str, ...]:
+        """What a user must know about this model's times on ``hw`` (empty when it scales to ``hw``)."""
+        if self._reference is not None:
+            return ()
+        return (
+            f"the formula cost model ignores {hw.name}'s peak FLOP/s and memory bandwidth: its times are the "
+            "seed simulator's size formulas (elements x 0.5 us x a per-kind factor), not a prediction for this "
+            "device; use -c roofline or a calibrated table, or the option reference=DEVICE to scale the "
+            "formula from the device its constants describe",
+        )
+
+    def from_elements(self, op: OpBase, hw: HardwareSpec, elements: float, extra_us: float = 0.0) -> Cost:
+        """``elements x base_us_per_element x factor[kind] + extra_us``, scaled to ``hw`` from the
+        ``reference`` device when there is one, truncated and floored as the options say."""
+        if hw.name not in self._warned:
+            self._warned.add(hw.name)
+            for note in self.notes(hw):
+                warnings.warn(note, HardwareIgnoredWarning, stacklevel=3)
         p = self.params
-        factor = p.factors.get(kind, p.default_factor)
-        us = formula_elements(op) * p.base_us_per_element * factor
-        if isinstance(op, Attention):
-            us += op.batch * op.heads * op.pairs * p.base_us_per_element * p.attention_softmax_factor
+        kind = builtin_kind(kind_name(op))
+        factor = p.factors.get(kind, p.default_factor) if kind is not None else p.default_factor
+        us = elements * p.base_us_per_element * factor + extra_us
         compute_like = kind in OpCategory.MATMUL
         if self._reference is not None:
             if compute_like:
@@ -143,3 +144,50 @@ class FormulaModel:
             memory_s=0.0 if compute_like else us * 1e-6,
             detail=f"formula: elements x {p.base_us_per_element} us x {factor}",
         )
+
+
+# -- element counts per kind (multiply-accumulates for matmuls) ------------------------------------
+
+
+register_cost(FormulaModel, OpKind.VIEW)(view_cost)
+register_cost(FormulaModel, OpKind.COLLECTIVE)(collective_cost)
+
+
+@register_cost(FormulaModel, OpKind.GEMM)
+def _gemm(model: FormulaModel, op: Gemm, hw: HardwareSpec) -> Cost:
+    return model.from_elements(op, hw, float(op.m * op.n * op.k * op.batch * op.groups))
+
+
+@register_cost(FormulaModel, OpKind.ATTENTION)
+def _attention(model: FormulaModel, op: Attention, hw: HardwareSpec) -> Cost:
+    scores = op.batch * op.heads * op.pairs
+    # The seed ran the softmax over the scores as separate stages.
+    softmax_us = scores * model.params.base_us_per_element * model.params.attention_softmax_factor
+    return model.from_elements(op, hw, float(scores * (op.head_dim + op.dv)), softmax_us)
+
+
+@register_cost(FormulaModel, OpKind.NORM)
+def _norm(model: FormulaModel, op: Norm, hw: HardwareSpec) -> Cost:
+    return model.from_elements(op, hw, float(op.rows * op.hidden))
+
+
+@register_cost(FormulaModel, OpKind.ROPE)
+def _rope(model: FormulaModel, op: Rope, hw: HardwareSpec) -> Cost:
+    return model.from_elements(op, hw, float(op.tokens * op.head_dim))  # the seed counted numel / heads
+
+
+@register_cost(FormulaModel, OpKind.ACTIVATION, OpKind.ELEMENTWISE, OpKind.MEMORY)
+def _numel(model: FormulaModel, op: Activation | Elementwise | Memory, hw: HardwareSpec) -> Cost:
+    return model.from_elements(op, hw, float(op.numel))
+
+
+@register_cost(FormulaModel, OpKind.SOFTMAX)
+def _softmax(model: FormulaModel, op: Softmax, hw: HardwareSpec) -> Cost:
+    return model.from_elements(op, hw, float(op.rows * op.cols))
+
+
+@register_cost(FormulaModel, OpBase)
+def _by_bytes(model: FormulaModel, op: OpBase, hw: HardwareSpec) -> Cost:
+    """Any other kind: the larger of the elements read and written."""
+    size = op.dtype.itemsize or 1
+    return model.from_elements(op, hw, max(op.bytes_written, op.bytes_read) / size)

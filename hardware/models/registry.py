@@ -103,9 +103,7 @@ def resolve_cost_model(spec: str, **options: object) -> CostModel:
     """
     spec = spec.strip()
     if spec.endswith(_TABLE_SUFFIXES) and ":" not in spec.replace("\\", "/").split("/")[-1]:
-        from hardware.models.table import TableModel
-
-        return TableModel(spec, **options)  # type: ignore[arg-type]
+        return instantiate_cost_model(COST_MODELS.get("table"), spec, {"table": spec, **options})
     if _is_file_spec(spec):
         obj = _from_file(spec)
     else:

@@ -12,28 +12,33 @@ A :class:`CostTable` (saved as JSON) holds what ``opgraph calibrate`` learns fro
 
 :class:`TableModel` looks an op up: an exact shape gives the measured time; another shape of a
 measured definition is interpolated linearly in the op's work (FLOPs for matmuls, bytes for the
-rest) between the nearest measured shapes, scaled linearly above the largest and held at the
-smallest below it; an unmeasured definition goes to the fallback model.
+rest) between the nearest measured shapes; outside the measured range it is the fallback's time
+scaled by the efficiency (measured / fallback time) at the nearest measured shape, so a GEMM
+measured only at decode sizes (memory-bound) is not scaled by FLOPs into a prefill (compute-bound).
+Such costs say "extrapolated" in their detail, and a shape more than :data:`FAR_EXTRAPOLATION`
+times outside the range raises a :class:`TableExtrapolationWarning` once per model. An unmeasured
+definition goes to the fallback model.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from hardware.base import Bound, Cost, CostModel, CostModelError, UncostedOpError
+from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarning, UncostedOpError
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams
 from hardware.models.efficiency import RooflineParams
-from hardware.spec import HardwareSpec
-from opgraph.ir import DType, OpBase, OpCategory, OpKind, Scalar, load_model, save_model
+from hardware.models.registry import resolve_cost_model
+from hardware.spec import HardwareSpec, NonNegFloat
+from opgraph.ir import DType, OpBase, OpCategory, OpgraphError, OpKind, Scalar, load_model, save_model
 from opgraph.ir.tensor import FROZEN
-
-NonNegFloat = Annotated[float, Field(ge=0)]
 
 _COMMON_FIELDS = frozenset(OpBase.model_fields) | {"kind"}
 
@@ -58,6 +63,23 @@ def table_work(op: OpBase) -> float:
     if kind in OpCategory.MATMUL and op.flops > 0:
         return float(op.flops)
     return float(op.total_bytes or op.flops)
+
+
+FAR_EXTRAPOLATION = 4.0
+"""Work this many times beyond the measured range makes :class:`TableModel` warn (once per model)."""
+
+_DERIVED = frozenset({"flops", "bytes_read", "bytes_written", "definition", "inputs", "outputs", "call"})
+
+
+class TableExtrapolationWarning(CostModelWarning):
+    """A table predicts a shape far outside the range of work it measured (see :data:`FAR_EXTRAPOLATION`)."""
+
+
+def _from_fields(op: OpBase, shape: dict[str, int] | None = None) -> OpBase:
+    """``op`` rebuilt from its fields (with ``shape``'s values), its FLOPs and bytes derived again, so that
+    the query and a measured shape are costed the same way."""
+    data = op.model_dump(exclude=set(_DERIVED))
+    return type(op).model_validate({**data, **(shape or {})})
 
 
 class TableEntry(BaseModel):
@@ -173,26 +195,28 @@ class _Series:
     """The measured shapes of one (definition, dtype), sorted by work."""
 
     def __init__(self) -> None:
-        self.points: list[tuple[float, float]] = []
+        self.entries: list[TableEntry] = []
 
     def finish(self) -> None:
         merged: dict[float, list[float]] = {}
-        for work, seconds in self.points:
-            merged.setdefault(work, []).append(seconds)
+        for e in self.entries:
+            merged.setdefault(e.work, []).append(e.seconds)
         self.points = sorted((w, sum(s) / len(s)) for w, s in merged.items())
         self.works = [w for w, _ in self.points]
+        by_work = sorted(self.entries, key=lambda e: e.work)
+        self.ends = (by_work[0], by_work[-1])
+        """The measured shapes at the smallest and the largest work (extrapolation starts from them)."""
 
-    def at(self, work: float) -> tuple[float, str]:
+    def interpolate(self, work: float) -> float | None:
+        """Linear in work between the two measured shapes around ``work``; ``None`` outside the range."""
         pts = self.points
-        lo, hi = pts[0], pts[-1]
-        if work <= lo[0]:
-            return lo[1], "below the measured range: smallest measured time"
-        if work >= hi[0]:
-            scale = work / hi[0] if hi[0] > 0 else 1.0
-            return hi[1] * scale, "above the measured range: largest measured throughput"
-        i = bisect.bisect_right(self.works, work)
+        if not pts[0][0] <= work <= pts[-1][0]:
+            return None
+        if len(pts) == 1:
+            return pts[0][1]
+        i = min(bisect.bisect_right(self.works, work), len(pts) - 1)
         (w0, t0), (w1, t1) = pts[i - 1], pts[i]
-        return t0 + (t1 - t0) * (work - w0) / (w1 - w0), "interpolated between measured shapes"
+        return t0 + (t1 - t0) * (work - w0) / (w1 - w0)
 
 
 class TableModel:
@@ -231,11 +255,12 @@ class TableModel:
         self.check_hardware = check_hardware
         self.collective = AlphaBetaCollectiveModel(self.table.collective)
         self.fallback = self._make_fallback(fallback)
+        self._warned_far = False
         self._exact: dict[tuple[str, DType, tuple[tuple[str, int], ...]], TableEntry] = {}
         self._series: dict[tuple[str, DType], _Series] = {}
         for e in self.table.entries:
             self._exact[(e.definition, e.dtype, tuple(sorted(e.shape.items())))] = e
-            self._series.setdefault((e.definition, e.dtype), _Series()).points.append((e.work, e.seconds))
+            self._series.setdefault((e.definition, e.dtype), _Series()).entries.append(e)
         for series in self._series.values():
             series.finish()
         hosts: dict[str, list[float]] = {}
@@ -249,17 +274,12 @@ class TableModel:
         if fallback is not None and not isinstance(fallback, str):
             return fallback
         name = fallback or self.table.fallback
-        if name == "roofline":
-            from hardware.models.roofline import RooflineModel
-
-            return RooflineModel(self.table.roofline, collective=self.collective)
-        if name == "formula":
-            from hardware.models.formula import FormulaModel
-
-            return FormulaModel(collective=self.collective)
-        from hardware.models.registry import resolve_cost_model
-
-        return resolve_cost_model(name)
+        # The built-ins get the table's fitted parameters; anything else is built as it is.
+        fitted: dict[str, dict[str, object]] = {
+            "roofline": {"params": self.table.roofline, "collective": self.collective},
+            "formula": {"collective": self.collective},
+        }
+        return resolve_cost_model(name, **fitted.get(name, {}))
 
     def _where(self) -> str:
         return self.path or "cost table"
@@ -283,6 +303,43 @@ class TableModel:
         except (UncostedOpError, CostModelError):
             return Bound.COMPUTE if getattr(op, "kind", None) in OpCategory.MATMUL else Bound.MEMORY
 
+    def _extrapolate(self, op: OpBase, hw: HardwareSpec, series: _Series, work: float) -> tuple[float, str]:
+        """A shape outside the measured range: the fallback's time scaled by the efficiency (measured /
+        fallback time) at the nearest measured shape, so a regime boundary (memory- to compute-bound)
+        between the two is the fallback's to model, never a measured time scaled by work."""
+        above = work > series.works[-1]
+        edge = series.ends[1] if above else series.ends[0]
+        edge_s = series.points[-1][1] if above else series.points[0][1]
+        side = "above" if above else "below"
+        far = work / edge.work if above else (edge.work / work if work > 0 else math.inf)
+        try:
+            query = self.fallback.estimate(_from_fields(op), hw).seconds
+            at_edge = self.fallback.estimate(_from_fields(op, edge.shape), hw).seconds
+        except (UncostedOpError, CostModelError, ValidationError) as exc:
+            why = exc.message if isinstance(exc, OpgraphError) else str(exc).splitlines()[0]
+            raise UncostedOpError(
+                f"{op.definition} lies {side} the shapes the table measured and its fallback cannot cost it: {why}",
+                where=self._where(),
+            ) from None
+        efficiency = edge_s / at_edge if at_edge > 0 else 1.0
+        shape = ", ".join(f"{k}={v}" for k, v in sorted(edge.shape.items()))
+        edge_name = "past the largest" if above else "under the smallest"
+        how = (
+            f"{side} the measured range of {op.definition} ({far:.3g}x {edge_name} measured work): "
+            f"fallback x {efficiency:.3f}, the efficiency measured at {shape}; extrapolated"
+        )
+        if far > FAR_EXTRAPOLATION and not self._warned_far:
+            self._warned_far = True
+            warnings.warn(
+                f"the cost table {self._where()} extrapolates: {op.definition} at {far:.3g}x "
+                f"{'more' if above else 'less'} work than it measured is predicted from its fallback scaled by the "
+                "efficiency measured at the nearest shape (each such op's cost detail says 'extrapolated'); "
+                "calibrate with shapes of this regime for measured times",
+                TableExtrapolationWarning,
+                stacklevel=3,
+            )
+        return query * efficiency, how
+
     def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
         """The measured, interpolated or fallback time of ``op``."""
         kind = getattr(op, "kind", OpKind.OTHER)
@@ -299,13 +356,12 @@ class TableModel:
             )
         series = self._series.get((op.definition, op.dtype))
         if series is not None:
-            seconds, how = series.at(table_work(op))
-            return Cost(
-                seconds,
-                self._bound(op, hw),
-                detail=f"table: {how} of {op.definition}",
-                host_s=self._host.get(op.definition),
-            )
+            work = table_work(op)
+            seconds = series.interpolate(work)
+            how = f"interpolated between measured shapes of {op.definition}"
+            if seconds is None:
+                seconds, how = self._extrapolate(op, hw, series, work)
+            return Cost(seconds, self._bound(op, hw), detail=f"table: {how}", host_s=self._host.get(op.definition))
         cost = self.fallback.estimate(op, hw)
         return dataclasses.replace(cost, detail=f"fallback (not in the table): {cost.detail}".rstrip(": "), host_s=None)
 

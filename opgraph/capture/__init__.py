@@ -11,13 +11,24 @@ from opgraph.capture.api import CaptureOptions, Tracing, capture, graph_from_rec
 from opgraph.capture.lowering import DEFAULT_PIPELINE, PASSES
 from opgraph.capture.profile import ProfiledCapture, profile_capture
 from opgraph.capture.recorder import Recorder
-from opgraph.capture.sources import CaptureError, ModelSource, Preset, find_preset, presets, resolve
+from opgraph.capture.sources import (
+    CaptureError,
+    ConfigError,
+    LayersError,
+    ModelSource,
+    Preset,
+    find_preset,
+    presets,
+    resolve,
+)
 
 __all__ = [
     "DEFAULT_PIPELINE",
     "PASSES",
     "CaptureError",
     "CaptureOptions",
+    "ConfigError",
+    "LayersError",
     "ModelSource",
     "Preset",
     "ProfiledCapture",

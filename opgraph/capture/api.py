@@ -12,118 +12,54 @@ The model is built directly on the target device from its config (``meta``: no w
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
+from opgraph.capture.hosttime import measure_host_gaps, with_host_gaps
 from opgraph.capture.lowering import DEFAULT_PIPELINE, Hints, Lowering, run_passes
 from opgraph.capture.lowering.build import build_ops, group_order
+from opgraph.capture.phase import (
+    AttnImpl,
+    CaptureDevice,
+    CaptureDType,
+    CaptureOptions,
+    Phase,
+    PhaseRecorder,
+    PreparedModel,
+    run_phase,
+    setup_phase,
+    token_ids,
+)
 from opgraph.capture.recorder import Recorder
-from opgraph.capture.sources import CaptureError, ModelSource, build_config, resolve
+from opgraph.capture.sources import CaptureError, ConfigError, build_config, resolve
 from opgraph.ir.gcpause import paused_gc
-from opgraph.ir.graph import GraphMetadata, OpGraph
+from opgraph.ir.graph import CaptureSettings, GraphMetadata, OpGraph
 
-Phase = Literal["prefill", "decode", "generate"]
-
-
-class PhaseRecorder(Protocol):
-    """What :func:`run_phase` needs of a recorder: stage tags and the blocks it records in."""
-
-    stage: str | None
-    step: int | None
-
-    def recording(self) -> AbstractContextManager[Any]:
-        """Record what runs inside."""
-        ...
-
-    def scope(self, name: str) -> AbstractContextManager[None]:
-        """Record what runs inside as module ``name``."""
-        ...
-
-
-PHASES = ("prefill", "decode", "generate")
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-ATTN_IMPLS = ("sdpa", "eager")
-DEVICES = ("meta", "cpu", "cuda")
-
-
-@dataclass(frozen=True)
-class CaptureOptions:
-    """What to capture; checked by :meth:`validate`."""
-
-    phase: str = "prefill"
-    batch: int = 1
-    seq_len: int = 512
-    """Prompt tokens per sequence (prefill and generate)."""
-    kv_len: int = 2048
-    """Tokens already in the KV cache (decode)."""
-    new_tokens: int = 4
-    """Decode steps after the prefill (generate)."""
-    dtype: str = "bf16"
-    layers: int | None = None
-    attn_impl: str = "sdpa"
-    device: str = "meta"
-    moe_skew: float | None = None
-    trust_remote_code: bool = False
-    host_timing: bool = False
-    """Also measure the framework's host time before each op (:mod:`opgraph.capture.hosttime`)."""
-
-    def validate(self) -> None:
-        """Raise :class:`CaptureError` on an impossible request."""
-        if self.phase not in PHASES:
-            raise CaptureError(f"unknown phase {self.phase!r}", where="--phase", hint=f"one of {', '.join(PHASES)}")
-        if self.batch < 1:
-            raise CaptureError("must be at least 1", where="--batch")
-        if self.phase in ("prefill", "generate") and self.seq_len < 1:
-            raise CaptureError(f"must be at least 1 (got {self.seq_len})", where="--seq-len")
-        if self.phase == "decode" and self.kv_len < 1:
-            raise CaptureError(f"must be at least 1 (got {self.kv_len})", where="--kv-len")
-        if self.phase == "generate" and self.new_tokens < 1:
-            raise CaptureError(f"must be at least 1 (got {self.new_tokens})", where="--new-tokens")
-        if self.dtype not in DTYPES:
-            raise CaptureError(f"unknown dtype {self.dtype!r}", where="--dtype", hint=f"one of {', '.join(DTYPES)}")
-        if self.attn_impl not in ATTN_IMPLS:
-            raise CaptureError(
-                f"unknown attention implementation {self.attn_impl!r}",
-                where="--attn-impl",
-                hint=f"one of {', '.join(ATTN_IMPLS)}",
-            )
-        if self.device not in DEVICES:
-            raise CaptureError(f"unknown device {self.device!r}", where="--device", hint=f"one of {', '.join(DEVICES)}")
-        if self.moe_skew is not None and not 0 <= self.moe_skew <= 8:
-            raise CaptureError("must be between 0 (balanced) and 8", where="--moe-skew")
-        if self.layers is not None and self.layers < 1:
-            raise CaptureError("must be at least 1", where="--layers")
-
-    @property
-    def positions(self) -> int:
-        """Largest position the capture reaches."""
-        if self.phase == "decode":
-            return self.kv_len + 1
-        if self.phase == "generate":
-            return self.seq_len + self.new_tokens
-        return self.seq_len
-
-
-@dataclass
-class PreparedModel:
-    """A model built on its device with what the capture needs to know about it."""
-
-    name: str
-    model: Any
-    config: Any
-    hints: Hints
-    source: ModelSource | None
-    assumptions: list[str] = field(default_factory=list)
-
-
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, DTYPES[name])
+__all__ = [
+    "AttnImpl",
+    "CaptureDType",
+    "CaptureDevice",
+    "CaptureOptions",
+    "Phase",
+    "PhaseRecorder",
+    "PreparedModel",
+    "Recorded",
+    "Tracing",
+    "add_host_timing",
+    "capture",
+    "graph_from_recording",
+    "hints_from_config",
+    "lower",
+    "prepare",
+    "record",
+    "run_phase",
+    "setup_phase",
+    "token_ids",
+    "tracing",
+]
 
 
 def hints_from_config(config: Any) -> Hints:
@@ -157,7 +93,6 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
     """Resolve and build the model on ``opts.device`` (or take a given ``nn.Module``)."""
     import torch
 
-    opts.validate()
     if opts.device == "cuda" and not torch.cuda.is_available():
         raise CaptureError("CUDA is not available here", where="--device", hint="use --device meta or cpu")
     if isinstance(model_or_id, torch.nn.Module):
@@ -177,7 +112,7 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
     from opgraph.capture import moe_model
 
     prepared = PreparedModel(name, model, config, hints_from_config(config), source)
-    if not isinstance(model_or_id, torch.nn.Module) and used_impl != opts.attn_impl:
+    if not isinstance(model_or_id, torch.nn.Module) and used_impl != opts.attn_impl and has_attention(model):
         prepared.assumptions.append(
             f"{name} has no {opts.attn_impl} attention in this transformers; captured with {used_impl} attention"
         )
@@ -186,6 +121,11 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
             moe_model.skew_assumption(opts.moe_skew) if opts.moe_skew else moe_model.BALANCED_ASSUMPTION
         )
     return prepared
+
+
+def has_attention(model: Any) -> bool:
+    """True when some submodule is an attention block (state-space models such as Mamba have none)."""
+    return any("attention" in type(m).__name__.lower() for m in model.modules())
 
 
 def _build(config: Any, opts: CaptureOptions, name: str) -> tuple[Any, str]:
@@ -199,7 +139,7 @@ def _build(config: Any, opts: CaptureOptions, name: str) -> tuple[Any, str]:
                 with torch.device(opts.device):
                     model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                         config,
-                        dtype=_torch_dtype(opts.dtype),
+                        dtype=opts.torch_dtype,
                         attn_implementation=attempt,
                         trust_remote_code=opts.trust_remote_code,
                     )
@@ -217,97 +157,14 @@ def _build(config: Any, opts: CaptureOptions, name: str) -> tuple[Any, str]:
                 where=name,
                 hint="capture supports decoder-only models that AutoModelForCausalLM can build",
             ) from None
-        raise CaptureError(f"transformers cannot build this model ({msg[:240]})", where=name) from None
+        raise ConfigError(f"transformers cannot build this model ({msg[:240]})", where=name) from None
+    except RuntimeError as exc:  # torch refusing a size the config gave (a negative dimension)
+        msg = " ".join(str(exc).split())
+        raise ConfigError(
+            f"transformers cannot build this model ({msg[:240]})", where=name, hint="check the sizes in the config"
+        ) from None
     model.eval()
     return model, impl
-
-
-def _forward_kwargs(model: Any) -> tuple[str, bool]:
-    params = inspect.signature(model.forward).parameters
-    cache_kw = "cache" if "cache" in params else "past_key_values"
-    return cache_kw, "logits_to_keep" in params
-
-
-def _new_cache(config: Any) -> Any:
-    import transformers
-
-    try:
-        return transformers.DynamicCache(config=config)
-    except TypeError:
-        return transformers.DynamicCache()
-
-
-def token_ids(prepared: PreparedModel, opts: CaptureOptions, batch: int, length: int, seed: int = 0) -> Any:
-    """Input token ids: seeded random tokens on real devices (a prompt of identical tokens makes every
-    activation row equal, which runs matrix units at unrealistically low power), zeros on meta."""
-    import torch
-
-    if opts.device == "meta":
-        return torch.zeros(batch, length, dtype=torch.long, device="meta")
-    vocab = int(getattr(prepared.config, "vocab_size", 0) or 32000)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    return torch.randint(0, vocab, (batch, length), generator=gen, dtype=torch.long).to(opts.device)
-
-
-def setup_phase(prepared: PreparedModel, opts: CaptureOptions) -> Any:
-    """The KV cache the phase starts from: empty, or (decode) filled with ``kv_len`` tokens, unrecorded.
-
-    Kept apart from :func:`run_phase` so that timed and profiled runs cover the phase alone.
-    """
-    import torch
-
-    cache = _new_cache(prepared.config)
-    if opts.phase == "decode":
-        cache_kw, _ = _forward_kwargs(prepared.model)
-        ids = token_ids(prepared, opts, opts.batch, opts.kv_len, seed=1)
-        with torch.no_grad():
-            prepared.model(input_ids=ids, use_cache=True, **{cache_kw: cache})
-    return cache
-
-
-def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: PhaseRecorder | None, cache: Any = None) -> None:
-    """Run the phase's forward passes (recorded when ``rec`` is given).
-
-    ``cache`` comes from :func:`setup_phase`; without it the phase sets itself up first (a decode
-    cache is then filled inside this call, unrecorded).
-    """
-    import torch
-
-    model = prepared.model
-    cache_kw, has_keep = _forward_kwargs(model)
-
-    def forward(ids: Any, cache: Any, stage: str, step: int, keep_last: bool = False) -> Any:
-        kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True, cache_kw: cache}
-        if keep_last and has_keep:
-            kwargs["logits_to_keep"] = 1
-        if rec is None:
-            return model(**kwargs)
-        rec.stage, rec.step = stage, step
-        with rec.recording():
-            return model(**kwargs)
-
-    if cache is None:
-        cache = setup_phase(prepared, opts)
-    with torch.no_grad():
-        b = opts.batch
-        if opts.phase == "decode":
-            forward(token_ids(prepared, opts, b, 1, seed=2), cache, "decode", 1)
-            return
-        generate = opts.phase == "generate"
-        out = forward(token_ids(prepared, opts, b, opts.seq_len), cache, "prefill", 0, generate)
-        if not generate:
-            return
-        for step in range(1, opts.new_tokens + 1):
-            ids = _sample(out.logits, rec)
-            out = forward(ids, cache, "decode", step, True)
-
-
-def _sample(logits: Any, rec: PhaseRecorder | None) -> Any:
-    # Greedy sampling, recorded in a "sampler" scope.
-    if rec is None:
-        return logits[:, -1, :].argmax(dim=-1, keepdim=True)
-    with rec.recording(), rec.scope("sampler"):
-        return logits[:, -1, :].argmax(dim=-1, keepdim=True)
 
 
 def lower(
@@ -348,7 +205,7 @@ def graph_from_recording(
     config_hash: str = "",
     num_layers: int | None = None,
     phase: str = "trace",
-    settings: dict[str, Any] | None = None,
+    settings: CaptureSettings | None = None,
     assumptions: list[str] | None = None,
 ) -> tuple[OpGraph, list[int | None]]:
     """Lower a recording into a graph; also returns the op id of each recorded event."""
@@ -360,7 +217,7 @@ def graph_from_recording(
         config_hash=config_hash,
         num_layers=num_layers,
         phase=phase,
-        capture=settings or {},
+        capture=settings or CaptureSettings(),
         versions=_versions(),
         assumptions=tuple(notes),
     )
@@ -370,22 +227,17 @@ def graph_from_recording(
 def _metadata_args(prepared: PreparedModel, opts: CaptureOptions) -> dict[str, Any]:
     cfg = prepared.config
     arch = type(prepared.model).__name__
-    settings: dict[str, Any] = {
-        "batch": opts.batch,
-        "dtype": opts.dtype,
-        "device": opts.device,
-        "attn_impl": opts.attn_impl,
-    }
-    if opts.phase in ("prefill", "generate"):
-        settings["seq_len"] = opts.seq_len
-    if opts.phase == "decode":
-        settings["kv_len"] = opts.kv_len
-    if opts.phase == "generate":
-        settings["new_tokens"] = opts.new_tokens
-    if opts.layers is not None:
-        settings["layers"] = opts.layers
-    if opts.moe_skew is not None:
-        settings["moe_skew"] = opts.moe_skew
+    settings = CaptureSettings(
+        batch=opts.batch,
+        dtype=opts.dtype,
+        device=opts.device,
+        attn_impl=opts.attn_impl,
+        seq_len=opts.seq_len if opts.phase in ("prefill", "generate") else None,
+        kv_len=opts.kv_len if opts.phase == "decode" else None,
+        new_tokens=opts.new_tokens if opts.phase == "generate" else None,
+        layers=opts.layers,
+        moe_skew=opts.moe_skew,
+    )
     return {
         "hints": prepared.hints,
         "model": prepared.name,
@@ -425,19 +277,21 @@ def capture(
     >>> g.summary()["by_kind"]["gemm"]["ops"]  # doctest: +SKIP
     8
     """
-    opts = CaptureOptions(
-        phase,
-        batch,
-        seq_len,
-        kv_len,
-        new_tokens,
-        dtype,
-        layers,
-        attn_impl,
-        device,
-        moe_skew,
-        trust_remote_code,
-        host_timing,
+    opts = CaptureOptions.model_validate(
+        {
+            "phase": phase,
+            "batch": batch,
+            "seq_len": seq_len,
+            "kv_len": kv_len,
+            "new_tokens": new_tokens,
+            "dtype": dtype,
+            "layers": layers,
+            "attn_impl": attn_impl,
+            "device": device,
+            "moe_skew": moe_skew,
+            "trust_remote_code": trust_remote_code,
+            "host_timing": host_timing,
+        }
     )
     rec = record(model_or_id, opts)
     return add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
@@ -471,8 +325,6 @@ def add_host_timing(
     """The graph with the framework's host time per op when ``opts.host_timing`` asks for it."""
     if not opts.host_timing:
         return graph
-    from opgraph.capture.hosttime import measure_host_gaps, with_host_gaps
-
     timing = measure_host_gaps(prepared, opts, event_op, [e.target for e in rec.events])
     return with_host_gaps(graph, timing)
 

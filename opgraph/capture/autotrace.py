@@ -66,10 +66,13 @@ def _finish() -> None:
     with contextlib.suppress(Exception):
         ctx.__exit__(None, None, None)
     from opgraph.capture.api import graph_from_recording
+    from opgraph.ir.graph import CaptureSettings
     from opgraph.ir.io import save_graph
 
     script = Path(_script_name()).name or "script"
-    graph, _ = graph_from_recording(rec, model=script, phase="trace", settings={"script": script})
+    graph, _ = graph_from_recording(
+        rec, model=script, phase="trace", settings=CaptureSettings.model_validate({"script": script})
+    )
     save_graph(graph, path)
     print(f"opgraph: traced {len(graph.ops)} ops -> {path}", file=sys.stderr)
 

@@ -14,7 +14,7 @@ measures the rest, on the capture host, by running the captured phase again:
   recorder's stand-ins) or its profile does not line up with the recording (on real devices some
   kernels run aten ops of their own that the profiler shows and the recorder does not), a Python
   ``TorchDispatchMode`` clock that gives the same stand-ins stamps every aten call instead (a larger
-  cost per call, also measured and taken off; ``host_timing_from`` says which).
+  cost per call, also measured and taken off; ``HostTimingSummary.overhead_source`` says which).
 
 Each graph op gets the gap before its first call plus the gaps and own times of the calls folded
 into no op since the op before it (``OpBase.host_gap_us``). Its own calls, and the Python between
@@ -36,12 +36,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from opgraph.capture.recorder import fast_meta, meta_stand_in
+from opgraph.capture.phase import CaptureOptions, PreparedModel, run_phase, setup_phase
+from opgraph.capture.recorder import meta_stand_in, run_composite
 from opgraph.ir.gcpause import paused_gc
+from opgraph.ir.graph import HostTimingSummary, capture_settings
 
 if TYPE_CHECKING:
-    from opgraph.capture.api import CaptureOptions, PreparedModel
-    from opgraph.ir.graph import OpGraph, Scalar
+    from opgraph.ir.graph import OpGraph
 
 _SDPA = "scaled_dot_product_attention"
 
@@ -96,9 +97,7 @@ class _Clock(TorchDispatchMode):  # type: ignore[no-untyped-call]
         t0 = time.perf_counter_ns()
         self.inside += 1
         try:
-            out = fast_meta(_SDPA, args, kwargs)
-            if out is None:
-                out = func(*args, **kwargs)
+            out = run_composite(_SDPA, func, args, kwargs)
         finally:
             self.inside -= 1
         t1 = time.perf_counter_ns()
@@ -109,7 +108,7 @@ class _Clock(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 
 class _PhaseRun:
-    """Stands in for the recorder in :func:`~opgraph.capture.api.run_phase`: the same blocks, with
+    """Stands in for the recorder in :func:`~opgraph.capture.phase.run_phase`: the same blocks, with
     SDPA on the same fast path as the recorder's and, with a clock, every aten call stamped; without
     one, each block is a profiler range (:data:`BLOCK_RANGE`) and SDPA one range of its own."""
 
@@ -130,8 +129,7 @@ class _PhaseRun:
             if clock is not None:
                 return clock.composite(original, args, kwargs)
             with record_function(f"aten::{_SDPA}"):
-                out = fast_meta(_SDPA, args, kwargs)
-                return out if out is not None else original(*args, **kwargs)
+                return run_composite(_SDPA, original, args, kwargs)
 
         F.scaled_dot_product_attention = sdpa
         try:
@@ -272,8 +270,6 @@ def measure_host_gaps(
             return None
         return attribute_gaps([ns / 1e3 for ns in run.clock.samples], event_op, cost)
 
-    from opgraph.capture.api import run_phase, setup_phase
-
     def repeat(one_run: Callable[[Any, float], dict[int, float] | None], cost: float) -> list[dict[int, float]]:
         with paused_gc():
             per_run = [one_run(setup_phase(prepared, opts), cost) for _ in range(runs + 1)][1:]
@@ -341,14 +337,14 @@ def attribute_gaps(samples: Sequence[float], event_op: Sequence[int | None], clo
 
 def with_host_gaps(graph: OpGraph, timing: HostTiming) -> OpGraph:
     """The graph with ``host_gap_us`` set on every op and the measurement named in its settings."""
-    settings: dict[str, Scalar] = {
-        "host_timing_us": round(timing.total_us, 1),
-        "host_timing_cpu": timing.host,
-        "host_timing_clock_overhead_us": round(timing.clock_overhead_us, 3),
-        "host_timing_from": timing.overhead_source,
-    }
+    summary = HostTimingSummary(
+        total_us=round(timing.total_us, 1),
+        cpu=timing.host,
+        clock_overhead_us=round(timing.clock_overhead_us, 3),
+        overhead_source=timing.overhead_source,
+    )
     gaps = {op.id: round(timing.gaps_us.get(op.id, 0.0), 3) for op in graph.ops}
-    return _set_gaps(graph, gaps, settings)
+    return _set_gaps(graph, gaps, summary)
 
 
 def carry_host_gaps(source: OpGraph, target: OpGraph) -> OpGraph:
@@ -362,13 +358,13 @@ def carry_host_gaps(source: OpGraph, target: OpGraph) -> OpGraph:
         op.id not in src or src[op.id].definition != op.definition for op in target.ops
     ):
         raise ValueError("the graphs differ op for op: host gaps cannot be carried over")
-    settings = {k: v for k, v in source.metadata.capture.items() if k.startswith("host_timing")}
-    return _set_gaps(target, {i: op.host_gap_us for i, op in src.items()}, settings)
+    return _set_gaps(target, {i: op.host_gap_us for i, op in src.items()}, source.metadata.host_timing)
 
 
-def _set_gaps(graph: OpGraph, gaps: Mapping[int, float | None], settings: Mapping[str, Scalar]) -> OpGraph:
+def _set_gaps(graph: OpGraph, gaps: Mapping[int, float | None], summary: HostTimingSummary | None) -> OpGraph:
     ops = tuple(op.model_copy(update={"host_gap_us": gaps.get(op.id)}) for op in graph.ops)
-    md = graph.metadata.model_copy(update={"capture": {**graph.metadata.capture, **settings}})
+    settings = capture_settings(graph.metadata.capture).model_copy(update={"host_timing": summary})
+    md = graph.metadata.model_copy(update={"capture": settings})
     return type(graph).model_construct(metadata=md, ops=ops, edges=graph.edges)
 
 

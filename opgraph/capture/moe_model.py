@@ -12,12 +12,40 @@ not those of the model; the shapes, FLOPs and bytes are those of the chosen rout
 from __future__ import annotations
 
 import types
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
+
+PLAN_ATTR = "_opgraph_plan"
+"""Attribute an experts module sets during its forward; the recorder keeps it on the module call."""
+
+
+@dataclass(frozen=True)
+class ExpertPlan:
+    """How one call of a stacked-experts module ran its modelled routing (read by the ``moe`` pass)."""
+
+    tokens: int
+    """Tokens routed."""
+    top_k: int
+    """Experts per token."""
+    active: int
+    """Experts that received at least one token."""
+    impl: Literal["bmm", "loop"]
+    """One ``bmm`` over equal loads, or one ``mm`` per expert."""
+
 
 BALANCED_ASSUMPTION = (
     "MoE routing is modelled, not computed: token-expert pairs are spread evenly over the experts "
     "(balanced); expert outputs are not numerically those of the model"
 )
+
+
+def is_experts_module(module: object) -> bool:
+    """Whether a module holds stacked expert weights (``gate_up_proj``/``up_proj`` of rank 3)."""
+    for attr in ("gate_up_proj", "up_proj"):
+        w = getattr(module, attr, None)
+        if w is not None and getattr(w, "ndim", 0) == 3:
+            return True
+    return False
 
 
 def skew_assumption(skew: float) -> str:
@@ -74,12 +102,7 @@ def modelled_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, to
     pairs = sum(counts)
     active = len(counts)
     even = bool(counts) and all(c == counts[0] for c in counts)
-    self._opgraph_plan = {
-        "tokens": tokens,
-        "top_k": top_k,
-        "active": active,
-        "impl": "bmm" if even else "loop",
-    }
+    setattr(self, PLAN_ATTR, ExpertPlan(tokens, top_k, active, "bmm" if even else "loop"))
     device = hidden_states.device
     has_gate = getattr(self, "has_gate", True)
     transposed = getattr(self, "is_transposed", False)
@@ -134,7 +157,6 @@ def modelled_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, to
 
 def install(model: Any, skew: float = 0.0) -> int:
     """Run every stacked-experts module of ``model`` with modelled routing; returns how many."""
-    from opgraph.capture.lowering.moe import is_experts_module
 
     n = 0
     for module in model.modules():

@@ -29,7 +29,7 @@ from opgraph.capture.api import (
     setup_phase,
 )
 from opgraph.capture.recorder import Recorder
-from opgraph.ir.graph import OpGraph
+from opgraph.ir.graph import OpGraph, capture_settings
 from opgraph.ir.timeline import Span, Timeline, TimelineKind, TimelineSource
 
 _KERNEL_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -218,7 +218,7 @@ def timeline_from_trace(
             name=graph.metadata.model,
             device=device,
             graph_model=graph.metadata.model,
-            config=dict(graph.metadata.capture),
+            config=capture_settings(graph.metadata.capture).flat(),
         ),
         spans=tuple(spans),
         wall_us=wall_us,

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -43,26 +43,26 @@ except ImportError:  # pragma: no cover - very old or trimmed torch builds
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-TRef = tuple[int, tuple[int, ...], str, "tuple[int, ...] | None"]
-"""A tensor as seen by an event: (tensor id, shape, dtype name, strides when not contiguous)."""
+from opgraph.capture.moe_model import PLAN_ATTR
+from opgraph.ir.dtypes import TORCH_DTYPE_NAMES
 
-_DTYPES: dict[torch.dtype, str] = {
-    torch.float64: "fp64",
-    torch.float32: "fp32",
-    torch.bfloat16: "bf16",
-    torch.float16: "fp16",
-    torch.int64: "int64",
-    torch.int32: "int32",
-    torch.int16: "int16",
-    torch.int8: "int8",
-    torch.uint8: "uint8",
-    torch.bool: "bool",
-    torch.complex64: "complex64",
-    torch.complex128: "complex128",
+
+class TRef(NamedTuple):
+    """A tensor as seen by an event."""
+
+    tid: int
+    """Tensor id (a storage version: views share it, an in-place write makes a new one)."""
+    shape: tuple[int, ...]
+    dtype: str
+    """IR dtype name (``bf16``); torch's own name for a type the IR lacks."""
+    strides: tuple[int, ...] | None
+    """Strides when not contiguous."""
+
+
+_IR_DTYPES: dict[torch.dtype, str] = {
+    getattr(torch, name): dt.value for name, dt in TORCH_DTYPE_NAMES.items() if hasattr(torch, name)
 }
-for _name, _dt in (("float8_e4m3fn", "fp8_e4m3"), ("float8_e5m2", "fp8_e5m2"), ("float8_e4m3fnuz", "fp8_e4m3")):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = _dt
+"""torch dtypes to IR dtype names, from the one table in :mod:`opgraph.ir.dtypes`."""
 
 _LAYER_RE = re.compile(r"\.(\d+)(?:\.|$)")
 
@@ -76,7 +76,7 @@ _NONZERO_ASSUMPTION = "nonzero/where(cond) on meta tensors: every element is ass
 
 def dtype_name(dtype: torch.dtype) -> str:
     """The IR dtype name of a torch dtype (``bf16``); unknown dtypes keep torch's name."""
-    return _DTYPES.get(dtype) or str(dtype).removeprefix("torch.")
+    return _IR_DTYPES.get(dtype) or str(dtype).removeprefix("torch.")
 
 
 def layer_of(scope: str) -> int | None:
@@ -97,6 +97,9 @@ class ModuleCall:
     """Index of the enclosing call, -1 at the top."""
     module: Any = None
     """The module itself (kept for passes that read attributes such as ``num_experts``)."""
+    state: object = None
+    """What the module left for the lowering when this call ended (the ``PLAN_ATTR`` attribute:
+    a modelled experts call's :class:`~opgraph.capture.moe_model.ExpertPlan`)."""
 
 
 @dataclass(slots=True)
@@ -176,7 +179,6 @@ class Recorder:
         self._next_tid = 0
         self._suppress = 0
         self._finfo: dict[Any, _FuncInfo] = {}
-        self._sdpa: Any = None
 
     # ----------------------------------------------------------------- names and scopes
     def add_root(self, module: Any, prefix: str = "") -> None:
@@ -213,7 +215,7 @@ class Recorder:
 
     def _post_hook(self, module: Any, args: Any, output: Any) -> None:
         if self._stack:
-            self._stack.pop()
+            self.calls[self._stack.pop()].state = getattr(module, PLAN_ATTR, None)
 
     # ----------------------------------------------------------------- tensors
     def _ref(self, t: torch.Tensor) -> TRef:
@@ -223,7 +225,7 @@ class Recorder:
         if entry is None or entry[1].expired():
             return self._fresh(t, storage)
         strides = None if t.is_contiguous() else tuple(t.stride())
-        return (entry[0], tuple(t.shape), dtype_name(t.dtype), strides)
+        return TRef(entry[0], tuple(t.shape), dtype_name(t.dtype), strides)
 
     def _fresh(self, t: torch.Tensor, storage: Any = None) -> TRef:
         if storage is None:
@@ -232,7 +234,7 @@ class Recorder:
         self._next_tid += 1
         self._keys[storage._cdata] = (tid, StorageWeakRef(storage))  # type: ignore[no-untyped-call]
         strides = None if t.is_contiguous() else tuple(t.stride())
-        return (tid, tuple(t.shape), dtype_name(t.dtype), strides)
+        return TRef(tid, tuple(t.shape), dtype_name(t.dtype), strides)
 
     def _encode(self, v: Any, tensors: list[torch.Tensor]) -> Any:
         if isinstance(v, torch.Tensor):
@@ -359,9 +361,7 @@ class Recorder:
                 with self._range(index):
                     out = func(*args, **kwargs)
             else:
-                out = fast_meta(name, args, kwargs)
-                if out is None:
-                    out = func(*args, **kwargs)
+                out = run_composite(name, func, args, kwargs)
         finally:
             self._suppress -= 1
         self._append(index, f"aten.{name}", name, inputs, (self._fresh(out),), enc_args, enc_kwargs, composite=True)
@@ -433,7 +433,13 @@ def meta_stand_in(func: Any, args: tuple[Any, ...]) -> tuple[Any, str] | None:
     return None
 
 
-def fast_meta(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def run_composite(name: str, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The output of composite ``name``: :func:`fast_meta`'s on meta, else what ``func`` returns."""
+    out = fast_meta(name, args)
+    return func(*args, **kwargs) if out is None else out
+
+
+def fast_meta(name: str, args: tuple[Any, ...]) -> Any:
     """The output of a composite on meta without running its decomposition."""
     if name != "scaled_dot_product_attention" or len(args) < 3:
         return None

@@ -21,6 +21,14 @@ class CaptureError(OpgraphError):
     """A model that cannot be found, built or captured as asked."""
 
 
+class ConfigError(CaptureError):
+    """A model config with values transformers rejects or cannot build a model from."""
+
+
+class LayersError(CaptureError):
+    """``layers`` asks for more layers than the model has."""
+
+
 @dataclass(frozen=True)
 class Preset:
     """A shipped model config (shapes from the published ``config.json``; no weights)."""
@@ -181,20 +189,70 @@ def build_config(source: ModelSource, *, layers: int | None = None, trust_remote
         else:
             kwargs = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
             config = transformers.AutoConfig.for_model(model_type, **kwargs)
-    except (ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:  # transformers' own checks raise ValueError, TypeError or huggingface_hub's errors
         msg = " ".join(str(exc).split())[:300]
-        hint = "pass --trust-remote-code for a model with its own code" if raw.get("auto_map") else None
-        raise CaptureError(f"transformers cannot build this config ({msg})", where=source.name, hint=hint) from None
+        hint = (
+            "pass --trust-remote-code for a model with its own code"
+            if raw.get("auto_map")
+            else "fix the config's values (sizes must be positive, hidden_size a multiple of the heads)"
+        )
+        raise ConfigError(f"transformers cannot build this config ({msg})", where=source.name, hint=hint) from None
+    check_sizes(config, source.name)
     if layers is not None:
         if layers < 1:
             raise CaptureError("must be at least 1", where="--layers")
         total = getattr(config, "num_hidden_layers", None)
+        if total is not None and layers > total:
+            raise LayersError(
+                f"{layers} layers asked for, but {source.name} has {total}",
+                where="--layers",
+                hint=f"pass --layers {total} or fewer, or leave it out for all {total}",
+            )
         if total is not None and layers < total:
             config.num_hidden_layers = layers
             lt = getattr(config, "layer_types", None)
             if isinstance(lt, list):
                 config.layer_types = lt[:layers]
     return config
+
+
+SIZE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+)
+"""Config sizes that must be positive integers when present."""
+
+
+def check_sizes(config: Any, where: str) -> None:
+    """Raise :class:`ConfigError` on a size a model cannot be built with (one transformers does not
+    reject itself: a negative size, key/value heads that do not divide the query heads)."""
+    names: dict[str, str] = dict(getattr(config, "attribute_map", None) or {})
+
+    def key(attr: str) -> str:  # the name in the config file (GPT-2's n_embd for hidden_size)
+        return names.get(attr, attr)
+
+    for attr in SIZE_FIELDS:
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ConfigError(
+                f"{key(attr)} must be a positive integer (got {value})",
+                where=where,
+                hint=f"fix {key(attr)} in the config",
+            )
+    heads = getattr(config, "num_attention_heads", None)
+    kv = getattr(config, "num_key_value_heads", None)
+    if isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+        raise ConfigError(
+            f"{key('num_attention_heads')} ({heads}) is not a multiple of {key('num_key_value_heads')} ({kv})",
+            where=where,
+            hint=f"fix {key('num_key_value_heads')} in the config: each key/value head serves a whole group of heads",
+        )
 
 
 def _is_causal_lm(raw: dict[str, Any]) -> bool:

@@ -1,6 +1,6 @@
 """Catalogs of traced op configs: merge graphs of many models into deduplicated configs with provenance.
 
-A config is an op with its place in the graph stripped (see :mod:`opgraph.catalog.config`); its
+A config is an op with its place in the graph stripped (see :mod:`opgraph.ir.configs`); its
 hash is stable across captures, op ids and program order. Catalogs feed sweep tests
 (:mod:`validators.sweep`) and the ``opgraph ops`` command.
 """
@@ -16,7 +16,9 @@ from opgraph.catalog.build import (
     merge_catalogs,
     save_catalog,
 )
-from opgraph.catalog.config import (
+from opgraph.catalog.models import Catalog, CatalogEntry, ConfigSource, GraphRecord
+from opgraph.catalog.query import OperationSummary, filter_entries, select_op, summarize
+from opgraph.ir.configs import (
     CONFIG_HASH_VERSION,
     canonical_json,
     config_dict,
@@ -27,8 +29,6 @@ from opgraph.catalog.config import (
     size_label,
     tensor_layout,
 )
-from opgraph.catalog.models import Catalog, CatalogEntry, ConfigSource, GraphRecord
-from opgraph.catalog.query import OperationSummary, filter_entries, select_op, summarize
 
 __all__ = [
     "CONFIG_HASH_VERSION",

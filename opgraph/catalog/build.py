@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from opgraph.catalog.config import config_dict, hash_config_dict, operation_name
 from opgraph.catalog.models import Catalog, CatalogEntry, ConfigSource, GraphRecord
 from opgraph.ir import OpBase, OpGraph, OpKind, load_graph, load_model, parse_op, save_model
+from opgraph.ir.configs import config_dict, hash_config_dict, operation_name
 from opgraph.ir.errors import OpgraphError
 
 _SourceKey = tuple[str, str, str, str, str, str]

@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from opgraph.catalog.config import CONFIG_HASH_VERSION, config_dict, hash_config_dict
 from opgraph.ir import Op, OpBase
+from opgraph.ir.configs import CONFIG_HASH_VERSION, config_dict, hash_config_dict
 from opgraph.ir.tensor import FROZEN, NonNegInt
 
 

@@ -95,11 +95,14 @@ def open_in_perfetto(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     opener: Callable[[str], object] | None = None,
     notify: Callable[[str], None] | None = None,
-) -> None:
+) -> bool:
     """Serve ``path`` once on ``127.0.0.1:port`` and open it in ui.perfetto.dev; return once it was fetched.
 
-    ``opener`` opens the URL (default: :func:`webbrowser.open`); ``notify`` receives the line telling
-    the user where to look (default: stderr). Raises :class:`ExportError` when the file is missing
+    ``opener`` opens the URL (default: :func:`webbrowser.open`) and returns ``False`` when no browser
+    could be opened (as :func:`webbrowser.open` does on a machine without one): then the URL and the
+    file are told through ``notify`` and the call returns ``False`` at once instead of waiting for a
+    fetch that cannot come. ``notify`` receives the lines telling the user where to look (default:
+    stderr). Returns ``True`` once the trace was fetched. Raises :class:`ExportError` when the file is missing
     or the port is taken, and :class:`ServeTimeoutError` when nothing fetched the trace in time.
     """
     trace = Path(path)
@@ -122,7 +125,12 @@ def open_in_perfetto(
     say = notify or _notify_stderr
     try:
         say(f"serving {trace.name} on http://{LOOPBACK}:{port} for up to {timeout_s:g} s; open {url}")
-        (opener or webbrowser.open)(url)
+        if (opener or webbrowser.open)(url) is False:
+            say(
+                f"no web browser could be opened on this machine: open {PERFETTO_ORIGIN} and load the file "
+                f"{trace} (Open trace file), or open {url} while a server holds it"
+            )
+            return False
         deadline = time.monotonic() + timeout_s
         while not server.served:
             left = deadline - time.monotonic()
@@ -134,5 +142,6 @@ def open_in_perfetto(
                 )
             server.timeout = min(left, 0.5)
             server.handle_request()
+        return True
     finally:
         server.server_close()

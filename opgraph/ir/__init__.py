@@ -18,7 +18,18 @@ from opgraph.ir.errors import (
     RegistryError,
     SchemaVersionError,
 )
-from opgraph.ir.graph import SCHEMA_VERSION, Edge, EdgeKind, GraphMetadata, OpGraph, Scalar, find_cycle
+from opgraph.ir.graph import (
+    SCHEMA_VERSION,
+    CaptureSettings,
+    Edge,
+    EdgeKind,
+    GraphMetadata,
+    HostTimingSummary,
+    OpGraph,
+    Scalar,
+    capture_settings,
+    find_cycle,
+)
 from opgraph.ir.io import (
     atomic_write,
     load_graph,
@@ -73,6 +84,7 @@ __all__ = [
     "Attention",
     "AttentionVariant",
     "Bound",
+    "CaptureSettings",
     "Collective",
     "CollectiveKind",
     "CriticalPath",
@@ -87,6 +99,7 @@ __all__ = [
     "Gemm",
     "GraphLintError",
     "GraphMetadata",
+    "HostTimingSummary",
     "LoadError",
     "Memory",
     "MoeRouting",
@@ -117,6 +130,7 @@ __all__ = [
     "View",
     "atomic_write",
     "attended_pairs",
+    "capture_settings",
     "critical_path",
     "dtype_from_torch_name",
     "find_cycle",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -29,61 +30,58 @@ class DType(str, Enum):
     @property
     def itemsize(self) -> float:
         """Bytes per element (0.5 for 4-bit types)."""
-        return _ITEMSIZE[self]
+        return _INFO[self].itemsize
 
     @property
     def is_float(self) -> builtins.bool:
         """True for floating-point types."""
-        return self in _FLOATS
+        return _INFO[self].is_float
+
+    @property
+    def torch_name(self) -> str | None:
+        """Name of the torch dtype that holds it (``bfloat16``; ``float32`` for tf32), if torch has one."""
+        return _INFO[self].torch
 
 
-_ITEMSIZE: dict[DType, float] = {
-    DType.fp64: 8,
-    DType.fp32: 4,
-    DType.tf32: 4,
-    DType.bf16: 2,
-    DType.fp16: 2,
-    DType.fp8_e4m3: 1,
-    DType.fp8_e5m2: 1,
-    DType.fp4: 0.5,
-    DType.int64: 8,
-    DType.int32: 4,
-    DType.int16: 2,
-    DType.int8: 1,
-    DType.uint8: 1,
-    DType.bool: 1,
-    DType.complex64: 8,
-    DType.complex128: 16,
+@dataclass(frozen=True)
+class _Info:
+    itemsize: float
+    is_float: builtins.bool
+    torch: str | None
+    """The torch dtype's name (``torch.<name>``)."""
+    aliases: tuple[str, ...] = ()
+    """Other torch names that map to this type."""
+
+
+# The one table of element types: size, float or not, and torch names both ways.
+_INFO: dict[DType, _Info] = {
+    DType.fp64: _Info(8, True, "float64", ("double",)),
+    DType.fp32: _Info(4, True, "float32", ("float",)),
+    DType.tf32: _Info(4, True, "float32"),  # fp32 storage; torch.float32 maps back to fp32
+    DType.bf16: _Info(2, True, "bfloat16"),
+    DType.fp16: _Info(2, True, "float16", ("half",)),
+    DType.fp8_e4m3: _Info(1, True, "float8_e4m3fn", ("float8_e4m3fnuz",)),
+    DType.fp8_e5m2: _Info(1, True, "float8_e5m2", ("float8_e5m2fnuz",)),
+    DType.fp4: _Info(0.5, True, "float4_e2m1fn_x2"),
+    DType.int64: _Info(8, False, "int64", ("long",)),
+    DType.int32: _Info(4, False, "int32", ("int",)),
+    DType.int16: _Info(2, False, "int16"),
+    DType.int8: _Info(1, False, "int8"),
+    DType.uint8: _Info(1, False, "uint8"),
+    DType.bool: _Info(1, False, "bool"),
+    DType.complex64: _Info(8, False, "complex64"),
+    DType.complex128: _Info(16, False, "complex128"),
 }
-_FLOATS = frozenset(
-    {DType.fp64, DType.fp32, DType.tf32, DType.bf16, DType.fp16, DType.fp8_e4m3, DType.fp8_e5m2, DType.fp4}
-)
 
-#: torch dtype names (``str(torch.bfloat16)`` without ``torch.``) to :class:`DType`.
-TORCH_DTYPE_NAMES: dict[str, DType] = {
-    "float64": DType.fp64,
-    "double": DType.fp64,
-    "float32": DType.fp32,
-    "float": DType.fp32,
-    "bfloat16": DType.bf16,
-    "float16": DType.fp16,
-    "half": DType.fp16,
-    "float8_e4m3fn": DType.fp8_e4m3,
-    "float8_e4m3fnuz": DType.fp8_e4m3,
-    "float8_e5m2": DType.fp8_e5m2,
-    "float8_e5m2fnuz": DType.fp8_e5m2,
-    "float4_e2m1fn_x2": DType.fp4,
-    "int64": DType.int64,
-    "long": DType.int64,
-    "int32": DType.int32,
-    "int": DType.int32,
-    "int16": DType.int16,
-    "int8": DType.int8,
-    "uint8": DType.uint8,
-    "bool": DType.bool,
-    "complex64": DType.complex64,
-    "complex128": DType.complex128,
-}
+TORCH_DTYPE_NAMES: dict[str, DType] = {}
+"""torch dtype names (``str(torch.bfloat16)`` without ``torch.``) to :class:`DType`."""
+for _dtype, _info in _INFO.items():
+    for _name in (_info.torch, *_info.aliases):
+        if _name is not None:
+            TORCH_DTYPE_NAMES.setdefault(_name, _dtype)  # float32 stays fp32, not tf32
+
+FLOAT_NAMES: frozenset[str] = frozenset(d.value for d in DType if d.is_float)
+"""Names of the floating-point types (``bf16``)."""
 
 
 def dtype_from_torch_name(name: str) -> DType:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from enum import Enum
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, Field, PrivateAttr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from opgraph.ir.errors import CycleError, DanglingEdgeError, DuplicateIdError
-from opgraph.ir.ops import Op, OpBase, OpKind, Stage
+from opgraph.ir.ops import Op, OpBase, OpKind, PosInt, Stage
 from opgraph.ir.tensor import FROZEN, NonNegInt
 
 if TYPE_CHECKING:
@@ -47,6 +55,119 @@ class Edge(BaseModel):
     """Id of the tensor that flows, for data edges."""
 
 
+_HOST_TIMING_KEYS = {
+    "host_timing_us": "total_us",
+    "host_timing_cpu": "cpu",
+    "host_timing_clock_overhead_us": "clock_overhead_us",
+    "host_timing_from": "overhead_source",
+}
+"""Flat keys of graph files written before :class:`HostTimingSummary` -> its fields."""
+
+
+class HostTimingSummary(BaseModel):
+    """The framework host time measured at capture (``host_timing``): where, how, and in all."""
+
+    model_config = FROZEN
+
+    total_us: Annotated[float, Field(ge=0)]
+    """Host microseconds between ops, summed over the graph (each op's ``host_gap_us``)."""
+    cpu: str
+    """The capture host's CPU, whose speed the times are."""
+    clock_overhead_us: Annotated[float, Field(ge=0)] = 0.0
+    """The timer's cost per call, taken off every counted gap."""
+    overhead_source: str = ""
+    """What timed the calls: ``profiler``, or a Python clock."""
+
+
+class CaptureSettings(BaseModel):
+    """How a graph was captured: the options that shaped it, and the host timing when measured.
+
+    Unset settings are ``None`` and are not saved. Other settings (a hand-written graph's ``seed``,
+    a ``moe_routing`` note) are kept as extra scalar fields. For code written against the dict
+    this used to be, it also reads as a mapping of the set settings under their flat names
+    (``settings["batch"]``, ``settings.get("host_timing_cpu")``, ``{**settings}``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="allow", use_attribute_docstrings=True)
+    __pydantic_extra__: dict[str, Scalar] = Field(init=False)
+
+    batch: PosInt | None = None
+    """Sequences per forward pass."""
+    dtype: str | None = None
+    """Compute dtype asked for (``bf16``)."""
+    device: str | None = None
+    """Where the model ran: ``meta``, ``cpu`` or ``cuda``."""
+    attn_impl: str | None = None
+    """Attention implementation asked for (``sdpa``, ``eager``)."""
+    seq_len: PosInt | None = None
+    """Prompt tokens per sequence (prefill, generate)."""
+    kv_len: PosInt | None = None
+    """Tokens already in the KV cache (decode)."""
+    new_tokens: PosInt | None = None
+    """Decode steps after the prefill (generate)."""
+    layers: PosInt | None = None
+    """Layers kept when the capture was cut to fewer than the model has."""
+    moe_skew: Annotated[float, Field(ge=0)] | None = None
+    """Zipf exponent of the modelled expert loads (absent: balanced)."""
+    host_timing: HostTimingSummary | None = None
+    """Framework host time between ops, when capture measured it."""
+    tp: PosInt | None = None
+    """Tensor-parallel degree the graph was sharded for (one rank's graph)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: object) -> object:
+        # Graph files before this model kept the host timing as flat host_timing_* keys.
+        if isinstance(data, Mapping) and any(k in data for k in _HOST_TIMING_KEYS):
+            flat = dict(data)
+            flat["host_timing"] = {new: flat.pop(old) for old, new in _HOST_TIMING_KEYS.items() if old in flat}
+            return flat
+        return data
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        return {k: v for k, v in data.items() if v is not None}
+
+    def flat(self) -> dict[str, Scalar]:
+        """The set settings under their flat names (``host_timing_us``, ``host_timing_cpu``...)."""
+        out: dict[str, Scalar] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, HostTimingSummary):
+                out.update({old: getattr(value, new) for old, new in _HOST_TIMING_KEYS.items()})
+            else:
+                out[name] = value
+        out.update(self.__pydantic_extra__ or {})
+        return out
+
+    # Read-only mapping view, for code written against the dict.
+    def keys(self) -> list[str]:
+        """Names of the set settings (flat)."""
+        return list(self.flat())
+
+    def items(self) -> list[tuple[str, Scalar]]:
+        """``(name, value)`` of the set settings (flat)."""
+        return list(self.flat().items())
+
+    def get(self, key: str, default: Scalar = None) -> Scalar:
+        """A setting by its flat name, or ``default``."""
+        return self.flat().get(key, default)
+
+    def __getitem__(self, key: str) -> Scalar:
+        return self.flat()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.flat()
+
+
+def capture_settings(value: CaptureSettings | Mapping[str, Scalar]) -> CaptureSettings:
+    """``value`` as :class:`CaptureSettings` (a graph's metadata copied with a plain dict holds one)."""
+    return value if isinstance(value, CaptureSettings) else CaptureSettings.model_validate(value)
+
+
 class GraphMetadata(BaseModel):
     """Where a graph came from and under which assumptions."""
 
@@ -62,12 +183,24 @@ class GraphMetadata(BaseModel):
     """Transformer layers in the captured model."""
     phase: str = ""
     """``prefill``, ``decode``, ``generate`` or ``trace``."""
-    capture: dict[str, Scalar] = Field(default_factory=dict)
-    """Capture settings (batch, seq_len, kv_len, dtype, device, attention implementation)."""
+    capture: CaptureSettings = Field(default_factory=CaptureSettings)
+    """Capture settings (batch, seq_len, kv_len, dtype, device, attention implementation, host timing)."""
     versions: dict[str, str] = Field(default_factory=dict)
     """Library versions at capture (torch, transformers, opgraph)."""
     assumptions: tuple[str, ...] = ()
     """Data-dependent values that were assumed rather than computed (MoE routing, ``.item()``)."""
+
+    @property
+    def host_timing(self) -> HostTimingSummary | None:
+        """The host timing measured at capture, if any."""
+        return capture_settings(self.capture).host_timing
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied; a ``capture`` given as a plain mapping is validated into
+        :class:`CaptureSettings` (``model_copy`` validates nothing else)."""
+        if update and "capture" in update and not isinstance(update["capture"], CaptureSettings):
+            update = {**update, "capture": capture_settings(update["capture"])}
+        return super().model_copy(update=update, deep=deep)
 
 
 class OpGraph(BaseModel):

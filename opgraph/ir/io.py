@@ -83,15 +83,74 @@ def _format_validation(exc: ValidationError) -> str:
     return f"{loc}: {first['msg']} (got {shown[:60]}){more}"
 
 
+def _article(name: str) -> str:
+    """``a Timeline`` / ``an OpGraph``."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+_WHAT_TO_PASS = {
+    "OpGraph": "pass a graph saved by `opgraph capture`",
+    "Timeline": "pass a timeline saved by `opgraph simulate -o`, `opgraph import` or `opgraph capture --profile`",
+}
+
+
+def _kind_of(raw: dict[str, object]) -> str | None:
+    """What kind of opgraph (or other) file a JSON object is, from its top-level keys; None when unknown."""
+    keys = raw.keys()
+    if "traceEvents" in keys:
+        return "a torch-profiler trace"
+    if {"ops", "edges"} <= keys:
+        return "an OpGraph"
+    if {"source", "spans"} <= keys:
+        return "a Timeline"
+    if {"phases", "expectations"} <= keys:
+        return "a scenario summary"
+    if {"makespan_us", "engines"} <= keys:
+        return "simulation statistics"
+    return None
+
+
+def _wrong_kind(path: str | Path, data: bytes, raw: object, cls: type[BaseModel]) -> LoadError | None:
+    """A :class:`LoadError` saying which kind of file ``path`` is, when it is clearly not a ``cls``."""
+    want = _article(cls.__name__)
+    hint = _WHAT_TO_PASS.get(cls.__name__)
+    got: str | None = None
+    if isinstance(raw, dict):
+        got = _kind_of(raw)
+    elif str(path).endswith(".toml"):
+        got = "a TOML file (a scenario or a hardware spec)"
+    else:
+        first = data.lstrip().split(b"\n", 1)[0]
+        try:
+            line = json.loads(first)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            line = None
+        if isinstance(line, dict) and {"key", "status"} <= line.keys():
+            got = "replay results (JSON lines from `opgraph replay`)"
+    if got is None or got == want:
+        return None
+    return LoadError(f"is {got}, not {want}", where=str(path), hint=hint)
+
+
 def load_model(path: str | Path, cls: type[M]) -> M:
-    """Load ``cls`` from a JSON file; every failure is a one-line :class:`LoadError`."""
+    """Load ``cls`` from a JSON file; every failure is a one-line :class:`LoadError`.
+
+    A file of another known kind (a timeline where a graph is expected, a profiler trace, replay
+    results, a scenario) is named as such.
+    """
     data = read_json_bytes(path)
     try:
         raw = json.loads(data)
     except json.JSONDecodeError as exc:
+        wrong = _wrong_kind(path, data, None, cls)
+        if wrong is not None:
+            raise wrong from None
         raise LoadError(f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}", where=str(path)) from None
     except UnicodeDecodeError:
         raise LoadError("not valid JSON: the file is binary, not UTF-8 text", where=str(path)) from None
+    wrong = _wrong_kind(path, data, raw, cls)
+    if wrong is not None:
+        raise wrong
     if not isinstance(raw, dict):
         raise LoadError(f"expected a JSON object for a {cls.__name__}, got {type(raw).__name__}", where=str(path))
     if "schema_version" in cls.model_fields:
@@ -99,7 +158,7 @@ def load_model(path: str | Path, cls: type[M]) -> M:
         if version != SCHEMA_VERSION:
             if not isinstance(version, int) or isinstance(version, bool):
                 raise LoadError(
-                    f"not a {cls.__name__} file: schema_version is {version!r}",
+                    f"not {_article(cls.__name__)} file: schema_version is {version!r}",
                     where=str(path),
                     hint=f"expected a file written by `opgraph` with schema_version {SCHEMA_VERSION}",
                 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
@@ -146,11 +146,23 @@ class OpBase(BaseModel):
         return 0
 
     def default_bytes(self) -> tuple[float, float]:
-        """(read, written) bytes implied by the tensors or, without tensors, by the fields."""
-        return (sum(t.nbytes for t in self.inputs), sum(t.nbytes for t in self.outputs))
+        """(read, written) bytes implied by the tensors or, without tensors, by :meth:`field_bytes`."""
+        if self.inputs or self.outputs:
+            return (sum(t.nbytes for t in self.inputs), sum(t.nbytes for t in self.outputs))
+        return self.field_bytes()
+
+    def field_bytes(self) -> tuple[float, float]:
+        """(read, written) bytes implied by the kind's fields, for an op written without tensors."""
+        return (0, 0)
+
+    definition_format: ClassVar[str] = ""
+    """Template of the default definition name over the op's fields (``"{fn}_h{hidden}"``), for kinds
+    whose name is just their fields; others override :meth:`default_definition`."""
 
     def default_definition(self) -> str:
         """The definition name implied by the kind's fields."""
+        if self.definition_format:
+            return self.definition_format.format(**self.__dict__)
         return str(getattr(self, "kind", "op"))
 
     @property
@@ -190,9 +202,7 @@ class Gemm(OpBase):
     def default_flops(self) -> float:
         return (2 * self.m * self.n * self.k + (self.m * self.n if self.bias else 0)) * self.batch * self.groups
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         mult = self.batch * self.groups
         out = _isz(self.out_dtype or self.dtype)
         read = (self.m * self.k + self.k * self.n) * _isz(self.dtype) * mult + (self.n * out if self.bias else 0)
@@ -282,9 +292,7 @@ class Attention(OpBase):
     def default_flops(self) -> float:
         return 2 * self.batch * self.heads * self.pairs * (self.head_dim + self.dv)
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         q = self.batch * self.q_len * self.heads * self.head_dim
         kv = self.batch * self.kv_len * self.kv_heads * (self.head_dim + self.dv)
@@ -322,9 +330,7 @@ class Norm(OpBase):
     def default_flops(self) -> float:
         return (4 if self.variant is NormVariant.RMS else 7) * self.rows * self.hidden
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         return ((self.rows + 1) * self.hidden * s, self.rows * self.hidden * s)
 
@@ -336,6 +342,7 @@ class Rope(OpBase):
     """Rotary position embedding applied to ``heads`` heads of ``tokens`` tokens."""
 
     kind: Literal[OpKind.ROPE] = OpKind.ROPE
+    definition_format: ClassVar[str] = "rope_h{heads}_d{head_dim}"
     tokens: NonNegInt
     heads: PosInt
     head_dim: PosInt
@@ -345,40 +352,31 @@ class Rope(OpBase):
     def default_flops(self) -> float:
         return 3 * self.tokens * self.heads * (self.rotary_dim or self.head_dim)
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         n = self.tokens * self.heads * self.head_dim * _isz(self.dtype)
         return (n + 2 * self.tokens * (self.rotary_dim or self.head_dim) * _isz(self.dtype), n)
-
-    def default_definition(self) -> str:
-        return f"rope_h{self.heads}_d{self.head_dim}"
 
 
 class Embedding(OpBase):
     """Token embedding lookup: ``tokens`` rows gathered from a ``vocab x hidden`` table."""
 
     kind: Literal[OpKind.EMBEDDING] = OpKind.EMBEDDING
+    definition_format: ClassVar[str] = "embedding_v{vocab}_d{hidden}"
     tokens: NonNegInt
     vocab: PosInt
     hidden: PosInt
 
     def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            # The table is an input but only the gathered rows are read.
-            row = self.hidden * _isz(self.dtype)
-            return (self.tokens * (row + 8), self.tokens * row)
+        # The table is an input but only the gathered rows (and their int64 ids) are read.
         row = self.hidden * _isz(self.dtype)
         return (self.tokens * (row + 8), self.tokens * row)
-
-    def default_definition(self) -> str:
-        return f"embedding_v{self.vocab}_d{self.hidden}"
 
 
 class Activation(OpBase):
     """A nonlinearity (SiLU, GELU, ...), optionally gated (SwiGLU: ``act(gate) * up``)."""
 
     kind: Literal[OpKind.ACTIVATION] = OpKind.ACTIVATION
+    definition_format: ClassVar[str] = "{fn}_h{hidden}"
     fn: str
     """Function name: ``silu``, ``gelu``, ``gelu_tanh``, ``relu``, ``sigmoid``, ``tanh``, ``swiglu``."""
     numel: NonNegInt
@@ -392,20 +390,16 @@ class Activation(OpBase):
         per = {"relu": 1, "silu": 4, "sigmoid": 4, "tanh": 4, "gelu": 8, "gelu_tanh": 8}.get(self.fn, 4)
         return self.numel * (per + (1 if self.gated else 0))
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         return (self.numel * s * (2 if self.gated else 1), self.numel * s)
-
-    def default_definition(self) -> str:
-        return f"{self.fn}_h{self.hidden}"
 
 
 class Elementwise(OpBase):
     """A pointwise arithmetic op (add, mul, ...) over ``numel`` output elements."""
 
     kind: Literal[OpKind.ELEMENTWISE] = OpKind.ELEMENTWISE
+    definition_format: ClassVar[str] = "{fn}_h{hidden}"
     fn: str
     """The aten function name (``add``, ``mul``, ``rsqrt``, ``where``)."""
     numel: NonNegInt
@@ -415,20 +409,16 @@ class Elementwise(OpBase):
     def default_flops(self) -> float:
         return self.numel
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         return (2 * self.numel * s, self.numel * s)
-
-    def default_definition(self) -> str:
-        return f"{self.fn}_h{self.hidden}"
 
 
 class Reduction(OpBase):
     """A reduction (sum, mean, max, norm) from ``numel_in`` to ``numel_out`` elements."""
 
     kind: Literal[OpKind.REDUCTION] = OpKind.REDUCTION
+    definition_format: ClassVar[str] = "{fn}_d{reduced}"
     fn: str
     numel_in: NonNegInt
     numel_out: NonNegInt
@@ -438,34 +428,25 @@ class Reduction(OpBase):
     def default_flops(self) -> float:
         return self.numel_in
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         return (self.numel_in * s, self.numel_out * s)
-
-    def default_definition(self) -> str:
-        return f"{self.fn}_d{self.reduced}"
 
 
 class Softmax(OpBase):
     """Softmax over the last ``cols`` elements of ``rows`` rows."""
 
     kind: Literal[OpKind.SOFTMAX] = OpKind.SOFTMAX
+    definition_format: ClassVar[str] = "softmax_d{cols}"
     rows: NonNegInt
     cols: PosInt
 
     def default_flops(self) -> float:
         return 5 * self.rows * self.cols
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         n = self.rows * self.cols * _isz(self.dtype)
         return (n, n)
-
-    def default_definition(self) -> str:
-        return f"softmax_d{self.cols}"
 
 
 class TopK(OpBase):
@@ -481,9 +462,7 @@ class TopK(OpBase):
     def default_flops(self) -> float:
         return self.rows * self.cols * max(1.0, math.log2(max(self.k, 2)))
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         return (self.rows * self.cols * _isz(self.dtype), self.rows * self.k * (_isz(self.dtype) + 8))
 
     def default_definition(self) -> str:
@@ -496,6 +475,7 @@ class MoeRouting(OpBase):
     """Expert routing of a mixture-of-experts layer: scores to top-k experts per token, and dispatch."""
 
     kind: Literal[OpKind.MOE_ROUTING] = OpKind.MOE_ROUTING
+    definition_format: ClassVar[str] = "moe_{fn}_e{experts}_topk{top_k}"
     fn: str = "route"
     """``route`` (softmax/sigmoid + top-k), ``dispatch`` (gather tokens), ``combine`` (scatter-add)."""
     tokens: NonNegInt
@@ -508,17 +488,12 @@ class MoeRouting(OpBase):
             return self.tokens * self.experts * 6
         return self.tokens * self.top_k * self.hidden
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
         if self.fn == "route":
             return (self.tokens * self.experts * s, self.tokens * self.top_k * (s + 8))
         n = self.tokens * self.top_k * self.hidden * s
         return (n, n)
-
-    def default_definition(self) -> str:
-        return f"moe_{self.fn}_e{self.experts}_topk{self.top_k}"
 
 
 class CollectiveKind(str, Enum):
@@ -557,32 +532,26 @@ class Memory(OpBase):
     """Data movement with no arithmetic: copy, cast, cat, index, scatter, KV-cache write, fill."""
 
     kind: Literal[OpKind.MEMORY] = OpKind.MEMORY
+    definition_format: ClassVar[str] = "{fn}_n{numel}"
     fn: str
     """``copy``, ``cast``, ``cat``, ``index``, ``index_put``, ``scatter``, ``kv_cache_write``, ``fill``..."""
     numel: NonNegInt
     """Elements written."""
 
-    def default_bytes(self) -> tuple[float, float]:
-        if self.inputs or self.outputs:
-            return super().default_bytes()
+    def field_bytes(self) -> tuple[float, float]:
         n = self.numel * _isz(self.dtype)
         return (0 if self.fn == "fill" else n, n)
-
-    def default_definition(self) -> str:
-        return f"{self.fn}_n{self.numel}"
 
 
 class View(OpBase):
     """A view, reshape or metadata op that launches no kernel."""
 
     kind: Literal[OpKind.VIEW] = OpKind.VIEW
+    definition_format: ClassVar[str] = "view_{fn}"
     fn: str = "view"
 
     def default_bytes(self) -> tuple[float, float]:
         return (0, 0)
-
-    def default_definition(self) -> str:
-        return f"view_{self.fn}"
 
 
 class Other(OpBase):
@@ -618,23 +587,7 @@ Op = Annotated[
 ]
 """Any op: a discriminated union on ``kind``."""
 
-OP_TYPES: dict[OpKind, type[OpBase]] = {
-    OpKind.GEMM: Gemm,
-    OpKind.ATTENTION: Attention,
-    OpKind.NORM: Norm,
-    OpKind.ROPE: Rope,
-    OpKind.EMBEDDING: Embedding,
-    OpKind.ACTIVATION: Activation,
-    OpKind.ELEMENTWISE: Elementwise,
-    OpKind.REDUCTION: Reduction,
-    OpKind.SOFTMAX: Softmax,
-    OpKind.TOPK: TopK,
-    OpKind.MOE_ROUTING: MoeRouting,
-    OpKind.COLLECTIVE: Collective,
-    OpKind.MEMORY: Memory,
-    OpKind.VIEW: View,
-    OpKind.OTHER: Other,
-}
+OP_TYPES: dict[OpKind, type[OpBase]] = {cls.model_fields["kind"].default: cls for cls in get_args(get_args(Op)[0])}
 """The model class of each kind."""
 
 

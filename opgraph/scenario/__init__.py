@@ -10,6 +10,7 @@ True
 ``*.scenario.toml`` files as tests. Importing this package does not import torch.
 """
 
+from opgraph.scenario.folder import SUMMARY_FILE
 from opgraph.scenario.model import (
     SCENARIO_SUFFIX,
     Bound,
@@ -39,7 +40,6 @@ from opgraph.scenario.result import (
 )
 from opgraph.scenario.runner import (
     REPORT_FILE,
-    SUMMARY_FILE,
     TRACE_FILE,
     Progress,
     ScenarioRun,

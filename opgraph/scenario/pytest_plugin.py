@@ -7,6 +7,13 @@ failing item shows its expectation and the list of every failure of the scenario
 no expectations is one item that passes when the run succeeds. Bad input (bad TOML, an unknown
 field or model) is a collection error of one line.
 
+A scenario file is code: it may name ``file.py:Class`` for a cost model or a policy, which the run
+imports and executes. So the plugin collects a ``*.scenario.toml`` only when the user asked for
+it: the file is under a path given on pytest's command line (``pytest studies/``), or scenario
+collection is switched on with ``--opgraph-scenarios`` or the ini option ``opgraph_scenarios =
+true``. A plain ``pytest`` (arguments from ``testpaths`` or the current folder) ignores scenario
+files found on its way.
+
 Options: ``--scenario-out DIR`` keeps each scenario's artefacts (trace, report) in ``DIR/<name>``;
 without it they go to a temporary folder, without the trace and report, removed at the end.
 """
@@ -31,8 +38,21 @@ if TYPE_CHECKING:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Add ``--scenario-out``."""
+    """Add ``--scenario-out``, ``--opgraph-scenarios`` and the ini option ``opgraph_scenarios``."""
     group = parser.getgroup("opgraph", "opgraph scenarios")
+    group.addoption(
+        "--opgraph-scenarios",
+        action="store_true",
+        default=False,
+        help="Collect every *.scenario.toml found (scenario files can run code: only for files you trust). "
+        "Without it, only scenario files under paths given on the command line are collected.",
+    )
+    parser.addini(
+        "opgraph_scenarios",
+        type="bool",
+        default=False,
+        help="Collect every *.scenario.toml found, as --opgraph-scenarios does.",
+    )
     group.addoption(
         "--scenario-out",
         action="store",
@@ -43,10 +63,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ScenarioFile | None:
-    """Collect ``*.scenario.toml`` files."""
-    if file_path.name.endswith(SCENARIO_SUFFIX):
+    """Collect ``*.scenario.toml`` files the user asked for (see :func:`scenario_collection_allowed`)."""
+    if file_path.name.endswith(SCENARIO_SUFFIX) and scenario_collection_allowed(parent.config, file_path):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+def scenario_collection_allowed(config: pytest.Config, file_path: Path) -> bool:
+    """Whether ``file_path`` may be collected: opted in, or under a path given on the command line.
+
+    Paths pytest chose by itself (``testpaths``, the current folder) do not count: a scenario file
+    can run code, so finding one is not a reason to run it.
+    """
+    if config.getoption("opgraph_scenarios") or config.getini("opgraph_scenarios"):
+        return True
+    if config.args_source is not pytest.Config.ArgsSource.ARGS:
+        return False
+    target = file_path.resolve()
+    for arg in config.args:
+        given = Path(config.invocation_params.dir, arg.split("::", 1)[0]).resolve()
+        if target == given or given in target.parents:
+            return True
+    return False
 
 
 class ScenarioRunError(Exception):

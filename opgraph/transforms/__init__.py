@@ -6,6 +6,7 @@ from opgraph.transforms.tensor_parallel import (
     ParallelStyle,
     TensorParallelError,
     linear_style,
+    register_handler,
     shard_tensor_parallel,
 )
 
@@ -15,5 +16,6 @@ __all__ = [
     "ParallelStyle",
     "TensorParallelError",
     "linear_style",
+    "register_handler",
     "shard_tensor_parallel",
 ]

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
-from hardware import Bound, CostModelError, FormulaModel, load_hardware
-from opgraph.ir import Elementwise, Gemm, Memory, Norm, Rope, View
+from hardware import (
+    Bound,
+    CostModelError,
+    FormulaModel,
+    HardwareIgnoredWarning,
+    cost_graph,
+    cost_warnings,
+    load_hardware,
+)
+from opgraph.ir import Elementwise, Gemm, Memory, Norm, OpGraph, Rope, View
 
 H100 = load_hardware("h100")
+pytestmark = pytest.mark.filterwarnings("ignore::hardware.HardwareIgnoredWarning")
 
 
 def test_seed_formulas() -> None:
@@ -39,3 +50,29 @@ def test_reference_device_scales_to_hypothetical_hardware() -> None:
     assert scaled.estimate(gemm, b200).seconds < plain.estimate(gemm, b200).seconds
     ratio = scaled.estimate(add, b200).seconds / plain.estimate(add, b200).seconds
     assert ratio == pytest.approx(H100.memory_bandwidth / b200.memory_bandwidth)
+
+
+def test_without_a_reference_it_warns_once_per_device_that_it_ignores_the_hardware() -> None:
+    """Issue 16: ``-c formula -H h100`` predicted 20.6 hours for a 70B prefill without a word."""
+    model, gemm = FormulaModel(), Gemm(id=0, m=8192, n=8192, k=8192)
+    with pytest.warns(HardwareIgnoredWarning, match=r"ignores h100-sxm's peak FLOP/s and memory bandwidth"):
+        model.estimate(gemm, H100)
+    assert model.notes(H100) and "reference=DEVICE" in model.notes(H100)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.estimate(gemm, H100)  # once per device, not once per op
+        FormulaModel(reference="h100").estimate(gemm, load_hardware("b200"))  # scales: nothing to say
+    assert FormulaModel(reference="h100").notes(H100) == ()
+    with pytest.warns(HardwareIgnoredWarning, match="b200"):
+        model.estimate(gemm, load_hardware("b200"))
+
+
+def test_cost_warnings_collects_the_lines_a_front_end_prints() -> None:
+    graph = OpGraph(ops=(Gemm(id=0, m=64, n=64, k=64), Elementwise(id=1, fn="add", numel=64)))
+    with cost_warnings() as notes:
+        cost_graph(graph, FormulaModel(), H100)
+        cost_graph(graph, FormulaModel(), H100)
+    assert len(notes) == 1 and notes[0].startswith("the formula cost model ignores h100-sxm's")
+    with cost_warnings() as notes:
+        cost_graph(graph, FormulaModel(reference="h100"), H100)
+    assert notes == []

@@ -1,4 +1,5 @@
-"""The roofline model pinned on known H100 cases, its invariants, and every op kind costed."""
+"""The roofline model's invariants and every op kind costed (its accuracy against measured H100 times is in
+``test_hardware_roofline_measured.py``)."""
 
 from __future__ import annotations
 
@@ -37,28 +38,6 @@ MODEL = RooflineModel()
 
 def achieved(op: Gemm | Attention, seconds: float) -> float:
     return op.flops / (seconds * H100.peak_flops(op.dtype))
-
-
-def test_8192_cubed_bf16_gemm_reaches_about_80_percent_of_peak() -> None:
-    op = Gemm(id=0, m=8192, n=8192, k=8192)
-    cost = MODEL.estimate(op, H100)
-    assert cost.bound is Bound.COMPUTE
-    assert achieved(op, cost.seconds) == pytest.approx(0.80, abs=0.04)
-
-
-def test_1024_cubed_bf16_gemm_reaches_about_16_percent_of_peak() -> None:
-    op = Gemm(id=0, m=1024, n=1024, k=1024)
-    cost = MODEL.estimate(op, H100)
-    assert achieved(op, cost.seconds) == pytest.approx(0.16, abs=0.03)
-    assert "wave" in cost.detail
-
-
-def test_one_gib_copy_runs_at_about_90_percent_of_hbm_bandwidth() -> None:
-    op = Memory(id=0, fn="copy", numel=2**30 // 2, dtype=DType.bf16)
-    assert op.bytes_read == op.bytes_written == 2**30
-    cost = MODEL.estimate(op, H100)
-    assert cost.bound is Bound.MEMORY
-    assert op.total_bytes / cost.seconds / H100.memory_bandwidth == pytest.approx(0.9, abs=0.02)
 
 
 def test_small_elementwise_is_launch_bound_and_large_is_memory_bound() -> None:

@@ -55,8 +55,15 @@ def test_exact_interpolated_extrapolated_and_fallback(table: CostTable) -> None:
     assert model.estimate(gemm(320), H100).seconds == pytest.approx(
         20e-6 + (52e-6 - 20e-6) * (gemm(320).flops - gemm(128).flops) / (gemm(512).flops - gemm(128).flops)
     )
-    assert model.estimate(gemm(1024), H100).seconds == pytest.approx(52e-6 * 2)
-    assert model.estimate(gemm(16), H100).seconds == pytest.approx(20e-6)
+    # Outside the measured range: the fallback scaled by the efficiency at the nearest measured shape.
+    roof = RooflineModel(table.roofline)
+    above, below = model.estimate(gemm(1024), H100), model.estimate(gemm(16), H100)
+    ratio_512 = 52e-6 / roof.estimate(gemm(512), H100).seconds
+    assert above.seconds == pytest.approx(roof.estimate(gemm(1024), H100).seconds * ratio_512)
+    assert below.seconds == pytest.approx(
+        roof.estimate(gemm(16), H100).seconds * 20e-6 / roof.estimate(gemm(128), H100).seconds
+    )
+    assert "extrapolated" in above.detail and "m=512" in above.detail and "m=128" in below.detail
     other = Gemm(id=0, m=128, n=1024, k=4096)
     fallback = model.estimate(other, H100)
     assert "fallback" in fallback.detail

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from replay_helpers import gemm_graph, mm, t, tiny_graph
 
 from opgraph.ir import GraphMetadata, OpGraph
-from validators import config_key, roofline_estimator, unique_configs
+from validators import config_key, cost_estimator, unique_configs
 from validators.configs import kinds_filter
 
 
@@ -36,7 +36,7 @@ def test_counts_and_views_excluded() -> None:
 
 
 def test_shares_sum_to_one_and_sort_by_cost() -> None:
-    cfgs = unique_configs(tiny_graph(), estimate=roofline_estimator())
+    cfgs = unique_configs(tiny_graph(), estimate=cost_estimator())
     shares = [c.share for c in cfgs]
     assert all(s is not None for s in shares)
     assert sum(s or 0.0 for s in shares) == pytest.approx(1.0)
@@ -64,6 +64,25 @@ def test_kinds_filter() -> None:
 def test_total_count_is_preserved(ns: list[int]) -> None:
     ops = tuple(mm(i, 4, n, 16) for i, n in enumerate(ns))
     g = OpGraph(metadata=GraphMetadata(model="p"), ops=ops)
-    cfgs = unique_configs(g, estimate=roofline_estimator())
+    cfgs = unique_configs(g, estimate=cost_estimator())
     assert sum(c.count for c in cfgs) == len(ns)
     assert len(cfgs) == len(set(ns))
+
+
+def test_estimates_come_from_the_hardware_roofline_of_the_device_given() -> None:
+    from hardware import load_hardware, resolve_cost_model
+    from opgraph.ir import Other
+
+    big, small = mm(0, 4096, 4096, 4096), mm(1, 16, 4096, 4096)
+    h100 = load_hardware("h100")
+    roofline = resolve_cost_model("roofline")
+    # The default is the hardware package's roofline on a catalog GPU, not a private copy of one.
+    assert cost_estimator()(big) == pytest.approx(roofline.estimate(big, h100).seconds)
+    assert cost_estimator(load_hardware("a100-80gb"))(big) > cost_estimator(h100)(big)
+    assert cost_estimator("h100", "formula")(big) == pytest.approx(
+        resolve_cost_model("formula").estimate(big, h100).seconds
+    )
+    # Larger work ranks first; an op nothing can cost still launches a kernel.
+    cfgs = unique_configs(OpGraph(metadata=GraphMetadata(model="p"), ops=(small, big)), estimate=cost_estimator())
+    assert [c.op.id for c in cfgs] == [0, 1]
+    assert cost_estimator(h100)(Other(id=2, fn="mystery")) == pytest.approx(h100.launch_latency_us * 1e-6)

@@ -8,8 +8,8 @@ import pytest
 import torch
 from replay_helpers import FAST, mm, tiny_graph
 
-from opgraph.ir import Attention, Gemm, OpBase
-from validators import RECIPES, Case, Recipe, ReplayStatus, replay_graph, replay_op
+from opgraph.ir import Attention, DType, Gemm, Norm, OpBase, OpKind, Other, RegistryError
+from validators import RECIPES, Case, Recipe, ReplayStatus, register_recipe, replay_graph, replay_op
 from validators.recipes import BuildContext, RecipeSelector
 from validators.replay import ReplayOptions
 
@@ -118,8 +118,6 @@ def test_no_check_skips_numerics() -> None:
 
 def test_unknown_aten_target_is_unsupported_with_its_name() -> None:
     op = mm(0, 4, 8, 16).model_copy(update={"target": "aten.mm_from_the_future.default"})
-    from opgraph.ir import Other
-
     other = Other(id=1, target=op.target, fn="mm_from_the_future", inputs=op.inputs, call=op.call)
     r = replay_op(other, "cpu", FAST)
     assert r.status is ReplayStatus.UNSUPPORTED
@@ -144,3 +142,69 @@ def test_aten_recipe_decodes_arguments_once_not_in_the_timed_call(monkeypatch: p
     ref = case.run(tuple(x.double() for x in case.inputs), True)
     assert decoded and ref.dtype == torch.float64
     torch.testing.assert_close(ref.float(), out.float(), rtol=0.02, atol=0.05)
+
+
+class ScaledTanh(Other):
+    """A user's own op: ``tanh(x) * scale`` over ``numel`` elements (a kind replay has no recipe for)."""
+
+    numel: int
+    scale: float
+
+
+@register_recipe(ScaledTanh)
+class ScaledTanhRecipe(Recipe[ScaledTanh]):
+    name: ClassVar[str] = "test-scaled-tanh"
+
+    def build(self, op: ScaledTanh, ctx: BuildContext) -> Case:
+        x = torch.randn(op.numel, generator=ctx.gen, device=ctx.device).to(torch.bfloat16)
+
+        def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+            return torch.tanh(inputs[0]) * op.scale
+
+        return Case(inputs=(x,), run=run)
+
+
+def test_a_users_op_class_replays_through_its_registered_recipe() -> None:
+    op = ScaledTanh(id=0, fn="scaled_tanh", numel=64, scale=2.0)
+    r = replay_op(op, "cpu", FAST)
+    assert r.status is ReplayStatus.OK, r.reason
+    assert r.recipe == "test-scaled-tanh"
+    assert r.numerics is not None and r.numerics.compared == 1
+    # The recipe serves its class only: a plain Other op of the same name still has none.
+    plain = replay_op(Other(id=1, fn="scaled_tanh"), "cpu", FAST)
+    assert plain.status is ReplayStatus.UNSUPPORTED
+
+
+def test_register_recipe_refuses_a_second_recipe_for_an_op_class_or_name() -> None:
+    class Again(Recipe[ScaledTanh]):
+        name: ClassVar[str] = "test-scaled-tanh-again"
+
+        def build(self, op: ScaledTanh, ctx: BuildContext) -> Case:
+            raise NotImplementedError
+
+    with pytest.raises(RegistryError, match="ScaledTanh ops already have the replay recipe 'test-scaled-tanh'"):
+        register_recipe(ScaledTanh)(Again)
+    with pytest.raises(RegistryError, match="Gemm ops already have the replay recipe 'gemm'"):
+        register_recipe(OpKind.GEMM)(Again)
+    Again.name = "gemm"
+    with pytest.raises(RegistryError, match="already registered"):
+        register_recipe()(Again)
+
+
+def test_an_override_naming_a_recipe_of_another_op_class_is_refused() -> None:
+    norm = Norm(id=0, rows=4, hidden=8)
+    sel = RecipeSelector({norm.definition: "gemm"}).select(norm)
+    assert sel.recipe is None and "the gemm recipe needs a Gemm op" in sel.reason
+
+
+@pytest.mark.parametrize("fn", ["div", "remainder", "fmod", "floor_divide"])
+def test_typed_divisions_get_a_divisor_and_match(fn: str) -> None:
+    # The elementwise recipe shares the aten recipe's domain tables: every division takes a second,
+    # non-zero input (it used to know only ``div`` and called remainder/fmod with one argument).
+    from opgraph.ir import Elementwise
+
+    op = Elementwise(id=0, fn=fn, numel=512, hidden=64, dtype=DType.fp32)
+    r = replay_op(op, "cpu", FAST)
+    assert r.status is ReplayStatus.OK, r.reason
+    case = RecipeSelector().select(op).recipe.build(op, BuildContext(torch.device("cpu"), torch.Generator()))  # type: ignore[union-attr]
+    assert len(case.inputs) == 2 and bool((case.inputs[1] > 0).all())

@@ -9,12 +9,14 @@ import torch
 from pydantic import ValidationError
 from replay_helpers import FAST, mm
 
-from opgraph.ir import DType, LoadError
+from opgraph.ir import DType, LoadError, OpgraphError
 from validators import (
     ReplayResult,
     ReplayStatus,
     ResultWriter,
+    TimingConfig,
     TimingStats,
+    config_key,
     coverage,
     load_results,
     replay_op,
@@ -131,3 +133,27 @@ def test_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     assert len(load_results(out)) == 2
     run = run_replay([gemm_graph()], out=out, resume=True, options=FAST)
     assert (run.resumed, run.new, len(run.results)) == (2, 1, 3)
+
+
+def test_a_misspelt_dtype_or_timer_is_a_validation_error() -> None:
+    good = _result("a", 10.0)
+    data = good.model_dump(mode="json")
+    with pytest.raises(ValidationError, match="dtype"):
+        ReplayResult.model_validate({**data, "dtype": "bfloat16"})
+    assert ReplayResult.model_validate(data).dtype is DType.bf16
+    with pytest.raises(ValidationError, match="timer"):
+        ReplayResult.model_validate({**data, "timing": {**data["timing"], "timer": "cuda_event"}})
+    with pytest.raises(OpgraphError, match="unknown timer 'event'"):
+        TimingConfig(timer="event")  # type: ignore[arg-type]
+
+
+H100_REPLAY = Path(__file__).parents[2] / "benchmarks/results/gpu/h100/llama8b_decode_b8_kv2048.replay.jsonl"
+
+
+@pytest.mark.skipif(not H100_REPLAY.exists(), reason="the committed H100 replay results are not in this checkout")
+def test_committed_replay_results_still_load_with_typed_fields() -> None:
+    results = load_results(H100_REPLAY)
+    assert results and all(isinstance(r.dtype, DType) for r in results)
+    assert {r.timing.timer for r in results if r.timing is not None} == {"cuda_kernels"}
+    # Config keys (resume, issue files) are what they were when the results were written.
+    assert all(config_key(r.op) == r.key for r in results)

@@ -75,7 +75,7 @@ class CoverageReport(BaseModel):
 
 def verify_graph(graph: OpGraph, expectation: Expectation, *, source: str = "", auto: bool = False) -> CoverageReport:
     """Count the ops of ``graph`` that make up each operator ``expectation`` names."""
-    from opgraph.catalog import operation_name
+    from opgraph.ir.configs import operation_name
 
     kernel_ops = [o for o in graph.ops if o.kind is not OpKind.VIEW]
     rows: list[OperatorCoverage] = []
@@ -139,7 +139,7 @@ def format_report(report: CoverageReport, *, verbose: bool = False) -> str:
     ]
     name_width = max([15, *(len(r.operator) for r in report.operators)])
     for row in report.operators:
-        mark = "✓" if row.covered else "✗"
+        mark = "✓" if row.covered else "✗" if row.required else "-"  # an absent optional operator is no failure
         kind = "(required)" if row.required else "(optional)"
         noun = "op" if row.count == 1 else "ops"
         lines.append(f"  {mark} {row.operator:<{name_width}} {kind:<12} [{row.count} {noun}]")

@@ -22,6 +22,7 @@ from validators.inputs import (
     torch_dtype,
 )
 from validators.recipes.base import BuildContext, Case, Compare, Recipe
+from validators.recipes.registry import register_recipe
 
 if TYPE_CHECKING:
     import torch
@@ -236,6 +237,7 @@ def _takes_device(fn: Any) -> bool:
     return any(getattr(a, "name", "") == "device" for a in args)
 
 
+@register_recipe()
 class AtenRecipe(Recipe):
     """Runs ``torch.ops.<target>`` with the recorded arguments on synthetic inputs."""
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from opgraph.ir import Attention, OpBase, TensorSpec
+from opgraph.ir import Attention, TensorSpec
 from validators.inputs import Domain, DomainKind, causal_mask, make_tensor
 from validators.recipes.base import BuildContext, Case, Recipe
+from validators.recipes.registry import register_recipe
 
 if TYPE_CHECKING:
     import torch
@@ -30,21 +31,16 @@ def _sdpa_has_gqa() -> bool:
         return True
 
 
-class AttentionRecipe(Recipe):
+@register_recipe(Attention)
+class AttentionRecipe(Recipe[Attention]):
     """Replays :class:`~opgraph.ir.Attention` from its typed fields (or its recorded q/k/v layouts)."""
 
     name = "attention"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        if not isinstance(op, Attention):
-            return f"{op.target or 'op'}: the attention recipe needs an Attention op"
-        return None
-
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: Attention, ctx: BuildContext) -> Case:
         import torch
         import torch.nn.functional as F
 
-        assert isinstance(op, Attention)
         b, h, kvh, d, dv = op.batch, op.heads, op.kv_heads, op.head_dim, op.dv
         four_d = [t for t in op.inputs if len(t.shape) == 4 and t.dtype.is_float]
         if len(four_d) >= 3 and four_d[0].shape[-2] == op.q_len:

@@ -12,7 +12,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic
+
+from typing_extensions import TypeVar
 
 from opgraph.ir import OpBase, TensorSpec
 
@@ -69,27 +71,30 @@ class Case:
         return self.run(self.inputs, False)
 
 
-class Recipe(ABC):
-    """A family of ops replay knows how to run. Subclasses set ``name`` and implement ``build``."""
+OpT = TypeVar("OpT", bound=OpBase, default=OpBase)
+"""The op class a recipe builds (``Recipe[Gemm]``); ``OpBase`` for recipes of any op."""
+
+
+class Recipe(ABC, Generic[OpT]):
+    """A family of ops replay knows how to run. Subclasses set ``name`` and implement ``build``.
+
+    :func:`~validators.recipes.register_recipe` registers a recipe by name and as the recipe of
+    one op class; the selector passes it only ops of that class, so ``build`` and ``unsupported``
+    receive the op already typed.
+    """
 
     name: ClassVar[str] = ""
     """Registry name."""
 
-    def unsupported(self, op: OpBase) -> str | None:
-        """Why this recipe cannot replay ``op`` (``None`` when it can)."""
+    def unsupported(self, op: OpT) -> str | None:
+        """Why this recipe cannot replay ``op`` of its class (``None`` when it can)."""
         return None
 
     @abstractmethod
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: OpT, ctx: BuildContext) -> Case:
         """Make inputs on ``ctx.device`` and the function that runs ``op``."""
 
 
 def float_specs(op: OpBase, rank: int | None = None) -> list[TensorSpec]:
     """The op's floating-point input specs (of ``rank`` dims when given), in order."""
     return [t for t in op.inputs if t.dtype.is_float and (rank is None or len(t.shape) == rank)]
-
-
-def op_kind(op: OpBase) -> str:
-    """The op's kind value (``gemm``...), typed for code that holds an :class:`OpBase`."""
-    kind = getattr(op, "kind", "other")
-    return str(getattr(kind, "value", kind))

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from opgraph.ir import Gemm, OpBase, TensorSpec
+from opgraph.ir import Gemm, TensorSpec
 from validators.inputs import make_tensor, routing_counts, torch_dtype
 from validators.recipes.base import BuildContext, Case, Recipe
+from validators.recipes.registry import register_recipe
 
 
 def _grouped_mm_fn() -> Any:
@@ -22,19 +23,16 @@ def _grouped_mm_fn() -> Any:
     return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-class GemmRecipe(Recipe):
+@register_recipe(Gemm)
+class GemmRecipe(Recipe[Gemm]):
     """``F.linear`` (``x @ W.T`` with an ``[n, k]`` weight, as ``nn.Linear`` stores it), bmm, grouped GEMM."""
 
     name = "gemm"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        return None if isinstance(op, Gemm) else f"{op.target or 'op'}: the gemm recipe needs a Gemm op"
-
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: Gemm, ctx: BuildContext) -> Case:
         import torch
         import torch.nn.functional as F
 
-        assert isinstance(op, Gemm)
         dt = op.dtype
         out_dtype = torch_dtype(op.out_dtype) if op.out_dtype else None
         if op.groups > 1:

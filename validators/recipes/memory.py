@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from opgraph.ir import Memory, OpBase, TensorSpec
+from opgraph.ir import Memory, TensorSpec
 from validators.inputs import index, make_tensor, torch_dtype
 from validators.recipes.base import BuildContext, Case, Recipe
+from validators.recipes.registry import register_recipe
 
 FNS = ("copy", "cast", "fill", "zero", "cat", "index", "kv_cache_write", "contiguous", "clone")
 
@@ -28,22 +29,20 @@ def _cat_dim(ins: list[TensorSpec], out: TensorSpec | None) -> int | None:
     return diff[0] if len(diff) == 1 else (len(ins[0].shape) - 2 if len(ins[0].shape) >= 2 else 0)
 
 
-class MemoryRecipe(Recipe):
+@register_recipe(Memory)
+class MemoryRecipe(Recipe[Memory]):
     """Copies, casts, fills, concatenations, row gathers and KV-cache writes."""
 
     name = "memory"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        if not isinstance(op, Memory):
-            return f"{op.target or 'op'}: the memory recipe needs a Memory op"
+    def unsupported(self, op: Memory) -> str | None:
         if op.fn not in FNS:
             return f"{op.target or op.fn}: no replay recipe for memory op {op.fn!r} without a recorded call"
         return None
 
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: Memory, ctx: BuildContext) -> Case:
         import torch
 
-        assert isinstance(op, Memory)
         flat = TensorSpec(shape=(max(op.numel, 0),), dtype=op.dtype)
         ins = list(op.inputs) or [flat]
         out = op.outputs[0] if op.outputs else None

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from opgraph.ir import MoeRouting, OpBase, TensorSpec
+from opgraph.ir import MoeRouting, TensorSpec
 from validators.inputs import make_tensor, routing_counts, torch_dtype
 from validators.recipes.base import BuildContext, Case, Compare, Recipe
+from validators.recipes.registry import register_recipe
 
 
 def assignment(tokens: int, experts: int, top_k: int, skew: float) -> list[list[int]]:
@@ -33,22 +34,20 @@ def assignment(tokens: int, experts: int, top_k: int, skew: float) -> list[list[
     return picks
 
 
-class MoeRoutingRecipe(Recipe):
+@register_recipe(MoeRouting)
+class MoeRoutingRecipe(Recipe[MoeRouting]):
     """``route`` (router softmax + top-k + renormalise), ``dispatch`` (gather rows), ``combine`` (weighted sum)."""
 
     name = "moe_routing"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        if not isinstance(op, MoeRouting):
-            return f"{op.target or 'op'}: the moe_routing recipe needs a MoeRouting op"
+    def unsupported(self, op: MoeRouting) -> str | None:
         if op.fn not in ("route", "dispatch", "combine"):
             return f"{op.target or op.fn}: no replay recipe for MoE step {op.fn!r}"
         return None
 
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: MoeRouting, ctx: BuildContext) -> Case:
         import torch
 
-        assert isinstance(op, MoeRouting)
         tokens, experts, top_k = max(op.tokens, 1), op.experts, min(op.top_k, op.experts)
         picks = assignment(tokens, experts, top_k, ctx.moe_skew)
         skew = f"skew {ctx.moe_skew:g}" if ctx.moe_skew > 0 else "balanced"

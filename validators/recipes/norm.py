@@ -4,27 +4,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from opgraph.ir import Norm, NormVariant, OpBase, TensorSpec
+from opgraph.ir import Norm, NormVariant, TensorSpec
 from validators.inputs import make_tensor
 from validators.recipes.base import BuildContext, Case, Recipe
+from validators.recipes.registry import register_recipe
 
 RMS_EPS = 1e-6
 LAYER_EPS = 1e-5
 
 
-class NormRecipe(Recipe):
+@register_recipe(Norm)
+class NormRecipe(Recipe[Norm]):
     """RMSNorm as ``LlamaRMSNorm.forward`` (upcast, mean of squares, rsqrt, downcast, scale); LayerNorm."""
 
     name = "norm"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        return None if isinstance(op, Norm) else f"{op.target or 'op'}: the norm recipe needs a Norm op"
-
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: Norm, ctx: BuildContext) -> Case:
         import torch
         import torch.nn.functional as F
 
-        assert isinstance(op, Norm)
         x_spec = next(
             (t for t in op.inputs if t.dtype.is_float and t.shape and t.shape[-1] == op.hidden and len(t.shape) > 1),
             None,

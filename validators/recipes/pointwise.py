@@ -8,11 +8,31 @@ from typing import Any
 
 from opgraph.ir import Activation, Elementwise, Embedding, OpBase, Reduction, Softmax, TensorSpec, TopK
 from validators.inputs import NORMAL, POSITIVE, Domain, DomainKind, index, make_tensor
+from validators.recipes.aten import POSITIVE_FIRST, POSITIVE_SECOND
 from validators.recipes.base import BuildContext, Case, Compare, Recipe
+from validators.recipes.registry import register_recipe
 
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "relu", "sigmoid", "tanh", "swiglu", "geglu")
-UNARY_POSITIVE = frozenset({"rsqrt", "sqrt", "log", "log2", "log10", "reciprocal"})
-BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "pow", "where"})
+GATED_BASE: dict[str, str] = {
+    "swiglu": "silu",
+    "geglu": "gelu",
+    "geglu_tanh": "gelu_tanh",
+    "reglu": "relu",
+    "glu": "sigmoid",
+}
+"""The activation inside each gated form, by the ``fn`` capture records (``act(gate) * up``).
+
+Keyed by :attr:`opgraph.ir.Activation.fn`: if capture renames a gated form, change its key here."""
+BINARY = frozenset({"add", "sub", "mul", "maximum", "minimum", "pow", "where"}) | POSITIVE_SECOND
+"""Elementwise ops of two tensors (divisions: the second is a non-zero divisor)."""
+
+
+def _no_torch_fn(op: Elementwise | Reduction) -> str | None:
+    """Why ``torch.<op.fn>`` cannot replay ``op`` (``None`` when it exists)."""
+    import torch
+
+    if not callable(getattr(torch, op.fn, None)):
+        return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
+    return None
 
 
 def _rows_spec(op: OpBase, numel: int, hidden: int) -> TensorSpec:
@@ -21,38 +41,34 @@ def _rows_spec(op: OpBase, numel: int, hidden: int) -> TensorSpec:
 
 
 def _act(fn: str) -> Any:
+    """The torch function of activation ``fn`` (the inner activation of a gated form), or ``None``."""
     import torch.nn.functional as F
 
-    base = fn.removesuffix("glu") if fn in ("swiglu", "geglu") else fn
     table = {
         "silu": F.silu,
-        "swi": F.silu,
-        "ge": F.gelu,
         "gelu": F.gelu,
         "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
         "relu": F.relu,
         "sigmoid": F.sigmoid,
         "tanh": F.tanh,
     }
-    return table.get(base)
+    return table.get(GATED_BASE.get(fn, fn))
 
 
-class ActivationRecipe(Recipe):
+@register_recipe(Activation)
+class ActivationRecipe(Recipe[Activation]):
     """``act(x)``, or ``act(gate) * up`` for gated MLPs (HF: ``act_fn(gate_proj(x)) * up_proj(x)``)."""
 
     name = "activation"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        if not isinstance(op, Activation):
-            return f"{op.target or 'op'}: the activation recipe needs an Activation op"
+    def unsupported(self, op: Activation) -> str | None:
         if _act(op.fn) is None:
             return f"{op.target or op.fn}: no replay recipe for activation {op.fn!r}"
         return None
 
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
-        assert isinstance(op, Activation)
+    def build(self, op: Activation, ctx: BuildContext) -> Case:
         act = _act(op.fn)
-        gated = op.gated or op.fn in ("swiglu", "geglu")
+        gated = op.gated or op.fn in GATED_BASE
         specs = [t for t in op.inputs if t.dtype.is_float][: 2 if gated else 1]
         if gated and len(specs) == 1:
             # gate and up are the two halves of one projection (``gate_up(x).chunk(2, -1)``).
@@ -71,29 +87,23 @@ class ActivationRecipe(Recipe):
         return Case(inputs=xs, run=run, note=f"{op.fn}{' gated' if gated else ''}")
 
 
-class ElementwiseRecipe(Recipe):
+@register_recipe(Elementwise)
+class ElementwiseRecipe(Recipe[Elementwise]):
     """``torch.<fn>`` over the op's tensors (binary ops get two same-shaped inputs when none are recorded)."""
 
     name = "elementwise"
 
-    def unsupported(self, op: OpBase) -> str | None:
+    def unsupported(self, op: Elementwise) -> str | None:
+        return _no_torch_fn(op)
+
+    def build(self, op: Elementwise, ctx: BuildContext) -> Case:
         import torch
 
-        if not isinstance(op, Elementwise):
-            return f"{op.target or 'op'}: the elementwise recipe needs an Elementwise op"
-        if not callable(getattr(torch, op.fn, None)):
-            return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
-        return None
-
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
-        import torch
-
-        assert isinstance(op, Elementwise)
         fn = getattr(torch, op.fn)
-        dom = POSITIVE if op.fn in UNARY_POSITIVE else NORMAL
+        dom = POSITIVE if op.fn in POSITIVE_FIRST else NORMAL
         if op.inputs:
             xs = [
-                make_tensor(s, ctx.device, ctx.gen, POSITIVE if (i == 1 and op.fn == "div") else dom)
+                make_tensor(s, ctx.device, ctx.gen, POSITIVE if (i == 1 and op.fn in POSITIVE_SECOND) else dom)
                 for i, s in enumerate(op.inputs)
             ]
         else:
@@ -103,7 +113,7 @@ class ElementwiseRecipe(Recipe):
                     _rows_spec(op, op.numel, op.hidden),
                     ctx.device,
                     ctx.gen,
-                    POSITIVE if i == 1 and op.fn == "div" else dom,
+                    POSITIVE if i == 1 and op.fn in POSITIVE_SECOND else dom,
                 )
                 for i in range(n)
             ]
@@ -116,18 +126,15 @@ class ElementwiseRecipe(Recipe):
         return Case(inputs=tuple(xs), run=run, note=f"torch.{op.fn}")
 
 
-class SoftmaxRecipe(Recipe):
+@register_recipe(Softmax)
+class SoftmaxRecipe(Recipe[Softmax]):
     """``softmax`` over the last dim (in float32 and back when the op's output is float32)."""
 
     name = "softmax"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        return None if isinstance(op, Softmax) else f"{op.target or 'op'}: the softmax recipe needs a Softmax op"
-
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: Softmax, ctx: BuildContext) -> Case:
         import torch
 
-        assert isinstance(op, Softmax)
         spec = next((t for t in op.inputs if t.dtype.is_float), None) or TensorSpec(
             shape=(op.rows, op.cols), dtype=op.dtype
         )
@@ -141,24 +148,18 @@ class SoftmaxRecipe(Recipe):
         return Case(inputs=(x,), run=run, note="softmax")
 
 
-class ReductionRecipe(Recipe):
+@register_recipe(Reduction)
+class ReductionRecipe(Recipe[Reduction]):
     """``torch.<fn>(x, dim=-1)`` over ``reduced`` elements per output."""
 
     name = "reduction"
 
-    def unsupported(self, op: OpBase) -> str | None:
+    def unsupported(self, op: Reduction) -> str | None:
+        return _no_torch_fn(op)
+
+    def build(self, op: Reduction, ctx: BuildContext) -> Case:
         import torch
 
-        if not isinstance(op, Reduction):
-            return f"{op.target or 'op'}: the reduction recipe needs a Reduction op"
-        if not callable(getattr(torch, op.fn, None)):
-            return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
-        return None
-
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
-        import torch
-
-        assert isinstance(op, Reduction)
         fn = getattr(torch, op.fn)
         spec = next((t for t in op.inputs if t.dtype.is_float), None) or _rows_spec(op, op.numel_in, op.reduced)
         x = make_tensor(spec, ctx.device, ctx.gen)
@@ -170,22 +171,20 @@ class ReductionRecipe(Recipe):
         return Case(inputs=(x,), run=run, compare=compare, note=f"torch.{op.fn}(dim=-1)")
 
 
-class TopKRecipe(Recipe):
+@register_recipe(TopK)
+class TopKRecipe(Recipe[TopK]):
     """``topk``, ``argmax``, ``sort``, ``multinomial`` over the last dim."""
 
     name = "topk"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        if not isinstance(op, TopK):
-            return f"{op.target or 'op'}: the topk recipe needs a TopK op"
+    def unsupported(self, op: TopK) -> str | None:
         if op.fn not in ("topk", "argmax", "sort", "multinomial", "argsort"):
             return f"{op.target or op.fn}: no replay recipe for {op.fn!r}"
         return None
 
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: TopK, ctx: BuildContext) -> Case:
         import torch
 
-        assert isinstance(op, TopK)
         spec = next((t for t in op.inputs if t.dtype.is_float), None) or TensorSpec(
             shape=(op.rows, op.cols), dtype=op.dtype
         )
@@ -211,18 +210,15 @@ class TopKRecipe(Recipe):
         return Case(inputs=(x,), run=run, compare=compare, note=note)
 
 
-class EmbeddingRecipe(Recipe):
+@register_recipe(Embedding)
+class EmbeddingRecipe(Recipe[Embedding]):
     """``F.embedding`` of ``tokens`` ids in ``[0, vocab)`` from a ``[vocab, hidden]`` table."""
 
     name = "embedding"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        return None if isinstance(op, Embedding) else f"{op.target or 'op'}: the embedding recipe needs an Embedding op"
-
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: Embedding, ctx: BuildContext) -> Case:
         import torch.nn.functional as F
 
-        assert isinstance(op, Embedding)
         ids_spec = next((t for t in op.inputs if not t.dtype.is_float), None) or TensorSpec(
             shape=(1, max(op.tokens, 0)),
             dtype="int64",

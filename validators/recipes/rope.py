@@ -4,25 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from opgraph.ir import OpBase, Rope, TensorSpec
+from opgraph.ir import Rope, TensorSpec
 from validators.inputs import make_tensor, torch_dtype
 from validators.recipes.base import BuildContext, Case, Recipe
+from validators.recipes.registry import register_recipe
 
 ROPE_THETA = 500000.0
 
 
-class RopeRecipe(Recipe):
+@register_recipe(Rope)
+class RopeRecipe(Recipe[Rope]):
     """Rotates q (and k, when the op's inputs hold both) with real cos/sin tables of valid positions."""
 
     name = "rope"
 
-    def unsupported(self, op: OpBase) -> str | None:
-        return None if isinstance(op, Rope) else f"{op.target or 'op'}: the rope recipe needs a Rope op"
-
-    def build(self, op: OpBase, ctx: BuildContext) -> Case:
+    def build(self, op: Rope, ctx: BuildContext) -> Case:
         import torch
 
-        assert isinstance(op, Rope)
         rd = op.rotary_dim or op.head_dim
         floats4 = [t for t in op.inputs if len(t.shape) == 4 and t.dtype.is_float]
         x_specs = [t for t in floats4 if t.shape[1] > 1 or op.heads == 1][:2]

@@ -21,19 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from opgraph.catalog import (
-    Catalog,
-    CatalogEntry,
-    CatalogError,
-    config_dict,
-    config_hash,
-    dtype_signature,
-    filter_entries,
-    load_catalog,
-    select_op,
-    size_label,
-)
+from opgraph.catalog import Catalog, CatalogEntry, CatalogError, filter_entries, load_catalog, select_op
 from opgraph.ir import IDENTITY_FIELDS, OpBase, OpgraphError, parse_op
+from opgraph.ir.configs import config_dict, config_hash, dtype_signature, size_label
 
 if TYPE_CHECKING:
     from _pytest.mark import ParameterSet

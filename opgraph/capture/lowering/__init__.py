@@ -7,7 +7,7 @@ added by ``PASSES.register(name, cls)`` or given as ``package.module:Class``.
 
 from __future__ import annotations
 
-from opgraph.capture.lowering.base import FREE, Group, Hints, Lowering, LoweringPass
+from opgraph.capture.lowering.base import FREE, Group, GroupFieldsError, Hints, Lowering, LoweringPass
 from opgraph.ir.registry import Registry
 
 PASSES: Registry[type[LoweringPass]] = Registry("lowering pass", entry_point_group="opgraph.lowering_passes")
@@ -51,8 +51,20 @@ DEFAULT_PIPELINE: tuple[str, ...] = (
 def run_passes(lw: Lowering, pipeline: tuple[str, ...] = DEFAULT_PIPELINE) -> Lowering:
     """Run the named passes (default options) over ``lw`` in order."""
     for name in pipeline:
+        lw.current_pass = name
         PASSES.get(name)().run(lw)
+    lw.current_pass = ""
     return lw
 
 
-__all__ = ["DEFAULT_PIPELINE", "FREE", "PASSES", "Group", "Hints", "Lowering", "LoweringPass", "run_passes"]
+__all__ = [
+    "DEFAULT_PIPELINE",
+    "FREE",
+    "PASSES",
+    "Group",
+    "GroupFieldsError",
+    "Hints",
+    "Lowering",
+    "LoweringPass",
+    "run_passes",
+]

@@ -46,10 +46,10 @@ class LowerActivations:
             members = [ev.index]
             gated = False
             if self.fuse_gate and fn in _GATED:
-                cons = lw.consumers_of(out[0])
+                cons = lw.consumers_of(out.tid)
                 if len(cons) == 1:
                     c = cons[0]
-                    same = c.outputs and c.outputs[0][1] == out[1]
+                    same = c.outputs and c.outputs[0].shape == out.shape
                     if (
                         c.fn == "mul"
                         and lw.free(c.index)

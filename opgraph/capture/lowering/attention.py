@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from opgraph.capture.lowering.base import Lowering, numel
+from opgraph.capture.lowering.base import FREE, Lowering, numel
 from opgraph.capture.recorder import Event, TRef
 from opgraph.ir.ops import AttentionVariant, OpKind
 
@@ -36,11 +36,11 @@ _SCORE_CHAIN = frozenset(
 )
 
 
-def _kv_source(lw: Lowering, tid: int, attn_members: list[int]) -> tuple[int | None, int]:
+def _kv_source(lw: Lowering, tid: int) -> int | None:
     """Follow a key/value operand back through repeat_kv copies to the cache write.
 
-    Returns (kv heads seen before a repeat_kv copy or None, tensor id of the operand's origin).
-    Claims the repeat_kv copies and the cache write it passes.
+    Returns the kv heads seen before a repeat_kv copy, or None. Claims the repeat_kv copies and the
+    cache write it passes.
     """
     kv_heads: int | None = None
     for _ in range(4):
@@ -49,11 +49,11 @@ def _kv_source(lw: Lowering, tid: int, attn_members: list[int]) -> tuple[int | N
             break
         if ev.fn in ("clone", "_unsafe_view", "expand", "_to_copy", "contiguous") and ev.inputs:
             src = ev.inputs[0]
-            shape, strides = src[1], src[3]
+            shape, strides = src.shape, src.strides
             if strides is not None and len(shape) == 5 and strides[2] == 0:
                 kv_heads = shape[1]
                 lw.claim([ev.index], OpKind.MEMORY, {"fn": "repeat_kv", "numel": numel(ev.outputs[0])})
-                tid = src[0]
+                tid = src.tid
                 continue
             break
         if ev.fn in _KV_WRITE_FNS:
@@ -61,17 +61,17 @@ def _kv_source(lw: Lowering, tid: int, attn_members: list[int]) -> tuple[int | N
             lw.claim([ev.index], OpKind.MEMORY, {"fn": "kv_cache_write", "numel": numel(out)})
             break
         break
-    return kv_heads, tid
+    return kv_heads
 
 
 def _heads_from_producer(lw: Lowering, ref: TRef) -> tuple[int, int] | None:
     """(batch, heads) of a 4-D tensor behind a 3-D bmm operand."""
-    ev = lw.producer_of(ref[0])
+    ev = lw.producer_of(ref.tid)
     if ev is None:
         return None
     for r in ev.outputs:
-        if r[0] == ref[0] and len(r[1]) == 4:
-            return r[1][0], r[1][1]
+        if r.tid == ref.tid and len(r.shape) == 4:
+            return r.shape[0], r.shape[1]
     return None
 
 
@@ -136,18 +136,18 @@ class LowerAttention:
 
     def _fused(self, lw: Lowering, ev: Event) -> None:
         q, k, v = ev.inputs[0], ev.inputs[1], ev.inputs[2]
-        if len(q[1]) != 4 or len(k[1]) != 4:
+        if len(q.shape) != 4 or len(k.shape) != 4:
             return
         flash_layout = ev.fn in ("_flash_attention_forward", "flash_attn_func")
         if flash_layout:  # (b, s, h, d)
-            b, s, h, d = q[1]
-            kv_len, kvh = k[1][1], k[1][2]
+            b, s, h, d = q.shape
+            kv_len, kvh = k.shape[1], k.shape[2]
         else:  # (b, h, s, d)
-            b, h, s, d = q[1]
-            kvh, kv_len = k[1][1], k[1][2]
-        dv = v[1][-1]
-        kv_heads_seen, _ = _kv_source(lw, k[0], [ev.index])
-        _kv_source(lw, v[0], [ev.index])
+            b, h, s, d = q.shape
+            kvh, kv_len = k.shape[1], k.shape[2]
+        dv = v.shape[-1]
+        kv_heads_seen = _kv_source(lw, k.tid)
+        _kv_source(lw, v.tid)
         if kv_heads_seen is not None:
             kvh = kv_heads_seen
         causal_kw = ev.kwargs.get("is_causal")
@@ -169,7 +169,7 @@ class LowerAttention:
         Whether it runs depends on the backend's output layout (flash kernels write (b, s, h, d) and
         need none); it is made part of the attention op so graphs agree across devices.
         """
-        cons = lw.consumers_of(ev.outputs[0][0])
+        cons = lw.consumers_of(ev.outputs[0].tid)
         if len(cons) == 1 and cons[0].fn == "clone" and lw.free(cons[0].index):
             return [cons[0].index]
         return []
@@ -177,7 +177,7 @@ class LowerAttention:
     def _eager(self, lw: Lowering, sm: Event) -> None:
         # Back from the softmax input to the scores matmul.
         chain: list[int] = [sm.index]
-        cur = sm.inputs[0][0]
+        cur = sm.inputs[0].tid
         score_mm: Event | None = None
         for _ in range(8):
             p = lw.producer_of(cur)
@@ -189,12 +189,12 @@ class LowerAttention:
             if p.fn not in _SCORE_CHAIN:
                 return
             chain.append(p.index)
-            cur = p.inputs[0][0]
+            cur = p.inputs[0].tid
         if score_mm is None:
             return
         # Forward from the softmax output to the value matmul.
         out_mm: Event | None = None
-        cur = sm.outputs[0][0]
+        cur = sm.outputs[0].tid
         fwd: list[int] = []
         for _ in range(4):
             cons = [c for c in lw.consumers_of(cur) if lw.free(c.index)]
@@ -207,14 +207,14 @@ class LowerAttention:
             if c.fn not in ("_to_copy", "native_dropout", "dropout", "clone", "mul"):
                 return
             fwd.append(c.index)
-            cur = c.outputs[0][0]
+            cur = c.outputs[0].tid
         if out_mm is None:
             return
         qa, ka = score_mm.inputs[-2], score_mm.inputs[-1]
         va = out_mm.inputs[1]
-        bh, s, d = qa[1][-3], qa[1][-2], qa[1][-1]
-        kv_len = ka[1][-1]
-        dv = va[1][-1]
+        bh, s, d = qa.shape[-3], qa.shape[-2], qa.shape[-1]
+        kv_len = ka.shape[-1]
+        dv = va.shape[-1]
         bh_shape = _heads_from_producer(lw, qa)
         if bh_shape is not None:
             b, h = bh_shape
@@ -222,8 +222,8 @@ class LowerAttention:
             b, h = bh // lw.hints.num_heads, lw.hints.num_heads
         else:
             b, h = 1, bh
-        kvh_seen, _ = _kv_source(lw, ka[0], [])
-        _kv_source(lw, va[0], [])
+        kvh_seen = _kv_source(lw, ka.tid)
+        _kv_source(lw, va.tid)
         kvh = kvh_seen or h
         scores = [lw.events[i] for i in chain]
         masked = any(e.fn in ("add", "masked_fill", "where") and len(e.inputs) > 1 for e in scores)
@@ -233,15 +233,15 @@ class LowerAttention:
         members = [score_mm.index, *chain, *fwd, out_mm.index]
         # Side branches inside the pattern (gpt-oss subtracts the row max over scores and sinks).
         inside = set(members)
-        produced = {r[0] for i in inside for r in lw.events[i].outputs}
+        produced = {r.tid for i in inside for r in lw.events[i].outputs}
         for i in range(score_mm.index + 1, out_mm.index):
             e = lw.events[i]
             if i in inside or not lw.free(i) or not e.outputs:
                 continue
-            if any(r[0] in produced for r in e.inputs) and all(
-                c in inside for r in e.outputs for c in lw.consumers.get(r[0], ()) if lw.owner[c] != -2
+            if any(r.tid in produced for r in e.inputs) and all(
+                c in inside for r in e.outputs for c in lw.consumers.get(r.tid, ()) if lw.owner[c] != FREE
             ):
                 members.append(i)
                 inside.add(i)
-                produced.update(r[0] for r in e.outputs)
+                produced.update(r.tid for r in e.outputs)
         lw.claim(members, OpKind.ATTENTION, f, target="eager_attention", call=out_mm.call)

@@ -12,8 +12,11 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from pydantic import ValidationError
+
 from opgraph.capture.recorder import Event, ModuleCall, TRef
-from opgraph.ir.ops import OpKind
+from opgraph.ir.dtypes import FLOAT_NAMES
+from opgraph.ir.ops import OP_TYPES, OpKind
 
 FREE = -2
 """Owner marker of events that fold away (views, metadata ops, allocations)."""
@@ -58,15 +61,17 @@ class Lowering:
         self.owner: list[int] = [-1] * len(events)
         self.groups: list[Group] = []
         self.assumptions: list[str] = []
+        self.current_pass = ""
+        """Name of the pass running (for errors in its claims)."""
         self.producer: dict[int, int] = {}
         self.consumers: dict[int, list[int]] = {}
         for ev in events:
-            in_tids = {r[0] for r in ev.inputs}
+            in_tids = {r.tid for r in ev.inputs}
             for r in ev.inputs:
-                self.consumers.setdefault(r[0], []).append(ev.index)
+                self.consumers.setdefault(r.tid, []).append(ev.index)
             for r in ev.outputs:
-                if ev.mutates or r[0] not in in_tids:
-                    self.producer[r[0]] = ev.index
+                if ev.mutates or r.tid not in in_tids:
+                    self.producer[r.tid] = ev.index
         for ev in events:
             if ev.alias:
                 self.owner[ev.index] = FREE
@@ -133,6 +138,7 @@ class Lowering:
         members = sorted(m for m in members if self.owner[m] == -1)
         if not members:
             raise ValueError("claim of no free events")
+        check_fields(kind, fields, self.current_pass)
         first = self.events[members[0]]
         g = Group(
             members,
@@ -155,6 +161,24 @@ class Lowering:
             self.owner[i] = FREE
 
 
+class GroupFieldsError(ValueError):
+    """A pass claimed events with fields its op kind does not accept (a bug in that pass)."""
+
+
+def check_fields(kind: OpKind, fields: dict[str, Any], pass_name: str = "") -> None:
+    """Raise :class:`GroupFieldsError` unless ``fields`` make a valid op of ``kind`` (names, types, values).
+
+    Run at claim time, so the error names the pass that made the mistake, not the final build.
+    """
+    try:
+        OP_TYPES[kind].model_validate({**fields, "id": 0})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"]) or "(fields)"
+        who = f"lowering pass {pass_name!r}" if pass_name else "a lowering pass"
+        raise GroupFieldsError(f"{who} claimed a {kind.value!r} op with bad fields: {loc}: {first['msg']}") from exc
+
+
 class LoweringPass(Protocol):
     """A lowering pass: a frozen dataclass with a ``name`` whose fields are its options."""
 
@@ -166,17 +190,18 @@ class LoweringPass(Protocol):
 
 def numel(ref: TRef) -> int:
     """Elements of a recorded tensor."""
-    return math.prod(ref[1])
+    return math.prod(ref.shape)
 
 
 def last_dim(ref: TRef) -> int:
     """Size of the last dimension (1 for scalars)."""
-    return ref[1][-1] if ref[1] else 1
+    return ref.shape[-1] if ref.shape else 1
 
 
-FLOAT_DTYPES = frozenset({"fp64", "fp32", "bf16", "fp16", "fp8_e4m3", "fp8_e5m2", "tf32"})
+FLOAT_DTYPES = FLOAT_NAMES
+"""IR names of the floating-point dtypes."""
 
 
 def float_inputs(ev: Event) -> list[TRef]:
     """The floating-point tensors an event reads."""
-    return [r for r in ev.inputs if r[2] in FLOAT_DTYPES]
+    return [r for r in ev.inputs if r.dtype in FLOAT_DTYPES]

@@ -27,7 +27,7 @@ def _dtype(name: str) -> DType:
 
 def _spec(ref: TRef) -> TensorSpec:
     # Recorded shapes are trusted: skip validation (hot path, thousands of tensors).
-    return TensorSpec.model_construct(shape=ref[1], dtype=_dtype(ref[2]), strides=ref[3], id=ref[0])
+    return TensorSpec.model_construct(shape=ref.shape, dtype=_dtype(ref.dtype), strides=ref.strides, id=ref.tid)
 
 
 def _group_tensors(lw: Lowering, members: list[int]) -> tuple[list[TRef], list[TRef]]:
@@ -39,37 +39,37 @@ def _group_tensors(lw: Lowering, members: list[int]) -> tuple[list[TRef], list[T
     seen_in: set[int] = set()
     for ev in evs:
         for r in ev.inputs:
-            if r[0] not in produced and r[0] not in seen_in:
-                seen_in.add(r[0])
+            if r.tid not in produced and r.tid not in seen_in:
+                seen_in.add(r.tid)
                 inputs.append(r)
-        in_tids = {r[0] for r in ev.inputs}
+        in_tids = {r.tid for r in ev.inputs}
         for r in ev.outputs:
-            if ev.mutates or r[0] not in in_tids:
-                produced.add(r[0])
+            if ev.mutates or r.tid not in in_tids:
+                produced.add(r.tid)
     member_set = set(members)
     outputs: list[TRef] = []
     seen_out: set[int] = set()
     last = evs[-1]
     for ev in evs:
         for r in ev.outputs:
-            if r[0] in seen_out or (r[0] in seen_in and not ev.mutates):
+            if r.tid in seen_out or (r.tid in seen_in and not ev.mutates):
                 continue
             external = ev is last or any(
-                c not in member_set and lw.owner[c] != FREE for c in lw.consumers.get(r[0], ())
+                c not in member_set and lw.owner[c] != FREE for c in lw.consumers.get(r.tid, ())
             )
             if external:
-                seen_out.add(r[0])
+                seen_out.add(r.tid)
                 outputs.append(r)
     return inputs, outputs
 
 
 def _compute_dtype(ins: list[TRef], outs: list[TRef]) -> DType:
     for r in ins:
-        if r[2] in FLOAT_DTYPES:
-            return _dtype(r[2])
+        if r.dtype in FLOAT_DTYPES:
+            return _dtype(r.dtype)
     for r in outs:
-        if r[2] in FLOAT_DTYPES:
-            return _dtype(r[2])
+        if r.dtype in FLOAT_DTYPES:
+            return _dtype(r.dtype)
     return DType.fp32
 
 
@@ -114,17 +114,17 @@ def build_ops(lw: Lowering, scopes: list[str]) -> tuple[list[OpBase], list[Edge]
         ops.append(OP_TYPES[g.kind].model_validate(data))
         seen: set[tuple[int, int]] = set()
         for r in ins:
-            p = lw.producer.get(r[0])
+            p = lw.producer.get(r.tid)
             if p is None:
                 continue
             owner = lw.owner[p]
             if owner < 0 or owner == gi:
                 continue
             src = gid_of[owner]
-            if (src, r[0]) in seen:
+            if (src, r.tid) in seen:
                 continue
-            seen.add((src, r[0]))
-            edges.append(Edge(src=src, dst=new_id, kind=EdgeKind.DATA, tensor=r[0]))
+            seen.add((src, r.tid))
+            edges.append(Edge(src=src, dst=new_id, kind=EdgeKind.DATA, tensor=r.tid))
     return ops, edges
 
 

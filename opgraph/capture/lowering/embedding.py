@@ -20,5 +20,7 @@ class LowerEmbedding:
             if lw.free(ev.index) and ev.fn in ("embedding", "_embedding_bag") and len(ev.inputs) >= 2:
                 weight, ids = ev.inputs[0], ev.inputs[1]
                 lw.claim(
-                    [ev.index], OpKind.EMBEDDING, {"tokens": numel(ids), "vocab": weight[1][0], "hidden": weight[1][-1]}
+                    [ev.index],
+                    OpKind.EMBEDDING,
+                    {"tokens": numel(ids), "vocab": weight.shape[0], "hidden": weight.shape[-1]},
                 )

@@ -31,9 +31,9 @@ class LowerGemm:
                     a, b, bias = t[1], t[2], True
                 elif fn == "linear":
                     a, b, bias = t[0], t[1], len(t) > 2
-                    n = b[1][0]
-                    k = b[1][-1]
-                    m = math.prod(a[1][:-1])
+                    n = b.shape[0]
+                    k = b.shape[-1]
+                    m = math.prod(a.shape[:-1])
                     lw.claim([ev.index], OpKind.GEMM, {"m": m, "n": n, "k": k, "bias": bias})
                     continue
                 else:
@@ -41,9 +41,9 @@ class LowerGemm:
                         continue
                     a, b, bias = t[0], t[1], False
                 if fn == "_grouped_mm":
-                    groups = b[1][0] if len(b[1]) == 3 else 1
-                    rows = a[1][0]
-                    n, k = b[1][-1], a[1][-1]
+                    groups = b.shape[0] if len(b.shape) == 3 else 1
+                    rows = a.shape[0]
+                    n, k = b.shape[-1], a.shape[-1]
                     lw.claim(
                         [ev.index],
                         OpKind.GEMM,
@@ -52,14 +52,14 @@ class LowerGemm:
                     )
                     continue
                 if fn in ("mv", "addmv", "dot"):
-                    k = a[1][-1]
-                    m = math.prod(a[1][:-1]) if fn != "dot" else 1
+                    k = a.shape[-1]
+                    m = math.prod(a.shape[:-1]) if fn != "dot" else 1
                     lw.claim([ev.index], OpKind.GEMM, {"m": m, "n": 1, "k": k, "bias": bias})
                     continue
-                k = a[1][-1]
-                n = b[1][-1] if len(b[1]) > 1 else 1
-                m = a[1][-2] if len(a[1]) > 1 else 1
-                batch = math.prod(a[1][:-2]) if len(a[1]) > 2 else 1
-                if fn == "matmul" and len(a[1]) > 2 and len(b[1]) == 2:
-                    m, batch = math.prod(a[1][:-1]), 1
+                k = a.shape[-1]
+                n = b.shape[-1] if len(b.shape) > 1 else 1
+                m = a.shape[-2] if len(a.shape) > 1 else 1
+                batch = math.prod(a.shape[:-2]) if len(a.shape) > 2 else 1
+                if fn == "matmul" and len(a.shape) > 2 and len(b.shape) == 2:
+                    m, batch = math.prod(a.shape[:-1]), 1
                 lw.claim([ev.index], OpKind.GEMM, {"m": m, "n": n, "k": k, "batch": max(batch, 1), "bias": bias})

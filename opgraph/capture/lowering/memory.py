@@ -84,7 +84,7 @@ class LowerMemory:
             fn = _FN.get(ev.fn)
             if fn is None:
                 continue
-            if fn == "cast" and ev.inputs and ev.outputs and ev.inputs[0][2] == ev.outputs[0][2]:
+            if fn == "cast" and ev.inputs and ev.outputs and ev.inputs[0].dtype == ev.outputs[0].dtype:
                 fn = "copy"
             n = sum(numel(o) for o in ev.outputs)
             lw.claim([ev.index], OpKind.MEMORY, {"fn": fn, "numel": n})

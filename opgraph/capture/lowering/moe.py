@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from opgraph.capture.lowering.base import Lowering, float_inputs, last_dim, numel
+from opgraph.capture.moe_model import ExpertPlan, is_experts_module
 from opgraph.ir.ops import OpKind
 
 _ROUTER_CLASS = re.compile(r"Router|TopkRouter|TopKRouter|MoeGate|MoEGate")
@@ -40,15 +41,6 @@ _DISPATCH = frozenset(
     }
 )
 _COMBINE = frozenset({"sum", "index_add", "index_add_", "scatter_add", "scatter_add_", "mul"})
-
-
-def is_experts_module(module: object) -> bool:
-    """Whether a module holds stacked expert weights (``gate_up_proj``/``up_proj`` of rank 3)."""
-    for attr in ("gate_up_proj", "up_proj"):
-        w = getattr(module, attr, None)
-        if w is not None and getattr(w, "ndim", 0) == 3:
-            return True
-    return False
 
 
 @dataclass(frozen=True)
@@ -102,12 +94,10 @@ class LowerMoe:
 
     def _experts(self, lw: Lowering, call: int, evs: list[int]) -> None:
         module = lw.calls[call].module
-        plan = getattr(module, "_opgraph_plan", None)
+        state = lw.calls[call].state
+        plan = state if isinstance(state, ExpertPlan) else ExpertPlan(tokens=0, top_k=1, active=1, impl="loop")
         experts = int(getattr(module, "num_experts", 0) or 1)
-        top_k = int(plan["top_k"]) if plan else 1
-        tokens = int(plan["tokens"]) if plan else 0
-        active = int(plan["active"]) if plan else 1
-        impl = str(plan["impl"]) if plan else "loop"
+        top_k, tokens, active, impl = plan.top_k, plan.tokens, plan.active, plan.impl
         free = [i for i in evs if lw.free(i)]
         gemms = [i for i in free if lw.events[i].fn in _GEMM]
         if not gemms:
@@ -116,8 +106,8 @@ class LowerMoe:
         families: dict[tuple[int, int], list[int]] = {}
         for i in gemms:
             a, b = lw.events[i].inputs[-2], lw.events[i].inputs[-1]
-            families.setdefault((b[1][-1], a[1][-1]), []).append(i)
-        hidden = lw.events[gemms[0]].inputs[-2][1][-1]
+            families.setdefault((b.shape[-1], a.shape[-1]), []).append(i)
+        hidden = lw.events[gemms[0]].inputs[-2].shape[-1]
         first_n = next(iter(families))[0]
         inter = first_n // 2 if getattr(module, "has_gate", True) else first_n
         first_gemm = min(gemms)
@@ -136,7 +126,7 @@ class LowerMoe:
             rows = 0
             for i in fam:
                 a = lw.events[i].inputs[-2]
-                rows += numel(a) // a[1][-1]
+                rows += numel(a) // a.shape[-1]
             groups = max(1, active)
             part = "gate_up" if pos == 0 else "down"
             lw.claim(

@@ -74,7 +74,7 @@ class LowerPointwise:
             if ev.fn in _REDUCTIONS and ev.inputs:
                 x = ev.inputs[0]
                 n_in, n_out = numel(x), max(numel(out), 1)
-                if ev.fn in ("max", "min") and len(ev.inputs) == 2 and ev.inputs[1][1] == x[1]:
+                if ev.fn in ("max", "min") and len(ev.inputs) == 2 and ev.inputs[1].shape == x.shape:
                     lw.claim(
                         [ev.index],
                         OpKind.ELEMENTWISE,

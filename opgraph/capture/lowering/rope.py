@@ -3,7 +3,9 @@
 Starting from each attention's query and key operands, the pass walks back through unclaimed
 pointwise ops, ``cat`` and copies that ran in the same module call as the attention (HF applies
 ``apply_rotary_pos_emb`` inside the attention module; the cos/sin tables are built elsewhere) and
-stops at GEMMs, norms and the KV-cache write. A walk that met a ``mul`` is one ``Rope`` op.
+stops at GEMMs, norms and the KV-cache write. A walk that met a ``mul`` of two tensors (the
+rotation by the cos/sin tables) is one ``Rope`` op; a multiply by a scalar alone (OPT's query
+scaling ``q_proj(x) * 0.125``) is no rotation and is left to the pointwise pass.
 """
 
 from __future__ import annotations
@@ -11,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from opgraph.capture.lowering.base import Lowering
-from opgraph.capture.recorder import TRef
+from opgraph.capture.lowering.base import Lowering, float_inputs, numel
+from opgraph.capture.recorder import Event, TRef
 from opgraph.ir.ops import OpKind
 
 _ROPE_FNS = frozenset(
@@ -33,6 +35,11 @@ _ROPE_FNS = frozenset(
         "slice_scatter",
     }
 )
+
+
+def _rotates(ev: Event) -> bool:
+    """A ``mul`` of two tensors of more than one element each (``q * cos``), not a scaling."""
+    return ev.fn == "mul" and sum(1 for r in ev.inputs if numel(r) > 1) == 2
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,7 @@ class FuseRope:
 
     def _walk(self, lw: Lowering, ref: TRef, call: int, attn: dict[str, object], which: str) -> None:
         members: list[int] = []
-        todo = [ref[0]]
+        todo = [ref.tid]
         seen: set[int] = set()
         while todo and len(members) <= self.max_ops:
             tid = todo.pop()
@@ -71,15 +78,15 @@ class FuseRope:
                     owner = lw.groups[lw.owner[p.index]]
                     fn = owner.fields.get("fn") if owner.kind is OpKind.MEMORY else None
                     if fn == "kv_cache_write":  # continue through the cache write to the new keys
-                        todo.extend(r[0] for r in p.inputs[1:])
+                        todo.extend(r.tid for r in p.inputs[1:])
                     elif fn == "repeat_kv":
-                        todo.extend(r[0] for r in p.inputs[:1])
+                        todo.extend(r.tid for r in p.inputs[:1])
                 continue
             members.append(p.index)
-            todo.extend(r[0] for r in p.inputs if r[2] in ("bf16", "fp16", "fp32", "fp64"))
+            todo.extend(r.tid for r in float_inputs(p))
         if not members or len(members) > self.max_ops:
             return
-        if not any(lw.events[m].fn == "mul" for m in members):
+        if not any(_rotates(lw.events[m]) for m in members):
             return
         heads = int(attn["heads"] if which == "q" else attn["kv_heads"])  # type: ignore[call-overload]
         d = int(attn["head_dim"])  # type: ignore[call-overload]

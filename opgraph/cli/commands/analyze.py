@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from opgraph.cli.common import console, fmt_us, handle_errors
+from opgraph.cli.common import check_output_path, cli_notes, console, handle_errors, new_table
+from opgraph.fmt import fmt_us
 
 
 def register(app: typer.Typer) -> None:
@@ -60,8 +60,12 @@ def analyze(
     from opgraph.trace import analyze_full, load_patterns, to_timeline
 
     debug = _parse_layers(debug_layers)
+    check_output_path(json_out, "--json-out", inputs=[trace])
+    check_output_path(output, "-o/--output", inputs=[trace, json_out])
+    check_output_path(gantt, "--gantt", inputs=[trace, json_out, output])
     ps = load_patterns(list(patterns))
     result, datas, labels = analyze_full(trace, patterns=ps, split_half_layers=split_half_layers)
+    result = result.model_copy(update={"notes": cli_notes(result.notes)})
     if json_out is not None:
         save_model(result, json_out)
     if output is not None or gantt is not None:
@@ -126,13 +130,13 @@ def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
         f"unknown: {r.unknown_pct:.1f}% of time, {r.unknown_count_pct:.1f}% of kernels"
         + ("  half-layers merged" if r.half_layers_merged else "")
     )
-    t = Table(title="by type", show_footer=False)
+    t = new_table(title="by type", show_footer=False)
     for col in ("type", "count", "time", "%"):
         t.add_column(col, justify="left" if col == "type" else "right")
     for b in r.by_type:
         t.add_row(b.name, str(b.count), fmt_us(b.time_us), f"{b.pct:.1f}")
     console.print(t)
-    st = Table(title="by stage and type")
+    st = new_table(title="by stage and type")
     for col in ("stage", "type", "count", "time"):
         st.add_column(col, justify="left" if col in ("stage", "type") else "right")
     for b in r.by_stage:
@@ -141,19 +145,19 @@ def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
             if row.stage == b.name:
                 st.add_row("", row.type, str(row.count), fmt_us(row.time_us))
     console.print(st)
-    pt = Table(title="passes")
+    pt = new_table(title="passes")
     for col in ("pass", "stage", "source", "layers", "kernels", "time", "annotation"):
         pt.add_column(col, justify="right" if col in ("layers", "kernels", "time") else "left")
     for p in r.passes[:50]:
         pt.add_row(
-            str(p.index), p.stage, p.stage_source, str(p.layers), str(p.kernels), fmt_us(p.time_us), p.annotation[:60]
+            str(p.index), p.stage, p.stage_source, str(p.layers), str(p.kernels), fmt_us(p.time_us), p.annotation
         )
     if r.passes:
         console.print(pt)
     if len(r.passes) > 50:
         console.print(f"... {len(r.passes) - 50} more passes (--json for all)")
     if show_layers and r.layers:
-        lt = Table(title="layers")
+        lt = new_table(title="layers")
         for col in ("#", "pass", "layer", "kind", "stage", "kernels", "time", "attn", "gemm", "moe", "comm", "norms"):
             lt.add_column(col, justify="left" if col in ("kind", "stage") else "right")
         for x in r.layers:
@@ -173,14 +177,14 @@ def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
             )
         console.print(lt)
     if r.collectives:
-        ct = Table(title="collectives")
+        ct = new_table(title="collectives")
         for col in ("kernel", "count", "time"):
             ct.add_column(col, justify="left" if col == "kernel" else "right")
         for c in r.collectives:
             ct.add_row(c.name, str(c.count), fmt_us(c.time_us))
         console.print(ct)
     if r.ranks:
-        rt = Table(title="ranks")
+        rt = new_table(title="ranks")
         for col in ("rank", "kernels", "time", "collectives", "clock offset", "residual", "layers"):
             rt.add_column(col, justify="right")
         for rk in r.ranks:
@@ -196,15 +200,15 @@ def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
         console.print(rt)
     if verbose:
         if r.unknown_kernels:
-            ut = Table(title=f"unknown kernels ({r.unknown_pct:.2f}% of kernel time): add patterns for these")
+            ut = new_table(title=f"unknown kernels ({r.unknown_pct:.2f}% of kernel time): add patterns for these")
             for col in ("count", "time", "%", "kernel"):
                 ut.add_column(col, justify="left" if col == "kernel" else "right")
             for u in r.unknown_kernels:
-                ut.add_row(str(u.count), fmt_us(u.total_us), f"{u.pct:.2f}", u.name[:140])
+                ut.add_row(str(u.count), fmt_us(u.total_us), f"{u.pct:.2f}", u.name)
             console.print(ut)
         else:
             console.print("unknown kernels: none")
-        kt = Table(title=f"unique kernels ({len(r.unique_kernels)}), top {top} by time")
+        kt = new_table(title=f"unique kernels ({len(r.unique_kernels)}), top {top} by time")
         for col in ("count", "total", "mean", "%", "type", "kernel", "launched by"):
             kt.add_column(col, justify="left" if col in ("type", "kernel", "launched by") else "right")
         for u in r.unique_kernels[:top]:
@@ -214,8 +218,8 @@ def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
                 fmt_us(u.mean_us),
                 f"{u.pct:.1f}",
                 u.type,
-                u.short_name[:60],
-                ", ".join(u.launch_ops)[:40],
+                u.short_name,
+                ", ".join(u.launch_ops),
             )
         console.print(kt)
     for n in r.notes:
@@ -242,6 +246,6 @@ def _debug(
             if lab[0] == li:
                 mark = "*" if g.layer_start else " "
                 console.print(
-                    f"  {mark} {g.ts:12.2f} {g.dur:9.2f} us  {g.ktype:<13} {ps.short_name(g.name)[:70]}"
+                    f"  {mark} {g.ts:12.2f} {g.dur:9.2f} us  {g.ktype:<13} {ps.short_name(g.name)}"
                     f"  [{g.launch_op or ''}]"
                 )

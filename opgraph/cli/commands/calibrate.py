@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from opgraph.cli.common import console, handle_errors
+from opgraph.cli.common import check_output_path, console, handle_errors, new_table
 
 
 def register(app: typer.Typer) -> None:
@@ -41,6 +40,7 @@ def calibrate(
     from opgraph.ir import OpgraphError
     from validators import ReplayStatus, load_results
 
+    check_output_path(output, "-o/--output", inputs=[*replays, trace, issue])
     issue_us: dict[str, float] = {}
     if issue is not None:
         from validators import load_issue
@@ -96,7 +96,7 @@ def calibrate(
     table.save(output)
     if issue is not None:
         console.print(f"issue times: {from_issue} of {len(measurements)} configs from {issue}")
-    shown = Table(title=f"Calibrated {hw.name} from {len(measurements)} measured configs", title_justify="left")
+    shown = new_table(title=f"Calibrated {hw.name} from {len(measurements)} measured configs", title_justify="left")
     shown.add_column("fit")
     for note in table.notes:
         shown.add_row(note)

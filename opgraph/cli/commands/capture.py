@@ -7,7 +7,8 @@ from typing import Any
 
 import typer
 
-from opgraph.cli.common import console, fmt_bytes, fmt_count, fmt_us, handle_errors
+from opgraph.cli.common import check_output_path, console, handle_errors
+from opgraph.fmt import fmt_bytes, fmt_count, fmt_us
 
 
 def register(app: typer.Typer) -> None:
@@ -16,11 +17,10 @@ def register(app: typer.Typer) -> None:
 
 
 def _list_presets() -> None:
-    from rich.table import Table
-
     from opgraph.capture.sources import presets
+    from opgraph.cli.common import new_table
 
-    table = Table(title="presets (configs only, no weights)")
+    table = new_table(title="presets (configs only, no weights)")
     table.add_column("preset")
     table.add_column("Hugging Face id")
     table.add_column("architecture")
@@ -71,6 +71,9 @@ def capture(
         raise OpgraphError("missing output file", where="-o/--output", hint="e.g. -o graph.json.gz")
     if not (output.name.endswith(".json") or output.name.endswith(".json.gz")):
         raise OpgraphError("must end in .json or .json.gz", where="-o/--output")
+    check_output_path(output, "-o/--output")
+    check_output_path(timeline, "--timeline", inputs=[output])
+    check_output_path(trace, "--trace", inputs=[output, timeline])
     opts: dict[str, Any] = dict(
         phase=phase,
         batch=batch,
@@ -111,8 +114,8 @@ def capture(
     kinds = ", ".join(f"{k} {v['ops']}" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1]["flops"]))
     console.print(f"{s['ops']} ops ({kinds}); {s['edges']} edges")
     console.print(f"{fmt_count(float(s['flops']), 'FLOP')}  {fmt_bytes(float(s['bytes']))} moved")  # type: ignore[arg-type]
-    if "host_timing_us" in md.capture:
-        console.print(f"host time between ops: {md.capture['host_timing_us']} us on {md.capture['host_timing_cpu']}")
+    if md.host_timing is not None:
+        console.print(f"host time between ops: {md.host_timing.total_us} us on {md.host_timing.cpu}")
     others = [o for o in graph.ops if o.kind.value == "other"]
     if others:
         console.print(f"unrecognised ops left as 'other': {len(others)}")

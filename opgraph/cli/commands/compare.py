@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from opgraph.cli.common import console, handle_errors
+from opgraph.cli.common import check_output_path, console, handle_errors, new_table
 
 
 def register(app: typer.Typer) -> None:
@@ -38,13 +37,37 @@ def compare(
         mode = JoinMode(join)
     except ValueError:
         raise OpgraphError(f"unknown join {join!r}", where="--join", hint="use auto, op_id or definition") from None
+    inputs = [predicted, reference, graph]
+    check_output_path(json_out, "--json", inputs=inputs)
+    check_output_path(html_out, "--html", inputs=[*inputs, json_out])
+    check_output_path(perfetto_out, "--perfetto", inputs=[*inputs, json_out, html_out])
     pred = load_any_timeline(predicted)
     ref = load_any_timeline(reference)
     g = load_graph(graph) if graph else None
     result = compare_timelines(pred, ref, join=mode, graph=g, top=top, allow_different_models=allow_different_models)
     tables = comparison_tables(result)
+    written: list[Path] = []  # files first: a reader that stops early (`| head`) must not cost them
+    if json_out:
+        save_model(result, json_out)
+        written.append(json_out)
+    if perfetto_out or html_out:
+        from opgraph.export import ReportTable, write_html_report, write_perfetto
+
+        if perfetto_out:
+            write_perfetto([pred, ref], perfetto_out, graph=g)
+            written.append(perfetto_out)
+        if html_out:
+            report_tables = [ReportTable(title=t, columns=c, rows=r) for t, c, r in tables]
+            write_html_report(
+                html_out,
+                timelines=[pred, ref],
+                graph=g,
+                tables=report_tables,
+                title=f"{result.predicted} vs {result.reference}",
+            )
+            written.append(html_out)
     for title, columns, rows in tables:
-        table = Table(title=title, title_justify="left")
+        table = new_table(title=title, title_justify="left")
         for i, col in enumerate(columns):
             table.add_column(col, justify="left" if i == 0 or col in ("definition", "kind", "op") else "right")
         for row in rows:
@@ -55,22 +78,5 @@ def compare(
             f"unmatched: {result.unmatched_predicted} predicted ({result.unmatched_predicted_us:,.1f} us), "
             f"{result.unmatched_reference} reference ({result.unmatched_reference_us:,.1f} us)"
         )
-    if json_out:
-        save_model(result, json_out)
-        console.print(f"wrote {json_out}")
-    if perfetto_out or html_out:
-        from opgraph.export import ReportTable, write_html_report, write_perfetto
-
-        if perfetto_out:
-            write_perfetto([pred, ref], perfetto_out, graph=g)
-            console.print(f"wrote {perfetto_out}")
-        if html_out:
-            report_tables = [ReportTable(title=t, columns=c, rows=r) for t, c, r in tables]
-            write_html_report(
-                html_out,
-                timelines=[pred, ref],
-                graph=g,
-                tables=report_tables,
-                title=f"{result.predicted} vs {result.reference}",
-            )
-            console.print(f"wrote {html_out}")
+    for path in written:
+        console.print(f"wrote {path}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import console, err_console, handle_errors
+from opgraph.cli.common import check_output_path, console, err_console, handle_errors
 
 
 class ExportFormat(str, Enum):
@@ -108,6 +108,7 @@ def export(
         raise ExportError("--flows only applies to --format perfetto", where="--flows")
     if flows and graph_path is None:
         raise ExportError("--flows needs the graph", where="--flows", hint="pass it with --graph GRAPH")
+    check_output_path(output, "-o/--output", inputs=[*timelines, graph_path])
     loaded = _load_timelines(timelines)
     tls = [t for t in loaded if isinstance(t, Timeline)]
     graph = load_graph(graph_path) if graph_path is not None else None
@@ -122,6 +123,7 @@ def export(
     if not open_it:
         return
     if kind is ExportFormat.PERFETTO:
-        open_in_perfetto(path, port=port, timeout_s=timeout_s, notify=lambda m: err_console().print(m))
+        open_in_perfetto(path, port=port, timeout_s=timeout_s, notify=lambda m: err_console().print(m, markup=False))
     else:
-        webbrowser.open(path.resolve().as_uri())
+        if webbrowser.open(path.resolve().as_uri()) is False:
+            err_console().print(f"no web browser could be opened on this machine; the file is {path}", markup=False)

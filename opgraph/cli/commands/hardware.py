@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich import box
-from rich.table import Table
 
-from opgraph.cli.common import console, fmt_bytes, fmt_count, handle_errors
+from opgraph.cli.common import console, handle_errors, new_table
+from opgraph.fmt import fmt_bytes, fmt_count
 
 if TYPE_CHECKING:
     from hardware import HardwareSpec
@@ -46,7 +46,7 @@ def list_cmd(
     if as_json:
         typer.echo(json.dumps([s.model_dump(mode="json") for s in specs], indent=2))
         return
-    table = Table(title=None, box=box.SIMPLE_HEAD)
+    table = new_table(title=None, box=box.SIMPLE_HEAD)
     table.add_column("name", no_wrap=True)
     table.add_column("bf16", justify="right")
     table.add_column("fp8", justify="right")
@@ -77,7 +77,7 @@ def _show(spec: HardwareSpec) -> None:
     console.print(f"[bold]{spec.name}[/bold]  {spec.description}  ({spec.vendor or '-'}, {spec.kind.value})")
     if spec.aliases:
         console.print(f"aliases: {', '.join(spec.aliases)}")
-    table = Table(title=None, show_header=True)
+    table = new_table(title=None, show_header=True)
     table.add_column("peak (dense)")
     dtypes = ("fp64", "fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
     for name in dtypes:

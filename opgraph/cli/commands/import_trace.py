@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import console, handle_errors
+from opgraph.cli.common import check_output_path, cli_notes, console, handle_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -29,7 +29,9 @@ def import_trace(
     from opgraph.ir import save_model
     from opgraph.trace import load_patterns, load_trace
 
+    check_output_path(output, "-o/--output", inputs=[trace])
     tl = load_trace(trace, cpu=not kernels_only, rank=rank, patterns=load_patterns(list(patterns)))
+    tl = tl.model_copy(update={"notes": cli_notes(tl.notes)})
     save_model(tl, output)
     incomplete = [n for n in tl.notes if "incomplete" in n]
     if incomplete:

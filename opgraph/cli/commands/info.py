@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
-from opgraph.cli.common import console, fmt_bytes, fmt_count, handle_errors
+from opgraph.cli.common import console, handle_errors, new_table
+from opgraph.fmt import fmt_bytes, fmt_count
 
 
 def register(app: typer.Typer) -> None:
@@ -37,7 +37,7 @@ def info(
     settings = ", ".join(f"{k}={v}" for k, v in md.capture.items())
     if settings:
         console.print(f"capture: {settings}")
-    table = Table(title=None, show_footer=True)
+    table = new_table(title=None, show_footer=True)
     by_kind = summary["by_kind"]
     assert isinstance(by_kind, dict)
     table.add_column("kind", footer="total")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from typer.core import TyperGroup
 
-from opgraph.cli.common import console, handle_errors
+from opgraph.cli.common import check_output_path, console, handle_errors
 
 if TYPE_CHECKING:
     from opgraph.catalog import Catalog, CatalogEntry
@@ -62,6 +62,7 @@ def add(
     """Merge graphs into a catalog of deduplicated op configs, with provenance."""
     from opgraph.catalog import add_graph_files
 
+    check_output_path(catalog_path, "CATALOG", inputs=graphs)
     existed = catalog_path.exists()
     catalog, results = add_graph_files(
         catalog_path, graphs, hardware=hardware, include_views=include_views, force=force
@@ -137,7 +138,7 @@ def _models_text(models: tuple[str, ...] | list[str], width: int = 3) -> str:
 def _print_operations(
     catalog: Catalog, path: Path, entries: list[CatalogEntry], rows: list[Any], total_rows: int
 ) -> None:
-    from rich.table import Table
+    from opgraph.cli.common import new_table
 
     models = sorted({m for e in entries for m in e.models})
     console.print(
@@ -147,7 +148,7 @@ def _print_operations(
     )
     if models:
         console.print(f"models: {', '.join(models)}")
-    table = Table()
+    table = new_table()
     table.add_column("operation", no_wrap=True)
     table.add_column("kind", no_wrap=True)
     table.add_column("configs", justify="right")
@@ -202,14 +203,13 @@ def _value_text(value: object) -> str:
 
 
 def _print_configs(query: str, entries: list[CatalogEntry], total: int) -> None:
-    from rich.table import Table
-
     from opgraph.catalog import dtype_signature, size_label
+    from opgraph.cli.common import new_table
 
     ops = sorted({e.operation for e in entries})
     console.print(f"[bold]{query}[/bold]: {total} configs ({', '.join(ops)}), {sum(e.uses for e in entries)} uses")
     with_call = any(call_text(e.op) for e in entries)
-    table = Table()
+    table = new_table()
     table.add_column("hash", no_wrap=True)
     table.add_column("definition", no_wrap=True)
     table.add_column("sizes", no_wrap=True)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import typer
 
-from opgraph.cli.common import console, err_console, fmt_us, handle_errors
+from opgraph.cli.common import check_output_path, console, err_console, handle_errors
+from opgraph.fmt import fmt_us
 
 if TYPE_CHECKING:
     from validators.configs import Estimator
     from validators.results import ReplayResult
+    from validators.timing import CudaTimerKind
 
 
 def register(app: typer.Typer) -> None:
@@ -158,11 +160,12 @@ def replay(
         )
     if timer not in ("kernels", "events"):
         raise OpgraphError(f"unknown timer {timer!r}", where="--timer", hint="use kernels or events")
+    check_output_path(out, "-o/--out", inputs=[*graphs, baseline])
     estimate = _estimator(hardware, cost_model)
     options = ReplayOptions(
         timing=TimingConfig(
             warmup_ms=warmup_ms, min_samples=max(1, min_samples), max_samples=max(min_samples, max_samples),
-            max_time_s=max_time, target_ci=target_ci, cold_l2=cold_l2, timer=timer,
+            max_time_s=max_time, target_ci=target_ci, cold_l2=cold_l2, timer=cast("CudaTimerKind", timer),
             warm_activations=warm_activations, kernel_sessions=max(3, sessions),
             max_kernel_sessions=max(3, sessions, max_sessions),
         ),
@@ -230,17 +233,14 @@ def replay(
 
 
 def _estimator(hardware: str, cost_model: str) -> Estimator:
-    """The per-op time estimate used for time shares: a cost model on a device, or a generic roofline."""
+    """The per-op time estimate used for time shares: a cost model (default the roofline) on a device."""
     from opgraph.ir import OpgraphError
-    from validators.configs import cost_model_estimator, roofline_estimator
+    from validators import cost_estimator
 
     if cost_model and not hardware:
         raise OpgraphError("a cost model needs a device", where="--cost-model", hint="give --hardware NAME as well")
-    if not hardware:
-        return roofline_estimator()
     from hardware import load_hardware, resolve_cost_model
 
-    hw = load_hardware(hardware)
-    if cost_model:
-        return cost_model_estimator(resolve_cost_model(cost_model), hw)
-    return roofline_estimator(hw)
+    return cost_estimator(
+        load_hardware(hardware) if hardware else None, resolve_cost_model(cost_model) if cost_model else None
+    )

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
-from opgraph.cli.common import console, err_console, fmt_us, handle_errors
+from opgraph.cli.common import check_output_path, console, err_console, handle_errors, new_table
+from opgraph.fmt import fmt_us
 
 if TYPE_CHECKING:
     from opgraph.scenario import ScenarioSummary
@@ -38,8 +38,10 @@ def run(
     """
     from opgraph.scenario import ScenarioRun, load_scenario, scenario_name
 
+    check_output_path(output, "-o/--output", inputs=[scenario_path], folder=True)
     scenario = load_scenario(scenario_path)
     out = output if output is not None else Path("out") / scenario_name(scenario, scenario_path)
+    check_output_path(out, "-o/--output", inputs=[scenario_path], folder=True)
     runner = ScenarioRun(scenario, out, path=scenario_path, reports=not no_report)
     with _progress() as tick:
         runner.progress = tick
@@ -112,7 +114,7 @@ def _print_summary(summary: ScenarioSummary, out: Path) -> None:
             + (f", collectives {fmt_us(p.collective_us)}" if p.collective_us else ""),
             markup=False,
         )
-    sweep = Table(title=None)
+    sweep = new_table(title=None)
     for col in ("phase", "engines", "makespan", "speedup", "utilisation"):
         sweep.add_column(col, justify="left" if col == "phase" else "right")
     for p in summary.phases:
@@ -140,7 +142,7 @@ def _print_summary(summary: ScenarioSummary, out: Path) -> None:
             f"replay on {rp.device} ({rp.device_name}): {rp.configs} of {rp.total_configs} configs; {statuses}"
         )
     if summary.expectations:
-        table = Table(title="expectations", title_justify="left")
+        table = new_table(title="expectations", title_justify="left")
         table.add_column("result")
         table.add_column("expectation")
         table.add_column("detail")

@@ -8,16 +8,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
-from opgraph.cli.common import console, fmt_us, handle_errors
+from opgraph.cli.common import check_output_path, console, handle_errors, is_tty, new_table
+from opgraph.fmt import fmt_us
 from opgraph.ir import OpgraphError
 
 if TYPE_CHECKING:
-    from simulators import EngineSweep, SimulationConfig, SimulationResult, SimulationStats
+    from simulators import EngineSweep, SimulationResult, SimulationStats
 
 MAX_SWEEP = 64
-"""Largest engine count a sweep accepts."""
+"""Most engine counts one sweep accepts."""
+
+MAX_ENGINES = 4096
+"""Largest engine count (the simulator's engine-group limit)."""
 
 
 class SimulateOptionError(OpgraphError):
@@ -47,10 +50,10 @@ def parse_engines(text: str) -> list[int]:
         ) from None
     if not counts:
         raise SimulateOptionError("no engine count given", where="--engines")
-    bad = [c for c in counts if c < 1 or c > 4096]
+    bad = [c for c in counts if c < 1 or c > MAX_ENGINES]
     if bad:
         raise SimulateOptionError(
-            f"engine count {bad[0]} is out of range", where="--engines", hint="each count must be 1 or more"
+            f"engine count {bad[0]} is out of range", where="--engines", hint=f"each count must be 1..{MAX_ENGINES}"
         )
     if len(set(counts)) > MAX_SWEEP:
         raise SimulateOptionError(
@@ -125,7 +128,8 @@ def simulate(
     count within ``--tolerance`` of the best.
     """
     from opgraph.ir import load_graph, load_model, save_model, save_timeline
-    from simulators import HostConfig, HostMode, SimulationConfig, cost_problem, default_host_us, run_problem
+    from opgraph.study import run_study, study_config
+    from simulators import SimulationConfig
 
     counts = parse_engines(engines) if engines is not None else []
     for name, value, low in (("--tp", tp, 1), ("--copy-engines", copy_engines, 0), ("--links", links, 1)):
@@ -138,6 +142,9 @@ def simulate(
     if not 0 <= tolerance < 1:
         raise SimulateOptionError(f"{tolerance} is out of range", where="--tolerance", hint="give 0 <= t < 1")
     mode = _host_mode(host)
+    inputs = [graph_path, config_path]
+    check_output_path(output, "-o/--output", inputs=inputs)
+    check_output_path(stats_path, "--stats", inputs=[*inputs, output])
 
     from simulators.policies import get_policy
 
@@ -145,58 +152,32 @@ def simulate(
     hw = _load_hardware(hardware)
     model = _load_cost_model(cost_model)
     graph = load_graph(graph_path)
-    shard_note = _shard(graph, tp) if tp > 1 and not no_shard else None
-    if shard_note is not None:
-        graph, note = shard_note
-
-    if config_path is not None:
-        base = load_model(config_path, SimulationConfig)
-    else:
-        base = SimulationConfig.standard(counts[0] if counts else 1, copy_engines=copy_engines, links=links)
-    counts = counts or [base.engines]
-    host_cfg = HostConfig(
-        mode=HostMode(mode),
-        per_op_us=host_us,
+    base = load_model(config_path, SimulationConfig) if config_path is not None else None
+    counts = counts or [base.engines if base is not None else 1]
+    config = study_config(
+        counts[0],
+        base=base,
+        copy_engines=copy_engines,
+        links=links,
+        policy=policy,
+        tp=tp,
+        host_mode=mode,
+        host_us=host_us,
         sync_each_step=not no_sync,
-        sync_ops=base.host.sync_ops,
-        free_ops=base.host.free_ops,
-        framework=framework_time and base.host.framework,
-        record=not no_host_track,
+        framework=framework_time,
+        record_host=not no_host_track,
+        jitter=jitter,
+        seed=seed,
+        skip_uncosted=skip_uncosted,
     )
-    config = base.model_copy(
-        update={
-            "policy": policy,
-            "tp": tp,
-            "host": host_cfg,
-            "jitter": jitter,
-            "seed": seed,
-            "skip_uncosted": skip_uncosted,
-        }
-    ).with_engines(counts[0])
-    config = SimulationConfig.model_validate(config.model_dump())
-
-    problem, model_name, _ = cost_problem(graph, model, hw)
-    per_op = default_host_us(config, hw)
-    if problem.uncosted and not skip_uncosted:
-        from simulators import uncosted_error
-
-        raise uncosted_error(problem, model_name)
-    common: dict[str, Any] = {"host_per_op_us": per_op, "hardware_name": hw.name, "cost_model_name": model_name}
-
-    sweep: EngineSweep | None = None
-    with _progress(len(problem) * tp * len(counts)) as tick:
-        if len(counts) == 1:
-            result = run_problem(problem, config, progress=tick, **common)
-        else:
-            from simulators import sweep_engines
-
-            sweep, results = sweep_engines(
-                problem, config, counts, tolerance=tolerance, on_point=lambda n, _r: tick(n, counts[-1]), **common
-            )
-            result = results[sweep.recommended]
+    with _progress(len(graph.ops) * tp * len(counts)) as tick:
+        study = run_study(
+            graph, hw, model, config, engines=counts, shard=not no_shard, tolerance=tolerance, progress=tick
+        )
+    result, sweep = study.result, study.sweep
     stats = result.stats()
-    if shard_note is not None:
-        stats = stats.model_copy(update={"notes": (*stats.notes, note)})
+    if study.notes:
+        stats = stats.model_copy(update={"notes": (*stats.notes, *study.notes)})
 
     if output is not None:
         save_timeline(result.timeline(), output)
@@ -210,7 +191,7 @@ def simulate(
     else:
         if sweep is not None:
             _print_sweep(sweep)
-        _print_summary(result, stats, config, graph_path)
+        _print_summary(result, stats, graph_path)
         if output is not None:
             console.print(f"timeline: {output} ({len(result.timeline())} spans)")
         if stats_path is not None:
@@ -220,23 +201,6 @@ def simulate(
 
 
 # ---------------------------------------------------------------- helpers
-def _shard(graph: Any, tp: int) -> tuple[Any, str] | None:
-    """The graph of one rank of a ``tp``-way run, when ``graph`` has no collectives yet."""
-    from opgraph.ir import OpKind
-    from opgraph.transforms import shard_tensor_parallel
-
-    if graph.ops_of(OpKind.COLLECTIVE):
-        return None
-    sharded = shard_tensor_parallel(graph, tp)
-    colls = [getattr(o, "collective", None) for o in sharded.ops_of(OpKind.COLLECTIVE)]
-    counts = ", ".join(f"{colls.count(c)} {c.value}" for c in dict.fromkeys(colls) if c is not None)
-    note = (
-        f"graph sharded for tensor parallelism (tp={tp}, Megatron-style: column/row-parallel linears, "
-        f"heads / tp; {counts or 'no collectives'} inserted); --no-shard runs it replicated"
-    )
-    return sharded, note
-
-
 def _load_hardware(name: str) -> Any:
     try:
         from hardware import load_hardware
@@ -289,13 +253,13 @@ class _Progress:
 
 def _progress(work: int) -> _NoProgress | _Progress:
     """A progress bar on a terminal for long runs (over ~200k simulated ops)."""
-    if console.is_terminal and work > 200_000:
+    if is_tty(console.file) and work > 200_000:  # a real terminal, not FORCE_COLOR into a pipe
         return _Progress()
     return _NoProgress()
 
 
 def _print_sweep(sweep: EngineSweep) -> None:
-    table = Table(title="engine sweep", title_justify="left")
+    table = new_table(title="engine sweep", title_justify="left")
     table.add_column("engines", justify="right")
     table.add_column("makespan", justify="right")
     table.add_column("vs best", justify="right")
@@ -317,7 +281,8 @@ def _print_sweep(sweep: EngineSweep) -> None:
     )
 
 
-def _print_summary(result: SimulationResult, stats: SimulationStats, config: SimulationConfig, path: Path) -> None:
+def _print_summary(result: SimulationResult, stats: SimulationStats, path: Path) -> None:
+    config = result.config  # the run shown (a sweep's recommended count), not the sweep's first
     model = result.problem.graph.metadata.model or path.name
     console.print(
         f"[bold]{model}[/bold] on {result.hardware_name or '-'}  cost model {result.cost_model_name}  "
@@ -334,7 +299,7 @@ def _print_summary(result: SimulationResult, stats: SimulationStats, config: Sim
         f"host-bound {fmt_us(host.host_bound_us)} ({host.host_bound_share * 100:.0f}% of makespan)"
         + (f", {host.sync_points} sync point(s)" if host.sync_points else "")
     )
-    eng = Table(title=None)
+    eng = new_table(title=None)
     eng.add_column("engine")
     eng.add_column("ops", justify="right")
     eng.add_column("busy", justify="right")
@@ -345,7 +310,7 @@ def _print_summary(result: SimulationResult, stats: SimulationStats, config: Sim
     if len(shown) > 32:
         eng.add_row(f"... {len(shown) - 32} more", "", "", "")
     console.print(eng)
-    kinds = Table(title=None)
+    kinds = new_table(title=None)
     kinds.add_column("kind")
     kinds.add_column("ops", justify="right")
     kinds.add_column("time", justify="right")

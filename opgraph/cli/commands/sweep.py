@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import console, handle_errors
+from opgraph.cli.common import check_output_path, console, handle_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -51,6 +51,7 @@ def sweep(
         for c in cases:
             typer.echo(f"{c.id}\t{c.uses}")
         return
+    check_output_path(out, "-o/--output", inputs=[catalog_path])
     cases = write_sweep_module(catalog_path, op, out, **kwargs)
     traced = sum(1 for c in cases if c.traced)
     extra = f" ({traced} traced, {len(cases) - traced} combined)" if all_cases else ""

@@ -136,3 +136,66 @@ def test_opgraph_trace_env_on_unmodified_script(tmp_path: Path) -> None:
     assert [o.kind for o in g.ops][-3:] == [OpKind.GEMM, OpKind.ACTIVATION, OpKind.GEMM]
     assert {o.kind for o in g.ops[:-3]} == {OpKind.MEMORY}
     assert g.metadata.model == "infer.py" and g.metadata.phase == "trace"
+
+
+def test_layers_beyond_the_model_raise_a_typed_error(tiny_config: str) -> None:
+    from opgraph.capture import LayersError
+
+    with pytest.raises(LayersError, match=r"3 layers asked for, but .* has 2"):
+        capture(tiny_config, seq_len=4, layers=3)
+    g = capture(tiny_config, seq_len=4, layers=2)
+    assert {o.layer for o in g.ops if o.layer is not None} == {0, 1}
+
+
+def test_a_claim_with_bad_fields_fails_in_the_pass_that_made_it() -> None:
+    from opgraph.capture.lowering import GroupFieldsError, Lowering
+    from opgraph.capture.recorder import Recorder
+
+    rec = Recorder()
+    with rec.recording():
+        torch.nn.functional.relu(torch.ones(2, 3))
+    lw = Lowering(rec.events, rec.calls)
+    lw.current_pass = "my-pass"
+    with pytest.raises(GroupFieldsError, match=r"lowering pass 'my-pass' claimed a 'activation' op .*: hidden:"):
+        lw.claim([0], OpKind.ACTIVATION, {"fn": "relu", "numel": 6, "hidden": 0})
+    with pytest.raises(GroupFieldsError, match="heads: Extra inputs are not permitted"):
+        lw.claim([0], OpKind.ACTIVATION, {"fn": "relu", "numel": 6, "hidden": 3, "heads": 2})
+    assert lw.claim([0], OpKind.ACTIVATION, {"fn": "relu", "numel": 6, "hidden": 3}).members == [0]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"dtype": "bf61"}, "--dtype: unknown dtype 'bf61' (one of bf16, fp16, fp32)"),
+        ({"attn_impl": "flash"}, "--attn-impl: unknown attention implementation 'flash'"),
+        ({"device": "gpu"}, "--device: unknown device 'gpu'"),
+        ({"phase": "decoding"}, "--phase: unknown phase 'decoding'"),
+        ({"batch": 0}, "--batch: must be at least 1"),
+        ({"moe_skew": 9.0}, "--moe-skew: must be between 0 (balanced) and 8"),
+        ({"devcie": "cpu"}, "unknown capture option 'devcie'"),
+    ],
+)
+def test_a_typo_in_the_options_fails_when_they_are_made(options: dict[str, object], message: str) -> None:
+    from opgraph.capture import CaptureError, CaptureOptions
+
+    with pytest.raises(CaptureError) as info:
+        CaptureOptions(**options)  # type: ignore[arg-type]
+    assert message in str(info.value)
+
+
+def test_capture_modules_import_no_cycle() -> None:
+    # The phase runner lives in capture/phase.py so that host timing does not import the API back.
+    import ast
+
+    root = Path(opgraph.__file__).parent / "capture"
+    modules = {f"opgraph.capture.{p.stem}": p for p in root.glob("*.py") if p.stem != "__init__"}
+    deps: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        deps[name] = {m for m in found if m in modules and m != name}
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        return any(d == goal or (d not in seen and reaches(d, goal, seen | {d})) for d in deps[start])
+
+    assert not [m for m in modules if reaches(m, m, set())]

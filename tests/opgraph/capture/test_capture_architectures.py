@@ -158,3 +158,82 @@ def test_sliding_window_layers(tmp_path: Path) -> None:
     g = capture(tiny_config(tmp_path, "gpt_oss"), seq_len=16)
     windows = [o.window for o in g.ops_of(OpKind.ATTENTION)]  # type: ignore[attr-defined]
     assert windows == [8, None]
+
+
+# Tiny configs of decoders without rotary positions: learned position embeddings (OPT, GPT-2) and a
+# state-space model with no attention at all (Mamba).
+NO_ROPE: dict[str, dict[str, Any]] = {
+    "opt": {
+        "architectures": ["OPTForCausalLM"],
+        "hidden_size": 64,
+        "ffn_dim": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "vocab_size": 128,
+        "max_position_embeddings": 64,
+        "word_embed_proj_dim": 64,
+    },
+    "gpt2": {"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128},
+    "mamba": {
+        "architectures": ["MambaForCausalLM"],
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "vocab_size": 128,
+        "state_size": 8,
+        "intermediate_size": 128,
+    },
+}
+
+
+def _capture_no_rope(tmp_path: Path, model_type: str) -> OpGraph:
+    path = tmp_path / f"{model_type}.json"
+    path.write_text(json.dumps({**NO_ROPE[model_type], "model_type": model_type}))
+    return capture(str(path), seq_len=12)
+
+
+@pytest.mark.parametrize("model_type", ["opt", "gpt2"])
+def test_learned_positions_are_embeddings_not_rope(tmp_path: Path, model_type: str) -> None:
+    g = _capture_no_rope(tmp_path, model_type)
+    assert not g.ops_of(OpKind.ROPE), [o.scope for o in g.ops_of(OpKind.ROPE)]
+    scopes = {o.scope.rsplit(".", 1)[-1] for o in g.ops_of(OpKind.EMBEDDING)}
+    assert scopes == ({"embed_tokens", "embed_positions"} if model_type == "opt" else {"wte", "wpe"})
+
+
+def test_query_scaling_is_an_elementwise_mul(tmp_path: Path) -> None:
+    # OPT scales q_proj(x) by head_dim ** -0.5 (here 0.25) before attention: a multiply by a scalar.
+    g = _capture_no_rope(tmp_path, "opt")
+    scaled = [o for o in g.ops_of(OpKind.ELEMENTWISE) if o.scope.endswith("self_attn")]
+    assert [o.fn for o in scaled] == ["mul", "mul"]  # type: ignore[attr-defined]
+
+
+def test_model_without_attention_claims_no_attention_implementation(tmp_path: Path) -> None:
+    g = _capture_no_rope(tmp_path, "mamba")
+    assert not g.ops_of(OpKind.ATTENTION) and not g.ops_of(OpKind.ROPE)
+    assert not [a for a in g.metadata.assumptions if "attention" in a], g.metadata.assumptions
+
+
+def test_a_model_that_falls_back_to_eager_attention_says_so(tmp_path: Path) -> None:
+    g = capture(tiny_config(tmp_path, "gemma2"), seq_len=8)
+    if g.metadata.capture.attn_impl == "sdpa" and not g.metadata.assumptions:
+        pytest.skip("this transformers runs Gemma-2 with sdpa")
+    assert any("captured with eager attention" in a for a in g.metadata.assumptions)
+
+
+def test_generate_keeps_each_forward_pass_expert_plan(tmp_path: Path) -> None:
+    # Each experts call is lowered with the routing of that call: the prefill of a generate graph
+    # has the expert loads of a prefill graph, not those of the last decode step.
+    path = tiny_config(tmp_path, "qwen3_moe")
+
+    def moe_ops(g: OpGraph, stage: str | None) -> list[tuple[str, int, int]]:
+        return [
+            (o.definition, o.flops, o.bytes_read)
+            for o in g.ops
+            if o.definition.startswith("moe_") and (stage is None or (o.stage and o.stage.value == stage))
+        ]
+
+    prefill = capture(path, seq_len=8)
+    generate = capture(path, phase="generate", seq_len=8, new_tokens=2)
+    assert moe_ops(generate, "prefill") == moe_ops(prefill, None)
+    experts = [o for o in generate.ops_of(OpKind.GEMM) if o.definition.startswith("moe_")]
+    assert [(o.groups, o.m) for o in experts if o.step == 0] == [(4, 4), (4, 4)] * 2  # type: ignore[attr-defined]
+    assert {(o.groups, o.m) for o in experts if o.step} == {(2, 1)}  # type: ignore[attr-defined]

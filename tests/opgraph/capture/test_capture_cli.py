@@ -14,6 +14,7 @@ from conftest import check_golden  # type: ignore[import-not-found]
 
 from opgraph.cli.app import app
 from opgraph.ir import load_graph
+from tests.conftest import TINY_LLAMA
 
 runner = CliRunner()
 TINY = {
@@ -113,3 +114,31 @@ def test_local_hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     res = runner.invoke(app, ["capture", "acme/tiny-moe", "-o", str(out), "--seq-len", "4", "--layers", "1"])
     assert res.exit_code == 0, res.output
     assert load_graph(out).metadata.num_layers == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"hidden_size": 66}, "hidden size"),  # not a multiple of the 4 heads: transformers rejects it
+        ({"intermediate_size": -5}, "intermediate_size"),  # torch would refuse the negative dimension
+        ({"vocab_size": 0}, "vocab_size"),
+        ({"num_key_value_heads": 3}, "num_key_value_heads"),  # 4 query heads cannot form groups of 3
+    ],
+)
+def test_config_with_impossible_sizes_is_one_line_exit_2(tmp_path: Path, change: dict[str, int], field: str) -> None:
+    path = _config(tmp_path, {**TINY_LLAMA, **change})  # head_dim from hidden_size / 4 heads
+    for device in ("meta", "cpu"):
+        args = ["capture", path, "--device", device, "--seq-len", "4", "-o", str(tmp_path / "g.json")]
+        res = runner.invoke(app, args)
+        assert res.exit_code == 2, res.output
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {path}: ") and field in lines[0], lines
+        assert "internal error" not in lines[0] and not (tmp_path / "g.json").exists()
+
+
+def test_more_layers_than_the_model_has_is_refused(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["capture", _config(tmp_path, TINY), "--layers", "1000", "-o", str(tmp_path / "g.json")])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--layers" in lines[0] and "1000" in lines[0] and "has 2" in lines[0]
+    assert not (tmp_path / "g.json").exists()

@@ -33,7 +33,7 @@ def test_prefill_flops_match_analytic(preset: str, layers: int | None) -> None:
     g = capture(preset, seq_len=256, batch=2, layers=layers)
     expected = analytic_flops(presets()[preset].config, 2, 256, 0, layers)
     total = sum(o.flops for o in g.ops)
-    assert abs(total / expected - 1) < 0.005, (total, expected)
+    assert abs(total / expected - 1) < 0.0005, (total, expected)  # the README claims 0.05%
 
 
 @pytest.mark.parametrize("preset", ["llama-3.2-1b", "llama-3.1-8b"])
@@ -41,7 +41,7 @@ def test_decode_flops_match_analytic(preset: str) -> None:
     g = capture(preset, phase="decode", batch=4, kv_len=300, layers=3)
     expected = analytic_flops(presets()[preset].config, 4, 1, 300, 3)
     total = sum(o.flops for o in g.ops)
-    assert abs(total / expected - 1) < 0.005, (total, expected)
+    assert abs(total / expected - 1) < 0.0005, (total, expected)  # the README claims 0.05%
     att = g.ops_of(OpKind.ATTENTION)
     assert len(att) == 3 and all(o.kv_len == 301 and o.q_len == 1 for o in att)  # type: ignore[attr-defined]
     assert att[0].definition == "gqa_paged_decode_h32_kv8_d" + str(att[0].head_dim)  # type: ignore[attr-defined]

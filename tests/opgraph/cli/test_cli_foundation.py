@@ -76,7 +76,13 @@ def test_schema_golden(runner: CliRunner) -> None:
     assert bad.exit_code == 2 and "unknown type" in bad.stderr
 
 
-def test_help_golden(runner: CliRunner) -> None:
+def test_help_golden(runner: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    import typer.rich_utils
+
+    # typer reads TERMINAL_WIDTH and FORCE_COLOR once, when it first renders help in the process
+    # (another test's env may be in force then): pin what this golden was made with.
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 100)
+    monkeypatch.setattr(typer.rich_utils, "FORCE_TERMINAL", None)
     res = runner.invoke(app, ["--help"])
     assert res.exit_code == 0
     check_golden("ir/help.txt", res.output)

@@ -406,3 +406,32 @@ def test_vocab_padding_is_noted_not_refused() -> None:
     gemm = out.op(0)
     assert isinstance(gemm, Gemm) and gemm.n == math.ceil(1001 / 2)
     assert any("padded to 1002" in a for a in out.metadata.assumptions)
+
+
+# ---------------------------------------------------------------- per-kind handlers
+def test_a_users_op_class_is_sharded_by_its_registered_handler() -> None:
+    from opgraph.ir import Other
+    from opgraph.transforms import register_handler
+    from opgraph.transforms.tensor_parallel.sharder import Sharder
+
+    class Scaled(Other):
+        """A user's op on the hidden features."""
+
+    seen: list[int] = []
+
+    @register_handler(Scaled)
+    def shard_scaled(sh: Sharder, op: Scaled, inputs: list[TensorSpec]) -> OpBase:
+        seen.append(op.id)
+        return sh.replicated(op, inputs)
+
+    x = TensorSpec(shape=(4, 64), dtype=DType.bf16, id=0)
+    w = TensorSpec(shape=(64, 128), dtype=DType.bf16, id=1)
+    h = TensorSpec(shape=(4, 128), dtype=DType.bf16, id=2)
+    up = Gemm(id=0, m=4, n=128, k=64, inputs=(x, w), outputs=(h,), scope="mlp.up_proj")
+    out = TensorSpec(shape=(4, 128), dtype=DType.bf16, id=3)
+    g = OpGraph(ops=(up, Scaled(id=1, fn="scaled", inputs=(h,), outputs=(out,)), Other(id=2, fn="plain", inputs=(h,))))
+    s = shard_tensor_parallel(g, 2)
+    assert seen == [1]  # the subclass reached its handler, the plain Other op did not
+    assert [c.collective for c in collectives(s)] == [CollectiveKind.ALL_GATHER]
+    with pytest.raises(OpgraphError, match="Scaled ops already have the sharding handler shard_scaled"):
+        register_handler(Scaled)(shard_scaled)

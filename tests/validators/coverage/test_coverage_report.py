@@ -11,7 +11,7 @@ from conftest import check_golden
 from typer.testing import CliRunner
 
 from opgraph.cli.app import app
-from opgraph.ir import GraphMetadata, OpGraph, save_graph
+from opgraph.ir import GraphMetadata, OpGraph, OpKind, save_graph
 from validators.coverage import (
     ExpectationError,
     auto_expectation,
@@ -116,3 +116,37 @@ def test_cli_errors(tmp_path: Path, graphs: ModuleType) -> None:
     assert res.exit_code == 2 and "no such file" in res.output
     res = runner.invoke(app, ["verify", "--list"])
     assert res.exit_code == 0 and "qwen-moe" in res.output
+
+
+def test_absent_optional_operator_is_no_cross(graphs: ModuleType) -> None:
+    report = verify_graph(
+        graphs.llama_like("mistralai/Mixtral-8x7B-v0.1", "MixtralForCausalLM"), load_expectation("mixtral")
+    )
+    lines = format_report(report).splitlines()
+    crossed = [line.split()[1] for line in lines if line.lstrip().startswith("✗")]
+    assert crossed == ["moe"]  # the missing required operator; softmax, topk, sliding_window are optional
+    assert any(line.split()[:3] == ["-", "topk", "(optional)"] for line in lines)
+
+
+@pytest.mark.parametrize("model_type", ["gemma", "gemma2", "gemma3_text"])
+def test_gemma_gated_tanh_gelu_counts_as_gelu(tmp_path: Path, model_type: str) -> None:
+    pytest.importorskip("transformers")
+    from opgraph.capture import capture
+    from tests.opgraph.capture.test_capture_architectures import tiny_config
+
+    g = capture(tiny_config(tmp_path, model_type), seq_len=8)
+    acts = {(o.fn, o.gated) for o in g.ops_of(OpKind.ACTIVATION)}  # type: ignore[attr-defined]
+    assert ("geglu_tanh", True) in acts  # gelu(gate, approximate="tanh") * up, one op
+    report = verify_graph(g, auto_expectation(g))
+    assert report.family == "gemma" and report.ok, report.missing_required
+    assert next(r for r in report.operators if r.operator == "gelu").count == 2
+
+
+def test_gemma_3_preset_verifies_with_auto_expectations(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    out = tmp_path / "g.json"
+    res = runner.invoke(app, ["capture", "gemma-3-27b", "--layers", "1", "--seq-len", "8", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["verify", str(out), "--expect", "auto"])
+    assert res.exit_code == 0, res.output
+    assert "STATUS: ✓ ALL REQUIRED OPERATORS COVERED" in res.output

@@ -1,4 +1,8 @@
-"""What one op config is: the op with its identity stripped, its canonical JSON and its stable hash.
+"""What one op config is: the op with its identity stripped, its canonical JSON and its stable hashes.
+
+The one home of config identity, shared by the catalog (:mod:`opgraph.catalog`: :func:`config_hash`,
+normalised and versioned, for saved catalogs) and replay (:mod:`validators`: :func:`config_key`, the
+exact fields including strides as recorded, the key of results and resume files).
 
 Two ops are the same *config* when they would run the same kernel on the same data layout: same
 kind, definition, target, kind fields, tensor shapes, dtypes and strides, and the same non-tensor
@@ -18,7 +22,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from opgraph.ir import IDENTITY_FIELDS, OP_TYPES, OpBase, OpKind, TensorSpec, parse_op
+from opgraph.ir.ops import IDENTITY_FIELDS, OP_TYPES, OpBase, OpKind, parse_op
+from opgraph.ir.tensor import TensorSpec
 
 CONFIG_HASH_VERSION = 1
 """Version of the normalisation rules below; part of every hash, bumped when they change."""
@@ -128,6 +133,27 @@ def config_hash(op: OpBase) -> str:
     True
     """
     return hash_config_dict(config_dict(op))
+
+
+_KEY_EXCLUDE: dict[str, object] = {
+    **dict.fromkeys(IDENTITY_FIELDS, True),
+    "inputs": {"__all__": {"id"}},
+    "outputs": {"__all__": {"id"}},
+}
+
+
+def config_key(op: OpBase) -> str:
+    """A stable 16-hex-digit key of the op's replay config (same config, same key, across runs and graphs).
+
+    Unlike :func:`config_hash` it keeps the op's fields exactly as recorded (strides, cost fields,
+    defaults): it keys replay results and resume files, whose saved keys must not change.
+
+    >>> from opgraph.ir import Gemm
+    >>> config_key(Gemm(id=1, m=8, n=16, k=32, layer=3)) == config_key(Gemm(id=9, m=8, n=16, k=32))
+    True
+    """
+    blob = op.model_dump_json(exclude=_KEY_EXCLUDE)  # type: ignore[arg-type]
+    return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 
 def normalise_op(op: OpBase) -> OpBase:

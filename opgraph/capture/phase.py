@@ -1,0 +1,234 @@
+"""Options of a capture and the phase runner: the forward passes of ``prefill``, ``decode`` or
+``generate`` over a prepared model, recorded or not.
+
+Kept apart from :mod:`opgraph.capture.api` (which records and lowers) so that what only runs the
+phase (host timing, profiling, benchmarks) does not import the capture API back.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Protocol, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, model_validator
+
+from opgraph.capture.lowering import Hints
+from opgraph.capture.sources import CaptureError, ModelSource
+from opgraph.ir.dtypes import DType
+
+Phase = Literal["prefill", "decode", "generate"]
+"""What a capture runs: a prompt, one decode step over a filled cache, or a prompt then decode steps."""
+CaptureDType = Literal["bf16", "fp16", "fp32"]
+"""Dtype the model is built in."""
+AttnImpl = Literal["sdpa", "eager"]
+"""transformers attention implementation asked for."""
+CaptureDevice = Literal["meta", "cpu", "cuda"]
+"""Where the model is built and run (``meta``: no weights, no data)."""
+
+_LABELS = {"phase": "phase", "dtype": "dtype", "attn_impl": "attention implementation", "device": "device"}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "phase": get_args(Phase),
+    "dtype": get_args(CaptureDType),
+    "attn_impl": get_args(AttnImpl),
+    "device": get_args(CaptureDevice),
+}
+_RANGES = {"moe_skew": "must be between 0 (balanced) and 8"}
+
+
+def _option_error(exc: ValidationError) -> CaptureError:
+    """The first problem of ``exc`` as a one-line error naming the CLI option."""
+    err = exc.errors()[0]
+    name = str(err["loc"][0]) if err["loc"] else ""
+    where = "--" + name.replace("_", "-") if name else "capture options"
+    value = err.get("input")
+    if name in _CHOICES:
+        return CaptureError(
+            f"unknown {_LABELS[name]} {value!r}", where=where, hint=f"one of {', '.join(_CHOICES[name])}"
+        )
+    if err["type"] == "extra_forbidden":
+        return CaptureError(f"unknown capture option {name!r}", where="capture options")
+    if name in _RANGES and err["type"] in ("greater_than_equal", "less_than_equal"):
+        return CaptureError(_RANGES[name], where=where)
+    if err["type"] == "greater_than_equal":
+        return CaptureError(f"must be at least 1 (got {value!r})", where=where)
+    return CaptureError(f"{err['msg']} (got {value!r})", where=where)
+
+
+class CaptureOptions(BaseModel):
+    """What to capture. Checked when made: a bad value raises :class:`CaptureError` naming its option."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    phase: Phase = "prefill"
+    batch: Annotated[int, Field(ge=1)] = 1
+    seq_len: int = 512
+    """Prompt tokens per sequence (prefill and generate)."""
+    kv_len: int = 2048
+    """Tokens already in the KV cache (decode)."""
+    new_tokens: int = 4
+    """Decode steps after the prefill (generate)."""
+    dtype: CaptureDType = "bf16"
+    layers: Annotated[int, Field(ge=1)] | None = None
+    """Keep only the first layers (at most the model's count)."""
+    attn_impl: AttnImpl = "sdpa"
+    device: CaptureDevice = "meta"
+    moe_skew: Annotated[float, Field(ge=0, le=8)] | None = None
+    """Zipf exponent of modelled expert loads (``None``: balanced)."""
+    trust_remote_code: bool = False
+    host_timing: bool = False
+    """Also measure the framework's host time before each op (:mod:`opgraph.capture.hosttime`)."""
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _named_errors(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise _option_error(exc) from None
+
+    @model_validator(mode="after")
+    def _phase_sizes(self) -> CaptureOptions:
+        # Sizes the phase uses must be positive; the others are ignored.
+        if self.phase in ("prefill", "generate") and self.seq_len < 1:
+            raise CaptureError(f"must be at least 1 (got {self.seq_len})", where="--seq-len")
+        if self.phase == "decode" and self.kv_len < 1:
+            raise CaptureError(f"must be at least 1 (got {self.kv_len})", where="--kv-len")
+        if self.phase == "generate" and self.new_tokens < 1:
+            raise CaptureError(f"must be at least 1 (got {self.new_tokens})", where="--new-tokens")
+        return self
+
+    def validate(self) -> None:  # type: ignore[override]
+        """Nothing left to check: the options were checked when made (kept for callers)."""
+
+    @property
+    def positions(self) -> int:
+        """Largest position the capture reaches."""
+        if self.phase == "decode":
+            return self.kv_len + 1
+        if self.phase == "generate":
+            return self.seq_len + self.new_tokens
+        return self.seq_len
+
+    @property
+    def torch_dtype(self) -> Any:
+        """The torch dtype the model is built in."""
+        import torch
+
+        return getattr(torch, str(DType(self.dtype).torch_name))
+
+
+class PhaseRecorder(Protocol):
+    """What :func:`run_phase` needs of a recorder: stage tags and the blocks it records in."""
+
+    stage: str | None
+    step: int | None
+
+    def recording(self) -> AbstractContextManager[Any]:
+        """Record what runs inside."""
+        ...
+
+    def scope(self, name: str) -> AbstractContextManager[None]:
+        """Record what runs inside as module ``name``."""
+        ...
+
+
+@dataclass
+class PreparedModel:
+    """A model built on its device with what the capture needs to know about it."""
+
+    name: str
+    model: Any
+    config: Any
+    hints: Hints
+    source: ModelSource | None
+    assumptions: list[str] = field(default_factory=list)
+
+
+def _forward_kwargs(model: Any) -> tuple[str, bool]:
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    return cache_kw, "logits_to_keep" in params
+
+
+def _new_cache(config: Any) -> Any:
+    import transformers
+
+    try:
+        return transformers.DynamicCache(config=config)
+    except TypeError:
+        return transformers.DynamicCache()
+
+
+def token_ids(prepared: PreparedModel, opts: CaptureOptions, batch: int, length: int, seed: int = 0) -> Any:
+    """Input token ids: seeded random tokens on real devices (a prompt of identical tokens makes every
+    activation row equal, which runs matrix units at unrealistically low power), zeros on meta."""
+    import torch
+
+    if opts.device == "meta":
+        return torch.zeros(batch, length, dtype=torch.long, device="meta")
+    vocab = int(getattr(prepared.config, "vocab_size", 0) or 32000)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=gen, dtype=torch.long).to(opts.device)
+
+
+def setup_phase(prepared: PreparedModel, opts: CaptureOptions) -> Any:
+    """The KV cache the phase starts from: empty, or (decode) filled with ``kv_len`` tokens, unrecorded.
+
+    Kept apart from :func:`run_phase` so that timed and profiled runs cover the phase alone.
+    """
+    import torch
+
+    cache = _new_cache(prepared.config)
+    if opts.phase == "decode":
+        cache_kw, _ = _forward_kwargs(prepared.model)
+        ids = token_ids(prepared, opts, opts.batch, opts.kv_len, seed=1)
+        with torch.no_grad():
+            prepared.model(input_ids=ids, use_cache=True, **{cache_kw: cache})
+    return cache
+
+
+def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: PhaseRecorder | None, cache: Any = None) -> None:
+    """Run the phase's forward passes (recorded when ``rec`` is given).
+
+    ``cache`` comes from :func:`setup_phase`; without it the phase sets itself up first (a decode
+    cache is then filled inside this call, unrecorded).
+    """
+    import torch
+
+    model = prepared.model
+    cache_kw, has_keep = _forward_kwargs(model)
+
+    def forward(ids: Any, cache: Any, stage: str, step: int, keep_last: bool = False) -> Any:
+        kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True, cache_kw: cache}
+        if keep_last and has_keep:
+            kwargs["logits_to_keep"] = 1
+        if rec is None:
+            return model(**kwargs)
+        rec.stage, rec.step = stage, step
+        with rec.recording():
+            return model(**kwargs)
+
+    if cache is None:
+        cache = setup_phase(prepared, opts)
+    with torch.no_grad():
+        b = opts.batch
+        if opts.phase == "decode":
+            forward(token_ids(prepared, opts, b, 1, seed=2), cache, "decode", 1)
+            return
+        generate = opts.phase == "generate"
+        out = forward(token_ids(prepared, opts, b, opts.seq_len), cache, "prefill", 0, generate)
+        if not generate:
+            return
+        for step in range(1, opts.new_tokens + 1):
+            ids = _sample(out.logits, rec)
+            out = forward(ids, cache, "decode", step, True)
+
+
+def _sample(logits: Any, rec: PhaseRecorder | None) -> Any:
+    # Greedy sampling, recorded in a "sampler" scope.
+    if rec is None:
+        return logits[:, -1, :].argmax(dim=-1, keepdim=True)
+    with rec.recording(), rec.scope("sampler"):
+        return logits[:, -1, :].argmax(dim=-1, keepdim=True)

@@ -1,0 +1,183 @@
+"""One simulation study: shard if needed, cost, check uncosted ops, run one engine count or sweep several.
+
+The CLI's ``opgraph simulate``, declarative scenarios (``opgraph run``) and benchmarks all go
+through :func:`run_study`, so they cannot drift apart. It only calls the public facade of
+:mod:`simulators` (``cost_problem``, ``run_problem``, ``sweep_engines``, ``uncosted_error``,
+``default_host_us``) and :func:`opgraph.transforms.shard_tensor_parallel`.
+
+>>> from hardware import load_hardware, resolve_cost_model
+>>> from opgraph.ir import Gemm, GraphMetadata, OpGraph
+>>> graph = OpGraph(metadata=GraphMetadata(model="two gemms"), ops=(Gemm(id=0, m=64, n=64, k=64),
+...                 Gemm(id=1, m=64, n=64, k=64)), edges=())
+>>> config = study_config(host_mode="none")
+>>> study = run_study(graph, load_hardware("h100"), resolve_cost_model("roofline"), config, engines=[1, 2])
+>>> study.recommended, sorted(study.results)
+(2, [1, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from opgraph.ir import OpGraph, OpKind
+
+if TYPE_CHECKING:
+    from hardware import CostModel, HardwareSpec
+    from simulators import EngineSweep, SimulationConfig, SimulationResult
+
+__all__ = ["StudyProgress", "StudyResult", "run_study", "shard_for_tp", "study_config"]
+
+StudyProgress = Callable[[int, int], None]
+"""Called with the work done and the work in all (ops simulated, or engine counts of a sweep)."""
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """What :func:`run_study` found: one result per engine count, and the one it recommends."""
+
+    graph: OpGraph
+    """The graph simulated: the one given, or one rank of it sharded for tensor parallelism."""
+    results: dict[int, SimulationResult]
+    """The run of each engine count, in the order asked."""
+    recommended: int
+    """The engine count to show: the only one, or the sweep's recommendation."""
+    cost_model_name: str
+    """The cost model's name as the simulator reports it."""
+    sweep: EngineSweep | None = None
+    """The sweep's summary when several counts ran."""
+    notes: tuple[str, ...] = ()
+    """What the study did to the graph that the user should know (the TP sharding)."""
+
+    @property
+    def result(self) -> SimulationResult:
+        """The recommended run."""
+        return self.results[self.recommended]
+
+
+def study_config(
+    engines: int = 1,
+    *,
+    base: SimulationConfig | None = None,
+    copy_engines: int = 0,
+    links: int = 1,
+    policy: str = "earliest",
+    tp: int = 1,
+    host_mode: str = "eager",
+    host_us: float | None = None,
+    sync_each_step: bool = True,
+    framework: bool = True,
+    record_host: bool = True,
+    jitter: float = 0.0,
+    seed: int = 0,
+    skip_uncosted: bool = False,
+) -> SimulationConfig:
+    """The :class:`~simulators.SimulationConfig` of a study, from the settings the CLI and scenarios name.
+
+    ``base`` (engine groups as data, e.g. from ``--config``) replaces ``copy_engines``/``links``;
+    the host's ``sync_ops``/``free_ops`` come from it, and ``framework`` only keeps its framework time.
+    """
+    from simulators import HostConfig, HostMode, SimulationConfig
+
+    if base is None:
+        base = SimulationConfig.standard(engines, copy_engines=copy_engines, links=links)
+    host = HostConfig(
+        mode=HostMode(host_mode),
+        per_op_us=host_us,
+        sync_each_step=sync_each_step,
+        sync_ops=base.host.sync_ops,
+        free_ops=base.host.free_ops,
+        framework=framework and base.host.framework,
+        record=record_host,
+    )
+    config = base.model_copy(
+        update={
+            "policy": policy,
+            "tp": tp,
+            "host": host,
+            "jitter": jitter,
+            "seed": seed,
+            "skip_uncosted": skip_uncosted,
+        }
+    ).with_engines(engines)
+    return SimulationConfig.model_validate(config.model_dump())
+
+
+def shard_for_tp(graph: OpGraph, tp: int) -> tuple[OpGraph, str | None]:
+    """One rank of a ``tp``-way run of ``graph`` and a note; the graph as given when it has collectives.
+
+    A graph without collectives is sharded Megatron-style (column/row-parallel linears, heads / tp)
+    by :func:`opgraph.transforms.shard_tensor_parallel`; a graph that has them already is one rank.
+    """
+    if tp <= 1 or graph.ops_of(OpKind.COLLECTIVE):
+        return graph, None
+    from opgraph.transforms import shard_tensor_parallel
+
+    sharded = shard_tensor_parallel(graph, tp)
+    colls = [getattr(o, "collective", None) for o in sharded.ops_of(OpKind.COLLECTIVE)]
+    counts = ", ".join(f"{colls.count(c)} {c.value}" for c in dict.fromkeys(colls) if c is not None)
+    note = (
+        f"graph sharded for tensor parallelism (tp={tp}, Megatron-style: column/row-parallel linears, "
+        f"heads / tp; {counts or 'no collectives'} inserted); --no-shard runs it replicated"
+    )
+    return sharded, note
+
+
+def run_study(
+    graph: OpGraph,
+    hardware: HardwareSpec,
+    cost_model: CostModel,
+    config: SimulationConfig,
+    *,
+    engines: Sequence[int] | None = None,
+    shard: bool = True,
+    tolerance: float = 0.01,
+    progress: StudyProgress | None = None,
+) -> StudyResult:
+    """Simulate ``graph`` on ``hardware`` with ``cost_model`` for each engine count of ``engines``.
+
+    Shards the graph for ``config.tp`` ranks first when it has no collectives (unless
+    ``shard=False``), costs every op once, fails with :class:`~simulators.UncostedOpsError` when an
+    op has no cost and ``config.skip_uncosted`` is off, then runs the one count (default
+    ``config.engines``) or sweeps them and recommends the smallest count within ``tolerance`` of the
+    best makespan. Raises :class:`~opgraph.ir.OpgraphError` subclasses on bad input.
+    """
+    from simulators import cost_problem, default_host_us, run_problem, sweep_engines, uncosted_error
+
+    counts = list(engines) if engines else [config.engines]
+    notes: tuple[str, ...] = ()
+    if shard:
+        graph, note = shard_for_tp(graph, config.tp)
+        notes = (note,) if note else ()
+    problem, model_name, _ = cost_problem(graph, cost_model, hardware)
+    if problem.uncosted and not config.skip_uncosted:
+        raise uncosted_error(problem, model_name)
+    config = config.with_engines(counts[0])
+    host_us = default_host_us(config, hardware)
+    if len(counts) == 1:
+        result = run_problem(
+            problem,
+            config,
+            host_per_op_us=host_us,
+            hardware_name=hardware.name,
+            cost_model_name=model_name,
+            progress=progress,
+        )
+        return StudyResult(graph, {counts[0]: result}, counts[0], model_name, notes=notes)
+
+    def on_point(n: int, _result: SimulationResult) -> None:
+        if progress is not None:
+            progress(n, counts[-1])
+
+    sweep, results = sweep_engines(
+        problem,
+        config,
+        counts,
+        tolerance=tolerance,
+        host_per_op_us=host_us,
+        hardware_name=hardware.name,
+        cost_model_name=model_name,
+        on_point=on_point,
+    )
+    return StudyResult(graph, results, sweep.recommended, model_name, sweep=sweep, notes=notes)

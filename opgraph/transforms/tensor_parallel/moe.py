@@ -1,0 +1,50 @@
+"""Mixture of experts: stacked expert GEMMs split by expert (expert parallelism), and the combine
+of partial expert outputs, reduced once after it."""
+
+from __future__ import annotations
+
+import math
+
+from opgraph.ir import Gemm, MoeRouting, OpBase, TensorSpec
+from opgraph.transforms.tensor_parallel.rules import LinearRule, ParallelStyle
+from opgraph.transforms.tensor_parallel.sharder import Sharder, register_handler
+from opgraph.transforms.tensor_parallel.tensors import Partial, Split, State, reshard
+
+
+def shard_experts(sh: Sharder, op: Gemm, rule: LinearRule, inputs: list[TensorSpec]) -> OpBase:
+    """Stacked experts split by expert: each rank runs ``groups / tp`` of them."""
+    tp = sh.tp
+    if op.groups % tp:
+        raise sh.fail(
+            op,
+            "groups (active experts)",
+            op.groups,
+            tp,
+            hint="choose a tp that divides them, or no expert parallelism",
+        )
+    new_in: list[TensorSpec] = []
+    for s in inputs:
+        if isinstance(sh.state_of(s), Partial):
+            s = sh.whole(op, s)
+        new_in.append(reshard(s, 0, tp) if len(s.shape) >= 2 and s.shape[0] == op.groups else s)
+    outs = [reshard(t, 0, tp) if t.shape and t.shape[0] == op.groups else t for t in op.outputs]
+    if rule.style is ParallelStyle.ROW:
+        states: list[State] = [Partial(o) for o in outs]
+    else:
+        states = [
+            Split(tp, math.prod(t.shape), t, o) if t != o else None for t, o in zip(op.outputs, outs, strict=True)
+        ]
+    sh.set_outputs(op.outputs, states)
+    sh.counts["column" if rule.style is not ParallelStyle.ROW else "row"] += 1
+    return sh.rebuild(op, new_in, outs, groups=op.groups // tp)
+
+
+@register_handler(MoeRouting)
+def shard_moe_routing(sh: Sharder, op: MoeRouting, inputs: list[TensorSpec]) -> OpBase:
+    """Routing and dispatch replicated; the combine of partial expert outputs stays partial."""
+    if op.fn != "combine" or not any(isinstance(sh.state_of(s), Partial) for s in inputs):
+        return sh.replicated(op, inputs)
+    # The weighted sum of partial expert outputs is itself partial: reduce once, after it.
+    new_in = [sh.whole(op, s) if isinstance(sh.state_of(s), Split) else s for s in inputs]
+    sh.set_outputs(op.outputs, [Partial(t) for t in op.outputs])
+    return sh.rebuild(op, new_in, op.outputs)
