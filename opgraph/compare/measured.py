@@ -170,8 +170,8 @@ def sim_steps(spans: Sequence[Span]) -> dict[int, tuple[str, float, float]]:
 
 
 def match_steps(sim: dict[int, tuple[str, float, float]], measured: AnalysisResult) -> list[StepMatch]:
-    """Simulated steps matched to the trace's passes by stage and order; passes of unknown stage are taken
-    in order by the steps left over."""
+    """Simulated steps matched to the trace's passes by stage and order; passes of unknown stage, then mixed
+    passes (prefill and decode in one step), are taken in order by the steps left over."""
     by_stage: dict[str, list[int]] = defaultdict(list)
     for p in measured.passes:
         by_stage[p.stage].append(p.index)
@@ -180,8 +180,9 @@ def match_steps(sim: dict[int, tuple[str, float, float]], measured: AnalysisResu
     for step, (stage, dev, wall) in sim.items():
         pool = by_stage.get(stage, [])
         pick = next((i for i in pool if i not in used), None)
-        if pick is None:
-            pick = next((i for i in by_stage.get("unknown", []) if i not in used), None)
+        for fallback in ("unknown", "mixed"):  # a mixed step holds prefill and decode work
+            if pick is None:
+                pick = next((i for i in by_stage.get(fallback, []) if i not in used), None)
         m = StepMatch(step, stage, pick, dev, wall)
         if pick is not None:
             used.add(pick)
@@ -357,6 +358,15 @@ def _segment(takers: Sequence[OpBase], kernels: Sequence[GpuEvent]) -> list[list
     return parts
 
 
+def _family(s: Span) -> str:
+    """A simulated span's kind at the granularity of measured kernel types: every MoE part (routing,
+    dispatch, expert GEMMs, combine) is ``moe``, as a trace's MoE kernels are."""
+    kind = s.kind.value if s.kind else "other"
+    if kind.startswith("moe") or any(w in (s.definition or "") for w in ("moe", "expert")):
+        return "moe"
+    return kind
+
+
 def kind_of(g: GpuEvent) -> str:
     """The graph op kind of a measured device event."""
     if g.kind != "kernel":
@@ -390,8 +400,7 @@ def _pair(
     for s in pred_dev:
         if s.op_id is not None:
             pred_by_op[s.op_id] += s.dur_us
-        kind = s.kind.value if s.kind else "other"
-        pred_units[(s.step or 0, s.layer, kind)] += s.dur_us
+        pred_units[(s.step or 0, s.layer, _family(s))] += s.dur_us
     stage_of = {m.step: m.stage for m in matches}
     linked = any(g.launch_host is not None for g in measured.data.gpu)
     groups = buckets(matches, graph, measured, set(pred_by_op) if graph is not None else None)
