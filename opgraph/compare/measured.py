@@ -112,7 +112,7 @@ class MeasuredRank:
     @classmethod
     def of(cls, timeline: Timeline) -> MeasuredRank:
         """Import a single-rank measured timeline (its host spans give the launch links)."""
-        data = from_timeline(timeline)
+        data = from_timeline(timeline, link=True)
         ps = load_patterns()
         analysis, labels = Analyzer(ps, KernelClassifier(ps)).run(data)
         return cls(data, analysis, labels, analysis.window_events)

@@ -67,7 +67,7 @@ def _data(trace: TraceData | Timeline | str | Path, rank: int | None) -> TraceDa
     if isinstance(trace, TraceData):
         return trace
     if isinstance(trace, Timeline):
-        return from_timeline(trace)
+        return from_timeline(trace, link=True)
     datas = collect_all(trace)
     if rank is None:
         return datas[0]

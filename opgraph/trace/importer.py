@@ -582,9 +582,11 @@ _OPKIND = {
 }
 
 
-def from_timeline(tl: Timeline) -> TraceData:
+def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
     """Rebuild :class:`TraceData` from a measured ``Timeline`` (as written by :func:`to_timeline`, or any
-    timeline whose device spans sit on ``gpu*`` tracks)."""
+    timeline whose device spans sit on ``gpu*`` tracks). ``link`` rebuilds each kernel's launching CPU op
+    (``launch_host``, with its parents and input dims) from the host spans, as attribution and comparison
+    need; the analysis needs only the op names the spans carry."""
     data = TraceData(file=tl.source.trace_file or tl.source.name or "timeline")
     data.device_name = tl.source.device
     data.notes = [n for n in tl.notes if not n.startswith("incomplete: ")]
@@ -641,7 +643,7 @@ def from_timeline(tl: Timeline) -> TraceData:
                     json.loads(dims) if isinstance(dims, str) else None,
                 )
             )
-    if data.gpu and data.host:
+    if link and data.gpu and data.host:
         # rebuild the launch links (launching CPU op, its stack and input dims) from the host spans
         notes = data.notes
         data.notes = []
