@@ -148,6 +148,19 @@ def _q_len(ev: GpuEvent) -> int | None:
     return v if isinstance(v, int) else None
 
 
+def _eager_q_len(ev: GpuEvent) -> int | None:
+    """Query length of eager attention's batched GEMMs (scores ``[B*H, q, d] @ [B*H, d, k]``, then
+    ``[B*H, q, k] @ [B*H, k, v]``): the rows of their first input."""
+    op, dims = ev.launch_op, ev.launch_dims
+    if op not in ("aten::bmm", "aten::baddbmm", "aten::matmul") or not isinstance(dims, list) or not dims:
+        return None
+    a = dims[0] if op != "aten::baddbmm" or len(dims) < 2 else dims[1]
+    if not isinstance(a, list) or len(a) not in (3, 4):
+        return None
+    v = a[-2]
+    return v if isinstance(v, int) else None
+
+
 class Analyzer:
     """Analyzes one rank's :class:`TraceData` with a pattern set."""
 
@@ -277,6 +290,8 @@ class Analyzer:
                         votes[g.vote] += 1
                     if g.ktype == "attention":
                         q = _q_len(g)
+                        if q is None:
+                            q = _eager_q_len(g)
                         if q is not None:
                             shapes["decode" if q == 1 else "prefill"] += 1
                 if shapes:

@@ -21,6 +21,74 @@ dropout); a router's top-k (MoE, sampling, reduction) may not."""
 _REACH = 4
 
 
+_UNKNOWN = KernelType.UNKNOWN
+_ATEN_MEMORY = (
+    "copy",
+    "cat",
+    "index",
+    "gather",
+    "scatter",
+    "fill",
+    "zero",
+    "clone",
+    "contiguous",
+    "to",
+    "stack",
+    "repeat",
+    "pad",
+    "masked_scatter",
+    "put",
+    "flip",
+    "roll",
+    "narrow",
+    "slice",
+    "expand",
+    "tril",
+    "triu",
+)
+_ATEN_REDUCTION = (
+    "sum",
+    "mean",
+    "cumsum",
+    "cumprod",
+    "max",
+    "min",
+    "amax",
+    "amin",
+    "prod",
+    "any",
+    "all",
+    "norm",
+    "var",
+    "std",
+    "sort",
+    "topk",
+    "nonzero",
+    "unique",
+    "histc",
+    "bincount",
+    "count_nonzero",
+    "logsumexp",
+)
+_ATEN_SAMPLING = ("argmax", "argmin", "multinomial", "exponential", "uniform", "normal", "bernoulli", "randperm")
+
+
+def aten_fallback(op: str) -> KernelType:
+    """The type of a kernel no name rule knows, from the ATen op that launched it (``aten::cumsum`` is a
+    reduction); other launching ops leave it unknown."""
+    if not op.startswith("aten::"):
+        return _UNKNOWN
+    base = op[6:].strip("_").split(".")[0]
+    head = base.split("_")[0]
+    if base in _ATEN_SAMPLING or head in _ATEN_SAMPLING:
+        return KernelType.SAMPLING
+    if base in _ATEN_REDUCTION or head in _ATEN_REDUCTION:
+        return KernelType.REDUCTION
+    if base in _ATEN_MEMORY or head in _ATEN_MEMORY:
+        return _MEMORY
+    return KernelType.ELEMENTWISE
+
+
 def _is_softmax(ev: GpuEvent) -> bool:
     if ev.launch_op is not None:
         return ev.launch_op in _SOFTMAX_OPS
@@ -126,6 +194,8 @@ class KernelClassifier:
                 by_op = launch(ev.launch_stack)
                 if by_op is not None:
                     kt = by_op
+                elif kt is _UNKNOWN:
+                    kt = aten_fallback(ev.launch_stack[0])
             ev.ktype = kt
             ev.vote = vote
             ev.layer_start = start

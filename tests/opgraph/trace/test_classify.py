@@ -100,13 +100,16 @@ class _Builder:
         self.t = 1000.0
         self.corr = 1
 
-    def kernel(self, name: str, ops: tuple[str, ...] = (), dur: float = 3.0) -> None:
-        """A kernel launched inside ``ops`` (outermost first)."""
+    def kernel(self, name: str, ops: tuple[str, ...] = (), dur: float = 3.0, dims: list[Any] | None = None) -> None:
+        """A kernel launched inside ``ops`` (outermost first; the innermost takes ``dims``)."""
         c = self.corr
         self.corr += 1
         t = self.t
         for depth, op in enumerate(ops):
-            self.events.append(_ev("cpu_op", op, t + depth * 0.1, 5 - depth * 0.2, **{"External id": c}))
+            args: dict[str, Any] = {"External id": c}
+            if dims is not None and depth == len(ops) - 1:
+                args["Input Dims"] = dims
+            self.events.append(_ev("cpu_op", op, t + depth * 0.1, 5 - depth * 0.2, **args))
         self.events.append(_ev("cuda_runtime", "cudaLaunchKernel", t + 1, 1, correlation=c, **{"External id": c}))
         self.events.append(_ev("kernel", name, t + 3, dur, correlation=c, device=0, stream=7))
         self.t += max(10.0, dur + 5)
@@ -192,3 +195,60 @@ def test_window_leftovers_only_at_the_start(tmp_path: Path) -> None:
     r = analyze(b.write(tmp_path))
     assert r.window_events == 2 and r.window_time_us == 10.0
     assert r.layers_per_pass == (1,)
+
+
+@pytest.mark.parametrize(
+    ("op", "expected"),
+    [
+        ("aten::cumsum", KernelType.REDUCTION),
+        ("aten::index_put_", KernelType.MEMORY),
+        ("aten::_to_copy", KernelType.MEMORY),
+        ("aten::argmax", KernelType.SAMPLING),
+        ("aten::hardtanh", KernelType.ELEMENTWISE),
+        ("myext::mystery", KernelType.UNKNOWN),
+    ],
+)
+def test_unknown_kernels_take_a_type_from_their_aten_op(tmp_path: Path, op: str, expected: KernelType) -> None:
+    b = _Builder()
+    b.kernel("void some_vendor::opaque_kernel_v2<7>(float*)", (op,))
+    data = load_trace_data(b.write(tmp_path))[0]
+    from opgraph.trace import KernelClassifier
+
+    KernelClassifier(PS).classify(data.gpu)
+    assert data.gpu[0].ktype is expected
+
+
+def _eager_layer(b: _Builder, q: int, k: int) -> None:
+    b.kernel("void at::native::vectorized_layer_norm_kernel<float>(int, float*)", ("aten::native_layer_norm",))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    b.kernel(
+        "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_64x1_nn_align8",
+        ("aten::matmul", "aten::bmm"),
+        dims=[[32, q, 64], [32, 64, k]],
+    )
+    b.kernel("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float>>", ("aten::mul",))
+    b.kernel("void (anonymous namespace)::softmax_warp_forward<float>(float*)", ("aten::softmax", "aten::_softmax"))
+    b.kernel(
+        "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_64x1_nn_align8",
+        ("aten::matmul", "aten::bmm"),
+        dims=[[32, q, k], [32, k, 64]],
+    )
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    b.kernel("void at::native::vectorized_layer_norm_kernel<float>(int, float*)", ("aten::native_layer_norm",))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    b.kernel("void at::native::GeluCUDAKernelImpl<float>(float*)", ("aten::gelu",))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+
+
+def test_eager_attention_layers_and_their_stage_from_bmm_shapes(tmp_path: Path) -> None:
+    b = _Builder()
+    for q, k in ((128, 128), (1, 129)):
+        for _ in range(3):
+            _eager_layer(b, q, k)
+        b.kernel(
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ArgMaxOps<float>>>", ("aten::argmax",)
+        )
+    r = analyze(b.write(tmp_path))
+    assert r.layers_per_pass == (3, 3)
+    assert [(p.stage, p.stage_source) for p in r.passes] == [("prefill", "shape"), ("decode", "shape")]
+    assert {b.name: b.count for b in r.by_type}["attention"] == 6 * 4  # bmm, scale, softmax, bmm

@@ -39,8 +39,9 @@ TRUTH: dict[str, tuple[int, int, dict[str, int], str]] = {
     VLLM_DECODE: (1, 24, {"decode": 1}, "MHA_MOE"),
     # one forward inside ProfilerStep#6; the previous step's kernels at the window's start are set apart
     QWEN_H100: (1, 24, {"prefill": 1}, "MHA_FC"),
-    # eager attention (bmm, softmax, bmm), temporal and spatial attention in each of 12 layers; not an LLM
-    TIMESFORMER: (1, 12, {"unknown": 1}, "MHA_FC"),
+    # eager attention (bmm, softmax, bmm), temporal and spatial attention in each of 12 layers; not an LLM:
+    # one forward over the whole sequence (query length > 1 in its bmm shapes) reads as a prefill
+    TIMESFORMER: (1, 12, {"prefill": 1}, "MHA_FC"),
 }
 
 
