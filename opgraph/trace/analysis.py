@@ -76,6 +76,8 @@ class _Pass:
     source: str = "none"
     tokens: int | None = None
     layers: list[_Layer] = field(default_factory=list)
+    part: bool = False
+    """One of several passes found inside one step annotation (kept only when it holds layers)."""
 
 
 def _step_stage(rule_labels: dict[str, str], groups: dict[str, str | None]) -> tuple[str, int | None]:
@@ -188,7 +190,13 @@ class Analyzer:
             kept = [p for p in passes if p.events]
             if len(kept) < len(passes):
                 notes.append(f"{len(passes) - len(kept)} step annotation(s) without device activity ignored")
-            return kept, unassigned
+            split = [q for p in kept for q in self._split_generate(gpu, p)]
+            if len(split) > len(kept):
+                notes.append(
+                    f"{len(split) - len(kept)} more pass(es) found inside stage-less step annotations "
+                    "(ProfilerStep around a generate): split after sampling kernels"
+                )
+            return split, unassigned
         # no annotations: a sampling kernel ends each generate iteration
         chunks: list[_Pass] = [_Pass([])]
         prev_sampling = False
@@ -204,6 +212,24 @@ class Analyzer:
         else:
             notes.append("no step annotations: passes split after sampling kernels")
         return chunks, list(range(skip))
+
+    @staticmethod
+    def _split_generate(gpu: list[GpuEvent], p: _Pass) -> list[_Pass]:
+        """A step annotation without a stage (``ProfilerStep#N``) may hold a whole ``generate``: split it
+        after each run of sampling kernels that more work follows."""
+        if p.stage != "unknown":
+            return [p]
+        parts: list[list[int]] = [[]]
+        prev_sampling = False
+        for i in p.events:
+            sampling = gpu[i].ktype == "sampling"
+            if prev_sampling and not sampling:
+                parts.append([])
+            parts[-1].append(i)
+            prev_sampling = sampling
+        if len(parts) == 1:
+            return [p]
+        return [_Pass(events, p.annotation, p.stage, p.source, p.tokens, part=True) for events in parts]
 
     # ---- layers -------------------------------------------------------------------------------
     def layers(self, gpu: list[GpuEvent], p: _Pass) -> None:
@@ -375,7 +401,7 @@ class Analyzer:
         for p in passes:
             self.layers(gpu, p)
         found = len(passes)
-        passes = [p for p in passes if p.layers or p.annotation]
+        passes = [p for p in passes if p.layers or (p.annotation and not p.part)]
         if found and not passes:
             notes.append("no transformer layers found (no attention kernels): 0 passes")
         self.stages(gpu, passes, notes)

@@ -252,3 +252,24 @@ def test_eager_attention_layers_and_their_stage_from_bmm_shapes(tmp_path: Path) 
     assert r.layers_per_pass == (3, 3)
     assert [(p.stage, p.stage_source) for p in r.passes] == [("prefill", "shape"), ("decode", "shape")]
     assert {b.name: b.count for b in r.by_type}["attention"] == 6 * 4  # bmm, scale, softmax, bmm
+
+
+def test_a_profiler_step_around_a_generate_is_split_into_its_passes(tmp_path: Path) -> None:
+    b = _Builder()
+    for _ in range(3):  # prefill + 2 decode passes of 2 layers, each ending in argmax
+        for _ in range(2):
+            _layer(b, "flash_fwd_kernel")
+        b.kernel(
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ArgMaxOps<float>>>", ("aten::argmax",)
+        )
+    b.events.append(_ev("user_annotation", "ProfilerStep#3", 900.0, b.t - 800.0))
+    r = analyze(b.write(tmp_path))
+    assert r.layers_per_pass == (2, 2, 2)
+    assert {p.annotation for p in r.passes} == {"ProfilerStep#3"}
+
+
+def test_upsample_is_no_sampling_kernel() -> None:
+    # "sample" inside "upsample" must not end a generate pass
+    name = "void at::native::(anonymous namespace)::upsample_nearest1d_out_frame<c10::BFloat16>(int, float)"
+    assert PS.kernel_type(name)[0] is KernelType.ELEMENTWISE
+    assert PS.kernel_type("void vllm::sample_tokens_kernel<float>(float*)")[0] is KernelType.SAMPLING
