@@ -640,7 +640,7 @@ def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
                     s.track,
                     _int(a.get("external_id")),
                     _int(a.get("correlation")),
-                    json.loads(dims) if isinstance(dims, str) else None,
+                    json.loads(dims) if link and isinstance(dims, str) else None,  # shapes matter to links only
                 )
             )
     if link and data.gpu and data.host:
