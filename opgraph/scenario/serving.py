@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from simulators import SimulationConfig
     from simulators.serving import GraphStepCosts, KvCacheSpec, Request, ServingResult, StepKey
 
-__all__ = ["ServingModel", "capture_serving_model", "serving_costs", "simulate_serving", "step_graph"]
+__all__ = ["ServingModel", "StepGraphs", "capture_serving_model", "serving_costs", "simulate_serving", "step_graph"]
 
 
 @dataclass(frozen=True)
@@ -91,21 +91,46 @@ def capture_serving_model(model: str, *, dtype: str = "bf16", layers: int | None
     )
 
 
+class StepGraphs:
+    """Builds step graphs of one model, reusing what bucketed keys share.
+
+    Decode steps of one batch size share every op but attention and the KV-cache writes: the first
+    decode graph of a batch size is kept and later ones rewrite only those (``rebatch(like=...)``);
+    mixed steps of one token count share their token-wise ops likewise.
+    """
+
+    def __init__(self, templates: ServingModel, tp: int = 1) -> None:
+        self.templates = templates
+        self.tp = tp
+        self._decode_like: dict[int, OpGraph] = {}
+        self._token_base: dict[int, OpGraph] = {}
+
+    def graph(self, key: StepKey) -> OpGraph:
+        """The op graph of one bucketed step (one rank of it when ``tp > 1``)."""
+        from opgraph.study import shard_for_tp
+        from opgraph.transforms import AttentionPart, mixed_step, rebatch
+
+        t = self.templates
+        if not key.prefill:
+            like = self._decode_like.get(key.decode_batch)
+            graph = rebatch(t.decode, batch=key.decode_batch, kv_len=key.decode_kv, like=like)
+            self._decode_like.setdefault(key.decode_batch, graph)
+        elif not key.decode_batch and len(key.prefill) == 1 and key.prefill[0].q_len == key.prefill[0].kv_len:
+            p = key.prefill[0]
+            graph = rebatch(t.prefill, batch=p.batch, q_len=p.q_len)
+        else:
+            parts = [AttentionPart(p.batch, p.q_len, p.kv_len) for p in key.prefill]
+            dec = AttentionPart(key.decode_batch, 1, key.decode_kv) if key.decode_batch else None
+            base = self._token_base.get(key.tokens)
+            if base is None:
+                base = self._token_base[key.tokens] = rebatch(t.prefill, batch=1, q_len=key.tokens)
+            graph = mixed_step(t.prefill, t.decode, parts, dec, base=base)
+        return shard_for_tp(graph, self.tp)[0]
+
+
 def step_graph(templates: ServingModel, key: StepKey, tp: int = 1) -> OpGraph:
     """The op graph of one bucketed step (one rank of it when ``tp > 1``)."""
-    from opgraph.study import shard_for_tp
-    from opgraph.transforms import AttentionPart, mixed_step, rebatch
-
-    if not key.prefill:
-        graph = rebatch(templates.decode, batch=key.decode_batch, kv_len=key.decode_kv)
-    elif not key.decode_batch and len(key.prefill) == 1 and key.prefill[0].q_len == key.prefill[0].kv_len:
-        p = key.prefill[0]
-        graph = rebatch(templates.prefill, batch=p.batch, q_len=p.q_len)
-    else:
-        parts = [AttentionPart(p.batch, p.q_len, p.kv_len) for p in key.prefill]
-        dec = AttentionPart(key.decode_batch, 1, key.decode_kv) if key.decode_batch else None
-        graph = mixed_step(templates.prefill, templates.decode, parts, dec)
-    return shard_for_tp(graph, tp)[0]
+    return StepGraphs(templates, tp).graph(key)
 
 
 def serving_costs(
@@ -118,7 +143,7 @@ def serving_costs(
     def simulate_us(graph: OpGraph) -> float:
         return float(run_study(graph, hardware, cost_model, config, shard=False).result.makespan_us)
 
-    return GraphStepCosts(lambda key: step_graph(templates, key, config.tp), simulate_us)
+    return GraphStepCosts(StepGraphs(templates, config.tp).graph, simulate_us)
 
 
 def simulate_serving(

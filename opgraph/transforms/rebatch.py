@@ -38,7 +38,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
 
 from opgraph.ir import OpgraphError
 from opgraph.ir.graph import CaptureSettings, Edge, OpGraph
@@ -75,6 +77,10 @@ _TOKEN_FIELDS: dict[OpKind, tuple[str, ...]] = {
 # Kind fields that are model sizes: a source size equal to one of them would be ambiguous.
 _MODEL_FIELDS = ("n", "k", "hidden", "heads", "kv_heads", "head_dim", "vocab", "experts", "top_k", "cols")
 _DERIVED = {"flops", "bytes_read", "bytes_written", "definition"}
+_PLACE = ("id", "target", "scope", "layer", "stage", "step", "call", "host_gap_us")
+
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 class RebatchError(OpgraphError):
@@ -127,6 +133,26 @@ def _dim_map(phase: str, b: int, q: int, kv: int, nb: int, nq: int, nkv: int) ->
     return {b: nb, kv - 1: nkv - 1, kv: nkv}
 
 
+_SIZES_CACHE: dict[int, tuple[OpGraph, frozenset[int]]] = {}
+
+
+def _model_sizes(graph: OpGraph) -> frozenset[int]:
+    """Model sizes of ``graph`` (memoised for the last few graphs: templates are rebatched many times)."""
+    hit = _SIZES_CACHE.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    sizes = frozenset(
+        v
+        for op in graph.ops
+        for f in _MODEL_FIELDS
+        if f not in _TOKEN_FIELDS.get(op.kind, ()) and isinstance(v := getattr(op, f, None), int)
+    )
+    if len(_SIZES_CACHE) >= 8:
+        _SIZES_CACHE.pop(next(iter(_SIZES_CACHE)))
+    _SIZES_CACHE[id(graph)] = (graph, sizes)
+    return sizes
+
+
 def _check_sources(graph: OpGraph, sources: Sequence[int]) -> None:
     if len(set(sources)) != len(sources) or min(sources) <= 1:
         raise RebatchError(
@@ -134,12 +160,7 @@ def _check_sources(graph: OpGraph, sources: Sequence[int]) -> None:
             where="graph capture settings",
             hint="capture the template at distinct odd sizes, e.g. batch=7 seq_len=37",
         )
-    model_sizes = {
-        v
-        for op in graph.ops
-        for f in _MODEL_FIELDS
-        if f not in _TOKEN_FIELDS.get(op.kind, ()) and isinstance(v := getattr(op, f, None), int)
-    }
+    model_sizes = _model_sizes(graph)
     clash = sorted(set(sources) & model_sizes)
     if clash:
         raise RebatchError(
@@ -156,6 +177,24 @@ def _map_tensor(t: TensorSpec, dims: dict[int, int]) -> TensorSpec:
 
 def _numel(ts: Iterable[TensorSpec]) -> int:
     return sum(t.numel for t in ts)
+
+
+def _replace(obj: _M, updates: dict[str, Any]) -> _M:
+    """A copy of the frozen model ``obj`` with ``updates`` (already valid), without pydantic's deep-ish copy.
+
+    Rebatching copies every op of every layer; ``model_copy`` costs ~10x more and dominated it.
+    """
+    new = object.__new__(type(obj))
+    data = dict(obj.__dict__)
+    data.update(updates)
+    object.__setattr__(new, "__dict__", data)
+    fields_set = obj.__pydantic_fields_set__
+    if not fields_set.issuperset(updates):
+        fields_set = fields_set | set(updates)
+    object.__setattr__(new, "__pydantic_fields_set__", fields_set)
+    object.__setattr__(new, "__pydantic_extra__", None)
+    object.__setattr__(new, "__pydantic_private__", None)
+    return new
 
 
 def _rebuild(op: OpBase, updates: dict[str, Any], keep_derived: Iterable[str] = ()) -> OpBase:
@@ -178,6 +217,7 @@ class _Rewriter:
         self.expert_of: dict[int, int] = {}
         self.act_index = 0
         self.in_moe = False
+        self.memo: dict[Any, OpBase] = {}
         old_moe = [self._moe_rows(op, self.tokens_old) for op in graph.ops_of(OpKind.MOE_ROUTING)]
         moe_sizes = {r for rows in old_moe for r in rows}
         _check_sources(graph, list(dict.fromkeys(self.dims)) + sorted(moe_sizes - set(self.dims)))
@@ -188,6 +228,31 @@ class _Rewriter:
         return [r for r in balanced_expert_rows(tokens, op.experts, op.top_k) if r > 0]
 
     def op(self, op: OpBase) -> OpBase:
+        """``op`` at the target shape. Ops equal but for their place (id, scope, layer, tensor ids),
+        as every layer's are, are rewritten once and copied."""
+        if isinstance(op, MoeRouting) or self.in_moe:
+            return self._op(op)
+        key = (
+            tuple((k, v) for k, v in op.__dict__.items() if k not in _PLACE and k not in ("inputs", "outputs")),
+            tuple((t.shape, t.dtype) for t in op.inputs),
+            tuple((t.shape, t.dtype) for t in op.outputs),
+        )
+        done = self.memo.get(key)
+        if done is None:
+            done = self.memo[key] = self._op(op)
+            return done
+        place = {k: getattr(op, k) for k in _PLACE}
+        place["inputs"] = tuple(
+            t if t.id == o.id else _replace(t, {"id": o.id}) for t, o in zip(done.inputs, op.inputs, strict=True)
+        )
+        place["outputs"] = tuple(
+            t if t.id == o.id else _replace(t, {"id": o.id}) for t, o in zip(done.outputs, op.outputs, strict=True)
+        )
+        if isinstance(op, Attention):
+            place["stage"] = done.stage
+        return _replace(done, place)
+
+    def _op(self, op: OpBase) -> OpBase:
         if isinstance(op, MoeRouting):
             return self._routing(op)
         if self.in_moe and op.kind in (OpKind.GEMM, OpKind.ACTIVATION):
@@ -302,14 +367,7 @@ class _Rewriter:
         return _rebuild(op, {"inputs": ins, "outputs": outs, "numel": _numel(outs)})
 
 
-def rebatch(graph: OpGraph, *, batch: int, q_len: int | None = None, kv_len: int | None = None) -> OpGraph:
-    """``graph`` (a captured prefill or decode) at ``batch`` sequences of ``q_len`` new tokens over ``kv_len``.
-
-    A decode graph takes ``q_len=1`` (the default) and ``kv_len`` keys attended (cache + the new
-    token); a prefill graph takes ``q_len`` new tokens and ``kv_len`` keys (default ``q_len``: no
-    cached prefix; larger: a chunk over a prefix). Ops keep their ids, order and edges; FLOPs,
-    bytes and definitions are recomputed by the op models. Raises :class:`RebatchError`.
-    """
+def _target(graph: OpGraph, batch: int, q_len: int | None, kv_len: int | None) -> tuple[str, int, int]:
     phase, _, q, kv = source_shape(graph)
     if phase == "decode":
         q_len = 1 if q_len is None else q_len
@@ -327,8 +385,68 @@ def rebatch(graph: OpGraph, *, batch: int, q_len: int | None = None, kv_len: int
         )
     if phase == "decode" and kv_len < 2:
         raise RebatchError("a decode step attends at least 2 keys (one cached)", where="kv_len")
+    return phase, q_len, kv_len
+
+
+def _attention_ops(graph: OpGraph, part: AttentionPart) -> list[OpBase]:
+    """Only the attention ops of ``graph`` rebatched to ``part`` (what a mixed step takes from a template)."""
+    _, q_len, kv_len = _target(graph, part.batch, part.q_len, part.kv_len)
+    rw = _Rewriter(graph, part.batch, q_len, kv_len)
+    return [rw.op(op) for op in graph.ops_of(OpKind.ATTENTION)]
+
+
+def _kv_dependent(graph: OpGraph) -> frozenset[int]:
+    """Indices of the ops whose cost depends on ``kv_len`` at a fixed batch and ``q_len``."""
+    hit = _KV_CACHE.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    phase, _, _, kv = source_shape(graph)
+    kv_dims = {kv - 1, kv} if phase == "decode" else set()
+    found = frozenset(
+        i
+        for i, op in enumerate(graph.ops)
+        if op.kind is OpKind.ATTENTION or any(d in kv_dims for t in (*op.inputs, *op.outputs) for d in t.shape)
+    )
+    if len(_KV_CACHE) >= 8:
+        _KV_CACHE.pop(next(iter(_KV_CACHE)))
+    _KV_CACHE[id(graph)] = (graph, found)
+    return found
+
+
+_KV_CACHE: dict[int, tuple[OpGraph, frozenset[int]]] = {}
+
+
+def rebatch(
+    graph: OpGraph,
+    *,
+    batch: int,
+    q_len: int | None = None,
+    kv_len: int | None = None,
+    like: OpGraph | None = None,
+) -> OpGraph:
+    """``graph`` (a captured prefill or decode) at ``batch`` sequences of ``q_len`` new tokens over ``kv_len``.
+
+    A decode graph takes ``q_len=1`` (the default) and ``kv_len`` keys attended (cache + the new
+    token); a prefill graph takes ``q_len`` new tokens and ``kv_len`` keys (default ``q_len``: no
+    cached prefix; larger: a chunk over a prefix). Ops keep their ids, order and edges; FLOPs,
+    bytes and definitions are recomputed by the op models. ``like``, a rebatch of the same
+    ``graph`` at the same ``batch`` and ``q_len`` (any ``kv_len``), lends the ops that do not depend
+    on ``kv_len``, so only attention and KV-cache ops are rewritten (a serving simulator walking
+    kv lengths at one batch size). Raises :class:`RebatchError`.
+    """
+    phase, q_len, kv_len = _target(graph, batch, q_len, kv_len)
     rw = _Rewriter(graph, batch, q_len, kv_len)
-    ops = tuple(rw.op(op) for op in graph.ops)
+    if like is None:
+        ops = tuple(rw.op(op) for op in graph.ops)
+    else:
+        lc = like.metadata.capture
+        same_q = lc.seq_len == q_len if phase == "prefill" else True
+        if len(like.ops) != len(graph.ops) or lc.batch != batch or not same_q:
+            raise RebatchError(
+                "`like` is not a rebatch of this graph at the same batch and q_len", where="rebatch(like=...)"
+            )
+        dependent = _kv_dependent(graph)
+        ops = tuple(rw.op(op) if i in dependent else like.ops[i] for i, op in enumerate(graph.ops))
     cap = graph.metadata.capture.model_copy(
         update={
             "batch": batch,
@@ -341,7 +459,12 @@ def rebatch(graph: OpGraph, *, batch: int, q_len: int | None = None, kv_len: int
 
 
 def mixed_step(
-    prefill: OpGraph, decode: OpGraph, parts: Sequence[AttentionPart], decode_part: AttentionPart | None
+    prefill: OpGraph,
+    decode: OpGraph,
+    parts: Sequence[AttentionPart],
+    decode_part: AttentionPart | None,
+    *,
+    base: OpGraph | None = None,
 ) -> OpGraph:
     """One serving step holding prefill chunks and decodes, as one graph of the real model.
 
@@ -350,19 +473,21 @@ def mixed_step(
     tokens), as a serving engine batches them; each attention op of the template becomes one
     attention op per prefill part (the chunk over its prefix) plus one decode attention op
     (``decode_part``: decodes over their mean kv length, which keeps the keys read and the FLOPs),
-    taken from ``decode`` rebatched to that shape and joined with the same edges.
+    taken from ``decode`` rebatched to that shape and joined with the same edges. ``base`` is the
+    token-wise graph when the caller has it already (``rebatch(prefill, batch=1, q_len=tokens)``).
     """
     if not parts and decode_part is None:
         raise RebatchError("a step needs at least one prefill part or decode", where="mixed_step")
     tokens = sum(p.batch * p.q_len for p in parts) + (decode_part.batch if decode_part else 0)
-    base = rebatch(prefill, batch=1, q_len=tokens)
+    if base is None:
+        base = rebatch(prefill, batch=1, q_len=tokens)
+    elif base.metadata.capture.seq_len != tokens or base.metadata.capture.batch != 1:
+        raise RebatchError(f"base graph is not the prefill at one sequence of {tokens} tokens", where="mixed_step")
     groups: list[list[OpBase]] = []
     for p in parts:
-        g = rebatch(prefill, batch=p.batch, q_len=p.q_len, kv_len=p.kv_len)
-        groups.append(g.ops_of(OpKind.ATTENTION))
+        groups.append(_attention_ops(prefill, p))
     if decode_part is not None:
-        g = rebatch(decode, batch=decode_part.batch, kv_len=decode_part.kv_len)
-        groups.append(g.ops_of(OpKind.ATTENTION))
+        groups.append(_attention_ops(decode, AttentionPart(decode_part.batch, 1, decode_part.kv_len)))
     attn = base.ops_of(OpKind.ATTENTION)
     if any(len(grp) != len(attn) for grp in groups):
         raise RebatchError(
@@ -378,16 +503,16 @@ def mixed_step(
             ids = []
             for grp in groups:
                 nid = len(new_ops)
-                new_ops.append(grp[index_of[op.id]].model_copy(update={"id": nid}))
+                new_ops.append(_replace(grp[index_of[op.id]], {"id": nid}))
                 ids.append(nid)
             new_id[op.id] = ids
         else:
             nid = len(new_ops)
-            new_ops.append(op.model_copy(update={"id": nid}))
+            new_ops.append(_replace(op, {"id": nid}))
             new_id[op.id] = [nid]
     edges: list[Edge] = []
     for e in base.edges:
         for s in new_id[e.src]:
             for d in new_id[e.dst]:
-                edges.append(e.model_copy(update={"src": s, "dst": d}))
+                edges.append(_replace(e, {"src": s, "dst": d}))
     return OpGraph.model_construct(metadata=base.metadata, ops=tuple(new_ops), edges=tuple(edges))  # type: ignore[arg-type]

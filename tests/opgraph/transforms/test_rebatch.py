@@ -111,3 +111,17 @@ def test_mixed_step_holds_both_attentions_and_all_tokens() -> None:
     gemm_m = {o.m for o in g.ops_of(OpKind.GEMM)}  # type: ignore[attr-defined]
     assert gemm_m == {6 + 3}
     g.lint()
+
+
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_rebatch_like_reuses_kv_independent_ops_and_equals_a_full_rebatch(phase: str) -> None:
+    t = _template("llama", phase)
+    if phase == "decode":
+        like = rebatch(t, batch=3, kv_len=9)
+        full, got = rebatch(t, batch=3, kv_len=25), rebatch(t, batch=3, kv_len=25, like=like)
+    else:
+        like = rebatch(t, batch=1, q_len=8, kv_len=8)
+        full, got = rebatch(t, batch=1, q_len=8, kv_len=30), rebatch(t, batch=1, q_len=8, kv_len=30, like=like)
+    assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in full.ops]
+    with pytest.raises(RebatchError, match="same batch"):
+        rebatch(t, batch=2, q_len=None if phase == "decode" else 8, kv_len=30, like=like)
