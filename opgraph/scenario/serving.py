@@ -96,7 +96,8 @@ class StepGraphs:
 
     Decode steps of one batch size share every op but attention and the KV-cache writes: the first
     decode graph of a batch size is kept and later ones rewrite only those (``rebatch(like=...)``);
-    mixed steps of one token count share their token-wise ops likewise.
+    mixed steps of one token count share their token-wise ops likewise. The graphs are only
+    simulated, so layers share their rewritten tensors (``tensor_ids=False``).
     """
 
     def __init__(self, templates: ServingModel, tp: int = 1) -> None:
@@ -113,18 +114,18 @@ class StepGraphs:
         t = self.templates
         if not key.prefill:
             like = self._decode_like.get(key.decode_batch)
-            graph = rebatch(t.decode, batch=key.decode_batch, kv_len=key.decode_kv, like=like)
+            graph = rebatch(t.decode, batch=key.decode_batch, kv_len=key.decode_kv, like=like, tensor_ids=False)
             self._decode_like.setdefault(key.decode_batch, graph)
         elif not key.decode_batch and len(key.prefill) == 1 and key.prefill[0].q_len == key.prefill[0].kv_len:
             p = key.prefill[0]
-            graph = rebatch(t.prefill, batch=p.batch, q_len=p.q_len)
+            graph = rebatch(t.prefill, batch=p.batch, q_len=p.q_len, tensor_ids=False)
         else:
             parts = [AttentionPart(p.batch, p.q_len, p.kv_len) for p in key.prefill]
             dec = AttentionPart(key.decode_batch, 1, key.decode_kv) if key.decode_batch else None
             base = self._token_base.get(key.tokens)
             if base is None:
-                base = self._token_base[key.tokens] = rebatch(t.prefill, batch=1, q_len=key.tokens)
-            graph = mixed_step(t.prefill, t.decode, parts, dec, base=base)
+                base = self._token_base[key.tokens] = rebatch(t.prefill, batch=1, q_len=key.tokens, tensor_ids=False)
+            graph = mixed_step(t.prefill, t.decode, parts, dec, base=base, tensor_ids=False)
         return shard_for_tp(graph, self.tp)[0]
 
 
@@ -187,7 +188,8 @@ def simulate_serving(
         settings=settings,
     )
     notes = (
-        f"{len(costs.memo)} step shapes simulated in {costs.build_s:.2f} s",
+        f"{len(costs.memo)} step shapes simulated in {costs.build_s:.2f} s "
+        f"({costs.graph_s:.2f} s building their graphs)",
         f"KV cache: {kv.bytes_per_token} B/token, {kv.capacity_tokens} tokens "
         f"({utilisation:.0%} of {kv.memory_bytes / 1e9:.1f} GB less "
         f"{kv.weights_bytes / 1e9:.1f} GB of weights per rank)",

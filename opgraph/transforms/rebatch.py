@@ -206,7 +206,7 @@ def _rebuild(op: OpBase, updates: dict[str, Any], keep_derived: Iterable[str] = 
 class _Rewriter:
     """Rewrites ops of one graph for one target shape; keeps the per-expert bookkeeping of MoE layers."""
 
-    def __init__(self, graph: OpGraph, batch: int, q_len: int, kv_len: int) -> None:
+    def __init__(self, graph: OpGraph, batch: int, q_len: int, kv_len: int, tensor_ids: bool = True) -> None:
         self.phase, b, q, kv = source_shape(graph)
         self.dims = _dim_map(self.phase, b, q, kv, batch, q_len, kv_len)
         self.tokens_old, self.tokens_new = b * q, batch * q_len
@@ -217,7 +217,9 @@ class _Rewriter:
         self.expert_of: dict[int, int] = {}
         self.act_index = 0
         self.in_moe = False
-        self.memo: dict[Any, OpBase] = {}
+        self.done: dict[int, OpBase] = {}
+        self.reps = _representatives(graph)
+        self.tensor_ids = tensor_ids
         old_moe = [self._moe_rows(op, self.tokens_old) for op in graph.ops_of(OpKind.MOE_ROUTING)]
         moe_sizes = {r for rows in old_moe for r in rows}
         _check_sources(graph, list(dict.fromkeys(self.dims)) + sorted(moe_sizes - set(self.dims)))
@@ -227,27 +229,24 @@ class _Rewriter:
         assert isinstance(op, MoeRouting)
         return [r for r in balanced_expert_rows(tokens, op.experts, op.top_k) if r > 0]
 
-    def op(self, op: OpBase) -> OpBase:
-        """``op`` at the target shape. Ops equal but for their place (id, scope, layer, tensor ids),
-        as every layer's are, are rewritten once and copied."""
-        if isinstance(op, MoeRouting) or self.in_moe:
+    def op(self, op: OpBase, index: int) -> OpBase:
+        """``op`` (at ``index`` in the template) at the target shape. Ops equal but for their place
+        (id, scope, layer, tensor ids), as every layer's are, are rewritten once and copied."""
+        rep = self.reps[index]
+        if rep < 0:
             return self._op(op)
-        key = (
-            tuple((k, v) for k, v in op.__dict__.items() if k not in _PLACE and k not in ("inputs", "outputs")),
-            tuple((t.shape, t.dtype) for t in op.inputs),
-            tuple((t.shape, t.dtype) for t in op.outputs),
-        )
-        done = self.memo.get(key)
+        done = self.done.get(rep)
         if done is None:
-            done = self.memo[key] = self._op(op)
+            done = self.done[rep] = self._op(op)
             return done
         place = {k: getattr(op, k) for k in _PLACE}
-        place["inputs"] = tuple(
-            t if t.id == o.id else _replace(t, {"id": o.id}) for t, o in zip(done.inputs, op.inputs, strict=True)
-        )
-        place["outputs"] = tuple(
-            t if t.id == o.id else _replace(t, {"id": o.id}) for t, o in zip(done.outputs, op.outputs, strict=True)
-        )
+        if self.tensor_ids:
+            place["inputs"] = tuple(
+                t if t.id == o.id else _replace(t, {"id": o.id}) for t, o in zip(done.inputs, op.inputs, strict=True)
+            )
+            place["outputs"] = tuple(
+                t if t.id == o.id else _replace(t, {"id": o.id}) for t, o in zip(done.outputs, op.outputs, strict=True)
+            )
         if isinstance(op, Attention):
             place["stage"] = done.stage
         return _replace(done, place)
@@ -388,11 +387,11 @@ def _target(graph: OpGraph, batch: int, q_len: int | None, kv_len: int | None) -
     return phase, q_len, kv_len
 
 
-def _attention_ops(graph: OpGraph, part: AttentionPart) -> list[OpBase]:
+def _attention_ops(graph: OpGraph, part: AttentionPart, tensor_ids: bool = True) -> list[OpBase]:
     """Only the attention ops of ``graph`` rebatched to ``part`` (what a mixed step takes from a template)."""
     _, q_len, kv_len = _target(graph, part.batch, part.q_len, part.kv_len)
-    rw = _Rewriter(graph, part.batch, q_len, kv_len)
-    return [rw.op(op) for op in graph.ops_of(OpKind.ATTENTION)]
+    rw = _Rewriter(graph, part.batch, q_len, kv_len, tensor_ids)
+    return [rw.op(op, i) for i, op in enumerate(graph.ops) if op.kind is OpKind.ATTENTION]
 
 
 def _kv_dependent(graph: OpGraph) -> frozenset[int]:
@@ -414,6 +413,36 @@ def _kv_dependent(graph: OpGraph) -> frozenset[int]:
 
 
 _KV_CACHE: dict[int, tuple[OpGraph, frozenset[int]]] = {}
+_REPS_CACHE: dict[int, tuple[OpGraph, list[int]]] = {}
+
+
+def _representatives(graph: OpGraph) -> list[int]:
+    """For each op, the index of the first op equal to it but for its place; -1 for MoE-layer ops
+    (rewritten one by one: their per-expert rows depend on their position). Memoised per template."""
+    hit = _REPS_CACHE.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    first: dict[Any, int] = {}
+    reps: list[int] = []
+    in_moe = False
+    for i, op in enumerate(graph.ops):
+        if isinstance(op, MoeRouting):
+            in_moe = op.fn != "combine" and (in_moe or op.fn == "dispatch")
+            reps.append(-1)
+            continue
+        if in_moe:
+            reps.append(-1)
+            continue
+        key = (
+            tuple((k, v) for k, v in op.__dict__.items() if k not in _PLACE and k not in ("inputs", "outputs")),
+            tuple((t.shape, t.dtype) for t in op.inputs),
+            tuple((t.shape, t.dtype) for t in op.outputs),
+        )
+        reps.append(first.setdefault(key, i))
+    if len(_REPS_CACHE) >= 8:
+        _REPS_CACHE.pop(next(iter(_REPS_CACHE)))
+    _REPS_CACHE[id(graph)] = (graph, reps)
+    return reps
 
 
 def rebatch(
@@ -423,6 +452,7 @@ def rebatch(
     q_len: int | None = None,
     kv_len: int | None = None,
     like: OpGraph | None = None,
+    tensor_ids: bool = True,
 ) -> OpGraph:
     """``graph`` (a captured prefill or decode) at ``batch`` sequences of ``q_len`` new tokens over ``kv_len``.
 
@@ -432,12 +462,15 @@ def rebatch(
     bytes and definitions are recomputed by the op models. ``like``, a rebatch of the same
     ``graph`` at the same ``batch`` and ``q_len`` (any ``kv_len``), lends the ops that do not depend
     on ``kv_len``, so only attention and KV-cache ops are rewritten (a serving simulator walking
-    kv lengths at one batch size). Raises :class:`RebatchError`.
+    kv lengths at one batch size). ``tensor_ids=False`` lets ops repeated across layers share the
+    rewritten tensors of the first one (their ids too): costs are the same and rebatching is faster,
+    but tensor ids no longer trace data flow (edges still do); for graphs that are only simulated.
+    Raises :class:`RebatchError`.
     """
     phase, q_len, kv_len = _target(graph, batch, q_len, kv_len)
-    rw = _Rewriter(graph, batch, q_len, kv_len)
+    rw = _Rewriter(graph, batch, q_len, kv_len, tensor_ids)
     if like is None:
-        ops = tuple(rw.op(op) for op in graph.ops)
+        ops = tuple(rw.op(op, i) for i, op in enumerate(graph.ops))
     else:
         lc = like.metadata.capture
         same_q = lc.seq_len == q_len if phase == "prefill" else True
@@ -446,7 +479,7 @@ def rebatch(
                 "`like` is not a rebatch of this graph at the same batch and q_len", where="rebatch(like=...)"
             )
         dependent = _kv_dependent(graph)
-        ops = tuple(rw.op(op) if i in dependent else like.ops[i] for i, op in enumerate(graph.ops))
+        ops = tuple(rw.op(op, i) if i in dependent else like.ops[i] for i, op in enumerate(graph.ops))
     cap = graph.metadata.capture.model_copy(
         update={
             "batch": batch,
@@ -465,6 +498,7 @@ def mixed_step(
     decode_part: AttentionPart | None,
     *,
     base: OpGraph | None = None,
+    tensor_ids: bool = True,
 ) -> OpGraph:
     """One serving step holding prefill chunks and decodes, as one graph of the real model.
 
@@ -474,20 +508,21 @@ def mixed_step(
     attention op per prefill part (the chunk over its prefix) plus one decode attention op
     (``decode_part``: decodes over their mean kv length, which keeps the keys read and the FLOPs),
     taken from ``decode`` rebatched to that shape and joined with the same edges. ``base`` is the
-    token-wise graph when the caller has it already (``rebatch(prefill, batch=1, q_len=tokens)``).
+    token-wise graph when the caller has it already (``rebatch(prefill, batch=1, q_len=tokens)``);
+    ``tensor_ids`` as for :func:`rebatch`.
     """
     if not parts and decode_part is None:
         raise RebatchError("a step needs at least one prefill part or decode", where="mixed_step")
     tokens = sum(p.batch * p.q_len for p in parts) + (decode_part.batch if decode_part else 0)
     if base is None:
-        base = rebatch(prefill, batch=1, q_len=tokens)
+        base = rebatch(prefill, batch=1, q_len=tokens, tensor_ids=tensor_ids)
     elif base.metadata.capture.seq_len != tokens or base.metadata.capture.batch != 1:
         raise RebatchError(f"base graph is not the prefill at one sequence of {tokens} tokens", where="mixed_step")
     groups: list[list[OpBase]] = []
     for p in parts:
-        groups.append(_attention_ops(prefill, p))
+        groups.append(_attention_ops(prefill, p, tensor_ids))
     if decode_part is not None:
-        groups.append(_attention_ops(decode, AttentionPart(decode_part.batch, 1, decode_part.kv_len)))
+        groups.append(_attention_ops(decode, AttentionPart(decode_part.batch, 1, decode_part.kv_len), tensor_ids))
     attn = base.ops_of(OpKind.ATTENTION)
     if any(len(grp) != len(attn) for grp in groups):
         raise RebatchError(

@@ -34,13 +34,18 @@ class GraphStepCosts:
         self.memo: dict[StepKey, float] = {}
         self.build_s = 0.0
         """Wall time spent building and simulating step graphs."""
+        self.graph_s = 0.0
+        """Of which building the graphs."""
 
     def key_us(self, key: StepKey) -> float:
         """The simulated time of the step graph of ``key`` (memoised)."""
         hit = self.memo.get(key)
         if hit is None:
             t0 = time.perf_counter()
-            hit = self.memo[key] = float(self.simulate_us(self.graph_of(key)))
+            graph = self.graph_of(key)
+            t1 = time.perf_counter()
+            hit = self.memo[key] = float(self.simulate_us(graph))
+            self.graph_s += t1 - t0
             self.build_s += time.perf_counter() - t0
         return hit
 

@@ -103,7 +103,8 @@ def write_serving_plot(result: ServingResult, path: Path) -> Path:
         [r.tpot_ms for r in result.requests if r.tpot_ms is not None],
         [r.e2e_ms for r in result.requests],
     ]
-    axes[2].boxplot([d or [0.0] for d in data], labels=["TTFT", "TPOT", "end-to-end"])
+    axes[2].boxplot([d or [0.0] for d in data])
+    axes[2].set_xticks([1, 2, 3], ["TTFT", "TPOT", "end-to-end"])
     axes[2].set_yscale("log")
     axes[2].set_ylabel("ms")
     st = result.settings

@@ -125,3 +125,13 @@ def test_rebatch_like_reuses_kv_independent_ops_and_equals_a_full_rebatch(phase:
     assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in full.ops]
     with pytest.raises(RebatchError, match="same batch"):
         rebatch(t, batch=2, q_len=None if phase == "decode" else 8, kv_len=30, like=like)
+
+
+@pytest.mark.parametrize("name", ["llama", "moe"])
+def test_shared_tensor_ids_keep_the_costs(name: str) -> None:
+    t = _template(name, "prefill")
+    full, fast = rebatch(t, batch=3, q_len=9), rebatch(t, batch=3, q_len=9, tensor_ids=False)
+    assert [_cost_view(o) for o in fast.ops] == [_cost_view(o) for o in full.ops]
+    # Repeated layers now share tensor ids: fewer distinct ids than the faithful rebatch.
+    ids = {t.id for o in fast.ops for t in (*o.inputs, *o.outputs)}
+    assert len(ids) < len({t.id for o in full.ops for t in (*o.inputs, *o.outputs)})
