@@ -132,16 +132,19 @@ def main() -> int:
         "# Serving benchmark",
         "",
         f"Machine: {out['machine']} ({out['cores']} cores, shared). {setup['model']}, H100, roofline, "
-        f"{setup['requests']} Poisson requests at {setup['rate']}/s (prompts {setup['prompt']}, outputs {setup['output']}), "
+        f"{setup['requests']} Poisson requests at {setup['rate']}/s "
+        f"(prompts {setup['prompt']}, outputs {setup['output']}), "
         "max batch 64, token budget 8192. Capture of the two templates: "
         f"{out['capture_s']} s wall ({out['capture_cpu_s']} s CPU); imports {out['import_s']} s (not counted).",
         "",
-        "| scheduler | capture + simulate (s, <= 30 for continuous) | simulate wall (s) | simulate CPU (s) | steps | step shapes | TTFT p50/p99 (ms) | TPOT p50/p99 (ms) | e2e p99 (ms) | output tok/s |",
+        "| scheduler | capture + simulate (s, <= 30 for continuous) | simulate wall (s) | simulate CPU (s) | steps "
+        "| step shapes | TTFT p50/p99 (ms) | TPOT p50/p99 (ms) | e2e p99 (ms) | output tok/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in out["rows"]:
         lines.append(
-            f"| {r['scheduler']} | {r['capture_plus_simulate_s']} | {r['simulate_s']} | {r['simulate_cpu_s']} | {r['steps']} | "
+            f"| {r['scheduler']} | {r['capture_plus_simulate_s']} | {r['simulate_s']} | {r['simulate_cpu_s']} "
+            f"| {r['steps']} | "
             f"{r['step_shapes']} | {r['ttft_p50_ms']} / {r['ttft_p99_ms']} | {r['tpot_p50_ms']} / {r['tpot_p99_ms']} | "
             f"{r['e2e_p99_ms']} | {r['output_tokens_per_s']} |"
         )
