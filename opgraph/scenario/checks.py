@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 
 from opgraph.fmt import fmt_pct, fmt_us_sig, fmt_x
-from opgraph.scenario.model import Bound, Expectations, Scenario
+from opgraph.scenario.model import Bound, Expectations, Limit, Scenario
 from opgraph.scenario.phases import PhaseRun
 from opgraph.scenario.result import ExpectationResult, ReplaySummary, ScenarioSummary
 
@@ -126,7 +126,7 @@ def check_replay(scenario: Scenario, replay: ReplaySummary | None) -> list[Expec
     ]
 
 
-def within(value: float, bound: Bound, fmt: Callable[[float], str]) -> tuple[bool, str]:
+def within(value: float, bound: Bound | Limit, fmt: Callable[[float], str]) -> tuple[bool, str]:
     """Whether ``value`` is within ``bound``, and the bound as text (values shown with ``fmt``)."""
     ok = (bound.min is None or value >= bound.min) and (bound.max is None or value <= bound.max)
     if bound.min is not None and bound.max is not None:
@@ -157,6 +157,10 @@ def planned_checks(scenario: Scenario) -> list[str]:
         e is not None and e.replay_failures is not None for e in (scenario.expect, *(p.expect for p in scenario.phases))
     ):
         ids.append("replay/replay_failures")
+    if scenario.serving is not None:
+        from opgraph.scenario.serving import serving_check_ids
+
+        ids += serving_check_ids(scenario.serving)
     return ids
 
 

@@ -11,18 +11,32 @@ scenarios with a ``[serving]`` section.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from opgraph.ir import OpGraph
+from opgraph.ir import OpGraph, OpgraphError
+from opgraph.scenario.model import SERVING_METRICS, ServingSection
 
 if TYPE_CHECKING:
     from hardware import CostModel, HardwareSpec
+    from opgraph.scenario.context import RunContext
+    from opgraph.scenario.resolve import Resolved
+    from opgraph.scenario.result import ExpectationResult
     from simulators import SimulationConfig
     from simulators.serving import GraphStepCosts, KvCacheSpec, Request, ServingResult, StepKey
 
-__all__ = ["ServingModel", "StepGraphs", "capture_serving_model", "serving_costs", "simulate_serving", "step_graph"]
+__all__ = [
+    "ServingModel",
+    "StepGraphs",
+    "capture_serving_model",
+    "check_serving",
+    "run_serving_section",
+    "serving_check_ids",
+    "serving_costs",
+    "simulate_serving",
+    "step_graph",
+]
 
 
 @dataclass(frozen=True)
@@ -195,3 +209,101 @@ def simulate_serving(
         f"{kv.weights_bytes / 1e9:.1f} GB of weights per rank)",
     )
     return result.model_copy(update={"notes": result.notes + notes})
+
+
+# ---------------------------------------------------------------- scenarios with a [serving] section
+def serving_check_ids(section: ServingSection) -> list[str]:
+    """Ids of the serving expectations a run reports (``serving/ttft_p99_ms``), in order."""
+    exp = section.expect
+    return [f"serving/{name}" for name in (*SERVING_METRICS, "dropped") if getattr(exp, name) is not None]
+
+
+def run_serving_section(ctx: RunContext, resolved: Resolved) -> ServingResult:
+    """Serve the scenario's workload; writes ``serving.result.json`` and returns the result."""
+    from opgraph.ir.io import save_model
+    from opgraph.scenario.phases import simulation_config
+    from simulators.serving import LengthDist, load_trace, poisson_workload
+
+    s = ctx.scenario
+    section, m = s.serving, s.model
+    assert section is not None and m is not None  # checked by the model validator
+    try:
+        if section.requests is not None:
+            requests = load_trace(ctx.path_of(section.requests))
+        else:
+            ps = section.poisson
+            assert ps is not None
+            requests = poisson_workload(
+                rate=ps.rate,
+                num_requests=ps.num_requests,
+                prompt_len=LengthDist.parse(ps.prompt_len, "serving.poisson.prompt_len"),
+                output_len=LengthDist.parse(ps.output_len, "serving.poisson.output_len"),
+                seed=ps.seed,
+            )
+        templates = capture_serving_model(ctx.maybe_path(m.source, (".json",)), dtype=m.dtype, layers=m.layers)
+        result = simulate_serving(
+            templates,
+            requests,
+            hardware=resolved.hardware,
+            cost_model=resolved.cost_model,
+            config=simulation_config(ctx).with_engines(1),
+            scheduler=section.scheduler,
+            max_batch=section.max_batch,
+            token_budget=section.token_budget,
+            utilisation=section.memory_utilisation,
+            cost_model_name=s.hardware.cost_model,
+        )
+    except OpgraphError as exc:
+        raise ctx.err(exc, "serving") from None
+    save_model(result, ctx.write("serving.result.json"))
+    return result
+
+
+def _formatter(unit: str) -> Callable[[float], str]:
+    return lambda v: f"{v:.4g}{unit}"
+
+
+def check_serving(section: ServingSection, result: ServingResult) -> list[ExpectationResult]:
+    """The ``[serving.expect]`` bounds, evaluated on ``result``."""
+    from opgraph.scenario.checks import within
+    from opgraph.scenario.result import ExpectationResult
+
+    exp, summ = section.expect, result.summary
+    out: list[ExpectationResult] = []
+    for name in SERVING_METRICS:
+        bound = getattr(exp, name)
+        if bound is None:
+            continue
+        if name.endswith("_ms"):
+            metric, stat = name[: -len("_ms")].rsplit("_", 1)
+            value = float(getattr(getattr(summ, f"{metric}_ms"), stat))
+            unit = " ms"
+        else:
+            value, unit = float(getattr(summ, name)), "/s"
+        ok, limit = within(value, bound, _formatter(unit))
+        out.append(
+            ExpectationResult(
+                id=f"serving/{name}",
+                phase="serving",
+                check=name,
+                passed=ok,
+                value=value,
+                limit=limit,
+                message=f"{name} = {value:.4g}{unit}, expected {limit}",
+            )
+        )
+    if exp.dropped is not None:
+        ok = summ.dropped <= exp.dropped
+        out.append(
+            ExpectationResult(
+                id="serving/dropped",
+                phase="serving",
+                check="dropped",
+                passed=ok,
+                value=summ.dropped,
+                limit=f"<= {exp.dropped}",
+                message=f"{summ.dropped} requests dropped, expected at most {exp.dropped}"
+                + (f" (first: {result.dropped[0].reason})" if result.dropped and not ok else ""),
+            )
+        )
+    return out

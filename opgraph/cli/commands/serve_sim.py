@@ -78,7 +78,7 @@ def serve_sim(
     plot: Path | None = typer.Option(None, "--plot", help="Write a PNG of KV-cache use, step times and latencies."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of tables."),
 ) -> None:
-    """Simulate serving MODEL: TTFT, TPOT, end-to-end percentiles, throughput and KV-cache use."""
+    """Simulate serving MODEL: TTFT/TPOT/latency percentiles, throughput, KV-cache use."""
     import time
 
     for value, where in ((tp, "--tp"), (max_batch, "--max-batch"), (token_budget, "--token-budget")):
