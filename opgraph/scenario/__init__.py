@@ -40,7 +40,6 @@ from opgraph.scenario.result import (
     PhaseResult,
     ReplaySummary,
     ScenarioSummary,
-    ServingSummary,
     SweepRow,
 )
 from opgraph.scenario.runner import (
@@ -52,6 +51,7 @@ from opgraph.scenario.runner import (
     planned_checks,
     run_scenario,
 )
+from simulators.serving.result import ServingSummary
 
 __all__ = [
     "REPORT_FILE",

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 
 from opgraph.fmt import fmt_pct, fmt_us_sig, fmt_x
-from opgraph.scenario.model import Bound, Expectations, Limit, Scenario
+from opgraph.scenario.model import SERVING_METRICS, Bound, Expectations, Limit, Scenario, ServingSection
 from opgraph.scenario.phases import PhaseRun
 from opgraph.scenario.result import ExpectationResult, ReplaySummary, ScenarioSummary
 
@@ -158,10 +158,14 @@ def planned_checks(scenario: Scenario) -> list[str]:
     ):
         ids.append("replay/replay_failures")
     if scenario.serving is not None:
-        from opgraph.scenario.serving import serving_check_ids
-
         ids += serving_check_ids(scenario.serving)
     return ids
+
+
+def serving_check_ids(section: ServingSection) -> list[str]:
+    """Ids of the serving expectations a run reports (``serving/ttft_p99_ms``), in order."""
+    exp = section.expect
+    return [f"serving/{name}" for name in (*SERVING_METRICS, "dropped") if getattr(exp, name) is not None]
 
 
 def failure_lines(summary: ScenarioSummary) -> list[str]:

@@ -32,7 +32,6 @@ __all__ = [
     "capture_serving_model",
     "check_serving",
     "run_serving_section",
-    "serving_check_ids",
     "serving_costs",
     "simulate_serving",
     "step_graph",
@@ -212,12 +211,6 @@ def simulate_serving(
 
 
 # ---------------------------------------------------------------- scenarios with a [serving] section
-def serving_check_ids(section: ServingSection) -> list[str]:
-    """Ids of the serving expectations a run reports (``serving/ttft_p99_ms``), in order."""
-    exp = section.expect
-    return [f"serving/{name}" for name in (*SERVING_METRICS, "dropped") if getattr(exp, name) is not None]
-
-
 def run_serving_section(ctx: RunContext, resolved: Resolved) -> ServingResult:
     """Serve the scenario's workload; writes ``serving.result.json`` and returns the result."""
     from opgraph.ir.io import save_model
