@@ -79,3 +79,22 @@ def test_tiny_served_workload_end_to_end(tiny: tuple[str, object]) -> None:
         assert ServingResult.model_validate_json(res.model_dump_json()) == res
         # Every request's first token comes no earlier than its arrival plus one step.
         assert all(r.first_token_s > r.arrival_s for r in res.requests)
+
+
+def test_tensor_parallel_steps_are_sharded_graphs_and_halve_the_kv_per_token(tiny: tuple[str, object]) -> None:
+    from opgraph.ir import OpKind
+    from opgraph.scenario.serving import StepGraphs, serving_costs
+    from simulators.serving import StepKey
+
+    _, templates = tiny
+    hw = load_hardware("h100")
+    kv1, kv2 = templates.kv_spec(hw, 1), templates.kv_spec(hw, 2)  # type: ignore[attr-defined]
+    # 2 layers x 2 kv heads x 16 head_dim x (K, V) x 2 bytes, split over the ranks' heads.
+    assert (kv1.bytes_per_token, kv2.bytes_per_token) == (256, 128)
+    key = StepKey((), 4, 20)
+    g1, g2 = StepGraphs(templates, 1).graph(key), StepGraphs(templates, 2).graph(key)  # type: ignore[arg-type]
+    assert not g1.ops_of(OpKind.COLLECTIVE) and g2.ops_of(OpKind.COLLECTIVE)
+    cfg = study_config(tp=2)
+    costs = serving_costs(templates, hw, resolve_cost_model("roofline"), cfg)  # type: ignore[arg-type]
+    expected = run_study(g2, hw, resolve_cost_model("roofline"), cfg, shard=False).result.makespan_us
+    assert costs.key_us(key) == pytest.approx(expected, rel=1e-12)
