@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, handle_errors, new_table
+from opgraph.cli.common import check_output_path, console, fmt_bytes, fmt_us, handle_errors, new_table
 from opgraph.ir import OpgraphError
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ def _print(result: ServingResult) -> None:
     console.print(
         f"{st.model} on {st.hardware} (tp={st.tp}), {st.scheduler} batching, max batch {st.max_batch}, "
         f"token budget {st.token_budget}: {s.completed} requests served, {s.dropped} dropped, "
-        f"{s.steps} steps in {s.makespan_s:.2f} s simulated"
+        f"{s.steps} steps, {fmt_us(s.makespan_s * 1e6)} simulated"
     )
     table = new_table("latency (ms)", "p50", "p90", "p99", "mean", "max")
     for name, p in (("TTFT", s.ttft_ms), ("TPOT", s.tpot_ms), ("end-to-end", s.e2e_ms)):
@@ -156,7 +156,9 @@ def _print(result: ServingResult) -> None:
     thr.add_row("total tokens/s", f"{s.total_tokens_per_s:.1f}")
     thr.add_row("requests/s", f"{s.requests_per_s:.3f}")
     thr.add_row(
-        "peak KV cache", f"{s.peak_kv_tokens} tokens ({s.peak_kv_bytes / 1e9:.2f} GB of {st.kv_capacity_tokens} tokens)"
+        "peak KV cache",
+        f"{s.peak_kv_tokens} of {st.kv_capacity_tokens} tokens ({fmt_bytes(s.peak_kv_bytes)} of "
+        f"{fmt_bytes(st.kv_capacity_tokens * st.kv_bytes_per_token)})",
     )
     thr.add_row("step shapes simulated", str(s.step_shapes_simulated))
     console.print(thr)
