@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 
 from opgraph.fmt import fmt_pct, fmt_us_sig, fmt_x
-from opgraph.scenario.model import Bound, Expectations, Scenario
+from opgraph.scenario.model import SERVING_METRICS, Bound, Expectations, Limit, Scenario, ServingSection
 from opgraph.scenario.phases import PhaseRun
 from opgraph.scenario.result import ExpectationResult, ReplaySummary, ScenarioSummary
 
@@ -126,7 +126,7 @@ def check_replay(scenario: Scenario, replay: ReplaySummary | None) -> list[Expec
     ]
 
 
-def within(value: float, bound: Bound, fmt: Callable[[float], str]) -> tuple[bool, str]:
+def within(value: float, bound: Bound | Limit, fmt: Callable[[float], str]) -> tuple[bool, str]:
     """Whether ``value`` is within ``bound``, and the bound as text (values shown with ``fmt``)."""
     ok = (bound.min is None or value >= bound.min) and (bound.max is None or value <= bound.max)
     if bound.min is not None and bound.max is not None:
@@ -157,7 +157,15 @@ def planned_checks(scenario: Scenario) -> list[str]:
         e is not None and e.replay_failures is not None for e in (scenario.expect, *(p.expect for p in scenario.phases))
     ):
         ids.append("replay/replay_failures")
+    if scenario.serving is not None:
+        ids += serving_check_ids(scenario.serving)
     return ids
+
+
+def serving_check_ids(section: ServingSection) -> list[str]:
+    """Ids of the serving expectations a run reports (``serving/ttft_p99_ms``), in order."""
+    exp = section.expect
+    return [f"serving/{name}" for name in (*SERVING_METRICS, "dropped") if getattr(exp, name) is not None]
 
 
 def failure_lines(summary: ScenarioSummary) -> list[str]:

@@ -303,6 +303,103 @@ class Expectations(BaseModel):
         return self.model_copy(update={k: getattr(more, k) for k in more.model_fields_set})
 
 
+# ---------------------------------------------------------------- served workloads
+class Limit(BaseModel):
+    """A closed interval ``[min, max]`` on a served-workload number; either end may be left open."""
+
+    model_config = _CONFIG
+
+    min: float | None = None
+    """Smallest value that passes."""
+    max: float | None = None
+    """Largest value that passes."""
+
+    @model_validator(mode="after")
+    def _one_end(self) -> Limit:
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min:g} is above max {self.max:g}")
+        return self
+
+
+SERVING_METRICS: tuple[str, ...] = (
+    *(f"{what}_{p}_ms" for what in ("ttft", "tpot", "e2e") for p in ("p50", "p90", "p99", "mean")),
+    "output_tokens_per_s",
+    "total_tokens_per_s",
+    "requests_per_s",
+)
+"""Numbers of a served workload that ``[serving.expect]`` may bound."""
+
+
+class ServingExpectations(BaseModel):
+    """Bounds on the served workload's latency percentiles (ms) and throughput, and on its drops."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ttft_p50_ms: Limit | None = None
+    ttft_p90_ms: Limit | None = None
+    ttft_p99_ms: Limit | None = None
+    ttft_mean_ms: Limit | None = None
+    tpot_p50_ms: Limit | None = None
+    tpot_p90_ms: Limit | None = None
+    tpot_p99_ms: Limit | None = None
+    tpot_mean_ms: Limit | None = None
+    e2e_p50_ms: Limit | None = None
+    e2e_p90_ms: Limit | None = None
+    e2e_p99_ms: Limit | None = None
+    e2e_mean_ms: Limit | None = None
+    output_tokens_per_s: Limit | None = None
+    total_tokens_per_s: Limit | None = None
+    requests_per_s: Limit | None = None
+    dropped: Annotated[int, Field(ge=0)] | None = None
+    """Most requests that may be dropped (KV cache never fits, prompt above the token budget)."""
+
+
+class PoissonSpec(BaseModel):
+    """A synthetic workload: Poisson arrivals and token lengths (``N``, ``LO..HI`` or ``exp:MEAN``)."""
+
+    model_config = _CONFIG
+
+    rate: Annotated[float, Field(gt=0)]
+    """Requests per second."""
+    num_requests: PositiveInt = 100
+    """Requests in all."""
+    prompt_len: str = "512"
+    """Prompt tokens."""
+    output_len: str = "128"
+    """Output tokens."""
+    seed: int = 0
+    """Seed of arrivals and lengths."""
+
+
+class ServingSection(BaseModel):
+    """A served workload of the scenario's model: requests, a batching scheduler, expectations."""
+
+    model_config = _CONFIG
+
+    scheduler: str = "continuous"
+    """``static``, ``continuous`` or ``chunked``."""
+    max_batch: PositiveInt = 64
+    """Most requests running at once."""
+    token_budget: PositiveInt = 8192
+    """Most new tokens one step processes."""
+    memory_utilisation: Annotated[float, Field(gt=0, le=1)] = 0.9
+    """Share of device memory for weights and KV cache."""
+    requests: str | None = None
+    """A request trace (JSONL or CSV, relative to the scenario file)."""
+    poisson: PoissonSpec | None = None
+    """A synthetic Poisson workload instead of a trace."""
+    expect: ServingExpectations = Field(default_factory=ServingExpectations)
+    """Bounds on percentiles, throughput and drops."""
+
+    @model_validator(mode="after")
+    def _one_workload(self) -> ServingSection:
+        if (self.requests is None) == (self.poisson is None):
+            raise ValueError("give either requests = TRACE or a [serving.poisson] section")
+        return self
+
+
 # ---------------------------------------------------------------- the scenario
 class Scenario(BaseModel):
     """A declarative study: capture, simulate, replay and compare, with expectations that make it a test."""
@@ -327,9 +424,13 @@ class Scenario(BaseModel):
     """How phases with a ``measured`` timeline are compared."""
     expect: Expectations = Field(default_factory=Expectations)
     """Expectations checked on every phase (a phase's own ``expect`` adds to and overrides them)."""
+    serving: ServingSection | None = None
+    """A served workload of the model (``opgraph serve-sim`` as data) and its expectations."""
 
     @model_validator(mode="after")
     def _check(self) -> Scenario:
+        if self.serving is not None and self.model is None:
+            raise ValueError("a [serving] section needs a [model] to capture")
         labels = [p.label for p in self.phases]
         dup = sorted({n for n in labels if labels.count(n) > 1})
         if dup:

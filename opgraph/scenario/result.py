@@ -10,6 +10,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from simulators.serving.result import ServingSummary
+
 _CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 NonNegFloat = Annotated[float, Field(ge=0)]
@@ -174,6 +176,9 @@ class ScenarioSummary(BaseModel):
     """Each phase, in scenario order."""
     replay: ReplaySummary | None = None
     """The replay, when the scenario asks for one."""
+    serving: ServingSummary | None = None
+    """The served workload's headline numbers, when the scenario has a ``[serving]`` section
+    (the whole result is in ``serving.result.json``)."""
     expectations: tuple[ExpectationResult, ...]
     """Every expectation's outcome."""
     passed: bool

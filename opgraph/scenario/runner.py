@@ -77,7 +77,13 @@ class ScenarioRun:
         self.progress = progress
         self.reports = reports
         self._done = 0
-        self._total = 1 + 2 * len(scenario.phases) + (1 if scenario.replay else 0) + (1 if reports else 0)
+        self._total = (
+            1
+            + 2 * len(scenario.phases)
+            + (1 if scenario.replay else 0)
+            + (1 if scenario.serving else 0)
+            + (1 if reports else 0)
+        )
 
     @property
     def artefacts(self) -> list[str]:
@@ -136,6 +142,14 @@ class ScenarioRun:
         replay = replay_ops(ctx, runs)
         checks = [c for run in runs for c in check_phase(s, run)]
         checks += check_replay(s, replay)
+        serving = None
+        if s.serving is not None:
+            from opgraph.scenario.serving import check_serving, run_serving_section
+
+            self._step(f"serving {s.serving.scheduler} batching on {resolved.hardware.name}")
+            served = run_serving_section(ctx, resolved)
+            serving = served.summary
+            checks += check_serving(s.serving, served)
         if self.reports:
             self._step("writing the trace and the report")
         summary = ScenarioSummary(
@@ -151,6 +165,7 @@ class ScenarioRun:
             tp=s.simulation.tp,
             phases=tuple(phase_result(ctx, r) for r in runs),
             replay=replay,
+            serving=serving,
             expectations=tuple(checks),
             passed=all(c.passed for c in checks),
             artefacts=(),

@@ -19,3 +19,24 @@ __all__ = [
     "register_handler",
     "shard_tensor_parallel",
 ]
+from opgraph.transforms.rebatch import (
+    TEMPLATE_DECODE,
+    TEMPLATE_PREFILL,
+    AttentionPart,
+    RebatchError,
+    balanced_expert_rows,
+    mixed_step,
+    rebatch,
+    source_shape,
+)
+
+__all__ += [
+    "TEMPLATE_DECODE",
+    "TEMPLATE_PREFILL",
+    "AttentionPart",
+    "RebatchError",
+    "balanced_expert_rows",
+    "mixed_step",
+    "rebatch",
+    "source_shape",
+]

@@ -1,0 +1,167 @@
+"""The typed result of a served-workload simulation: per request, per step, percentiles, throughput."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "DroppedRequest",
+    "Percentiles",
+    "RequestRecord",
+    "ServingResult",
+    "ServingSettings",
+    "ServingSummary",
+    "StepRecord",
+    "percentiles",
+]
+
+FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+
+class Percentiles(BaseModel):
+    """Distribution of one latency in milliseconds (linear interpolation between ranks)."""
+
+    model_config = FROZEN
+
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+    max: float
+    count: int
+
+
+def percentiles(values: list[float]) -> Percentiles:
+    """Percentiles of ``values`` (all 0 when empty).
+
+    >>> percentiles([1.0, 2.0, 3.0, 4.0]).p50
+    2.5
+    """
+    if not values:
+        return Percentiles(p50=0.0, p90=0.0, p99=0.0, mean=0.0, max=0.0, count=0)
+    xs = sorted(values)
+
+    def q(p: float) -> float:
+        pos = p * (len(xs) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    return Percentiles(p50=q(0.5), p90=q(0.9), p99=q(0.99), mean=sum(xs) / len(xs), max=xs[-1], count=len(xs))
+
+
+class RequestRecord(BaseModel):
+    """What happened to one served request (times in seconds from the start)."""
+
+    model_config = FROZEN
+
+    id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    admitted_s: float
+    """When the scheduler admitted it (reserved its KV cache)."""
+    first_token_s: float
+    """When its prefill finished (the first output token)."""
+    finished_s: float
+    """When its last token came out."""
+    ttft_ms: float
+    """Time to first token: first token minus arrival."""
+    tpot_ms: float | None
+    """Time per output token after the first; ``None`` for one-token outputs."""
+    e2e_ms: float
+    """End-to-end latency: finish minus arrival."""
+
+
+class DroppedRequest(BaseModel):
+    """A request the simulation could not serve, and why."""
+
+    model_config = FROZEN
+
+    id: int
+    reason: str
+
+
+class StepRecord(BaseModel):
+    """One step of the server."""
+
+    model_config = FROZEN
+
+    index: int
+    start_s: float
+    dur_us: float
+    kind: str
+    """``prefill``, ``decode`` or ``mixed``."""
+    prefill_tokens: int
+    """Prompt tokens processed."""
+    decode_batch: int
+    """Sequences decoded (one token each)."""
+    requests: tuple[int, ...]
+    """Ids of the requests in the step."""
+    kv_used_tokens: int
+    """Tokens in the KV cache after the step."""
+    kv_reserved_tokens: int
+    """Tokens reserved by admitted requests after the step."""
+    key: str
+    """The bucketed shape whose simulation priced the step."""
+
+
+class ServingSettings(BaseModel):
+    """What was simulated."""
+
+    model_config = FROZEN
+
+    model: str = ""
+    hardware: str = ""
+    cost_model: str = ""
+    tp: int = 1
+    scheduler: str
+    max_batch: int
+    token_budget: int
+    kv_bytes_per_token: int
+    kv_capacity_tokens: int
+    admission: str = "reserve prompt + output tokens at admission (FCFS, waits when full; no preemption)"
+    bucketing: str = (
+        "sizes rounded up to 16 buckets per octave above 16 (<= 6.25% per size); decodes by count and mean kv"
+    )
+
+
+class ServingSummary(BaseModel):
+    """Headline numbers."""
+
+    model_config = FROZEN
+
+    completed: int
+    dropped: int
+    makespan_s: float
+    """From time 0 to the last token."""
+    ttft_ms: Percentiles
+    tpot_ms: Percentiles
+    e2e_ms: Percentiles
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    """Prompt plus output tokens per second."""
+    requests_per_s: float
+    steps: int
+    step_shapes_simulated: int
+    """Distinct bucketed step shapes whose graphs were simulated."""
+    peak_kv_tokens: int
+    peak_kv_bytes: int
+
+
+class ServingResult(BaseModel):
+    """A served-workload simulation, saved as JSON."""
+
+    model_config = FROZEN
+
+    schema_version: int = 1
+    settings: ServingSettings
+    summary: ServingSummary
+    requests: tuple[RequestRecord, ...]
+    dropped: tuple[DroppedRequest, ...] = ()
+    steps: tuple[StepRecord, ...] = ()
+    notes: tuple[str, ...] = ()
+    wall_s: Annotated[float, Field(ge=0)] = 0.0
+    """Wall time of the simulation on the machine that ran it."""
