@@ -439,10 +439,12 @@ def _rel(pred: float | None, ref: float) -> float | None:
 
 
 def evaluate_case(
-    folder: Path, case: dict[str, Any], hw: Any, models: dict[str, Any], notes: list[str]
+    folder: Path, case: dict[str, Any], hw: Any, models: dict[str, Any], notes: list[str], host_timing: bool = False
 ) -> dict[str, Any]:
-    """One row: the measured numbers, the per-op attribution and every cost model's errors."""
-    from opgraph.capture.api import CaptureOptions, record
+    """One row: the measured numbers, the per-op attribution and every cost model's errors (with
+    ``host_timing``, the graph carries the framework time between ops measured on this machine's CPU,
+    as ``opgraph capture --host-timing`` does: not reproducible from the committed data alone)."""
+    from opgraph.capture.api import CaptureOptions, add_host_timing, record
     from opgraph.compare import JoinMode, compare_timelines
 
     s = case["settings"]
@@ -453,9 +455,10 @@ def evaluate_case(
         kv_len=int(s.get("kv_len", 2048)),
         dtype=s["dtype"],
         device="meta",
+        host_timing=host_timing,
     )
     rec = record(str(folder / case["config_file"]), opts)
-    graph = rec.graph
+    graph = add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
     names, event_op, scopes = recorded_calls(rec.recorder.events, rec.event_op, [c.scope for c in rec.recorder.calls])
     module_calls = Counter(c.scope for c in rec.recorder.calls)
     att = attribute(_load_trace(folder / case["trace_file"]), names, event_op, scopes, module_calls)
@@ -535,7 +538,7 @@ def evaluate_case(
     return row
 
 
-def build_report(data: Path, hardware: str = "h100") -> dict[str, Any]:
+def build_report(data: Path, hardware: str = "h100", host_timing: bool = False) -> dict[str, Any]:
     """The held-out table as a dict (see :func:`render_markdown`)."""
     from hardware import load_hardware
 
@@ -552,7 +555,7 @@ def build_report(data: Path, hardware: str = "h100") -> dict[str, Any]:
             except Exception as exc:
                 skipped[label] = f"{type(exc).__name__}: {exc}"[:300]
         notes: list[str] = []
-        rows = [evaluate_case(folder, c, hw, models, notes) for c in cases]
+        rows = [evaluate_case(folder, c, hw, models, notes, host_timing) for c in cases]
     notes = list(dict.fromkeys(notes))
     within: dict[str, dict[str, int]] = {}
     for label in list(models):  # a model that could cost no case is no column
@@ -578,7 +581,8 @@ def build_report(data: Path, hardware: str = "h100") -> dict[str, Any]:
         "cli_default_cost_model": default,
         "cost_models": list(models),
         "skipped_cost_models": skipped,
-        "simulation": "1 engine, stream policy, eager host (opgraph simulate -H HW -e 1 --policy stream)",
+        "simulation": "1 engine, stream policy, eager host (opgraph simulate -H HW -e 1 --policy stream)"
+        + ("; framework time between ops measured on this CPU (capture --host-timing)" if host_timing else ""),
         "gpu_time": "sum of device activity durations (kernels, memcpy, memset) of one run, median of the runs",
         "wall_time": "CUDA-synchronised wall of one forward, median of the runs (min/max reported)",
         "per_op": "median |error| over ops of at least 5 us, kernels attributed through the trace's aten calls",
@@ -676,6 +680,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("data", type=Path, help="the folder or heldout.tar.gz that benchmarks/gpu/heldout.py wrote")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--hardware", "-H", default="h100")
+    ap.add_argument(
+        "--host-timing",
+        action="store_true",
+        help="capture with --host-timing: the framework time between ops measured on this CPU (not reproducible)",
+    )
     args = ap.parse_args(argv)
     if not args.data.exists():
         print(
@@ -684,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        report = build_report(args.data, args.hardware)
+        report = build_report(args.data, args.hardware, args.host_timing)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
