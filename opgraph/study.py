@@ -72,11 +72,13 @@ def study_config(
     jitter: float = 0.0,
     seed: int = 0,
     skip_uncosted: bool = False,
+    independent_engines: bool | None = None,
 ) -> SimulationConfig:
     """The :class:`~simulators.SimulationConfig` of a study, from the settings the CLI and scenarios name.
 
     ``base`` (engine groups as data, e.g. from ``--config``) replaces ``copy_engines``/``links``;
     the host's ``sync_ops``/``free_ops`` come from it, and ``framework`` only keeps its framework time.
+    ``independent_engines`` (unset: the base's, off by default) gives every engine a whole device.
     """
     from simulators import HostConfig, HostMode, SimulationConfig
 
@@ -99,6 +101,7 @@ def study_config(
             "jitter": jitter,
             "seed": seed,
             "skip_uncosted": skip_uncosted,
+            "independent_engines": base.independent_engines if independent_engines is None else independent_engines,
         }
     ).with_engines(engines)
     return SimulationConfig.model_validate(config.model_dump())
@@ -143,6 +146,7 @@ def run_study(
     ``config.engines``) or sweeps them and recommends the smallest count within ``tolerance`` of the
     best makespan. Raises :class:`~opgraph.ir.OpgraphError` subclasses on bad input.
     """
+    from hardware import cost_warnings
     from simulators import cost_problem, default_host_us, run_problem, sweep_engines, uncosted_error
 
     counts = list(engines) if engines else [config.engines]
@@ -150,7 +154,9 @@ def run_study(
     if shard:
         graph, note = shard_for_tp(graph, config.tp)
         notes = (note,) if note else ()
-    problem, model_name, _ = cost_problem(graph, cost_model, hardware)
+    with cost_warnings() as warned:
+        problem, model_name, _ = cost_problem(graph, cost_model, hardware)
+    notes = (*notes, *warned)
     if problem.uncosted and not config.skip_uncosted:
         raise uncosted_error(problem, model_name)
     config = config.with_engines(counts[0])

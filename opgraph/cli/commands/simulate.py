@@ -81,13 +81,20 @@ def simulate(
         help="Compute engines: N (default 1), or a sweep LOW..HIGH / 1,2,4 that names the best count.",
     ),
     hardware: str = typer.Option("h100", "--hardware", "-H", help="Catalog name or a hardware .toml/.json file."),
-    cost_model: str = typer.Option(
-        "roofline",
+    cost_model: str | None = typer.Option(
+        None,
         "--cost-model",
         "-c",
-        help="roofline, formula, table, a calibrated JSON, module:Class, file.py:Class.",
+        help="roofline, formula, table, profile, a calibrated or profile JSON, module:Class, file.py:Class "
+        "(default: the device's measured profile when it ships one, else roofline).",
     ),
     policy: str = typer.Option("earliest", "--policy", "-p", help="earliest, critical-path, stream, or module:Class."),
+    independent_engines: bool = typer.Option(
+        False,
+        "--independent-engines",
+        help="Give every engine a whole device (a hypothetical accelerator). Default: the ops running at "
+        "once share the device's peak FLOP/s and bandwidth, so engines never beat its roofline.",
+    ),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks; collectives synchronise them."),
     no_shard: bool = typer.Option(
         False,
@@ -150,7 +157,14 @@ def simulate(
 
     get_policy(policy)  # fail early, before loading anything large
     hw = _load_hardware(hardware)
-    model = _load_cost_model(cost_model)
+    default_note: tuple[str, ...] = ()
+    if cost_model is None:
+        from hardware import default_cost_model
+
+        model, uncalibrated = default_cost_model(hw)
+        default_note = (uncalibrated,) if uncalibrated else ()
+    else:
+        model = _load_cost_model(cost_model)
     graph = load_graph(graph_path)
     base = load_model(config_path, SimulationConfig) if config_path is not None else None
     counts = counts or [base.engines if base is not None else 1]
@@ -169,6 +183,7 @@ def simulate(
         jitter=jitter,
         seed=seed,
         skip_uncosted=skip_uncosted,
+        independent_engines=True if independent_engines else None,
     )
     with _progress(len(graph.ops) * tp * len(counts)) as tick:
         study = run_study(
@@ -176,8 +191,8 @@ def simulate(
         )
     result, sweep = study.result, study.sweep
     stats = result.stats()
-    if study.notes:
-        stats = stats.model_copy(update={"notes": (*stats.notes, *study.notes)})
+    if study.notes or default_note:
+        stats = stats.model_copy(update={"notes": (*stats.notes, *default_note, *study.notes)})
 
     if output is not None:
         save_timeline(result.timeline(), output)
@@ -288,6 +303,15 @@ def _print_summary(result: SimulationResult, stats: SimulationStats, path: Path)
         f"[bold]{model}[/bold] on {result.hardware_name or '-'}  cost model {result.cost_model_name}  "
         f"policy {stats.policy}  engines {config.engines}" + (f"  tp {config.tp}" if config.tp > 1 else "")
     )
+    if config.engines > 1 or config.independent_engines:
+        console.print(
+            "engines: each runs one op at a time (a stream's worth of concurrency); "
+            + (
+                "independent: every engine has a whole device's peaks (a hypothetical accelerator)"
+                if config.independent_engines
+                else "ops running at once share the device's peak FLOP/s and bandwidth"
+            )
+        )
     cp = stats.critical_path
     host = stats.host
     console.print(
