@@ -390,13 +390,22 @@ def measured_timeline(case: dict[str, Any], att: dict[str, Any], model_name: str
 
 
 # ---------------------------------------------------------------- prediction
-def cli_default_cost_model() -> str:
-    """The ``--cost-model`` default of ``opgraph simulate`` (what a user gets without ``-c``)."""
+def cli_default_cost_model(hw: Any) -> str:
+    """What ``opgraph simulate -H HW`` uses without ``-c``: the ``--cost-model`` default, or when that is
+    unset, the front ends' choice for the device (its shipped profile, else the roofline)."""
     from opgraph.cli.commands.simulate import simulate
 
     default = inspect.signature(simulate).parameters["cost_model"].default
     value = getattr(default, "default", default)
-    return str(value) if value is not None else "default"
+    if value is not None:
+        return str(value)
+    import hardware
+
+    chooser = getattr(hardware, "default_cost_model", None)
+    if chooser is None:
+        return "roofline"
+    model, _ = chooser(hw)
+    return "profile" if type(model).__name__ == "ProfileModel" else "roofline"
 
 
 def resolve_model(spec: str, hw: Any) -> Any:
@@ -546,7 +555,7 @@ def build_report(data: Path, hardware: str = "h100", host_timing: bool = False) 
         folder = open_data(data, Path(tmp))
         summary, cases = load_cases(folder)
         hw = load_hardware(hardware)
-        default = cli_default_cost_model()
+        default = cli_default_cost_model(hw)
         models: dict[str, Any] = {}
         skipped: dict[str, str] = {}
         for label in (*BASE_MODELS, *(() if default in BASE_MODELS else (default,))):
