@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from opgraph.capture.generation import MIN_PLANNED_STEPS
 from opgraph.capture.hosttime import measure_host_gaps, with_host_gaps
 from opgraph.capture.lowering import DEFAULT_PIPELINE, Hints, Lowering, run_passes
 from opgraph.capture.lowering.build import build_ops, group_order
@@ -34,7 +35,6 @@ from opgraph.capture.phase import (
     setup_phase,
     token_ids,
 )
-from opgraph.capture.generation import MIN_PLANNED_STEPS
 from opgraph.capture.recorder import Recorder
 from opgraph.capture.sources import CaptureError, ConfigError, build_config, resolve
 from opgraph.ir.gcpause import paused_gc
@@ -324,8 +324,10 @@ def record_generation(model_or_id: Any, opts: CaptureOptions) -> OpGraph:
         args = _metadata_args(prepared, opts)
         graph, _ = graph_from_recording(rec, **args)
         try:
-            plan = gen.plan_generation(tuple(graph.ops), tuple(graph.edges), opts.new_tokens, (starts[0], starts[1], starts[2]))
-            ops, edges = gen.record_last_step(prepared, opts, lower)
+            plan = gen.plan_generation(
+                tuple(graph.ops), tuple(graph.edges), opts.new_tokens, (starts[0], starts[1], starts[2])
+            )
+            ops, edges = gen.record_last_step(prepared, opts, lower, run.cache)
             gen.check_last_step(plan, ops, edges)
         except gen.NotLinear as exc:
             with _no_grad():

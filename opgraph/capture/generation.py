@@ -86,7 +86,9 @@ class _Floors:
             raise NotLinear(f"{where}: op id {v1} in step 1 but {v2} in step 2")
 
 
-def _walk(a: Any, b: Any, path: tuple[str | int, ...], out: list[tuple[tuple[str | int, ...], int]], fl: _Floors) -> None:
+def _walk(
+    a: Any, b: Any, path: tuple[str | int, ...], out: list[tuple[tuple[str | int, ...], int]], fl: _Floors
+) -> None:
     """Pair the values of two dumps: ints that differ give a delta, tensor ids are checked, the rest must be equal."""
     if isinstance(a, dict) and isinstance(b, dict):
         if a.keys() != b.keys():
@@ -202,8 +204,14 @@ def check_last_step(plan: GenerationPlan, ops: list[OpBase], edges: list[Edge]) 
         raise NotLinear(f"step {step}: the edges within the step differ from the plan's")
 
 
-def record_last_step(prepared: PreparedModel, opts: CaptureOptions, lower: Any) -> tuple[list[OpBase], list[Edge]]:
-    """Record decode step ``new_tokens`` alone, over a cache filled to its length in one unrecorded pass."""
+def record_last_step(
+    prepared: PreparedModel, opts: CaptureOptions, lower: Any, like: Any = None
+) -> tuple[list[OpBase], list[Edge]]:
+    """Record decode step ``new_tokens`` alone, over a cache holding the tokens before it.
+
+    On ``meta`` a cache of plain growing layers like ``like`` (the generation's own cache) is made
+    directly at that length; otherwise it is filled by one unrecorded forward pass.
+    """
     import torch
 
     from opgraph.capture.phase import _new_cache
@@ -211,15 +219,44 @@ def record_last_step(prepared: PreparedModel, opts: CaptureOptions, lower: Any) 
     step = opts.new_tokens
     rec = Recorder()
     rec.add_root(prepared.model)
-    run = PhaseRun(prepared, opts, rec, _new_cache(prepared.config))
+    length = opts.seq_len + step - 1
+    cache = _grown_cache(like, prepared.config, length) if opts.device == "meta" else None
+    run = PhaseRun(prepared, opts, None, cache if cache is not None else _new_cache(prepared.config))
     with torch.no_grad():
-        fill = token_ids(prepared, opts, opts.batch, opts.seq_len + step - 1, seed=1)
-        run.rec = None
-        run.forward(fill, "prefill", 0)
+        if cache is None:
+            run.forward(token_ids(prepared, opts, opts.batch, length, seed=1), "prefill", 0)
         run.rec = rec
         run.forward(token_ids(prepared, opts, opts.batch, 1, seed=2), "decode", step, True)
     _, ops, edges, _ = lower(rec, prepared.hints)
     return list(ops), list(edges)
+
+
+def _grown_cache(like: Any, config: Any, length: int) -> Any:
+    """A new meta cache whose layers hold ``length`` tokens, when every layer of ``like`` is a plain
+    ``DynamicLayer`` (a sliding or static layer would not just grow); ``None`` otherwise."""
+    import torch
+
+    try:
+        from transformers.cache_utils import DynamicLayer
+
+        from opgraph.capture.phase import _new_cache
+
+        layers = like.layers
+        if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):
+            return None
+        cache = _new_cache(config)
+        for i, layer in enumerate(layers):
+            k, v = layer.keys, layer.values
+            if k.device.type != "meta":
+                return None
+            keys = torch.empty((*k.shape[:-2], length, k.shape[-1]), dtype=k.dtype, device="meta")
+            values = torch.empty((*v.shape[:-2], length, v.shape[-1]), dtype=v.dtype, device="meta")
+            cache.update(keys, values, i)
+        if len(cache.layers) != len(layers) or any(type(layer) is not DynamicLayer for layer in cache.layers):
+            return None
+        return cache
+    except (AttributeError, ImportError, TypeError, ValueError, IndexError):
+        return None
 
 
 def planned_graph(graph: OpGraph, plan: GenerationPlan) -> OpGraph:

@@ -40,7 +40,7 @@ from collections.abc import Iterator, Sequence
 from functools import cached_property
 from typing import Any, Literal, overload
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, model_validator
 
 from opgraph.ir.ops import OP_TYPES, Op, OpBase, PosInt
 from opgraph.ir.tensor import FROZEN, NonNegInt, TensorSpec
@@ -138,9 +138,9 @@ class GenerationPlan(BaseModel):
             raise ValueError(f"op_shift ({self.op_shift}) must equal the template's op count ({n})")
         if self.op_floor > first:
             raise ValueError(f"op_floor ({self.op_floor}) is above the template's first op id ({first})")
-        for d in (*self.deltas, *self.rederived):
-            if d.op >= n:
-                raise ValueError(f"op index {d.op} is outside the template ({n} ops)")
+        for index in (*(d.op for d in self.deltas), *(r.op for r in self.rederived)):
+            if index >= n:
+                raise ValueError(f"op index {index} is outside the template ({n} ops)")
         if self.final_drop and tuple(self.final_drop) != tuple(range(n - len(self.final_drop), n)):
             raise ValueError("final_drop must be the template's last ops")
         for e in self.edges:
@@ -234,6 +234,7 @@ class GenerationPlan(BaseModel):
                     [tuple(t["shape"]) for t in dump["outputs"]],
                     [(d.path, d.per_step) for d in self._deltas_by_op.get(j, ())],
                     self._rederived_by_op.get(j, ()),
+                    j in self.final_drop,
                 )
             )
             out.append(sig.setdefault(key, len(sig)))
@@ -263,9 +264,40 @@ class GenerationPlan(BaseModel):
                 continue
             cost = cache.get(s)
             if cost is None:
-                o = self._costed(j, step)
-                cost = cache[s] = (o.flops, o.bytes_read, o.bytes_written, o.definition)
+                c = self._costed(j, step)
+                cost = cache[s] = (c.flops, c.bytes_read, c.bytes_written, c.definition)
             out.append(cost)
+        return out
+
+    def cost_totals(self) -> list[tuple[int, int, int]]:
+        """``(steps, flops, bytes)`` of each template op summed over every step the plan builds.
+
+        Costs that change are derived once per step for each group of equal ops, not per op.
+        """
+        steps = self.steps
+        present = [len(steps) - (1 if j in self.final_drop else 0) for j in range(len(self.ops))]
+        sigs = self._signature
+        reps: dict[int, int] = {}
+        for j, s in enumerate(sigs):
+            if s >= 0:
+                reps.setdefault(s, j)
+        by_sig: dict[int, tuple[int, int]] = {}
+        for s, j in reps.items():
+            flops = nbytes = 0
+            for step in steps:
+                if step == self.last_step and j in self.final_drop:
+                    continue
+                o = self._costed(j, step)
+                flops += o.flops
+                nbytes += o.total_bytes
+            by_sig[s] = (flops, nbytes)
+        out: list[tuple[int, int, int]] = []
+        for j, o in enumerate(self.ops):
+            s = sigs[j]
+            if s < 0:
+                out.append((present[j], o.flops * present[j], o.total_bytes * present[j]))
+            else:
+                out.append((present[j], *by_sig[s]))
         return out
 
     def step_ops(self, step: int) -> list[OpBase]:
@@ -300,7 +332,7 @@ class GenerationPlan(BaseModel):
         """``(src, dst, kind, tensor)`` of the edges into ``step``, in graph order."""
         k = step - self.base_step
         keep = self._edges_final if step == self.last_step else range(len(self.edges))
-        out = []
+        out: list[tuple[int, int, str, int | None]] = []
         for i in keep:
             e = self.edges[i]
             out.append((self._op_id(e.src, k), e.dst + k * self.op_shift, e.kind, self._tensor_id(e.tensor, k)))

@@ -249,7 +249,8 @@ class OpGraph(BaseModel):
         cls, metadata: GraphMetadata, ops: tuple[OpBase, ...], edges: tuple[Edge, ...], plan: GenerationPlan
     ) -> OpGraph:
         """A graph of recorded ``ops``/``edges`` followed by the steps ``plan`` builds (not re-validated)."""
-        graph = cls.model_construct(schema_version=2, metadata=metadata, ops=ops, edges=edges, generation=plan)
+        fields: dict[str, Any] = {"metadata": metadata, "ops": ops, "edges": edges, "generation": plan}
+        graph = cls.model_construct(schema_version=2, **fields)
         _install_lazy(graph)
         return graph
 
@@ -261,10 +262,10 @@ class OpGraph(BaseModel):
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied. New ``ops`` or ``edges`` replace a generation plan (the copy
         holds exactly the ops given) unless ``generation`` is updated too."""
-        if update and self.generation is not None and ("ops" in update or "edges" in update):
-            if "generation" not in update:
-                full = {name: tuple(getattr(self, name)) for name in ("ops", "edges") if name not in update}
-                update = {**full, **update, "generation": None, "schema_version": 1}
+        replaced = update is not None and ("ops" in update or "edges" in update) and "generation" not in update
+        if update and replaced and self.generation is not None:
+            full = {name: tuple(getattr(self, name)) for name in ("ops", "edges") if name not in update}
+            update = {**full, **update, "generation": None, "schema_version": 1}
         copy = super().model_copy(update=update, deep=deep)
         copy._nx = None
         copy._by_id = None
@@ -425,13 +426,7 @@ class OpGraph(BaseModel):
             add(o.kind, o.layer, o.stage, o.flops, o.total_bytes, 1)
         plan = self.generation
         if plan is not None:
-            sums = [[0, 0, 0] for _ in plan.ops]  # steps, flops, bytes of each template op
-            for step in plan.steps:
-                for j, (flops, read, written, _) in enumerate(plan.step_costs(step)):
-                    row = sums[j]
-                    row[0] += 1
-                    row[1] += flops
-                    row[2] += read + written
+            sums = plan.cost_totals()
             for o, (times, flops, nbytes) in zip(plan.ops, sums, strict=True):
                 add(o.kind, o.layer, o.stage, flops, nbytes, times)
         return {
