@@ -236,6 +236,14 @@ class OpGraph(BaseModel):
     _nx: nx.DiGraph | None = PrivateAttr(default=None)
     _by_id: dict[int, OpBase] | None = PrivateAttr(default=None)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _plan_version(cls, data: object) -> object:
+        # A graph given a plan and no version is a version-2 graph.
+        if isinstance(data, Mapping) and data.get("generation") is not None and "schema_version" not in data:
+            return {**data, "schema_version": 2}
+        return data
+
     @model_validator(mode="after")
     def _install_plan(self) -> OpGraph:
         if self.generation is not None:
