@@ -47,7 +47,9 @@ def _plan(last: int) -> GenerationPlan:
         base_step=2, first_step=3, last_step=last, ops=(_attn(3, 2, 10, 20), _sampler(4, 2, 21)),
         edges=(EdgeTemplate(src=2, dst=3), EdgeTemplate(src=3, dst=4, tensor=21)),
         op_shift=2, op_floor=1, tensor_shift=10, tensor_floor=10,
-        deltas=(FieldDelta(op=0, path=("kv_len",), per_step=1), FieldDelta(op=0, path=("inputs", 1, "shape", 2), per_step=1)),
+        deltas=(
+            FieldDelta(op=0, path=("kv_len",), per_step=1), FieldDelta(op=0, path=("inputs", 1, "shape", 2), per_step=1)
+        ),
         rederived=(Rederived(op=0, fields=("flops", "bytes_read", "bytes_written", "definition")),),
         final_drop=(1,),
     )  # fmt: skip
