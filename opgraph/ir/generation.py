@@ -328,6 +328,21 @@ class GenerationPlan(BaseModel):
         tid = self._tensor_id(t.get("id"), k)
         return t if tid == t.get("id") else {**t, "id": tid}
 
+    def window(self, first: int, last: int) -> tuple[list[OpBase], list[tuple[int, int, str, int | None]]]:
+        """Ops and edges of the consecutive steps ``first``..``last`` alone (edges from outside dropped).
+
+        Steps before :attr:`first_step` (down to 1) are built from the template as well, by the same
+        rules: what a simulation of a few steps at a given point of the generation needs.
+        """
+        if not 1 <= first <= last <= self.last_step:
+            raise IndexError(f"steps {first}..{last} are outside 1..{self.last_step}")
+        ops: list[OpBase] = []
+        edges: list[tuple[int, int, str, int | None]] = []
+        for step in range(first, last + 1):
+            ops.extend(self._op_at(j, step) for j in range(self.step_len(step)))
+            edges.extend(e for e in self.step_edges(step) if e[0] >= self.first_id(first))
+        return ops, edges
+
     def step_edges(self, step: int) -> list[tuple[int, int, str, int | None]]:
         """``(src, dst, kind, tensor)`` of the edges into ``step``, in graph order."""
         k = step - self.base_step

@@ -123,3 +123,14 @@ def test_lint_finds_a_template_that_is_not_the_last_recorded_step() -> None:
     g = OpGraph(ops=ops, edges=edges, generation=_plan(5))
     with pytest.raises(DanglingEdgeError, match="not the last recorded step"):
         g.lint()
+
+
+def test_window_builds_consecutive_steps_alone() -> None:
+    g = _planned(6)
+    full_ops, _ = _recorded(6)
+    ops, edges = g.generation.window(4, 6)  # type: ignore[union-attr]
+    assert ops == full_ops[7:]
+    # The edge into step 4 from step 3 (outside the window) is left out; the others are kept.
+    assert [(s, d) for s, d, _, _ in edges] == [(7, 8), (8, 9), (9, 10), (10, 11)]
+    earlier, _ = g.generation.window(1, 1)  # type: ignore[union-attr]
+    assert earlier == full_ops[1:3]
