@@ -82,10 +82,13 @@ class EdgeTemplate(BaseModel):
     model_config = FROZEN
 
     src: NonNegInt
+    """Id of the producing op (advanced per step when at or above the plan's ``op_floor``)."""
     dst: NonNegInt
+    """Id of the consuming op, in the template step."""
     kind: Literal["data", "order"] = "data"
     """An :class:`~opgraph.ir.graph.EdgeKind` value."""
     tensor: int | None = None
+    """Id of the tensor that flows (advanced per step when at or above the plan's ``tensor_floor``)."""
 
 
 StepCost = tuple[int, int, int, str]
