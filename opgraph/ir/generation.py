@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import cached_property
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, model_validator
 
@@ -233,8 +233,8 @@ class GenerationPlan(BaseModel):
             key = repr(
                 (
                     {k: v for k, v in dump.items() if k not in ("id", "scope", "layer", "step", "inputs", "outputs")},
-                    [tuple(t["shape"]) for t in dump["inputs"]],
-                    [tuple(t["shape"]) for t in dump["outputs"]],
+                    [(t["shape"], t["dtype"], t["strides"]) for t in dump["inputs"]],
+                    [(t["shape"], t["dtype"], t["strides"]) for t in dump["outputs"]],
                     [(d.path, d.per_step) for d in self._deltas_by_op.get(j, ())],
                     self._rederived_by_op.get(j, ()),
                     j in self.final_drop,
@@ -267,8 +267,7 @@ class GenerationPlan(BaseModel):
                 continue
             cost = cache.get(s)
             if cost is None:
-                c = self._costed(j, step)
-                cost = cache[s] = (c.flops, c.bytes_read, c.bytes_written, c.definition)
+                cost = cache[s] = self._cost_of(j, step)
             out.append(cost)
         return out
 
@@ -307,29 +306,53 @@ class GenerationPlan(BaseModel):
         """The ops of ``step`` (validated models, equal to a recording's)."""
         if step not in self.steps:
             raise IndexError(f"step {step} is not built by this plan ({self.first_step}..{self.last_step})")
-        return [self._op_at(j, step) for j in range(self.step_len(step))]
+        memo: dict[object, TensorSpec] = {}
+        return [self._op_at(j, step, memo) for j in range(self.step_len(step))]
 
-    def _op_at(self, j: int, step: int) -> OpBase:
+    def _op_at(self, j: int, step: int, memo: dict[object, TensorSpec] | None = None) -> OpBase:
+        # Built from the validated template without validating again: ids and tensor ids advanced,
+        # deltas applied, and re-derived costs taken from the op model (once per group of equal ops).
         k = step - self.base_step
         op = self.ops[j]
-        update: dict[str, Any] = {"id": op.id + k * self.op_shift, "step": step}
-        if self._varying(j):
-            data = self._fields(j, k)
-            data.update(update)
-            data["inputs"] = [self._spec_dict(t, k) for t in data["inputs"]]
-            data["outputs"] = [self._spec_dict(t, k) for t in data["outputs"]]
-            return OP_TYPES[op.kind].model_validate(data)
-        update["inputs"] = tuple(self._spec(t, k) for t in op.inputs)
-        update["outputs"] = tuple(self._spec(t, k) for t in op.outputs)
-        return op.model_copy(update=update)
+        memo = {} if memo is None else memo
+        changes: dict[str, Any] = {
+            "id": op.id + k * self.op_shift,
+            "step": step,
+            "inputs": tuple(self._spec(t, k, memo) for t in op.inputs),
+            "outputs": tuple(self._spec(t, k, memo) for t in op.outputs),
+        }
+        new = _copy(op, changes)
+        if not self._varying(j):
+            return new
+        for d in self._deltas_by_op.get(j, ()):
+            new = _add_to(new, d.path, d.per_step * k)
+        fields = self._rederived_by_op.get(j, ())
+        if fields:
+            flops, read, written, definition = self._cost_of(j, step)
+            derived = {"flops": flops, "bytes_read": read, "bytes_written": written, "definition": definition}
+            new.__dict__.update({f: derived[f] for f in fields})
+        return new
 
-    def _spec(self, t: TensorSpec, k: int) -> TensorSpec:
-        tid = self._tensor_id(t.id, k)
-        return t if tid == t.id else t.model_copy(update={"id": tid})
+    def _cost_of(self, j: int, step: int) -> StepCost:
+        key = (self._signature[j], step)
+        cost = self._costs.get(key)
+        if cost is None:
+            c = self._costed(j, step)
+            cost = self._costs[key] = (c.flops, c.bytes_read, c.bytes_written, c.definition)
+        return cost
 
-    def _spec_dict(self, t: dict[str, Any], k: int) -> dict[str, Any]:
-        tid = self._tensor_id(t.get("id"), k)
-        return t if tid == t.get("id") else {**t, "id": tid}
+    @cached_property
+    def _costs(self) -> dict[tuple[int, int], StepCost]:
+        return {}
+
+    def _spec(self, t: TensorSpec, k: int, memo: dict[object, TensorSpec]) -> TensorSpec:
+        if t.id is None or t.id < self.tensor_floor or k == 0:
+            return t
+        key = (t.id, t.shape, t.dtype, t.strides)
+        spec = memo.get(key)
+        if spec is None:
+            spec = memo[key] = _copy(t, {"id": t.id + k * self.tensor_shift})
+        return spec
 
     def window(self, first: int, last: int) -> tuple[list[OpBase], list[tuple[int, int, str, int | None]]]:
         """Ops and edges of the consecutive steps ``first``..``last`` alone (edges from outside dropped).
@@ -342,7 +365,8 @@ class GenerationPlan(BaseModel):
         ops: list[OpBase] = []
         edges: list[tuple[int, int, str, int | None]] = []
         for step in range(first, last + 1):
-            ops.extend(self._op_at(j, step) for j in range(self.step_len(step)))
+            memo: dict[object, TensorSpec] = {}
+            ops.extend(self._op_at(j, step, memo) for j in range(self.step_len(step)))
             edges.extend(e for e in self.step_edges(step) if e[0] >= self.first_id(first))
         return ops, edges
 
@@ -355,6 +379,37 @@ class GenerationPlan(BaseModel):
             e = self.edges[i]
             out.append((self._op_id(e.src, k), e.dst + k * self.op_shift, e.kind, self._tensor_id(e.tensor, k)))
         return out
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _copy(obj: M, changes: dict[str, Any]) -> M:
+    """``obj`` with ``changes`` to its fields, not validated (the values come from validated models)."""
+    new = object.__new__(type(obj))
+    data = obj.__dict__.copy()
+    data.update(changes)
+    object.__setattr__(new, "__dict__", data)
+    object.__setattr__(new, "__pydantic_fields_set__", obj.__pydantic_fields_set__)
+    object.__setattr__(new, "__pydantic_extra__", obj.__pydantic_extra__)
+    object.__setattr__(new, "__pydantic_private__", obj.__pydantic_private__)
+    return new
+
+
+def _add_to(node: Any, path: Path, amount: int) -> Any:
+    """``node`` (a model, tuple, list or dict) with ``amount`` added to the int at ``path``, copied on the way."""
+    if not path:
+        return node + amount
+    key = path[0]
+    if isinstance(node, BaseModel):
+        assert isinstance(key, str)
+        return _copy(node, {key: _add_to(getattr(node, key), path[1:], amount)})
+    if isinstance(node, dict):
+        return {**node, key: _add_to(node[key], path[1:], amount)}
+    assert isinstance(key, int)
+    items = list(node)
+    items[key] = _add_to(items[key], path[1:], amount)
+    return tuple(items) if isinstance(node, tuple) else items
 
 
 def _add_at(data: dict[str, Any], path: Path, amount: int) -> None:
