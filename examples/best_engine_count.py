@@ -5,7 +5,9 @@ layer of Llama-3.2-1B decodes one token over a KV cache of 256 tokens; op times 
 seed's size-based formula (the ``formula`` cost model), scaled from the H100 the constants
 describe to an accelerator that exists only in this script; an ideal host issues every op at time
 zero, and the earliest-available-engine policy of the seed's ``ComputeScheduler`` places ready
-ops. Sweeping 1 to 6 engines shows where extra engines stop paying: the widest step of the layer
+ops. Its engines are independent compute units, each with the accelerator's whole peak
+(``independent_engines``), as the seed assumed; on a real GPU engines are streams that share one
+device. Sweeping 1 to 6 engines shows where extra engines stop paying: the widest step of the layer
 is the q, k and v projections, so the seed's answer, 3 engines, comes out again.
 
 Run it as ``python examples/best_engine_count.py``.
@@ -57,7 +59,9 @@ def main() -> None:
 
     model = FormulaModel(reference=REFERENCE)
     problem, _, _ = cost_problem(layer, model, ACCELERATOR)
-    config = SimulationConfig.standard(1, policy="earliest", host=HostConfig(mode=HostMode.NONE))
+    config = SimulationConfig.standard(
+        1, policy="earliest", host=HostConfig(mode=HostMode.NONE), independent_engines=True
+    )
     sweep, _ = sweep_engines(problem, config, ENGINE_COUNTS, tolerance=TOLERANCE, hardware_name=ACCELERATOR.name)
 
     print()

@@ -1,7 +1,10 @@
 """Capture Llama-3.1-8B and simulate it on an H100 with 1, 2 and 3 compute engines.
 
 Scenario: how much of a prefill could run concurrently if the device overlapped independent ops
-(q/k/v projections, gate/up projections) on several compute engines, as streams do? The model is
+(q/k/v projections, gate/up projections) on several compute engines, as streams do? The engines
+share the one H100: ops running at once split its peak FLOP/s and memory bandwidth, so overlap
+pays only where a compute-bound op meets a memory-bound one or where ops leave the peak unused
+(``independent_engines=True`` would give each engine a whole H100). The model is
 captured on the meta device from its shipped config: all 32 decoder layers, no weights, no GPU.
 Op times come from the roofline cost model of an H100 SXM; the host issues ops as eager PyTorch
 does. For each engine count the script prints the makespan, the speedup over one engine and how

@@ -12,7 +12,7 @@ from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from hardware.spec import HardwareSpec
-from opgraph.ir import IDENTITY_FIELDS, OpBase, OpGraph, OpgraphError
+from opgraph.ir import IDENTITY_FIELDS, OpBase, OpCategory, OpGraph, OpgraphError
 
 
 class Bound(str, Enum):
@@ -105,7 +105,13 @@ class GraphCosts:
     """Costs of every op of a graph, and the ops that could not be costed with the reason."""
 
     costs: dict[int, Cost] = field(default_factory=dict)
+    """Cost per op id."""
     uncosted: dict[int, str] = field(default_factory=dict)
+    """Ops no model could cost, by id, with the cost model's reason."""
+    unique_configs: int = 0
+    """Distinct op configurations the cost model was asked about (every op with the cache off)."""
+    from_fallback: int = 0
+    """Of those, the configurations the cost model declined and the fallback model costed."""
 
     @property
     def total_seconds(self) -> float:
@@ -177,19 +183,40 @@ def estimate_op(model: CostModel, op: OpBase, hw: HardwareSpec, model_name: str)
         ) from exc
 
 
-def cost_graph(graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: bool = True) -> GraphCosts:
+def cost_graph(
+    graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: bool = True, fallback: CostModel | None = None
+) -> GraphCosts:
     """Cost every op; ops the model declines go to ``uncosted``, failures raise :class:`CostModelError`.
 
-    Ops with equal cost-relevant fields are costed once when ``cache`` is on.
+    Ops with equal cost-relevant fields are costed once when ``cache`` is on. ``fallback`` is asked
+    about the ops ``model`` declines (the simulator passes the collective model, so a compute-only
+    model still gets its collectives costed); an op both decline keeps ``model``'s reason.
+
+    Examples
+    --------
+    >>> from opgraph.ir import Collective, CollectiveKind, Elementwise, OpGraph
+    >>> from hardware import AlphaBetaCollectiveModel, load_hardware, resolve_cost_model
+    >>> ops = (Elementwise(id=0, fn="add", numel=8), Elementwise(id=1, fn="add", numel=8),
+    ...        Collective(id=2, collective=CollectiveKind.ALL_REDUCE, bytes=4096, group_size=2))
+    >>> costs = cost_graph(OpGraph(ops=ops), resolve_cost_model("roofline"), load_hardware("h100"))
+    >>> sorted(costs.costs), costs.unique_configs
+    ([0, 1, 2], 2)
     """
     name = type(model).__name__
+    fallback_name = type(fallback).__name__
     out = GraphCosts()
     memo: dict[Hashable, Cost | str] = {}
     for op in graph.ops:
         key = cost_key(op) if cache else None
         hit = memo.get(key) if cache else None
         if hit is None:
+            out.unique_configs += 1
             hit = estimate_op(model, op, hw, name)
+            if isinstance(hit, str) and fallback is not None:
+                second = estimate_op(fallback, op, hw, fallback_name)
+                if isinstance(second, Cost):
+                    hit = second
+                    out.from_fallback += 1
             if cache:
                 memo[key] = hit
         if isinstance(hit, Cost):
@@ -197,3 +224,34 @@ def cost_graph(graph: OpGraph, model: CostModel, hw: HardwareSpec, *, cache: boo
         else:
             out.uncosted[op.id] = hit
     return out
+
+
+def peak_times(op: OpBase, hw: HardwareSpec) -> tuple[float, float]:
+    """``(compute_s, memory_s)``: ``op``'s FLOPs at ``hw``'s peak rate and its bytes at the full
+    memory bandwidth, in seconds.
+
+    No kernel of ``op`` can be shorter than either. While ``op`` runs for ``d`` seconds it uses the
+    fraction ``compute_s / d`` of the device's compute and ``memory_s / d`` of its memory bandwidth;
+    the simulator shares the device among ops running at once by these fractions. Matrix kinds
+    (GEMM, attention) count against the tensor units' peak for their dtype, the rest against the
+    vector units'. Collectives (links) and views (no kernel) take nothing of the device, and a spec
+    that names no FLOP/s at all says nothing of compute (``compute_s`` is 0).
+
+    Examples
+    --------
+    >>> from opgraph.ir import Gemm
+    >>> from hardware.spec import HardwareSpec, PeakFlops
+    >>> hw = HardwareSpec(name="x", memory_bytes=1e9, memory_bandwidth=1e12, tensor=PeakFlops(bf16=1e15))
+    >>> gemm = Gemm(id=0, m=1000, n=1000, k=1000)
+    >>> [round(t * 1e6, 3) for t in peak_times(gemm, hw)]
+    [2.0, 6.0]
+    """
+    kind = op.kind
+    if kind in OpCategory.COMMUNICATION or kind in OpCategory.FREE:
+        return 0.0, 0.0
+    rated = any(hw.tensor.model_dump().values()) or any(hw.vector.model_dump().values())
+    if op.flops and rated:
+        compute = op.flops / hw.peak_flops(op.dtype, tensor=kind in OpCategory.MATMUL)
+    else:
+        compute = 0.0
+    return compute, (op.bytes_read + op.bytes_written) / hw.memory_bandwidth

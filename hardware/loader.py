@@ -104,12 +104,19 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def spec_from_table(data: dict[str, Any], where: str, *, default_name: str = "") -> HardwareSpec:
+def spec_from_table(
+    data: dict[str, Any], where: str, *, default_name: str = "", root: Path | None = None
+) -> HardwareSpec:
     """Validate a raw table into a :class:`HardwareSpec`, resolving ``base = NAME`` first.
 
+    ``profile = FILE`` names the device's measured profile, relative to ``root`` (the folder of the
+    TOML); it is registered for the spec (:func:`hardware.profile.hardware_profile`), not a field of it.
     Errors name ``where`` (the file) and the field at fault.
     """
     data = dict(data)
+    profile = data.pop("profile", None)
+    if profile is not None and (not isinstance(profile, str) or not profile.strip()):
+        raise LoadError(f"profile: expected a file name, got {profile!r}", where=where)
     base_name = data.pop("base", None)
     if base_name is not None:
         if not isinstance(base_name, str):
@@ -129,13 +136,34 @@ def spec_from_table(data: dict[str, Any], where: str, *, default_name: str = "")
     elif "name" not in data and default_name:
         data["name"] = default_name
     try:
-        return HardwareSpec.model_validate(data)
+        spec = HardwareSpec.model_validate(data)
     except ValidationError as exc:
         raise LoadError(_format_validation(exc), where=where) from None
+    if profile is not None:
+        path = Path(profile.strip())
+        if not path.is_absolute() and root is not None:
+            path = root / path
+        register_hardware_profile(spec.name, path)
+    return spec
+
+
+_PROFILES: dict[str, Path] = {}
+"""Device name (normalised) to the profile file its TOML names."""
+
+
+def register_hardware_profile(hw_name: str, path: str | Path) -> None:
+    """Make ``path`` the measured profile of the device named ``hw_name`` (``profile = ...`` in a TOML does it)."""
+    _PROFILES[normalize_name(hw_name)] = Path(path)
+
+
+def named_profile(hw_name: str) -> Path | None:
+    """The profile file registered for the device named ``hw_name``, or ``None``."""
+    return _PROFILES.get(normalize_name(hw_name))
 
 
 def load_hardware_file(path: str | Path) -> HardwareSpec:
-    """A :class:`HardwareSpec` from a TOML/JSON file, or the spec inside a calibrated cost table."""
+    """A :class:`HardwareSpec` from a TOML/JSON file, the spec inside a calibrated cost table, or the
+    catalog device a device profile (``opgraph profile``) was measured on."""
     p = Path(path)
     data = _read_table(p)
     if data.get("format") == "opgraph.cost_table" or "entries" in data:
@@ -147,8 +175,21 @@ def load_hardware_file(path: str | Path) -> HardwareSpec:
                 hint="give --hardware NAME as well, or re-run `opgraph calibrate`",
             )
         return spec_from_table(hw, f"{p} (hardware)")
+    if data.get("format") == "opgraph.device_profile":
+        device = data.get("device")
+        hw_name = device.get("hardware") if isinstance(device, dict) else None
+        if not isinstance(hw_name, str) or not hw_name:
+            raise LoadError(
+                "this device profile names no catalog device",
+                where=str(p),
+                hint="give --hardware NAME (the device it was measured on) and -c with the profile",
+            )
+        try:
+            return catalog_spec(hw_name)
+        except UnknownHardwareError as exc:
+            raise LoadError(f"the profile's device: {exc.message}", where=str(p), hint=exc.hint) from None
     name = p.name.split(".")[0]
-    return spec_from_table(data, str(p), default_name=name)
+    return spec_from_table(data, str(p), default_name=name, root=p.parent)
 
 
 def _catalog_files() -> list[tuple[str, str]]:
@@ -161,6 +202,12 @@ def _catalog_files() -> list[tuple[str, str]]:
     )
 
 
+def _catalog_root() -> Path | None:
+    """The catalog folder on disk (where its profile files lie), when the package is a folder."""
+    root = Path(str(resources.files("hardware.catalog")))
+    return root if root.is_dir() else None
+
+
 @lru_cache(maxsize=1)
 def _catalog() -> tuple[tuple[HardwareSpec, ...], dict[str, HardwareSpec]]:
     specs: list[HardwareSpec] = []
@@ -171,7 +218,7 @@ def _catalog() -> tuple[tuple[HardwareSpec, ...], dict[str, HardwareSpec]]:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise LoadError(f"not valid TOML: {exc}", where=where) from None
-        spec = spec_from_table(data, where)
+        spec = spec_from_table(data, where, root=_catalog_root())
         for key in (spec.name, *spec.aliases):
             norm = normalize_name(key)
             if norm in index:

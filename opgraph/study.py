@@ -143,6 +143,7 @@ def run_study(
     ``config.engines``) or sweeps them and recommends the smallest count within ``tolerance`` of the
     best makespan. Raises :class:`~opgraph.ir.OpgraphError` subclasses on bad input.
     """
+    from hardware import cost_warnings
     from simulators import cost_problem, default_host_us, run_problem, sweep_engines, uncosted_error
 
     counts = list(engines) if engines else [config.engines]
@@ -150,7 +151,9 @@ def run_study(
     if shard:
         graph, note = shard_for_tp(graph, config.tp)
         notes = (note,) if note else ()
-    problem, model_name, _ = cost_problem(graph, cost_model, hardware)
+    with cost_warnings() as warned:
+        problem, model_name, _ = cost_problem(graph, cost_model, hardware)
+    notes = (*notes, *warned)
     if problem.uncosted and not config.skip_uncosted:
         raise uncosted_error(problem, model_name)
     config = config.with_engines(counts[0])

@@ -11,7 +11,7 @@
 
 from simulators.api import cost_problem, default_host_us, run_problem, simulate, sweep_engines, uncosted_error
 from simulators.config import EngineGroup, EngineRole, HostConfig, HostMode, SimulationConfig
-from simulators.costing import CostReport, FixedCostModel, collective_seconds, cost_ops
+from simulators.costing import FixedCostModel
 from simulators.errors import SimulationConfigError, SimulationError, UncostedOpsError
 from simulators.kernel import KernelResult, RankRecord, Simulator
 from simulators.policies import POLICIES, SchedulingPolicy, get_policy
@@ -31,7 +31,6 @@ from simulators.stats import (
 __all__ = [
     "POLICIES",
     "Breakdown",
-    "CostReport",
     "CriticalPathStats",
     "EngineGroup",
     "EngineRole",
@@ -55,8 +54,6 @@ __all__ = [
     "UncostedOp",
     "UncostedOpStats",
     "UncostedOpsError",
-    "collective_seconds",
-    "cost_ops",
     "cost_problem",
     "default_host_us",
     "get_policy",

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 
-from hardware.base import CostModel
+from hardware.base import CostModel, cost_graph
+from hardware.models.collective import AlphaBetaCollectiveModel
 from hardware.spec import HardwareSpec
 from opgraph.ir import OpGraph
 from opgraph.ir.gcpause import paused_gc
 from simulators.config import HostMode, SimulationConfig
-from simulators.costing import cost_ops
 from simulators.errors import SimulationConfigError, UncostedOpsError
 from simulators.kernel import Simulator
 from simulators.policies import get_policy
@@ -86,7 +86,6 @@ def run_problem(
         kernel=kernel,
         policy_name=policy.name or type(policy).__name__,
         host_per_op_us=host_per_op_us,
-        host_segments=sim._segments,
         hardware_name=hardware_name,
         cost_model_name=cost_model_name,
         notes=[*notes, *kernel.notes],
@@ -94,11 +93,15 @@ def run_problem(
 
 
 def cost_problem(graph: OpGraph, cost_model: CostModel, hardware: HardwareSpec) -> tuple[SchedulingProblem, str, int]:
-    """Cost ``graph`` and flatten it: (problem, cost model name, unique configurations costed)."""
+    """Cost ``graph`` and flatten it: (problem, cost model name, unique configurations costed).
+
+    Collectives the cost model declines are costed by the one collective formula
+    (:class:`~hardware.models.collective.AlphaBetaCollectiveModel`) from the spec's interconnect.
+    """
     with paused_gc():
-        report = cost_ops(graph, cost_model, hardware)
-        problem = SchedulingProblem.from_costs(graph, report.costs.costs, report.costs.uncosted)
-    return problem, report.model_name, report.unique_configs
+        costs = cost_graph(graph, cost_model, hardware, fallback=AlphaBetaCollectiveModel())
+        problem = SchedulingProblem.from_costs(graph, costs.costs, costs.uncosted, hardware=hardware)
+    return problem, type(cost_model).__name__, costs.unique_configs
 
 
 def simulate(

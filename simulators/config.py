@@ -37,7 +37,13 @@ _DEFAULT_KINDS: dict[EngineRole, tuple[OpKind, ...]] = {
 
 
 class EngineGroup(BaseModel):
-    """A group of identical engines that run ops of some kinds, one op per engine at a time."""
+    """A group of identical engines that run ops of some kinds, one op per engine at a time.
+
+    An engine is a place where one op runs at a time: a CUDA stream's worth of concurrency, not a
+    share of the hardware. On a real device the ops that run at once on several engines of one rank
+    share that device's peak FLOP/s and memory bandwidth (see
+    :attr:`SimulationConfig.independent_engines`).
+    """
 
     model_config = FROZEN
 
@@ -96,7 +102,22 @@ class HostConfig(BaseModel):
 
 
 class SimulationConfig(BaseModel):
-    """Everything that decides a simulated schedule besides the graph, the hardware and the costs."""
+    """Everything that decides a simulated schedule besides the graph, the hardware and the costs.
+
+    **What an engine is.** An engine runs one op at a time, like a CUDA stream: several compute
+    engines let independent ops (the q, k and v projections) run at the same time. They do not add
+    hardware. By default the ops running at once on one rank share its device: an op alone runs
+    for the time its cost model gives, and while a set of ops runs together each progresses at the
+    rate ``s = min(1, 1 / sum(c), 1 / sum(m))`` of its own, where ``c`` and ``m`` are the fractions of
+    the device's peak FLOP/s and memory bandwidth the op uses alone (its FLOPs and bytes at peak over
+    its duration, :func:`hardware.base.peak_times`). So overlapping a compute-bound GEMM with a
+    memory-bound copy gains, two compute-bound GEMMs gain nothing, and no schedule beats the
+    device's roofline. Collectives run on links and are not shared this way.
+
+    With :attr:`independent_engines` each engine is a whole device of its own: the model of a
+    hypothetical accelerator with several independent compute units (the seed project's study of
+    how many engines a decoder layer can use).
+    """
 
     model_config = FROZEN
 
@@ -117,6 +138,12 @@ class SimulationConfig(BaseModel):
     """Seed of the noise (per rank: ``f"{seed}:{rank}"``)."""
     skip_uncosted: bool = False
     """Simulate ops the cost model declines as free instead of failing (they are still listed)."""
+    independent_engines: bool = False
+    """Engines that each have a whole device's peak FLOP/s and bandwidth (a hypothetical accelerator
+    with independent compute units). Off: the ops running at once on one rank share the device's
+    peaks, so more engines never beat the device's roofline. Sharing needs the ops' FLOPs and bytes
+    at the device's peaks, which a problem costed on hardware carries; a problem built from plain
+    durations has none, and its engines are independent either way."""
 
     @model_validator(mode="after")
     def _check_groups(self) -> SimulationConfig:
@@ -175,6 +202,8 @@ class SimulationConfig(BaseModel):
             "seed": self.seed,
             "skip_uncosted": self.skip_uncosted,
         }
+        if self.independent_engines:
+            out["independent_engines"] = True
         if self.host.per_op_us is not None:
             out["host_per_op_us"] = self.host.per_op_us
         for g in self.groups:

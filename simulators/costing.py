@@ -1,93 +1,16 @@
-"""Costing a graph for simulation: each unique op configuration once, collectives from the interconnect.
+"""A cost model of fixed times, for what-if studies and tests.
 
-:func:`cost_ops` follows :func:`hardware.base.cost_graph` (same cache key, same
-:func:`~hardware.base.estimate_op`) and adds the interconnect fallback for collectives the model declines.
+Costing a whole graph is :func:`hardware.base.cost_graph` (one costing loop for the project);
+:func:`simulators.cost_problem` calls it with the collective model as the fallback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
-from hardware.base import (
-    Bound,
-    Cost,
-    CostModel,
-    GraphCosts,
-    UncostedOpError,
-    cost_key,
-    estimate_op,
-)
+from hardware.base import Bound, Cost, UncostedOpError
 from hardware.spec import HardwareSpec
-from opgraph.ir import Collective, CollectiveKind, OpBase, OpGraph, OpKind
-
-
-def collective_seconds(op: Collective, hw: HardwareSpec) -> float | None:
-    """Ring-algorithm time of a collective on ``hw.interconnect``; ``None`` without a device link.
-
-    ``op.bytes`` is the payload per rank. All-reduce moves ``2 (g-1)/g`` of it over each link
-    and pays ``2 (g-1)`` latencies; all-gather and reduce-scatter half of that; all-to-all
-    ``(g-1)/g`` with one latency; send/recv and broadcast the payload with one latency.
-    """
-    link = hw.interconnect
-    g = op.group_size
-    if g <= 1:
-        return 0.0
-    if link.bandwidth <= 0:
-        return None
-    lat = link.latency_us * 1e-6
-    b = float(op.bytes)
-    c = op.collective
-    if c is CollectiveKind.ALL_REDUCE:
-        return 2 * (g - 1) / g * b / link.bandwidth + 2 * (g - 1) * lat
-    if c in (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER):
-        return (g - 1) / g * b / link.bandwidth + (g - 1) * lat
-    if c is CollectiveKind.ALL_TO_ALL:
-        return (g - 1) / g * b / link.bandwidth + lat
-    return b / link.bandwidth + lat
-
-
-@dataclass
-class CostReport:
-    """Costs of a graph's ops plus how they were obtained."""
-
-    costs: GraphCosts
-    """Cost per op id; ops the model declined are in ``costs.uncosted`` with the reason."""
-    unique_configs: int
-    """Distinct op configurations the cost model was asked about."""
-    from_interconnect: int
-    """Collectives the model declined that were costed from the interconnect instead."""
-    model_name: str
-    """Class name of the cost model."""
-
-
-def cost_ops(graph: OpGraph, model: CostModel, hw: HardwareSpec) -> CostReport:
-    """Cost every op of ``graph`` with ``model`` on ``hw``, each unique configuration once.
-
-    A collective the model declines is costed from ``hw.interconnect`` when the spec has a device
-    link. Other declined ops go to ``uncosted`` with their reason; a model that raises anything
-    else, or returns a bad time, raises :class:`~hardware.base.CostModelError` naming the op.
-    """
-    name = type(model).__name__
-    out = GraphCosts()
-    memo: dict[Hashable, Cost | str] = {}
-    from_link = 0
-    for op in graph.ops:
-        key = cost_key(op)
-        hit = memo.get(key)
-        if hit is None:
-            hit = estimate_op(model, op, hw, name)
-            if isinstance(hit, str) and isinstance(op, Collective):
-                secs = collective_seconds(op, hw)
-                if secs is not None:
-                    hit = Cost(seconds=secs, bound=Bound.LINK)
-                    from_link += 1
-            memo[key] = hit
-        if isinstance(hit, Cost):
-            out.costs[op.id] = hit
-        else:
-            out.uncosted[op.id] = hit
-    return CostReport(costs=out, unique_configs=len(memo), from_interconnect=from_link, model_name=name)
+from opgraph.ir import OpBase, OpKind
 
 
 class FixedCostModel:

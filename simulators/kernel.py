@@ -12,6 +12,9 @@ The host thread is one process per rank. Launches are asynchronous, so between s
 host's issue times are a running sum of its per-op overhead, written in bulk; an op whose
 dependencies are done before the host has issued it is released by one event at its issue time.
 At a sync point the host waits for that op to finish on the device before it issues more.
+
+Ops running at once on the engines of one rank share its device (:mod:`simulators.share`) unless
+the configuration declares independent engines; collectives run on links and are not shared.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import operator
 import random
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import simpy
 from simpy.events import Event, Timeout
@@ -32,6 +36,7 @@ from simulators.config import EngineGroup, EngineRole, SimulationConfig
 from simulators.errors import SimulationConfigError, SimulationError
 from simulators.policies.base import SchedulingPolicy
 from simulators.problem import SchedulingProblem
+from simulators.share import DeviceShare, device_share
 
 INF = math.inf
 FREE = -1
@@ -53,6 +58,9 @@ class RankRecord:
     """Track index of each op (-1 for free ops)."""
     issue_us: list[float]
     """When the host finished issuing each op."""
+    alone_us: list[float]
+    """Duration of each op had it run alone on the device: ``dur_us`` unless ops running at once
+    shared the device and slowed each other (then ``dur_us`` is the longer time it took)."""
 
 
 @dataclass
@@ -72,6 +80,8 @@ class KernelResult:
     notes: list[str]
     collective_wait_us: list[float]
     """Per rank: time its collectives waited for the other ranks and for a free link."""
+    host_segments: list[tuple[int, int]]
+    """Program-index ranges the host issued without waiting; each range but the last ends at a sync op."""
 
 
 class _LinkQueue:
@@ -115,7 +125,8 @@ class Simulator:
         self.tp = config.tp
         self._route()
         self._rank_keys()
-        self._segments = self._host_segments()
+        self.host_segments = self._host_segments()
+        """Program-index ranges the host issues without waiting (each but the last ends at a sync op)."""
         self._started = 0
 
     # ---------------------------------------------------------------- set-up
@@ -241,14 +252,22 @@ class Simulator:
 
     # ---------------------------------------------------------------- run
     def run(self) -> KernelResult:
-        """Simulate; raises :class:`SimulationError` if some op never ran (a deadlock)."""
-        pb, env = self.problem, self.env
+        """Simulate; raises :class:`SimulationError` if some op never ran (a deadlock).
+
+        Each call is a fresh run on a new SimPy environment: calling it again gives the same result.
+        """
+        pb = self.problem
+        env = self.env = simpy.Environment()
+        self._started = 0
         n, tp = len(pb), self.tp
         self.indeg = [pb.indeg.copy() for _ in range(tp)]
         self.issue = [[INF] * n for _ in range(tp)]
         self.start = [[-1.0] * n for _ in range(tp)]
         self.track = [[NO_TRACK] * n for _ in range(tp)]
         self.dur = [self._durations(r) for r in range(tp)]
+        self.share = self._shares()
+        # What each op took: its duration, or longer where ops sharing the device slowed it.
+        self.took = [d if sh is None else d.copy() for d, sh in zip(self.dur, self.share, strict=True)]
         self.heaps: list[list[list[int]]] = [[[] for _ in self.local_groups] for _ in range(tp)]
         self.idles: list[list[list[Event]]] = [[[] for _ in self.local_groups] for _ in range(tp)]
         self.pend: list[list[list[int]]] = [[[] for _ in self.local_groups] for _ in range(tp)]
@@ -286,11 +305,36 @@ class Simulator:
             )
         makespan = 0.0
         for r in range(tp):
-            makespan = max(makespan, max(map(operator.add, self.start[r], self.dur[r]), default=0.0))
-        ranks = [RankRecord(self.start[r], self.dur[r], self.track[r], self.issue[r]) for r in range(tp)]
+            makespan = max(makespan, max(map(operator.add, self.start[r], self.took[r]), default=0.0))
+        ranks = [RankRecord(self.start[r], self.took[r], self.track[r], self.issue[r], self.dur[r]) for r in range(tp)]
+        notes = list(self.notes)
+        slowed = [sum(sh.slowed) for sh in self.share if sh is not None]
+        if any(slowed):
+            notes.append(
+                f"{slowed[0]} op(s) ran slower than alone: ops running at once on several engines share the "
+                "device's peak FLOP/s and memory bandwidth (declare independent engines for a device whose "
+                "engines each have the whole peak)"
+            )
         return KernelResult(
-            ranks, self.tracks, self.track_group, self.track_rank, self.host_us, makespan, self.notes, self.coll_wait
+            ranks,
+            self.tracks,
+            self.track_group,
+            self.track_rank,
+            self.host_us,
+            makespan,
+            notes,
+            self.coll_wait,
+            self.host_segments,
         )
+
+    def _shares(self) -> list[DeviceShare | None]:
+        """Per rank, the device its engines share; ``None`` where they cannot slow each other (one
+        engine, independent engines, or a problem without the ops' device work)."""
+        pb = self.problem
+        engines = sum(g.count for g in self.local_groups)
+        if self.config.independent_engines or engines < 2 or not pb.compute_us:
+            return [None] * self.tp
+        return [device_share(pb.compute_us, pb.memory_us, self.dur[r], engines) for r in range(self.tp)]
 
     def _durations(self, rank: int) -> list[float]:
         base = self.problem.dur_us
@@ -319,6 +363,7 @@ class Simulator:
         heaps, idles, pends = self.heaps[rank], self.idles[rank], self.pend[rank]
         heap, idle, pend = heaps[g], idles[g], pends[g]
         dur, start, track = self.dur[rank], self.start[rank], self.track[rank]
+        took, share = self.took[rank], self.share[rank]
         indeg, issue = self.indeg[rank], self.issue[rank]
         succ, qidx, key, op_at, watch = self.problem.succ, self.qidx, self.key, self.op_at, self.watch
         heappush, heappop = heapq.heappush, heapq.heappop
@@ -327,19 +372,24 @@ class Simulator:
         order = self.orders[g] if in_order else []
         pos = self.pos[rank] if in_order else []
         while True:
-            if pend and issue[pend[0]] <= env._now:
+            if pend and issue[pend[0]] <= env.now:
                 self._issue_pending(rank, g)
             if heap and (not in_order or heap[0] == order[pos[g]]):
                 if in_order:
                     pos[g] += 1
                 i = op_at[heappop(heap)]
-                start[i] = env._now
+                start[i] = env.now
                 track[i] = track_id
                 self._started += 1
-                yield Timeout(env, dur[i])
+                if share is None:
+                    yield Timeout(env, dur[i])
+                else:  # ops running at once share the device
+                    took_i = yield from share.hold(env, i, dur[i])
+                    if took_i is not None:
+                        took[i] = took_i
                 if watch[i]:
                     self._notify(rank, i)
-                now = env._now
+                now = env.now
                 for j in succ[i]:
                     c = indeg[j] - 1
                     indeg[j] = c
@@ -363,7 +413,7 @@ class Simulator:
         """Move ops of group ``g`` whose issue time has come (by ``now``, default the clock) from the
         pending heap to the ready heap."""
         pend, heap, issue, key = self.pend[rank][g], self.heaps[rank][g], self.issue[rank], self.key
-        now = self.env._now if now is None else max(now, self.env._now)
+        now = self.env.now if now is None else max(now, self.env.now)
         while pend and issue[pend[0]] <= now:
             heapq.heappush(heap, key[heapq.heappop(pend)])
         idle = self.idles[rank][g]
@@ -382,13 +432,13 @@ class Simulator:
         if current <= t:
             return
         self.timer_at[rank][g] = t
-        ev = Timeout(self.env, t - self.env._now, (rank, g, t))
+        ev = Timeout(self.env, t - self.env.now, (rank, g, t))
         ev.callbacks.append(self._on_timer)
 
     def _on_timer(self, ev: Event) -> None:
         # The timer fires at now + (t - now), which rounding can put a hair before t: the ops due at
         # t are released by t itself, or none would be and no timer would be armed again.
-        rank, g, t = ev._value
+        rank, g, t = cast(tuple[int, int, float], ev.value)
         if self.timer_at[rank][g] <= t:
             self.timer_at[rank][g] = INF
         self._issue_pending(rank, g, t)
@@ -401,10 +451,10 @@ class Simulator:
     def _host(self, rank: int) -> Generator[Event, object, None]:
         env = self.env
         issue, indeg, hus = self.issue[rank], self.indeg[rank], self.host_us
-        segments = self._segments
+        segments = self.host_segments
         last = len(segments) - 1
         for s, (a, b) in enumerate(segments):
-            times = itertools.accumulate(hus[a : b + 1], initial=env._now)
+            times = itertools.accumulate(hus[a : b + 1], initial=env.now)
             next(times)
             issue[a : b + 1] = times
             # Ops whose predecessors finished before the host got to them (all sources at first).
@@ -419,7 +469,7 @@ class Simulator:
         ready = self._ready
 
         def issued(ev: Event) -> None:
-            ready(rank, ev._value)
+            ready(rank, cast(int, ev.value))
 
         return issued
 
@@ -434,7 +484,7 @@ class Simulator:
     def _deps_done(self, rank: int, j: int) -> None:
         """Op ``j`` of ``rank`` has all its predecessors done: release it now or at its issue time."""
         t = self.issue[rank][j]
-        now = self.env._now
+        now = self.env.now
         if t > now:
             if t == INF:  # the host releases it when it gets there
                 return
@@ -457,7 +507,7 @@ class Simulator:
             if wake:
                 wake.pop(0).succeed()
         elif q == FREE:
-            self.start[rank][j] = self.env._now
+            self.start[rank][j] = self.env.now
             self._started += 1
             self._complete(rank, j)
         else:
@@ -475,8 +525,9 @@ class Simulator:
                 c = indeg[j] - 1
                 indeg[j] = c
                 if c == 0:
-                    if self.qidx[j] == FREE and self.issue[rank][j] <= self.env._now:
-                        self.start[rank][j] = self.env._now
+                    now = self.env.now
+                    if self.qidx[j] == FREE and self.issue[rank][j] <= now:
+                        self.start[rank][j] = now
                         self._started += 1
                         stack.append(j)
                     else:
@@ -485,7 +536,7 @@ class Simulator:
     def _arrive(self, rank: int, j: int) -> None:
         """A collective is ready on ``rank``; when every rank of its communicator is, it is queued."""
         size = self.comm_size[j]
-        self.arrived_at[rank][j] = self.env._now
+        self.arrived_at[rank][j] = self.env.now
         cg = rank // size
         akey = (size, cg, j)
         count = self.arrivals.get(akey, 0) + 1
@@ -513,12 +564,13 @@ class Simulator:
             if lq.heap and (not in_order or lq.heap[0] == lq.order[lq.pos]):
                 lq.pos += 1
                 j = op_at[heapq.heappop(lq.heap)]
-                now = env._now
+                now = env.now
                 d = max(self.dur[r][j] for r in ranks)
                 for r in ranks:
                     self.coll_wait[r] += now - self.arrived_at[r].pop(j)
                     self.start[r][j] = now
                     self.dur[r][j] = d
+                    self.took[r][j] = d
                     self.track[r][j] = self.link_tracks[r][k]
                     self._started += 1
                 yield Timeout(env, d)

@@ -7,8 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hardware.base import Bound, Cost
-from opgraph.ir import CycleError, OpBase, OpGraph, OpKind, find_cycle
+from hardware.base import Bound, Cost, peak_times
+from hardware.spec import HardwareSpec
+from opgraph.ir import OpBase, OpGraph, OpKind
+from opgraph.ir.algorithms import adjacency, bottom_levels, generations, longest_path
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class SchedulingProblem:
     indeg: list[int]
     """Predecessor count of each op."""
     topo: list[int]
-    """A topological order (Kahn, ties by program order)."""
+    """A topological order: Kahn's generations, each in program order (as ``topological_order``)."""
     uncosted: list[UncostedOp] = field(default_factory=list)
     """Ops with no cost, in program order."""
     kinds: list[OpKind] = field(default_factory=list)
@@ -53,14 +55,28 @@ class SchedulingProblem:
     """Host time to issue each op as the cost model measured it (a calibrated table), else ``None``."""
     framework_us: list[float] = field(default_factory=list)
     """Host time the framework spends before each op, as measured at capture (``op.host_gap_us``), else 0."""
+    compute_us: list[float] = field(default_factory=list)
+    """Each op's FLOPs at the device's peak (:func:`~hardware.base.peak_times`); empty when the
+    problem was built without hardware (then ops running at once do not share the device)."""
+    memory_us: list[float] = field(default_factory=list)
+    """Each op's bytes at the device's full memory bandwidth; empty without hardware."""
     _bottom: list[float] | None = field(default=None, repr=False)
 
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_costs(
-        cls, graph: OpGraph, costs: Mapping[int, Cost], uncosted: Mapping[int, str] | None = None
+        cls,
+        graph: OpGraph,
+        costs: Mapping[int, Cost],
+        uncosted: Mapping[int, str] | None = None,
+        *,
+        hardware: HardwareSpec | None = None,
     ) -> SchedulingProblem:
-        """From per-op :class:`~hardware.base.Cost` (by op id); ``uncosted`` maps op id to the reason."""
+        """From per-op :class:`~hardware.base.Cost` (by op id); ``uncosted`` maps op id to the reason.
+
+        With ``hardware`` the problem knows what each op takes of the device, so ops running at
+        once share it (unless the simulation declares independent engines).
+        """
         uncosted = uncosted or {}
         n = len(graph.ops)
         dur = [0.0] * n
@@ -83,15 +99,22 @@ class SchedulingProblem:
             dur[i], bound[i], free[i] = facts
             if c.host_s is not None:
                 host[i] = c.host_s * 1e6
-        problem = cls._build(graph, dur, bound, free, missing)
+        problem = cls._build(graph, dur, bound, free, missing, hardware)
         problem.host_us = host
         return problem
 
     @classmethod
     def from_durations(
-        cls, graph: OpGraph, durations_us: Mapping[int, float] | Callable[[OpBase], float]
+        cls,
+        graph: OpGraph,
+        durations_us: Mapping[int, float] | Callable[[OpBase], float],
+        *,
+        hardware: HardwareSpec | None = None,
     ) -> SchedulingProblem:
-        """From plain durations in microseconds (by op id, or a function of the op); views are free."""
+        """From plain durations in microseconds (by op id, or a function of the op); views are free.
+
+        With ``hardware`` ops running at once share its peaks, as in :meth:`from_costs`.
+        """
         get = durations_us if callable(durations_us) else (lambda op: durations_us[op.id])
         dur = [float(get(op)) for op in graph.ops]
         free = [op.kind is OpKind.VIEW for op in graph.ops]
@@ -99,7 +122,7 @@ class SchedulingProblem:
         for i, f in enumerate(free):
             if f:
                 dur[i] = 0.0
-        return cls._build(graph, dur, bound, free, [])
+        return cls._build(graph, dur, bound, free, [], hardware)
 
     @classmethod
     def _build(
@@ -109,40 +132,17 @@ class SchedulingProblem:
         bound: list[str | None],
         free: list[bool],
         uncosted: list[UncostedOp],
+        hardware: HardwareSpec | None = None,
     ) -> SchedulingProblem:
         ops = graph.ops
-        n = len(ops)
-        if all(op.id == i for i, op in enumerate(ops)):
-            index = None
-        else:
-            index = {op.id: i for i, op in enumerate(ops)}
-        succ: list[list[int]] = [[] for _ in range(n)]
-        indeg = [0] * n
-        seen: set[int] = set()
-        seen_add = seen.add
-        if index is None:
-            pairs = ((e.src, e.dst) for e in graph.edges if e.src < n and e.dst < n)
-        else:
-            get = index.get
-            mapped = ((get(e.src), get(e.dst)) for e in graph.edges)
-            pairs = ((s, d) for s, d in mapped if s is not None and d is not None)
-        for s, d in pairs:
-            pair = s * n + d
-            if pair in seen:
-                continue
-            seen_add(pair)
-            if s == d:
-                raise CycleError(f"op {ops[s].id} depends on itself", where="edges")
-            succ[s].append(d)
-            indeg[d] += 1
-        topo = _kahn(succ, indeg)
-        if len(topo) != n:
-            cycle = find_cycle(ops, graph.edges)
-            path = " -> ".join(str(i) for i in [*cycle, cycle[0]]) if cycle else "?"
-            raise CycleError(f"dependency cycle {path}", where="edges", hint="remove one of these edges")
+        succ, indeg = adjacency(ops, graph.edges)
+        topo = [i for gen in generations(succ, indeg, [op.id for op in ops]) for i in gen]
         kinds = [op.kind for op in ops]
         framework = [op.host_gap_us or 0.0 for op in ops]
-        return cls(graph, dur, bound, free, succ, indeg, topo, uncosted, kinds, framework_us=framework)
+        problem = cls(graph, dur, bound, free, succ, indeg, topo, uncosted, kinds, framework_us=framework)
+        if hardware is not None:
+            problem.compute_us, problem.memory_us = _device_work_us(ops, free, hardware)
+        return problem
 
     # ---------------------------------------------------------------- analysis
     def __len__(self) -> int:
@@ -156,42 +156,12 @@ class SchedulingProblem:
     def bottom_levels(self) -> list[float]:
         """Longest time from each op's start to the end of the graph (its own time included)."""
         if self._bottom is None:
-            # Reverse topological order: every successor's level is known before its predecessors'.
-            dur, succ = self.dur_us, self.succ
-            bl = [0.0] * len(dur)
-            for i in reversed(self.topo):
-                best = 0.0
-                for j in succ[i]:
-                    v = bl[j]
-                    if v > best:
-                        best = v
-                bl[i] = dur[i] + best
-            self._bottom = bl
+            self._bottom = bottom_levels(self.succ, self.topo, self.dur_us)
         return self._bottom
 
     def critical_path(self, dur_us: Sequence[float] | None = None) -> tuple[float, list[int]]:
         """Length and program indices of the longest chain of dependent ops (by ``dur_us``)."""
-        dur = self.dur_us if dur_us is None else dur_us
-        n = len(dur)
-        if n == 0:
-            return 0.0, []
-        start = [0.0] * n
-        pred: list[int] = [-1] * n
-        succ = self.succ
-        end_best, end_at = -1.0, 0
-        for i in self.topo:
-            f = start[i] + dur[i]
-            if f > end_best:
-                end_best, end_at = f, i
-            for j in succ[i]:
-                if pred[j] < 0 or f > start[j]:
-                    start[j] = f
-                    pred[j] = i
-        path = [end_at]
-        while pred[path[-1]] >= 0:
-            path.append(pred[path[-1]])
-        path.reverse()
-        return end_best, path
+        return longest_path(self.succ, self.topo, self.dur_us if dur_us is None else dur_us)
 
     @property
     def serial_us(self) -> float:
@@ -199,17 +169,18 @@ class SchedulingProblem:
         return sum(self.dur_us)
 
 
-def _kahn(succ: list[list[int]], indeg: list[int]) -> list[int]:
-    """A topological order (breadth-first Kahn); shorter than ``len(succ)`` when there is a cycle."""
-    deg = indeg.copy()
-    order = [i for i, d in enumerate(deg) if d == 0]
-    append = order.append
-    k = 0
-    while k < len(order):
-        for j in succ[order[k]]:
-            c = deg[j] - 1
-            deg[j] = c
-            if c == 0:
-                append(j)
-        k += 1
-    return order
+def _device_work_us(ops: Sequence[OpBase], free: list[bool], hw: HardwareSpec) -> tuple[list[float], list[float]]:
+    """Each op's :func:`~hardware.base.peak_times` in microseconds (0 for free ops)."""
+    compute = [0.0] * len(ops)
+    memory = [0.0] * len(ops)
+    memo: dict[tuple[object, ...], tuple[float, float]] = {}
+    for i, op in enumerate(ops):
+        if free[i]:
+            continue
+        key = (op.kind, op.dtype, op.flops, op.bytes_read, op.bytes_written)
+        work = memo.get(key)
+        if work is None:
+            c, m = peak_times(op, hw)
+            work = memo[key] = (c * 1e6, m * 1e6)
+        compute[i], memory[i] = work
+    return compute, memory

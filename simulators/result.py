@@ -63,7 +63,6 @@ class SimulationResult:
     kernel: KernelResult
     policy_name: str
     host_per_op_us: float
-    host_segments: list[tuple[int, int]]
     hardware_name: str = ""
     cost_model_name: str = ""
     notes: list[str] = field(default_factory=list)
@@ -75,6 +74,11 @@ class SimulationResult:
         """End of the last op on any rank."""
         return self.kernel.makespan_us
 
+    @property
+    def host_segments(self) -> list[tuple[int, int]]:
+        """Program-index ranges the host issued without waiting (each but the last ends at a sync op)."""
+        return self.kernel.host_segments
+
     def provenance(self) -> dict[str, Scalar]:
         """Settings for the timeline's source and the statistics."""
         out: dict[str, Scalar] = {"hardware": self.hardware_name, "cost_model": self.cost_model_name}
@@ -85,7 +89,15 @@ class SimulationResult:
     def stats(self) -> SimulationStats:
         """Typed statistics (computed once)."""
         if self._stats is None:
-            self._stats = compute_stats(self)
+            self._stats = compute_stats(
+                self.kernel,
+                self.problem,
+                host=self.config.host,
+                policy=self.policy_name,
+                host_per_op_us=self.host_per_op_us,
+                config=self.provenance(),
+                notes=self.notes,
+            )
         return self._stats
 
     def timeline(self) -> Timeline:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from collections.abc import Mapping, Sequence
+from typing import Annotated
 
 import numpy as np
 from pydantic import BaseModel, Field
 
 from opgraph.ir import Scalar
 from opgraph.ir.tensor import FROZEN
-
-if TYPE_CHECKING:
-    from simulators.result import SimulationResult
+from simulators.config import HostConfig
+from simulators.kernel import KernelResult
+from simulators.problem import SchedulingProblem
 
 NonNegFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1.0000001)]
@@ -31,7 +32,8 @@ class EngineStats(BaseModel):
     ops: int
     """Ops it ran."""
     busy_us: NonNegFloat
-    """Sum of the durations of its ops."""
+    """Time its ops occupied it (longer than their time alone where ops running at once on other
+    engines shared the device with them)."""
     utilization: Fraction
     """``busy_us / makespan_us``."""
 
@@ -193,10 +195,20 @@ def host_bound_us(start: np.ndarray, end: np.ndarray, host_end: float) -> float:
     return float(gaps.sum()) + tail
 
 
-def compute_stats(result: SimulationResult) -> SimulationStats:
-    """Statistics of a finished run."""
-    k = result.kernel
-    pb = result.problem
+def compute_stats(
+    kernel: KernelResult,
+    problem: SchedulingProblem,
+    *,
+    host: HostConfig,
+    policy: str,
+    host_per_op_us: float,
+    config: Mapping[str, Scalar],
+    notes: Sequence[str] = (),
+) -> SimulationStats:
+    """Statistics of a finished run: ``kernel`` ran ``problem`` with ``policy`` and host settings
+    ``host`` (``host_per_op_us`` per op); ``config`` and ``notes`` are carried into the statistics."""
+    k = kernel
+    pb = problem
     makespan = k.makespan_us
     tracks = len(k.tracks)
     busy = np.zeros(tracks)
@@ -219,21 +231,23 @@ def compute_stats(result: SimulationResult) -> SimulationStats:
         for i in range(tracks)
     )
     r0 = k.ranks[0]
-    dur0 = np.asarray(r0.dur_us, dtype=float)
+    # Device time of an op is its time alone: sharing the device with other ops stretched its span
+    # (``dur_us``) but did not add work.
+    dur0 = np.asarray(r0.alone_us, dtype=float)
     total = float(dur0.sum())
     ops = pb.ops
     kinds = [op.kind.value for op in ops]
     layers = ["none" if op.layer is None else str(op.layer) for op in ops]
     stages = ["none" if op.stage is None else op.stage.value for op in ops]
-    cp_len, cp_path = pb.critical_path(r0.dur_us)
+    cp_len, cp_path = pb.critical_path(r0.alone_us)
     ids = [op.id for op in ops]
     tr0 = np.asarray(r0.track, dtype=np.int64)
     on0 = tr0 >= 0
     st0 = np.asarray(r0.start_us, dtype=float)
     issue = np.asarray(r0.issue_us, dtype=float)
     host_end = float(issue.max()) if issue.size else 0.0
-    hb = host_bound_us(st0[on0], st0[on0] + dur0[on0], host_end)
-    host_cfg = result.config.host
+    took0 = np.asarray(r0.dur_us, dtype=float)
+    hb = host_bound_us(st0[on0], st0[on0] + took0[on0], host_end)
     return SimulationStats(
         makespan_us=makespan,
         serial_us=total,
@@ -242,7 +256,7 @@ def compute_stats(result: SimulationResult) -> SimulationStats:
         engine_ops=int(on0.sum()),
         free_ops=int((~on0).sum()),
         ranks=len(k.ranks),
-        policy=result.policy_name,
+        policy=policy,
         engines=engines,
         by_kind=_breakdown(kinds, dur0, total),
         by_layer=_breakdown(layers, dur0, total),
@@ -253,11 +267,11 @@ def compute_stats(result: SimulationResult) -> SimulationStats:
             ops=tuple(ids[i] for i in cp_path),
         ),
         host=HostStats(
-            mode=host_cfg.mode.value,
-            per_op_us=result.host_per_op_us,
+            mode=host.mode.value,
+            per_op_us=host_per_op_us,
             busy_us=float(sum(k.host_us)),
             issue_end_us=host_end,
-            sync_points=max(0, len(result.host_segments) - 1),
+            sync_points=max(0, len(k.host_segments) - 1),
             host_bound_us=hb,
             host_bound_share=min(1.0, hb / makespan) if makespan > 0 else 0.0,
         ),
@@ -266,6 +280,6 @@ def compute_stats(result: SimulationResult) -> SimulationStats:
             UncostedOpStats(op_id=u.op_id, kind=u.kind, definition=u.definition, reason=u.reason) for u in pb.uncosted
         ),
         skipped_uncosted=bool(pb.uncosted),
-        config=result.provenance(),
-        notes=tuple(result.notes),
+        config=dict(config),
+        notes=tuple(notes),
     )

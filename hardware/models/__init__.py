@@ -1,4 +1,4 @@
-"""Built-in cost models (roofline, formula, table, alpha-beta collectives) and their registry."""
+"""Built-in cost models (roofline, formula, table, profile, alpha-beta collectives) and their registry."""
 
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams, ring_factors
 from hardware.models.dispatch import (
@@ -11,6 +11,14 @@ from hardware.models.dispatch import (
 )
 from hardware.models.efficiency import EfficiencyCurve, GemmTile, RooflineParams
 from hardware.models.formula import FormulaModel, FormulaParams, HardwareIgnoredWarning
+from hardware.models.profile import (
+    Features,
+    ProfileExtrapolationWarning,
+    ProfileModel,
+    default_cost_model,
+    profile_features,
+    roofline_seconds,
+)
 from hardware.models.registry import (
     COST_MODELS,
     ENTRY_POINT_GROUP,
@@ -40,22 +48,28 @@ __all__ = [
     "CostRegistry",
     "CostTable",
     "EfficiencyCurve",
+    "Features",
     "FormulaDispatchModel",
     "FormulaModel",
     "FormulaParams",
     "GemmTile",
     "HardwareIgnoredWarning",
+    "ProfileExtrapolationWarning",
+    "ProfileModel",
     "RooflineModel",
     "RooflineParams",
     "TableEntry",
     "TableExtrapolationWarning",
     "TableModel",
     "cost_model_names",
+    "default_cost_model",
     "load_cost_table",
     "parse_cost_options",
+    "profile_features",
     "register_cost",
     "resolve_cost_model",
     "ring_factors",
+    "roofline_seconds",
     "shape_key",
     "table_work",
 ]

@@ -1,20 +1,28 @@
 """Alpha-beta cost of collectives: steps x link latency + bytes on the wire / link bandwidth.
 
-``Collective.bytes`` is the input buffer of one rank. Per rank, a ring moves (NCCL's conventions):
+The one formula for collectives: cost models use :class:`AlphaBetaCollectiveModel` for their
+collective ops, and the simulator costs a collective that a model declines with it too.
 
-============== ============ ==========================
-collective     steps         bytes sent per rank
-============== ============ ==========================
-all_reduce     2 (g-1)       2 (g-1)/g x bytes
-reduce_scatter g-1           (g-1)/g x bytes
-all_gather     g-1           (g-1) x bytes (input is the shard)
-all_to_all     g-1           (g-1)/g x bytes
-broadcast      g-1           bytes (pipelined)
-send_recv      1             bytes
-============== ============ ==========================
+``Collective.bytes`` is the buffer **one rank passes in** (the tensor-parallel transform sets it to
+the size of the collective's input tensor on one rank). What that buffer is, and what a ring moves
+per rank over its link (NCCL's algorithms; ``g`` ranks, ``B = bytes``):
 
-A (double binary) tree all-reduce takes ``2 ceil(log2 g)`` steps but moves ``2 x bytes``; ``auto``
-picks the faster, so small messages go by tree and large ones by ring, as NCCL's tuner does.
+============== ================================= ============ =====================
+collective     ``bytes`` is                      ring steps   bytes sent per rank
+============== ================================= ============ =====================
+all_reduce     the whole buffer (in = out)       2 (g-1)      2 (g-1)/g x B
+reduce_scatter the whole buffer (out: B/g)       g-1          (g-1)/g x B
+all_gather     this rank's shard (out: g x B)    g-1          (g-1) x B
+all_to_all     the send buffer (B/g to each)     g-1          (g-1)/g x B
+broadcast      the buffer                        g-1          B (pipelined)
+send_recv      the message                       1            B
+============== ================================= ============ =====================
+
+In NCCL's performance notes the size ``S`` of all_gather is the gathered output (``S = g x B``),
+so all_gather moves ``(g-1)/g x S`` there: the same bytes. A (double binary) tree all-reduce takes
+``2 ceil(log2 g)`` steps but moves ``2 x B``; ``auto`` picks the faster, so small messages go by
+tree and large ones by ring, as NCCL's tuner does. The link reaches ``link_efficiency`` of its
+bandwidth, and a collective is a kernel, so the device's launch latency is added.
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ class CollectiveParams(BaseModel):
 
 
 def ring_factors(kind: CollectiveKind, group_size: int) -> tuple[int, float]:
-    """(latency steps, bytes multiplier) of the ring algorithm for ``kind`` over ``group_size`` ranks."""
+    """(latency steps, multiplier of ``Collective.bytes``) of the ring algorithm for ``kind`` over
+    ``group_size`` ranks: the table of the module docstring."""
     g = group_size
     if kind is CollectiveKind.ALL_REDUCE:
         return 2 * (g - 1), 2 * (g - 1) / g

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from hardware.base import CostModel, CostModelError
+from hardware.profile import PROFILE_SUFFIX
 from opgraph.ir import OpgraphError, Registry, RegistryError
 
 ENTRY_POINT_GROUP = "opgraph.cost_models"
@@ -24,8 +25,10 @@ COST_MODELS.register_lazy("roofline", "hardware.models.roofline:RooflineModel")
 COST_MODELS.register_lazy("formula", "hardware.models.formula:FormulaModel")
 COST_MODELS.register_lazy("table", "hardware.models.table:TableModel")
 COST_MODELS.register_lazy("collective", "hardware.models.collective:AlphaBetaCollectiveModel")
+COST_MODELS.register_lazy("profile", "hardware.models.profile:ProfileModel")
 
 _TABLE_SUFFIXES = (".json", ".json.gz")
+
 
 
 def parse_cost_options(items: list[str] | tuple[str, ...]) -> dict[str, object]:
@@ -88,8 +91,9 @@ def _is_file_spec(spec: str) -> bool:
 def resolve_cost_model(spec: str, **options: object) -> CostModel:
     """A ready cost model from ``spec``, built with ``options``.
 
-    ``spec`` is one of: a built-in name (``roofline``, ``formula``, ``table``, ``collective``); a
-    path to a saved cost table (``calib.json``, what ``opgraph calibrate`` writes); ``module:Class``;
+    ``spec`` is one of: a built-in name (``roofline``, ``formula``, ``table``, ``collective``,
+    ``profile``); a path to a device profile (``h100.profile.json``, what ``opgraph profile``
+    writes); a path to a saved cost table (``calib.json``, what ``opgraph calibrate`` writes); ``module:Class``;
     ``path/to/file.py:Class``; or a name in the ``opgraph.cost_models`` entry-point group. A class
     (or factory) is called with ``options``; an instance is used as it is.
 
@@ -102,6 +106,8 @@ def resolve_cost_model(spec: str, **options: object) -> CostModel:
     'RooflineModel'
     """
     spec = spec.strip()
+    if spec.endswith(PROFILE_SUFFIX) and ":" not in spec.replace("\\", "/").split("/")[-1]:
+        return instantiate_cost_model(COST_MODELS.get("profile"), spec, {"path": spec, **options})
     if spec.endswith(_TABLE_SUFFIXES) and ":" not in spec.replace("\\", "/").split("/")[-1]:
         return instantiate_cost_model(COST_MODELS.get("table"), spec, {"table": spec, **options})
     if _is_file_spec(spec):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Self
 
@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from opgraph.ir.algorithms import find_cycle as find_cycle
 from opgraph.ir.errors import CycleError, DanglingEdgeError, DuplicateIdError
 from opgraph.ir.generation import GenerationPlan, LazyEdges, LazyOps
 from opgraph.ir.ops import Op, OpBase, OpKind, PosInt, Stage
@@ -461,36 +462,3 @@ def _install_lazy(graph: OpGraph) -> None:
 
 def _edge(src: int, dst: int, kind: str, tensor: int | None) -> Edge:
     return Edge.model_construct(src=src, dst=dst, kind=EdgeKind(kind), tensor=tensor)
-
-
-def find_cycle(ops: Iterable[OpBase], edges: Iterable[Edge]) -> list[int]:
-    """Op ids on one dependency cycle, or ``[]`` when the edges form a DAG (iterative, O(V+E))."""
-    succ: dict[int, list[int]] = {o.id: [] for o in ops}
-    for e in edges:
-        if e.src in succ and e.dst in succ:
-            succ[e.src].append(e.dst)
-    white, grey, black = 0, 1, 2
-    color = dict.fromkeys(succ, white)
-    for root in succ:
-        if color[root] != white:
-            continue
-        stack: list[tuple[int, int]] = [(root, 0)]
-        path: list[int] = [root]
-        color[root] = grey
-        while stack:
-            node, i = stack[-1]
-            nxt = succ[node]
-            if i < len(nxt):
-                stack[-1] = (node, i + 1)
-                child = nxt[i]
-                if color[child] == grey:
-                    return path[path.index(child) :]
-                if color[child] == white:
-                    color[child] = grey
-                    stack.append((child, 0))
-                    path.append(child)
-            else:
-                color[node] = black
-                stack.pop()
-                path.pop()
-    return []

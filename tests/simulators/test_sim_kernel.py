@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
 
 import pytest
 from sim_graphs import PerOpCost, chain_graph, decoder_layers, hw, with_other
 
+from hardware import AlphaBetaCollectiveModel, cost_graph
 from opgraph.ir import (
     CycleError,
     Edge,
@@ -29,8 +31,9 @@ from simulators import (
     SimulationConfig,
     SimulationResult,
     SimulationStats,
+    Simulator,
     UncostedOpsError,
-    cost_ops,
+    cost_problem,
     get_policy,
     run_problem,
     simulate,
@@ -59,8 +62,8 @@ def test_qkv_projections_run_in_parallel() -> None:
 def test_engine_sweep_finds_three_engines_for_a_decoder_layer() -> None:
     # The seed's study: Q, K and V in parallel make 3 engines the smallest optimal count.
     graph = decoder_layers(2)
-    report = cost_ops(graph, PerOpCost(), hw())
-    problem = SchedulingProblem.from_costs(graph, report.costs.costs, report.costs.uncosted)
+    costs = cost_graph(graph, PerOpCost(), hw())
+    problem = SchedulingProblem.from_costs(graph, costs.costs, costs.uncosted)
     sweep, results = sweep_engines(problem, SimulationConfig(host=NO_HOST), range(1, 7))
     assert sweep.recommended == 3
     spans = [p.makespan_us for p in sweep.points]
@@ -153,8 +156,6 @@ def test_tensor_parallel_collectives_synchronise_ranks() -> None:
 
 def test_collective_time_from_interconnect_when_model_declines() -> None:
     graph = decoder_layers(1, tp=2)
-    model = FixedCostModel(default_us=2.0, by_kind={})
-    model.by_kind = {}
 
     class NoCollective(FixedCostModel):
         def estimate(self, op, hw_):  # type: ignore[no-untyped-def]
@@ -164,11 +165,15 @@ def test_collective_time_from_interconnect_when_model_declines() -> None:
                 raise UncostedOpError("no collective formula")
             return super().estimate(op, hw_)
 
-    report = cost_ops(graph, NoCollective(default_us=2.0), hw(link_gbps=100.0))
-    assert report.from_interconnect == 1 and not report.costs.uncosted
+    link = AlphaBetaCollectiveModel()
+    report = cost_graph(graph, NoCollective(default_us=2.0), hw(link_gbps=100.0), fallback=link)
+    assert report.from_fallback == 1 and not report.uncosted
     coll = next(o for o in graph.ops if o.kind.value == "collective")
-    # All-reduce of 4096 bytes over 2 ranks: 2*(1/2)*4096/100e9 s + 2 latencies of 1 us.
-    assert report.costs.costs[coll.id].us == pytest.approx(4096 / 100e9 * 1e6 + 2.0)
+    # The one collective formula (it once had a second copy here that disagreed with it).
+    want = AlphaBetaCollectiveModel().estimate(coll, hw(link_gbps=100.0))
+    assert report.costs[coll.id] == want
+    problem, _, _ = cost_problem(graph, NoCollective(default_us=2.0), hw(link_gbps=100.0))
+    assert problem.dur_us[coll.id] == want.us
     with pytest.raises(UncostedOpsError, match="collective"):
         simulate(graph, hw(link_gbps=0.0), NoCollective(default_us=2.0), SimulationConfig.standard(1, tp=2))
 
@@ -289,6 +294,40 @@ def test_costs_are_computed_once_per_unique_configuration() -> None:
         Gemm(id=3, m=4, n=8, k=8, call=call),  # an unhashable field: keyed by JSON
         Gemm(id=4, m=4, n=8, k=8, call=call),
     )
-    report = cost_ops(OpGraph(ops=ops), Counting(default_us=1.0), hw())
+    report = cost_graph(OpGraph(ops=ops), Counting(default_us=1.0), hw())
     assert report.unique_configs == 3 and calls == [0, 2, 3]
-    assert set(report.costs.costs) == {0, 1, 2, 3, 4}
+    assert set(report.costs) == {0, 1, 2, 3, 4}
+
+
+def test_a_simulator_runs_again_from_time_zero() -> None:
+    # A second run() once started at the first run's end time and returned a shifted makespan.
+    problem, _, _ = cost_problem(decoder_layers(2), PerOpCost(), hw())
+    config = SimulationConfig.standard(2, host=HostConfig(mode=HostMode.EAGER))
+    sim = Simulator(problem, config, get_policy(config.policy), [1.0] * len(problem))
+    first = sim.run()
+    second = sim.run()
+    assert second.makespan_us == first.makespan_us
+    assert second.ranks[0].start_us == first.ranks[0].start_us
+    assert min(s for s in second.ranks[0].start_us if s >= 0) == 1.0  # after the first op's host time
+
+
+def test_the_kernel_reads_no_private_simpy_fields() -> None:
+    # env._now and ev._value were read directly; SimPy can rename its private fields at any time.
+    import ast
+    import inspect
+
+    import simpy
+
+    import simulators.kernel
+
+    env = simpy.Environment()
+
+    def proc() -> Generator[simpy.Event, object, None]:
+        yield env.timeout(0)
+
+    objects = (env, env.event(), env.timeout(0), env.process(proc()), simpy.Interrupt(None))
+    private = {a for o in objects for a in vars(o) if a.startswith("_") and not a.startswith("__")}
+    assert "_now" in private and "_value" in private
+    tree = ast.parse(inspect.getsource(simulators.kernel))
+    used = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not used & private

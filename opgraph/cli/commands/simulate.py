@@ -81,11 +81,12 @@ def simulate(
         help="Compute engines: N (default 1), or a sweep LOW..HIGH / 1,2,4 that names the best count.",
     ),
     hardware: str = typer.Option("h100", "--hardware", "-H", help="Catalog name or a hardware .toml/.json file."),
-    cost_model: str = typer.Option(
-        "roofline",
+    cost_model: str | None = typer.Option(
+        None,
         "--cost-model",
         "-c",
-        help="roofline, formula, table, a calibrated JSON, module:Class, file.py:Class.",
+        help="roofline, formula, table, profile, a calibrated or profile JSON, module:Class, file.py:Class "
+        "(default: the device's measured profile when it ships one, else roofline).",
     ),
     policy: str = typer.Option("earliest", "--policy", "-p", help="earliest, critical-path, stream, or module:Class."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks; collectives synchronise them."),
@@ -150,7 +151,14 @@ def simulate(
 
     get_policy(policy)  # fail early, before loading anything large
     hw = _load_hardware(hardware)
-    model = _load_cost_model(cost_model)
+    default_note: tuple[str, ...] = ()
+    if cost_model is None:
+        from hardware import default_cost_model
+
+        model, uncalibrated = default_cost_model(hw)
+        default_note = (uncalibrated,) if uncalibrated else ()
+    else:
+        model = _load_cost_model(cost_model)
     graph = load_graph(graph_path)
     base = load_model(config_path, SimulationConfig) if config_path is not None else None
     counts = counts or [base.engines if base is not None else 1]
@@ -176,8 +184,8 @@ def simulate(
         )
     result, sweep = study.result, study.sweep
     stats = result.stats()
-    if study.notes:
-        stats = stats.model_copy(update={"notes": (*stats.notes, *study.notes)})
+    if study.notes or default_note:
+        stats = stats.model_copy(update={"notes": (*stats.notes, *default_note, *study.notes)})
 
     if output is not None:
         save_timeline(result.timeline(), output)

@@ -1,0 +1,654 @@
+"""Held-out accuracy cases (issue 18, "Prove it"): measure models no profile or table has seen.
+
+Run on a GPU machine from the repo root (``benchmarks/gpu/heldout_h100.sh`` wraps it)::
+
+    python3 benchmarks/gpu/heldout.py --out $OUT/heldout --budget-s 400
+
+Each case is an unmodified Hugging Face model (eager modules, SDPA attention, random weights, MoE
+blocks with their own routing: opgraph's balanced-router patch is *not* installed) built from one
+of opgraph's preset configs cut to a few layers. Per case:
+
+1. build the model on the device (seeded random weights), two warm-up runs;
+2. ``--runs`` (>= 9) plain runs, each CUDA-synchronised before and after: the wall time per run
+   (median and spread are reported);
+3. the same number of runs under ``torch.profiler`` (CPU + CUDA), each run one profiler range:
+   the GPU time per run is the *sum of the durations* of the device activities it launched
+   (kernels, memcpy, memset), the definition of the ``gpu_time`` row of ``opgraph compare``
+   (``Timeline.device_spans``); the union of their intervals (``busy_us``) is kept beside it.
+   The trace of ONE run (the one with the median GPU time) is kept, trimmed to that run
+   (``<case>.trace.json.gz``), for per-op errors computed on the CPU later; in the profiled runs every
+   module call is a profiler range named by its module path, so the report can line the trace's
+   aten calls up with a meta recording module by module;
+4. PyTorch's ``RuntimeEstimator`` on the same phase (as ``benchmarks/gpu/accuracy.py`` computes it:
+   roofline mode, FakeTensorMode, eager attention), a side-by-side baseline that needs the device.
+
+Prefill runs the prompt into an empty ``DynamicCache``; decode fills a ``DynamicCache`` with a
+prefill of ``kv_len`` tokens outside the timed region (a fresh copy per run) and times one decode
+forward. Token ids are seeded random, as in ``opgraph capture --device cuda``.
+
+Writes ``<case>.json``, ``<case>.config.json`` (the exact config, which ``opgraph capture`` takes)
+and ``<case>.trace.json.gz`` per case, and ``summary.json`` (rewritten after every case, so a run cut
+short keeps what it measured). Cases run most-diverse first; a case whose estimate does not fit in
+what is left of ``--budget-s`` is skipped with a note.
+
+``--device cpu --tiny`` runs tiny configs on the CPU to test the pipeline without a GPU: there is no
+device there, so every leaf aten op of the CPU trace stands in for a kernel (marked ``fake_device``
+in the outputs). That data is for tests only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import gzip
+import inspect
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PRESETS = REPO / "opgraph" / "capture" / "presets"
+
+RUN_RANGE = "heldout_run_"
+"""Profiler range around each profiled run (``heldout_run_<i>``)."""
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+"""Kineto categories of device activity: what opgraph's ``gpu_time`` sums."""
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
+
+# Most diverse first: families, phases, dtypes and batch sizes alternate, so a run cut short by the
+# budget still covers them. ``est_s`` is a rough H100 estimate of the case's seconds (build + runs).
+CASES: list[dict[str, Any]] = [
+    {"case": "llama8b_prefill_b1_s4096_bf16_l4", "preset": "llama-3.1-8b", "phase": "prefill", "batch": 1,
+     "seq_len": 4096, "dtype": "bf16", "layers": 4, "est_s": 20},
+    {"case": "qwen3moe_decode_b8_kv1024_bf16_l2", "preset": "qwen3-30b-a3b", "phase": "decode", "batch": 8,
+     "kv_len": 1024, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "mixtral_prefill_b1_s2048_bf16_l2", "preset": "mixtral-8x7b", "phase": "prefill", "batch": 1,
+     "seq_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "llama1b_decode_b1_kv512_fp16_l4", "preset": "llama-3.2-1b", "phase": "decode", "batch": 1,
+     "kv_len": 512, "dtype": "fp16", "layers": 4, "est_s": 15},
+    {"case": "qwen25_7b_prefill_b4_s512_fp16_l4", "preset": "qwen2.5-7b", "phase": "prefill", "batch": 4,
+     "seq_len": 512, "dtype": "fp16", "layers": 4, "est_s": 20},
+    {"case": "llama70b_decode_b8_kv4096_bf16_l2", "preset": "llama-3.1-70b", "phase": "decode", "batch": 8,
+     "kv_len": 4096, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "llama8b_decode_b32_kv1024_fp16_l4", "preset": "llama-3.1-8b", "phase": "decode", "batch": 32,
+     "kv_len": 1024, "dtype": "fp16", "layers": 4, "est_s": 20},
+    {"case": "llama70b_prefill_b1_s2048_bf16_l2", "preset": "llama-3.1-70b", "phase": "prefill", "batch": 1,
+     "seq_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 30},
+    {"case": "mixtral_decode_b16_kv2048_fp16_l2", "preset": "mixtral-8x7b", "phase": "decode", "batch": 16,
+     "kv_len": 2048, "dtype": "fp16", "layers": 2, "est_s": 25},
+    {"case": "qwen25_7b_decode_b4_kv8192_bf16_l4", "preset": "qwen2.5-7b", "phase": "decode", "batch": 4,
+     "kv_len": 8192, "dtype": "bf16", "layers": 4, "est_s": 20},
+    {"case": "llama1b_prefill_b2_s8192_bf16_l4", "preset": "llama-3.2-1b", "phase": "prefill", "batch": 2,
+     "seq_len": 8192, "dtype": "bf16", "layers": 4, "est_s": 25},
+    {"case": "qwen3moe_prefill_b2_s1024_fp16_l2", "preset": "qwen3-30b-a3b", "phase": "prefill", "batch": 2,
+     "seq_len": 1024, "dtype": "fp16", "layers": 2, "est_s": 30},
+]  # fmt: skip
+
+# CPU smoke cases: tiny shapes of the same families (the config keys present in the preset shrunk).
+TINY_CASES: list[dict[str, Any]] = [
+    {"case": "tiny_llama_prefill_b1_s32_bf16", "preset": "llama-3.1-8b", "phase": "prefill", "batch": 1,
+     "seq_len": 32, "dtype": "bf16", "layers": 2, "est_s": 5},
+    {"case": "tiny_llama_decode_b2_kv64_fp16", "preset": "llama-3.2-1b", "phase": "decode", "batch": 2,
+     "kv_len": 64, "dtype": "fp16", "layers": 2, "est_s": 5},
+    {"case": "tiny_mixtral_prefill_b1_s16_bf16", "preset": "mixtral-8x7b", "phase": "prefill", "batch": 1,
+     "seq_len": 16, "dtype": "bf16", "layers": 1, "est_s": 5},
+    {"case": "tiny_qwen2_prefill_b2_s16_fp16", "preset": "qwen2.5-7b", "phase": "prefill", "batch": 2,
+     "seq_len": 16, "dtype": "fp16", "layers": 1, "est_s": 5},
+    {"case": "tiny_qwen3moe_decode_b2_kv32_bf16", "preset": "qwen3-30b-a3b", "phase": "decode", "batch": 2,
+     "kv_len": 32, "dtype": "bf16", "layers": 1, "est_s": 5},
+]  # fmt: skip
+TINY = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "num_local_experts": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+}
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def case_config(case: dict[str, Any], tiny: bool) -> dict[str, Any]:
+    """The raw config (``model_type`` and the keys ``AutoConfig.for_model`` takes), cut to the case's layers."""
+    raw = dict(json.loads((PRESETS / f"{case['preset']}.json").read_text())["config"])
+    if tiny:
+        raw.update({k: v for k, v in TINY.items() if k in raw})
+        raw.pop("rope_scaling", None)
+    raw["num_hidden_layers"] = int(case["layers"])
+    if isinstance(raw.get("layer_types"), list):
+        raw["layer_types"] = raw["layer_types"][: case["layers"]]
+    if "max_window_layers" in raw:
+        raw["max_window_layers"] = int(case["layers"])
+    return raw
+
+
+def build_model(raw: dict[str, Any], dtype: str, device: str) -> tuple[Any, Any]:
+    """The unmodified HF causal LM (eager modules, SDPA) with seeded random weights on ``device``."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    kwargs = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
+    config = transformers.AutoConfig.for_model(raw["model_type"], **kwargs)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, dtype=getattr(torch, DTYPES[dtype]), attn_implementation="sdpa"
+        )
+    model.eval()
+    return model, config
+
+
+def token_ids(vocab: int, batch: int, length: int, seed: int, device: str) -> Any:
+    """Seeded random token ids (as ``opgraph.capture.api.token_ids``)."""
+    import torch
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=gen, dtype=torch.long).to(device)
+
+
+class Phase:
+    """One case's phase: ``fresh()`` makes the cache a run starts from (untimed), ``run(cache)`` the forward."""
+
+    def __init__(self, model: Any, config: Any, case: dict[str, Any], device: str) -> None:
+        import transformers
+
+        self.model, self.config, self.case, self.device = model, config, case, device
+        self.cache_cls = transformers.DynamicCache
+        params = inspect.signature(model.forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"  # as opgraph's capture
+        vocab = int(config.vocab_size)
+        b = int(case["batch"])
+        self.copies = True
+        if case["phase"] == "decode":
+            self.ids = token_ids(vocab, b, 1, 2, device)
+            self.fill = token_ids(vocab, b, int(case["kv_len"]), 1, device)
+            self.base = self._filled()
+        else:
+            self.ids = token_ids(vocab, b, int(case["seq_len"]), 0, device)
+            self.base = None
+
+    def _new_cache(self) -> Any:
+        try:
+            return self.cache_cls(config=self.config)
+        except TypeError:
+            return self.cache_cls()
+
+    def _forward(self, ids: Any, cache: Any, **extra: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return self.model(input_ids=ids, use_cache=True, **{self.cache_kw: cache}, **extra)
+
+    def _filled(self) -> Any:
+        cache = self._new_cache()
+        self._forward(self.fill, cache, logits_to_keep=1)  # only the cache is kept: no full logits
+        return cache
+
+    def fresh(self) -> Any:
+        """An empty cache (prefill) or a filled one (decode: a copy of the one filled once, else filled again)."""
+        if self.base is None:
+            return self._new_cache()
+        if self.copies:
+            try:
+                return copy.deepcopy(self.base)
+            except Exception:  # a cache class that cannot be copied: fill a new one each time
+                self.copies = False
+        return self._filled()
+
+    def run(self, cache: Any) -> None:
+        out = self._forward(self.ids, cache)
+        del out
+
+
+MODULE_RANGE = "heldout_mod:"
+"""Profiler range around each module call of a profiled run (``heldout_mod:model.layers.0.mlp``): the
+module scope of every aten call, which lets the report line the trace up with a recording module by
+module (a module whose calls differ, such as an MoE block run as the model routes, stays apart)."""
+
+
+@contextmanager
+def module_ranges(model: Any) -> Iterator[None]:
+    """While inside: every call of a submodule of ``model`` is a profiler range named by its path."""
+    import torch
+
+    names = {id(m): n for n, m in model.named_modules()}
+    open_ranges: list[Any] = []
+
+    def pre(module: Any, _args: Any) -> None:
+        name = names.get(id(module))
+        rf = torch.autograd.profiler.record_function(f"{MODULE_RANGE}{name}") if name is not None else None
+        if rf is not None:
+            rf.__enter__()  # type: ignore[no-untyped-call]
+        open_ranges.append(rf)
+
+    def post(module: Any, _args: Any, _out: Any) -> None:
+        rf = open_ranges.pop() if open_ranges else None
+        if rf is not None:
+            rf.__exit__(None, None, None)
+
+    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    h2 = torch.nn.modules.module.register_module_forward_hook(post)
+    try:
+        yield
+    finally:
+        h1.remove()
+        h2.remove()
+        while open_ranges:  # a forward that raised left its ranges open
+            rf = open_ranges.pop()
+            if rf is not None:
+                rf.__exit__(None, None, None)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _nested(events: list[dict[str, Any]]) -> list[bool]:
+    """For cpu ops sorted by (tid, ts, -dur): whether each has a child (another op inside it)."""
+    has_child = [False] * len(events)
+    stack: list[int] = []
+    last_tid: Any = object()
+    for i, e in enumerate(events):
+        if e.get("tid") != last_tid:
+            stack, last_tid = [], e.get("tid")
+        while stack and events[stack[-1]]["ts"] + events[stack[-1]].get("dur", 0) < e["ts"] + e.get("dur", 0) - 1e-6:
+            stack.pop()
+        if stack:
+            has_child[stack[-1]] = True
+        stack.append(i)
+    return has_child
+
+
+_FREE = frozenset(
+    [
+        "view",
+        "reshape",
+        "as_strided",
+        "transpose",
+        "unsqueeze",
+        "squeeze",
+        "expand",
+        "slice",
+        "select",
+        "permute",
+        "detach",
+        "alias",
+        "empty",
+        "t",
+        "_unsafe_view",
+        "resolve_conj",
+        "resolve_neg",
+        "lift_fresh",
+    ]
+)
+
+
+def fake_device_events(trace: dict[str, Any]) -> int:
+    """CPU smoke mode: give every leaf aten op that computes a stand-in kernel (same span) and launch."""
+    evs = trace["traceEvents"]
+    ops = sorted(
+        (e for e in evs if e.get("ph") == "X" and e.get("cat") == "cpu_op"),
+        key=lambda e: (str(e.get("tid")), e["ts"], -e.get("dur", 0)),
+    )
+    leaf = [not c for c in _nested(ops)]
+    corr = 10_000_000
+    added = 0
+    for e, is_leaf in zip(ops, leaf, strict=True):
+        name = str(e.get("name", "")).removeprefix("aten::")
+        if not is_leaf or name in _FREE or e.get("dur", 0) <= 0:
+            continue
+        corr += 1
+        mid = e["ts"] + e["dur"] / 2
+        evs.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": e.get("pid"),
+                    "tid": e.get("tid"), "ts": mid, "dur": 0, "args": {"correlation": corr}})  # fmt: skip
+        evs.append({"ph": "X", "cat": "kernel", "name": f"fake_{name}", "pid": 0, "tid": 7, "ts": mid,
+                    "dur": e["dur"], "args": {"correlation": corr, "device": 0, "stream": 7}})  # fmt: skip
+        added += 1
+    return added
+
+
+def split_runs(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per profiled run (``heldout_run_<i>`` range): its range, GPU time (sum), busy time (union), kernels."""
+    evs = trace["traceEvents"]
+    ranges = sorted(
+        (e for e in evs if e.get("ph") == "X" and str(e.get("name", "")).startswith(RUN_RANGE)
+         and e.get("cat") in ("user_annotation", "cpu_op")),
+        key=lambda e: e["ts"],
+    )  # fmt: skip
+    launch: dict[Any, float] = {}
+    for e in evs:
+        if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {}):
+            launch[e["args"]["correlation"]] = float(e["ts"])
+    runs = [
+        {"index": int(r["name"][len(RUN_RANGE) :]), "start": float(r["ts"]), "end": float(r["ts"]) + float(r["dur"]),
+         "tid": r.get("tid"), "spans": []}
+        for r in ranges
+    ]  # fmt: skip
+    starts = [r["start"] for r in runs]
+    import bisect
+
+    for e in evs:
+        if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
+            continue
+        t = launch.get(e.get("args", {}).get("correlation"))
+        if t is None:
+            continue
+        i = bisect.bisect_right(starts, t) - 1
+        if i >= 0 and t <= runs[i]["end"]:
+            runs[i]["spans"].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), float(e.get("dur", 0))))
+    out = []
+    for r in runs:
+        spans = r.pop("spans")
+        busy, cur_s, cur_e = 0.0, None, 0.0
+        for s, e, _ in sorted(spans):
+            if cur_s is None or s > cur_e:
+                busy += (cur_e - cur_s) if cur_s is not None else 0.0
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        busy += (cur_e - cur_s) if cur_s is not None else 0.0
+        out.append({**r, "gpu_us": sum(d for _, _, d in spans), "busy_us": busy, "device_events": len(spans)})
+    return out
+
+
+def trim_to_run(trace: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
+    """The trace of one run: metadata, host events inside its range, and the device events it launched."""
+    lo, hi = run["start"], run["end"]
+    keep_corr: set[Any] = set()
+    host: list[dict[str, Any]] = []
+    meta: list[dict[str, Any]] = []
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "M":
+            meta.append(e)
+        elif e.get("cat") in DEVICE_CATS or str(e.get("cat", "")).startswith("gpu_"):
+            continue
+        elif "ts" in e and lo <= float(e["ts"]) <= hi:
+            if e.get("cat") in ("cpu_op", "user_annotation") and isinstance(e.get("args"), dict):
+                # Keep the trace small: host ops keep only the id that links them to their kernels.
+                e = {**e, "args": {k: v for k, v in e["args"].items() if k == "External id"}}
+            host.append(e)
+            if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {}):
+                keep_corr.add(e["args"]["correlation"])
+    dev = [
+        e for e in trace["traceEvents"]
+        if e.get("cat") in DEVICE_CATS and e.get("args", {}).get("correlation") in keep_corr
+    ]  # fmt: skip
+    out = {k: v for k, v in trace.items() if k != "traceEvents"}
+    out["traceEvents"] = meta + host + dev
+    return out
+
+
+def stats(xs: list[float]) -> dict[str, Any]:
+    """Median, min, max, relative spread ((max - min) / median) and IQR of ``xs``."""
+    xs = [float(x) for x in xs]
+    med = statistics.median(xs)
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
+    return {
+        "median": med,
+        "min": min(xs),
+        "max": max(xs),
+        "spread": (max(xs) - min(xs)) / med if med else 0.0,
+        "iqr": q[2] - q[0],
+        "runs": xs,
+    }
+
+
+def gpu_info(device: str) -> dict[str, Any]:
+    """GPU name, driver and clocks (nvidia-smi), or the CPU."""
+    info: dict[str, Any] = {"cpu": platform.processor() or platform.machine()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if device != "cuda":
+        info["name"] = "cpu"
+        return info
+    import torch
+
+    info["name"] = torch.cuda.get_device_name()
+    props = torch.cuda.get_device_properties(0)
+    info["sm_count"] = props.multi_processor_count
+    info["memory_gib"] = round(props.total_memory / 2**30, 1)
+    fields = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,temperature.gpu"
+    try:
+        res = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True, text=True, timeout=15
+        )
+        vals = [v.strip() for v in res.stdout.strip().splitlines()[0].split(",")]
+        info.update(dict(zip(fields.split(","), vals, strict=False)))
+    except Exception as exc:  # provenance is best effort
+        info["nvidia_smi"] = f"{type(exc).__name__}: {exc}"[:200]
+    return info
+
+
+def sm_clock() -> str | None:
+    try:
+        res = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        )
+        return res.stdout.strip().splitlines()[0].strip()
+    except Exception:
+        return None
+
+
+def runtime_estimator(config_path: Path, case: dict[str, Any], device: str) -> dict[str, Any]:
+    """PyTorch's RuntimeEstimator on the same phase, as ``benchmarks/gpu/accuracy.py`` runs it."""
+    sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
+    try:
+        from accuracy import runtime_estimator_ms
+    finally:
+        sys.path.pop(0)
+    kw: dict[str, Any] = {k: case[k] for k in ("phase", "batch", "seq_len", "kv_len", "dtype") if k in case}
+    ms, why = runtime_estimator_ms(str(config_path), kw, device)
+    return {"total_us": None if ms is None else ms * 1e3, "note": why}
+
+
+def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Measure one case; writes its config, trimmed trace and JSON; returns the JSON."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    name, device = case["case"], args.device
+    t_case = time.perf_counter()
+    raw = case_config(case, args.tiny)
+    cfg_path = out / f"{name}.config.json"
+    cfg_path.write_text(json.dumps(raw, indent=1))
+    model, config = build_model(raw, case["dtype"], device)
+    params = sum(p.numel() for p in model.parameters())
+    phase = Phase(model, config, case, device)
+    for _ in range(2):  # warm-up: allocator growth, library init, autotuning
+        phase.run(phase.fresh())
+    sync(device)
+    walls: list[float] = []
+    for _ in range(args.runs):
+        cache = phase.fresh()
+        gc.collect()
+        sync(device)
+        t0 = time.perf_counter()
+        phase.run(cache)
+        sync(device)
+        walls.append((time.perf_counter() - t0) * 1e6)
+        del cache
+    clock_after_runs = sm_clock() if device == "cuda" else None
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts, record_shapes=False) as prof, module_ranges(model):
+        for i in range(args.runs):
+            cache = phase.fresh()
+            sync(device)
+            with record_function(f"{RUN_RANGE}{i}"):
+                phase.run(cache)
+                sync(device)
+            del cache
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(p))
+        trace = json.loads(p.read_text())
+    fake = fake_device_events(trace) if device != "cuda" else 0
+    runs = split_runs(trace)
+    if len(runs) != args.runs or any(r["device_events"] == 0 for r in runs):
+        raise RuntimeError(f"profiled runs not found in the trace ({len(runs)} ranges)")
+    gpu = [r["gpu_us"] for r in runs]
+    med = statistics.median_low(gpu)
+    chosen = next(r for r in runs if r["gpu_us"] == med)
+    trimmed = trim_to_run(trace, chosen)
+    trace_name = f"{name}.trace.json.gz"
+    with gzip.open(out / trace_name, "wt", compresslevel=9) as f:
+        json.dump(trimmed, f, separators=(",", ":"))
+    del trace, trimmed, prof
+    measured_s = time.perf_counter() - t_case
+    del phase, model
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    est = runtime_estimator(cfg_path, case, device) if not args.no_estimator else {"total_us": None, "note": "off"}
+    settings = {k: case[k] for k in ("phase", "batch", "seq_len", "kv_len", "dtype", "layers") if k in case}
+    result: dict[str, Any] = {
+        "case": name,
+        "preset": case["preset"],
+        "config_file": cfg_path.name,
+        "settings": settings,
+        "parameters": params,
+        "device": gpu_info(device)["name"] if device != "cuda" else torch.cuda.get_device_name(),
+        "fake_device": device != "cuda",
+        "attention": "sdpa (HF eager modules)",
+        "moe_routing": "the model's own router (unmodified)",
+        "experts_implementation": str(getattr(config, "_experts_implementation", None)),
+        "runs": args.runs,
+        "wall_us": stats(walls),
+        "gpu_us": stats(gpu),
+        "gpu_time_definition": "sum of device activity durations (kernels, memcpy, memset) launched in one run "
+        "(opgraph compare's gpu_time)",
+        "busy_us": stats([r["busy_us"] for r in runs]),
+        "device_events_per_run": [r["device_events"] for r in runs],
+        "trace_file": trace_name,
+        "trace_run": chosen["index"],
+        "trace_gpu_us": chosen["gpu_us"],
+        "sm_clock_after_runs": clock_after_runs,
+        "runtime_estimator": est,
+        "seconds": {"measure": measured_s, "total": time.perf_counter() - t_case},
+        "notes": ["CPU smoke data: leaf aten ops stand in for kernels"] if fake else [],
+    }
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke test of the pipeline)")
+    ap.add_argument("--runs", type=int, default=9, help="timed runs (and profiled runs) per case, at least 9")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="skip cases that would end after this")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
+    args = ap.parse_args()
+    t_start = time.perf_counter()
+    if args.runs < 9 and not args.tiny:
+        ap.error("--runs must be at least 9 (the targets are medians of at least 9 runs)")
+    import torch
+    import transformers
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: CUDA is not available here (--device): use --device cpu --tiny for a smoke run", file=sys.stderr)
+        return 2
+    cases = TINY_CASES if args.tiny else CASES
+    if args.cases:
+        wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown = sorted(set(wanted) - {c["case"] for c in cases})
+        if unknown:
+            print(f"error: unknown case(s) {', '.join(unknown)} (--cases)", file=sys.stderr)
+            return 2
+        cases = [c for c in cases if c["case"] in wanted]
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {
+        "what": "held-out accuracy cases (issue 18): unmodified HF models measured on the device",
+        "gpu": gpu_info(args.device),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+        "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs_per_case": args.runs,
+        "budget_s": args.budget_s,
+        "tiny": args.tiny,
+        "cases": [],
+    }
+
+    def save() -> None:
+        summary["elapsed_s"] = time.perf_counter() - t_start
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+
+    save()
+    for case in cases:
+        elapsed = time.perf_counter() - t_start
+        entry: dict[str, Any] = {"case": case["case"], "est_s": case["est_s"]}
+        if elapsed + case["est_s"] > args.budget_s:
+            entry.update(status="skipped", note=f"over budget ({elapsed:.0f} s used, ~{case['est_s']} s needed)")
+            log(f"{case['case']}: skipped, {entry['note']}")
+            summary["cases"].append(entry)
+            save()
+            continue
+        log(f"{case['case']}: measuring")
+        try:
+            res = measure(case, args, out)
+            entry.update(
+                status="ok",
+                gpu_us=res["gpu_us"]["median"],
+                wall_us=res["wall_us"]["median"],
+                wall_spread=res["wall_us"]["spread"],
+                seconds=res["seconds"]["total"],
+            )
+            log(
+                f"{case['case']}: gpu {res['gpu_us']['median'] / 1e3:.3f} ms (spread "
+                f"{100 * res['gpu_us']['spread']:.1f}%), wall {res['wall_us']['median'] / 1e3:.3f} ms (spread "
+                f"{100 * res['wall_us']['spread']:.1f}%), {res['seconds']['total']:.1f} s; "
+                f"RuntimeEstimator {res['runtime_estimator']}"
+            )
+        except Exception as exc:  # one case failing must not lose the others
+            traceback.print_exc()
+            entry.update(status="failed", note=f"{type(exc).__name__}: {exc}"[:400])
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+        summary["cases"].append(entry)
+        save()
+    summary["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    summary["gpu_after"] = gpu_info(args.device)
+    save()
+    ok = sum(c["status"] == "ok" for c in summary["cases"])
+    log(f"done: {ok}/{len(summary['cases'])} cases measured in {time.perf_counter() - t_start:.0f} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,646 @@
+"""Predict the held-out cases on the CPU and compare with what the GPU measured (issue 18, "Prove it").
+
+    python benchmarks/heldout_report.py DATA [--out benchmarks/results/gpu/h100/heldout] [-H h100]
+
+``DATA`` is what ``benchmarks/gpu/heldout.py`` wrote (a folder, or its ``heldout.tar.gz``). For each
+measured case this captures the same model and phase on ``meta`` from the case's own config (what
+``opgraph capture CONFIG`` does: no weights, no GPU; MoE routing balanced, as on meta), and
+simulates it as ``opgraph simulate -H h100 -e 1 --policy stream`` does (one engine, the in-order
+stream policy, the eager host) under several cost models:
+
+- ``roofline``: the datasheet roofline, uncalibrated;
+- ``profile``: the shipped measured profile of the device (skipped, with a note, where the catalog
+  has none or this checkout has no ``profile`` cost model);
+- the CLI's default for ``-H`` (the ``cli_default`` of the report), when it is none of those;
+- PyTorch's ``RuntimeEstimator`` (roofline mode), which needs the device's peak numbers: computed
+  on the GPU machine by ``heldout.py`` and read from the case's JSON.
+
+Compared with the measured GPU time (sum of device activity durations of one run, median of the
+runs), wall time (median of the runs; spread reported) and, where the trace's aten calls line up
+with the meta recording, the median per-op error over ops of at least 5 us (``opgraph compare``'s
+definition): every kernel of the kept trace is given to the top-level aten call that launched it,
+and each top-level call to the op of the first recorded aten call inside it, lined up module by
+module (the profiled runs mark every module call). A module whose calls differ from the recording
+(an MoE block run with its own routing and per-expert loop, recorded on meta as balanced batched
+experts) is left out of the per-op errors, and the report says which and how much device time the
+per-op errors cover; its time still counts in the GPU and wall totals.
+
+Leave-one-out: the profile is a synthetic sweep of op kinds (``opgraph profile``); it never replays
+the evaluated models' own ops. Writes ``report.json`` and ``report.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import difflib
+import gzip
+import inspect
+import json
+import math
+import sys
+import tarfile
+import tempfile
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+DEFAULT_OUT = REPO / "benchmarks" / "results" / "gpu" / "h100" / "heldout"
+DEVICE_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
+RUN_RANGE = "heldout_run_"
+MODULE_RANGE = "heldout_mod:"
+BASE_MODELS = ("roofline", "profile")
+LEAVE_ONE_OUT = (
+    "Leave-one-out: the profile is a synthetic sweep of op kinds over regimes (`opgraph profile`); it never "
+    "replayed the evaluated models' own ops, and these models are none of the project's benchmark cases."
+)
+
+
+class ReportError(Exception):
+    """The data cannot be read as held-out measurements."""
+
+
+# ---------------------------------------------------------------- data
+def open_data(path: Path, tmp: Path) -> Path:
+    """The folder holding ``summary.json`` (a ``.tar.gz`` is unpacked into ``tmp``)."""
+    if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+        with tarfile.open(path) as tar:
+            tar.extractall(tmp, filter="data")
+        found = sorted(tmp.rglob("summary.json"))
+        if not found:
+            raise ReportError(f"{path}: no summary.json inside")
+        return found[0].parent
+    if not (path / "summary.json").is_file():
+        raise ReportError(f"{path}: no summary.json (give the folder or heldout.tar.gz that heldout.py wrote)")
+    return path
+
+
+def load_cases(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The run's summary and the JSON of every measured case, in the run's order."""
+    summary = json.loads((folder / "summary.json").read_text())
+    cases = []
+    for entry in summary.get("cases", []):
+        p = folder / f"{entry['case']}.json"
+        if entry.get("status") == "ok" and p.is_file():
+            cases.append(json.loads(p.read_text()))
+    return summary, cases
+
+
+# ---------------------------------------------------------------- trace -> ops
+def _load_trace(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        data: dict[str, Any] = json.load(f)
+    return data
+
+
+def _tree(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Nest cpu ops of one thread by time; the top-level calls, each with ``children``."""
+    roots: list[dict[str, Any]] = []
+    stack: list[dict[str, Any]] = []
+    for e in sorted(ops, key=lambda e: (float(e["ts"]), -float(e.get("dur", 0)))):
+        node = {"name": e.get("name", ""), "start": float(e["ts"]), "end": float(e["ts"]) + float(e.get("dur", 0)),
+                "children": []}  # fmt: skip
+        while stack and stack[-1]["end"] < node["end"] - 1e-6:
+            stack.pop()
+        (stack[-1]["children"] if stack else roots).append(node)
+        stack.append(node)
+    return roots
+
+
+MIN_ATTRIBUTED_SHARE = 0.5
+"""Per-op errors are reported when at least this share of the run's device time is given to ops."""
+MAX_MISSING_SHARE = 0.1
+"""Recorded calls the trace may lack (another transformers version, a device-only path) before a part
+of the run is left out of the per-op errors."""
+
+
+def owners_of_calls(
+    calls: Sequence[dict[str, Any]], names: Sequence[str], event_op: Sequence[int | None]
+) -> tuple[list[int | None], int, int]:
+    """The op of each top-level call, and how many recorded calls were found and missed (in order, by name).
+
+    As :func:`opgraph.capture.hosttime.owned_calls`: recorded calls (``aten::mm``) are looked for depth
+    first, not inside a matched call; a call's owner is the op of the first owned recorded call in it.
+    """
+    k = 0
+    n = len(names)
+
+    def walk(e: dict[str, Any]) -> int | None:
+        nonlocal k
+        if k < n and e["name"] == names[k]:
+            k += 1
+            return event_op[k - 1]
+        owner = None
+        for c in e["children"]:
+            o = walk(c)
+            owner = o if owner is None else owner
+        return owner
+
+    owners = [walk(c) for c in calls]
+    return owners, k, n - k
+
+
+def recorded_calls(
+    events: Sequence[Any], event_op: Sequence[int | None], scopes: Sequence[str] = ()
+) -> tuple[list[str], list[int | None], list[str]]:
+    """The recorded calls that can launch work (views and metadata ops left out: they launch nothing and
+    the profiler shows them differently) as profiler names, with their op ids and module scopes."""
+    kept = [e for e in events if not e.alias]
+    ops = [op for e, op in zip(events, event_op, strict=True) if not e.alias]
+    names = ["::".join(e.target.split(".")[:2]) for e in kept]  # aten.mm.default -> aten::mm
+    where = [scopes[e.call] if 0 <= e.call < len(scopes) else "" for e in kept]
+    return names, ops, where
+
+
+def _innermost(calls: Sequence[dict[str, Any]], ranges: Sequence[tuple[float, float, str]]) -> list[str | None]:
+    """The innermost module range around each top-level call (ranges nest; both sorted by start)."""
+    out: list[str | None] = []
+    stack: list[tuple[float, float, str]] = []
+    j = 0
+    for c in calls:
+        while j < len(ranges) and ranges[j][0] <= c["start"]:
+            while stack and stack[-1][1] < ranges[j][0]:
+                stack.pop()
+            stack.append(ranges[j])
+            j += 1
+        while stack and stack[-1][1] < c["end"]:
+            stack.pop()
+        out.append(stack[-1][2] if stack else None)
+    return out
+
+
+def _segments(keys: Sequence[str | None]) -> list[tuple[str | None, int, int]]:
+    """Runs of equal consecutive keys: (key, start, end)."""
+    segs: list[tuple[str | None, int, int]] = []
+    for i, key in enumerate(keys):
+        if segs and segs[-1][0] == key:
+            segs[-1] = (key, segs[-1][1], i + 1)
+        else:
+            segs.append((key, i, i + 1))
+    return segs
+
+
+def flat_names(calls: Sequence[dict[str, Any]], known: set[str]) -> list[tuple[int, str]]:
+    """(top-level call index, name) of every call with a recorded name, outermost first, not looking
+    inside one (the rule of :func:`owners_of_calls`), in order."""
+    out: list[tuple[int, str]] = []
+
+    def walk(i: int, e: dict[str, Any]) -> None:
+        if e["name"] in known:
+            out.append((i, e["name"]))
+            return
+        for c in e["children"]:
+            walk(i, c)
+
+    for i, c in enumerate(calls):
+        walk(i, c)
+    return out
+
+
+def owners_by_diff(
+    calls: Sequence[dict[str, Any]], names: Sequence[str], ops: Sequence[int | None]
+) -> tuple[list[int | None], int, int]:
+    """As :func:`owners_of_calls`, when the trace and the recording differ here and there (another
+    transformers version, a device-only path, the caller's own ops): the trace's recorded-name calls
+    and the recorded calls are matched as sequences (``difflib``); unmatched ones own nothing."""
+    flat = flat_names(calls, set(names))
+    matcher = difflib.SequenceMatcher(None, [n for _, n in flat], list(names), autojunk=False)
+    owners: list[int | None] = [None] * len(calls)
+    found = 0
+    for a, b, size in matcher.get_matching_blocks():
+        for t in range(size):
+            call = flat[a + t][0]
+            if owners[call] is None:
+                owners[call] = ops[b + t]
+        found += size
+    return owners, found, len(names) - found
+
+
+def _align(
+    calls: Sequence[dict[str, Any]], names: Sequence[str], ops: Sequence[int | None]
+) -> tuple[list[int | None], int, int]:
+    """Exact alignment, else by sequence matching; owners all ``None`` when too many recorded calls are
+    missing for the pairing to be trusted."""
+    owners, found, missing = owners_of_calls(calls, names, ops)
+    if missing:
+        owners, found, missing = owners_by_diff(calls, names, ops)
+        if missing > MAX_MISSING_SHARE * len(names):
+            return [None] * len(calls), 0, len(names)
+    return owners, found, missing
+
+
+def align_calls(
+    calls: Sequence[dict[str, Any]],
+    call_scopes: Sequence[str | None] | None,
+    names: Sequence[str],
+    ops: Sequence[int | None],
+    scopes: Sequence[str],
+    module_calls: tuple[Counter[str], Counter[str]] | None = None,
+) -> tuple[list[int | None], int, int, list[str]]:
+    """The op of each top-level call: (owners, recorded calls found, missing, scopes left unaligned).
+
+    With module scopes on both sides, runs of calls of one module are paired in order with the
+    recording's (``difflib`` over the module paths) and lined up within each pair, so a module whose
+    calls differ (an MoE block run as the model routes, where the recording models balanced routing)
+    is left out alone; without them, the whole run is lined up at once. ``module_calls`` counts the
+    calls of each module in the trace and in the recording: a module called a different number of
+    times (an MoE block's per-expert calls) is left out. Calls that hold no recorded name (views)
+    are set aside first: the recording leaves them out too.
+    """
+    if call_scopes is None:
+        whole, found, missing = _align(calls, names, ops)
+        return whole, found, missing, ([] if found else ["(whole run)"])
+    owners: list[int | None] = [None] * len(calls)
+    known = set(names)
+
+    def holds_known(e: dict[str, Any]) -> bool:
+        return e["name"] in known or any(holds_known(c) for c in e["children"])
+
+    keep = [i for i, c in enumerate(calls) if holds_known(c)]
+    kept_calls = [calls[i] for i in keep]
+    t_segs, r_segs = _segments([call_scopes[i] for i in keep]), _segments(scopes)
+    # A module called a different number of times than recorded (an MoE block's per-expert calls),
+    # or whose calls do not line up, is left out as a whole, with the modules inside it.
+    bad: set[str] = set()
+    if module_calls is not None:
+        t_count, r_count = module_calls
+        bad = {k for k in set(t_count) | set(r_count) if t_count[k] != r_count[k]}
+    pairs: list[tuple[str | None, int, int, int, int]] = []
+    matcher = difflib.SequenceMatcher(None, [k for k, _, _ in t_segs], [k for k, _, _ in r_segs], autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag != "equal":
+            bad.update(str(k) for k, _, _ in (*t_segs[i1:i2], *r_segs[j1:j2]))
+            continue
+        for (key, a, b), (_, c, d) in zip(t_segs[i1:i2], r_segs[j1:j2], strict=True):
+            seg_owners, seg_found, _ = _align(kept_calls[a:b], names[c:d], ops[c:d])
+            if seg_found < d - c:
+                bad.add(str(key))
+            for i, o in zip(keep[a:b], seg_owners, strict=True):
+                owners[i] = o
+            pairs.append((key, a, b, c, d))
+
+    def is_bad(key: str | None) -> bool:
+        k = str(key)
+        return any(k == b or k.startswith(b + ".") for b in bad)
+
+    found = 0
+    for key, a, b, c, d in pairs:
+        if is_bad(key):
+            for i in keep[a:b]:
+                owners[i] = None
+        else:
+            found += d - c
+    unaligned = sorted({str(k) for k, _, _ in r_segs if is_bad(k)})
+    return owners, found, len(names) - found, unaligned
+
+
+def attribute(
+    trace: dict[str, Any],
+    names: Sequence[str],
+    event_op: Sequence[int | None],
+    scopes: Sequence[str] = (),
+    recorded_module_calls: Counter[str] | None = None,
+) -> dict[str, Any]:
+    """Device events of the kept run with the op that launched each (``None``: not attributed)."""
+    evs = trace["traceEvents"]
+    run = next((e for e in evs if str(e.get("name", "")).startswith(RUN_RANGE) and e.get("ph") == "X"), None)
+    if run is None:
+        raise ReportError("the trace has no heldout_run_ range")
+    tid = run.get("tid")
+    lo, hi = float(run["ts"]), float(run["ts"]) + float(run.get("dur", 0))
+    calls = _tree(
+        [
+            e
+            for e in evs
+            if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e.get("tid") == tid and lo <= float(e["ts"]) <= hi
+        ]
+    )
+    ranges = sorted(
+        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e["name"])[len(MODULE_RANGE) :])
+        for e in evs
+        if e.get("ph") == "X" and e.get("tid") == tid and str(e.get("name", "")).startswith(MODULE_RANGE)
+    )
+    call_scopes = _innermost(calls, ranges) if ranges and scopes else None
+    counts = (Counter(r[2] for r in ranges), recorded_module_calls) if recorded_module_calls is not None else None
+    owners, found, missing, unaligned = align_calls(
+        calls, call_scopes, names, event_op, scopes or [""] * len(names), counts
+    )
+    starts = [c["start"] for c in calls]
+    launch = {
+        e["args"]["correlation"]: float(e["ts"])
+        for e in evs
+        if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {})
+    }
+    device: list[dict[str, Any]] = []
+    for e in evs:
+        if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
+            continue
+        t = launch.get(e.get("args", {}).get("correlation"))
+        if t is not None and not lo <= t <= hi:
+            continue  # launched outside the run
+        op: int | None = None
+        if t is not None:
+            i = bisect.bisect_right(starts, t) - 1
+            if i >= 0 and t <= calls[i]["end"]:
+                op = owners[i]
+        device.append({"name": e.get("name", ""), "cat": DEVICE_CATS[e["cat"]], "ts": float(e["ts"]),
+                       "dur": float(e.get("dur", 0)), "stream": e.get("args", {}).get("stream"), "op": op})  # fmt: skip
+    total = sum(d["dur"] for d in device)
+    share = sum(d["dur"] for d in device if d["op"] is not None) / total if total else 0.0
+    return {
+        "device": device,
+        "aligned": share >= MIN_ATTRIBUTED_SHARE,
+        "by_module": call_scopes is not None,
+        "events_found": found,
+        "events_missing": missing,
+        "events": len(names),
+        "unaligned_scopes": list(dict.fromkeys(unaligned))[:12],
+        "top_level_calls": len(calls),
+        "attributed_share": share,
+        "device_us": total,
+    }
+
+
+def measured_timeline(case: dict[str, Any], att: dict[str, Any], model_name: str) -> Any:
+    """The kept run as a measured ``Timeline`` (kernels with their op ids), wall = median of the runs."""
+    from opgraph.ir import Timeline
+
+    origin = min((d["ts"] for d in att["device"]), default=0.0)
+    spans = [
+        {"name": d["name"], "track": f"gpu/stream{d['stream']}", "start_us": d["ts"] - origin, "dur_us": d["dur"],
+         "op_id": d["op"], "category": d["cat"]}
+        for d in att["device"]
+    ]  # fmt: skip
+    return Timeline.model_validate(
+        {
+            "source": {"kind": "measured", "name": case["case"], "device": case["device"], "graph_model": model_name},
+            "spans": spans,
+            "wall_us": case["wall_us"]["median"],
+        }
+    )
+
+
+# ---------------------------------------------------------------- prediction
+def cli_default_cost_model() -> str:
+    """The ``--cost-model`` default of ``opgraph simulate`` (what a user gets without ``-c``)."""
+    from opgraph.cli.commands.simulate import simulate
+
+    default = inspect.signature(simulate).parameters["cost_model"].default
+    value = getattr(default, "default", default)
+    return str(value) if value is not None else "default"
+
+
+def resolve_model(spec: str, hw: Any) -> Any:
+    """``spec`` as the CLI resolves it; a model that needs the device is given it."""
+    from hardware import resolve_cost_model
+
+    try:
+        return resolve_cost_model(spec)
+    except Exception as first:
+        for options in ({"hardware": hw}, {"hardware": hw.name}, {"spec": hw}):
+            try:
+                return resolve_cost_model(spec, **options)
+            except Exception:  # try the next way of handing over the device
+                continue
+        raise first
+
+
+def predict(graph: Any, hw: Any, model: Any) -> tuple[Any, int, str]:
+    """Simulate as ``opgraph simulate -e 1 --policy stream`` (eager host): timeline, uncosted ops, model name."""
+    from simulators import HostConfig, HostMode, SimulationConfig, simulate
+
+    config = SimulationConfig.standard(1, policy="stream", host=HostConfig(mode=HostMode.EAGER))
+    sim = simulate(graph, hw, model, config.model_copy(update={"skip_uncosted": True}))
+    return sim.timeline(), len(sim.problem.uncosted), sim.cost_model_name
+
+
+def _rel(pred: float | None, ref: float) -> float | None:
+    return None if pred is None or not ref else pred / ref - 1
+
+
+def evaluate_case(
+    folder: Path, case: dict[str, Any], hw: Any, models: dict[str, Any], notes: list[str]
+) -> dict[str, Any]:
+    """One row: the measured numbers, the per-op attribution and every cost model's errors."""
+    from opgraph.capture.api import CaptureOptions, record
+    from opgraph.compare import JoinMode, compare_timelines
+
+    s = case["settings"]
+    opts = CaptureOptions(
+        phase=s["phase"],
+        batch=int(s["batch"]),
+        seq_len=int(s.get("seq_len", 512)),
+        kv_len=int(s.get("kv_len", 2048)),
+        dtype=s["dtype"],
+        device="meta",
+    )
+    rec = record(str(folder / case["config_file"]), opts)
+    graph = rec.graph
+    names, event_op, scopes = recorded_calls(rec.recorder.events, rec.event_op, [c.scope for c in rec.recorder.calls])
+    module_calls = Counter(c.scope for c in rec.recorder.calls)
+    att = attribute(_load_trace(folder / case["trace_file"]), names, event_op, scopes, module_calls)
+    measured = measured_timeline(case, att, graph.metadata.model)
+    gpu_ref, wall_ref = case["gpu_us"]["median"], case["wall_us"]["median"]
+    row: dict[str, Any] = {
+        "case": case["case"],
+        "settings": s,
+        "preset": case.get("preset"),
+        "graph_ops": len(graph.ops),
+        "measured": {
+            "gpu_us": gpu_ref,
+            "gpu_spread": case["gpu_us"]["spread"],
+            "wall_us": wall_ref,
+            "wall_spread": case["wall_us"]["spread"],
+            "wall_min_us": case["wall_us"]["min"],
+            "wall_max_us": case["wall_us"]["max"],
+            "runs": case["runs"],
+            "trace_gpu_us": case["trace_gpu_us"],
+        },
+        "attribution": {k: v for k, v in att.items() if k != "device"},
+        "predicted": {},
+        "fake_device": bool(case.get("fake_device")),
+    }
+    for label, model in models.items():
+        tl, uncosted, name = predict(graph, hw, model)
+        # opgraph compare's definitions: device time = sum of device spans; wall = wall_us or the extent.
+        gpu_p = sum(sp.dur_us for sp in tl.device_spans())
+        wall_p = tl.wall_us if tl.wall_us is not None else tl.makespan_us
+        c = compare_timelines(tl, measured, join=JoinMode.OP_ID, graph=graph) if att["aligned"] else None
+        row["predicted"][label] = {
+            "cost_model": name,
+            "gpu_us": gpu_p,
+            "gpu_err": _rel(gpu_p, gpu_ref),
+            "wall_us": wall_p,
+            "wall_err": _rel(wall_p, wall_ref),
+            "median_op_err": c.median_abs_rel_error if c is not None else None,
+            "matched_ops": c.matched if c is not None else 0,
+            "uncosted_ops": uncosted,
+            "by_kind": [
+                {"kind": g.group, "ops": g.ops, "predicted_us": g.predicted_us, "measured_us": g.reference_us,
+                 "err": g.rel_error}
+                for g in c.by_kind
+            ] if c is not None else [],
+        }  # fmt: skip
+    est = case.get("runtime_estimator") or {}
+    row["predicted"]["runtime_estimator"] = {
+        "cost_model": "torch RuntimeEstimator (roofline)",
+        "gpu_us": est.get("total_us"),
+        "gpu_err": _rel(est.get("total_us"), gpu_ref),
+        "wall_us": None,
+        "wall_err": None,
+        "median_op_err": None,
+        "note": est.get("note", "not measured"),
+    }
+    if not att["aligned"]:
+        notes.append(
+            f"{case['case']}: per-op n/a, only {100 * att['attributed_share']:.0f}% of the device time could be "
+            f"given to ops ({att['events_found']}/{att['events']} recorded calls found in the trace)"
+        )
+    elif att["events_missing"]:
+        notes.append(
+            f"{case['case']}: per-op errors over {100 * att['attributed_share']:.0f}% of the device time; "
+            f"{att['events_missing']} of {att['events']} recorded calls not lined up (modules: "
+            f"{', '.join(att['unaligned_scopes'][:6]) or '-'})"
+        )
+    return row
+
+
+def build_report(data: Path, hardware: str = "h100") -> dict[str, Any]:
+    """The held-out table as a dict (see :func:`render_markdown`)."""
+    from hardware import load_hardware
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = open_data(data, Path(tmp))
+        summary, cases = load_cases(folder)
+        hw = load_hardware(hardware)
+        default = cli_default_cost_model()
+        models: dict[str, Any] = {}
+        skipped: dict[str, str] = {}
+        for label in (*BASE_MODELS, *(() if default in BASE_MODELS else (default,))):
+            try:
+                models[label] = resolve_model(label, hw)
+            except Exception as exc:
+                skipped[label] = f"{type(exc).__name__}: {exc}"[:300]
+        notes: list[str] = []
+        rows = [evaluate_case(folder, c, hw, models, notes) for c in cases]
+    return {
+        "what": "held-out accuracy (issue 18): predicted on the CPU from meta captures, measured on the device",
+        "hardware": hw.name,
+        "measured_on": summary.get("gpu", {}),
+        "versions": {k: summary.get(k) for k in ("torch", "cuda", "transformers", "date")},
+        "cli_default_cost_model": default,
+        "cost_models": list(models),
+        "skipped_cost_models": skipped,
+        "simulation": "1 engine, stream policy, eager host (opgraph simulate -H HW -e 1 --policy stream)",
+        "gpu_time": "sum of device activity durations (kernels, memcpy, memset) of one run, median of the runs",
+        "wall_time": "CUDA-synchronised wall of one forward, median of the runs (min/max reported)",
+        "per_op": "median |error| over ops of at least 5 us, kernels attributed through the trace's aten calls",
+        "leave_one_out": LEAVE_ONE_OUT,
+        "skipped_cases": [c for c in summary.get("cases", []) if c.get("status") != "ok"],
+        "notes": notes,
+        "cases": rows,
+    }
+
+
+# ---------------------------------------------------------------- output
+def _pct(x: float | None, signed: bool = True) -> str:
+    if x is None or not math.isfinite(x):
+        return "n/a"
+    return f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%"
+
+
+def _shape(s: dict[str, Any]) -> str:
+    tokens = f"s{s['seq_len']}" if s["phase"] == "prefill" else f"kv{s['kv_len']}"
+    return f"{s['phase']} b{s['batch']} {tokens} {s['dtype']} {s['layers']}L"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: one table of measured numbers and errors per cost model."""
+    labels = [*report["cost_models"], "runtime_estimator"]
+    default = report["cli_default_cost_model"]
+    head = ["case", "shape", "GPU ms (spread)", "wall ms (min-max)"]
+    for label in labels:
+        mark = " (CLI default)" if label == default else ""
+        if label == "runtime_estimator":
+            head.append("RuntimeEstimator GPU err")
+        else:
+            head += [f"{label}{mark} GPU err", f"{label} wall err", f"{label} median op err"]
+    lines = [
+        f"# Held-out accuracy on {report['measured_on'].get('name', '?')} (predicted for `-H {report['hardware']}`)",
+        "",
+        report["leave_one_out"],
+        "",
+        f"Measured {report['versions'].get('date')} with torch {report['versions'].get('torch')}, transformers "
+        f"{report['versions'].get('transformers')}. GPU time: {report['gpu_time']}. Wall: {report['wall_time']}. "
+        f"Per-op: {report['per_op']}. Simulation: {report['simulation']}.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|",
+    ]
+    for r in report["cases"]:
+        m = r["measured"]
+        cells = [
+            r["case"],
+            _shape(r["settings"]),
+            f"{m['gpu_us'] / 1e3:.3f} ({_pct(m['gpu_spread'], False)})",
+            f"{m['wall_us'] / 1e3:.3f} ({m['wall_min_us'] / 1e3:.2f}-{m['wall_max_us'] / 1e3:.2f})",
+        ]
+        for label in labels:
+            p = r["predicted"].get(label, {})
+            if label == "runtime_estimator":
+                cells.append(_pct(p.get("gpu_err")))
+            else:
+                cells += [_pct(p.get("gpu_err")), _pct(p.get("wall_err")), _pct(p.get("median_op_err"), False)]
+        lines.append("| " + " | ".join(cells) + " |")
+    if report["skipped_cost_models"]:
+        lines += ["", "Cost models not available here:"]
+        lines += [f"- `{k}`: {v}" for k, v in report["skipped_cost_models"].items()]
+    if report["skipped_cases"]:
+        lines += ["", "Cases not measured:"]
+        lines += [f"- {c['case']}: {c.get('status')} ({c.get('note', '')})" for c in report["skipped_cases"]]
+    if report["notes"]:
+        lines += ["", "Notes:"] + [f"- {n}" for n in report["notes"]]
+    if any(r["fake_device"] for r in report["cases"]):
+        lines += ["", "**CPU smoke data** (leaf aten ops stand in for kernels): not a measurement of any device."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    """``report.json`` and ``report.md`` under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "report.md").write_text(render_markdown(report))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("data", type=Path, help="the folder or heldout.tar.gz that benchmarks/gpu/heldout.py wrote")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--hardware", "-H", default="h100")
+    args = ap.parse_args(argv)
+    if not args.data.exists():
+        print(
+            f"error: {args.data} does not exist (DATA): give the folder or heldout.tar.gz of heldout.py",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        report = build_report(args.data, args.hardware)
+    except ReportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    write_report(report, args.out)
+    print(render_markdown(report))
+    print(f"wrote {args.out / 'report.json'} and {args.out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,516 @@
+"""The profile cost model: a measured device profile's efficiency, interpolated, times the roofline.
+
+Each measured point of a :class:`~hardware.profile.DeviceProfile` gives an *efficiency*: the
+datasheet roofline time of its op (``max(FLOPs / peak, bytes / bandwidth)`` on this device, tensor
+peak for GEMMs and attention) over its measured time, the fraction of the roofline it achieved.
+An op is predicted as ``roofline / efficiency``, the efficiency found among the points of its
+*regime* (:func:`profile_features`: GEMM, grouped expert GEMM, attention decode or prefill, a norm,
+a copy...) and dtype:
+
+- along the regime's size axis (``log2 m`` for GEMMs, ``log2 kv_len`` for a decode,
+  ``log2 q_len`` for a prefill, ``log2 bytes`` for memory-bound kinds) piecewise-linear in
+  ``log(efficiency)`` between the measured sizes of one shape;
+- across shapes (``log2 n, log2 k`` of a GEMM; batch, heads, head size and GQA ratio of attention)
+  inverse-distance weighted over the nearest measured shapes.
+
+Past the largest (or under the smallest) measured size the efficiency stays that of the edge, so
+the roofline carries the op across a regime boundary (a GEMM measured at decode sizes is never
+scaled by FLOPs into a prefill). Such costs say "extrapolated" in their detail; beyond
+:data:`FAR` times the sweep's range a :class:`ProfileExtrapolationWarning` says so once per model.
+Outside the sweep no op is predicted below the profile's launch floor (an empty kernel). Kinds
+the profile did not measure go to the datasheet roofline, and say so. The host time to issue an
+op (``Cost.host_s``) is the median measured for its regime, else its kind, else the profile's
+time per aten call.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import statistics
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarning
+from hardware.profile import DeviceProfile, ProfilePoint, hardware_profile, load_profile
+from hardware.spec import HardwareSpec
+from opgraph.ir import (
+    Activation,
+    Attention,
+    DType,
+    Elementwise,
+    Embedding,
+    Gemm,
+    Memory,
+    MoeRouting,
+    Norm,
+    OpBase,
+    OpCategory,
+    OpKind,
+    Reduction,
+    Rope,
+    Softmax,
+    TopK,
+)
+
+FAR = 2.0
+"""Log2 distance (4x) past the sweep's range, or from the nearest measured shape in any shape
+feature, beyond which :class:`ProfileExtrapolationWarning` is raised."""
+NEIGHBOURS = 4
+"""Measured shapes an interpolation weighs at most."""
+
+_DTYPE_FALLBACK: dict[DType, tuple[DType, ...]] = {
+    DType.bf16: (DType.fp16, DType.fp32),
+    DType.fp16: (DType.bf16, DType.fp32),
+    DType.fp32: (DType.bf16, DType.fp16),
+}
+
+
+class ProfileExtrapolationWarning(CostModelWarning):
+    """The profile model predicts an op far outside what the sweep measured (see :data:`FAR`)."""
+
+
+@dataclass(frozen=True)
+class Features:
+    """Where an op sits in a profile: its regime, size axis (log2) and shape features (log2)."""
+
+    regime: str
+    """``gemm``, ``gemm:grouped:bmm``, ``attention:decode``, ``norm:rms``...: points of one regime only
+    are interpolated together."""
+    axis: str
+    """Name of the size axis (``m``, ``kv_len``, ``q_len``, ``bytes``)."""
+    size: float
+    """log2 of the size."""
+    shape: tuple[float, ...] = ()
+    """log2 of the shape features."""
+    shape_names: tuple[str, ...] = ()
+    """Their names."""
+
+    @property
+    def family(self) -> str:
+        """The op kind part of the regime (what a missing regime falls back to)."""
+        return self.regime.split(":", 1)[0]
+
+    def label(self) -> str:
+        """The shape as ``n=4096,k=4096``."""
+        return ",".join(f"{n}={2**v:.4g}" for n, v in zip(self.shape_names, self.shape, strict=True))
+
+
+def _lg(x: float) -> float:
+    return math.log2(max(float(x), 1.0))
+
+
+def _grouped_impl(op: Gemm) -> str:
+    # As the gemm replay recipe tells the implementations apart.
+    target = f"{op.target} {op.definition}".lower()
+    if "bmm" in target or "batched_mm" in target:
+        return "bmm"
+    if "grouped_mm" in target:
+        return "grouped_mm"
+    return "loop"
+
+
+def profile_features(op: OpBase) -> Features | None:
+    """The :class:`Features` of ``op``, or ``None`` for kinds a profile does not hold (views,
+    collectives, unrecognised ops)."""
+    nbytes = _lg(op.total_bytes)
+    if isinstance(op, Gemm):
+        nk = (_lg(op.n), _lg(op.k))
+        if op.groups > 1:
+            return Features(
+                f"gemm:grouped:{_grouped_impl(op)}", "m", _lg(op.m), (*nk, _lg(op.groups)), ("n", "k", "experts")
+            )
+        if op.batch > 1:
+            return Features("gemm:batched", "m", _lg(op.m), (_lg(op.batch), *nk), ("batch", "n", "k"))
+        return Features("gemm", "m", _lg(op.m), nk, ("n", "k"))
+    if isinstance(op, Attention):
+        heads = (_lg(op.batch), _lg(op.heads), _lg(op.head_dim), _lg(op.heads // op.kv_heads))
+        names: tuple[str, ...] = ("batch", "heads", "head_dim", "gqa")
+        kv = min(op.kv_len, op.window) if op.window else op.kv_len
+        if op.q_len == 1:
+            return Features("attention:decode", "kv_len", _lg(kv), heads, names)
+        hides = op.window is not None and op.window < op.kv_len
+        if not op.causal:
+            regime = "attention:full"
+        elif hides or op.q_len != op.kv_len:
+            regime = "attention:masked"
+        else:
+            regime = "attention:prefill"
+        return Features(regime, "q_len", _lg(op.q_len), (_lg(kv / op.q_len), *heads), ("kv/q", *names))
+    simple: dict[type[OpBase], tuple[str, tuple[float, ...], tuple[str, ...]]] = {}
+    if isinstance(op, Norm):
+        simple[Norm] = (f"norm:{op.variant.value}", (_lg(op.hidden),), ("hidden",))
+    elif isinstance(op, Rope):
+        simple[Rope] = ("rope", (_lg(op.head_dim),), ("head_dim",))
+    elif isinstance(op, Activation):
+        gated = op.gated or op.fn in ("swiglu", "geglu")
+        simple[Activation] = (f"activation:{op.fn}{':gated' if gated and not op.fn.endswith('glu') else ''}", (), ())
+    elif isinstance(op, Elementwise):
+        simple[Elementwise] = (f"elementwise:{op.fn}", (), ())
+    elif isinstance(op, Softmax):
+        simple[Softmax] = ("softmax", (_lg(op.cols),), ("cols",))
+    elif isinstance(op, Reduction):
+        simple[Reduction] = (f"reduction:{op.fn}", (_lg(op.reduced),), ("reduced",))
+    elif isinstance(op, TopK):
+        simple[TopK] = (f"topk:{op.fn}", (_lg(op.cols),), ("cols",))
+    elif isinstance(op, Memory):
+        simple[Memory] = (f"memory:{op.fn}", (), ())
+    elif isinstance(op, Embedding):
+        simple[Embedding] = ("embedding", (_lg(op.hidden),), ("hidden",))
+    elif isinstance(op, MoeRouting):
+        simple[MoeRouting] = (f"moe_routing:{op.fn}", (_lg(op.experts), _lg(op.top_k)), ("experts", "top_k"))
+    if not simple:
+        return None
+    regime, shape, names = next(iter(simple.values()))
+    return Features(regime, "bytes", nbytes, shape, names)
+
+
+def roofline_terms(op: OpBase, hw: HardwareSpec) -> tuple[float, float]:
+    """(compute, memory) seconds of ``op`` at the datasheet peaks of ``hw``: tensor units for matmuls
+    (fp32 on TF32 only where the device has no fp32 tensor rate, as PyTorch's default keeps it off),
+    vector units for the rest."""
+    kind = getattr(op, "kind", OpKind.OTHER)
+    if kind in OpCategory.MATMUL:
+        if op.dtype is DType.fp32:
+            peak = float(hw.tensor.fp32 or hw.peak_flops(DType.fp32, tensor=False))
+        else:
+            peak = hw.peak_flops(op.dtype, tensor=True)
+    else:
+        peak = hw.peak_flops(op.dtype, tensor=False)
+    return op.flops / peak, op.total_bytes / hw.memory_bandwidth
+
+
+def roofline_seconds(op: OpBase, hw: HardwareSpec) -> float:
+    """``max(compute, memory)`` of :func:`roofline_terms`: the time an op takes at 100% efficiency."""
+    return max(roofline_terms(op, hw))
+
+
+@dataclass
+class _Group:
+    """The measured sizes of one shape of one regime and dtype."""
+
+    shape: tuple[float, ...]
+    label: str
+    sizes: list[float] = field(default_factory=list)
+    log_eff: list[float] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+
+    def at(self, x: float) -> tuple[float, str, float]:
+        """(log efficiency, points used, log2 distance outside the measured sizes) at size ``x``."""
+        xs = self.sizes
+        if x <= xs[0]:
+            return self.log_eff[0], self.names[0], xs[0] - x
+        if x >= xs[-1]:
+            return self.log_eff[-1], self.names[-1], x - xs[-1]
+        i = bisect.bisect_right(xs, x)
+        t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        le = self.log_eff[i - 1] + t * (self.log_eff[i] - self.log_eff[i - 1])
+        used = self.names[i - 1] if t < 1e-9 else f"{self.names[i - 1]}..{self.names[i]}"
+        return le, used, 0.0
+
+
+@dataclass
+class _Regime:
+    groups: list[_Group]
+    lo: float
+    hi: float
+    shape_lo: tuple[float, ...] = ()
+    shape_hi: tuple[float, ...] = ()
+
+    def shape_outside(self, shape: tuple[float, ...]) -> float:
+        """log2 distance of ``shape`` outside the measured range of its worst feature (0 inside)."""
+        if len(shape) != len(self.shape_lo):
+            return 0.0
+        return max(
+            (max(lo - v, v - hi, 0.0) for v, lo, hi in zip(shape, self.shape_lo, self.shape_hi, strict=True)),
+            default=0.0,
+        )
+
+
+class _Index:
+    """The profile's points as efficiencies on one device, by (regime, dtype)."""
+
+    def __init__(self, profile: DeviceProfile, hw: HardwareSpec) -> None:
+        raw: dict[tuple[str, DType], dict[tuple[float, ...], dict[float, list[tuple[float, str]]]]] = {}
+        labels: dict[tuple[float, ...], str] = {}
+        self.host: dict[str, list[float]] = {}
+        self.skipped = 0
+        for p in profile.points:
+            if p.tag:
+                continue
+            f = profile_features(p.op)
+            roof = roofline_seconds(p.op, hw)
+            if f is None or roof <= 0 or p.seconds <= 0:
+                self.skipped += 1
+                continue
+            if p.host_s is not None:
+                self.host.setdefault(f.regime, []).append(p.host_s)
+                self.host.setdefault(f.family, []).append(p.host_s)
+            labels.setdefault(f.shape, f.label())
+            name = f"{f.axis}={2**f.size:.4g}" + (f"@{f.label()}" if f.shape else "")
+            sizes = raw.setdefault((f.regime, p.op.dtype), {}).setdefault(f.shape, {})
+            sizes.setdefault(f.size, []).append((math.log(roof / p.seconds), name))
+        self.regimes: dict[tuple[str, DType], _Regime] = {}
+        for key, by_shape in raw.items():
+            groups = []
+            for shape, sizes in by_shape.items():
+                g = _Group(shape, labels[shape])
+                for x in sorted(sizes):
+                    vals = sizes[x]
+                    g.sizes.append(x)
+                    g.log_eff.append(statistics.fmean(v for v, _ in vals))
+                    g.names.append(vals[0][1])
+                groups.append(g)
+            lo = min(g.sizes[0] for g in groups)
+            hi = max(g.sizes[-1] for g in groups)
+            dims = range(len(groups[0].shape))
+            self.regimes[key] = _Regime(
+                groups,
+                lo,
+                hi,
+                tuple(min(g.shape[d] for g in groups) for d in dims),
+                tuple(max(g.shape[d] for g in groups) for d in dims),
+            )
+
+    def find(self, f: Features, dtype: DType) -> tuple[_Regime, str, DType] | None:
+        """The regime's points for ``dtype`` (or the nearest dtype, or a sibling regime of the kind)."""
+        dtypes = (dtype, *_DTYPE_FALLBACK.get(dtype, (DType.bf16, DType.fp16, DType.fp32)))
+        for dt in dtypes:
+            hit = self.regimes.get((f.regime, dt))
+            if hit is not None:
+                return hit, f.regime, dt
+        for dt in dtypes:
+            siblings = [
+                (len(r.groups), name)
+                for (name, d), r in self.regimes.items()
+                if d is dt and name.split(":", 1)[0] == f.family and len(r.groups[0].shape) == len(f.shape)
+            ]
+            if siblings:
+                name = max(siblings)[1]
+                return self.regimes[(name, dt)], name, dt
+        return None
+
+
+class ProfileModel:
+    """Predicts ops from a measured :class:`~hardware.profile.DeviceProfile` (see the module docstring).
+
+    Parameters
+    ----------
+    profile:
+        A profile or the path of one (``path=`` is the same, for option strings). Without one, the
+        profile the device ships with (``profile = ...`` in its catalog TOML) is used.
+    check_hardware:
+        Refuse to predict for a device other than the one measured (catalog names compared).
+    fallback:
+        A cost model (or spec) for kinds the profile lacks and collectives; the datasheet roofline.
+    """
+
+    name = "profile"
+
+    def __init__(
+        self,
+        profile: DeviceProfile | str | Path | None = None,
+        *,
+        path: str | Path | None = None,
+        check_hardware: bool | str = True,
+        fallback: CostModel | str | None = None,
+    ) -> None:
+        source = profile if profile is not None else path
+        self.path: str | None = None if source is None or isinstance(source, DeviceProfile) else str(source)
+        self.profile: DeviceProfile | None = source if isinstance(source, DeviceProfile) else None
+        if self.path is not None:
+            self.profile = load_profile(self.path)
+        if isinstance(check_hardware, str):
+            check_hardware = check_hardware.strip().lower() not in ("0", "false", "no", "off")
+        self.check_hardware = check_hardware
+        from hardware.models.registry import resolve_cost_model
+
+        if fallback is None or isinstance(fallback, str):
+            fallback = resolve_cost_model(fallback or "roofline")
+        self.fallback: CostModel = fallback
+        self._shipped: dict[str, tuple[DeviceProfile, str]] = {}
+        self._index: dict[tuple[int, str], _Index] = {}
+        self._warned = False
+
+    # -- which profile, for which device --------------------------------------------------------------
+
+    def _profile_for(self, hw: HardwareSpec) -> tuple[DeviceProfile, str]:
+        if self.profile is not None:
+            return self.profile, self.path or "profile"
+        hit = self._shipped.get(hw.name)
+        if hit is None:
+            path = hardware_profile(hw)
+            if path is None:
+                raise CostModelError(
+                    f"{hw.name} ships no measured profile",
+                    where="--cost-model profile",
+                    hint="measure one with `opgraph profile --device cuda -o FILE` and pass -c FILE, "
+                    "or use -c roofline (datasheet)",
+                )
+            hit = self._shipped[hw.name] = (load_profile(path), str(path))
+        return hit
+
+    def _check(self, profile: DeviceProfile, where: str, hw: HardwareSpec) -> None:
+        measured = profile.device.hardware
+        if not self.check_hardware or not measured:
+            return
+        from hardware.loader import normalize_name
+
+        if normalize_name(measured) != normalize_name(hw.name):
+            raise CostModelError(
+                f"the profile was measured on {measured!r} ({profile.device.name or 'unknown device'}), "
+                f"not {hw.name!r}",
+                where=where,
+                hint=f"simulate with --hardware {measured}, or pass --cost-option check_hardware=false",
+            )
+
+    def index(self, hw: HardwareSpec) -> _Index:
+        """The profile's points as efficiencies on ``hw`` (built once per profile and device)."""
+        profile, _ = self._profile_for(hw)
+        key = (id(profile), hw.name)
+        idx = self._index.get(key)
+        if idx is None:
+            idx = self._index[key] = _Index(profile, hw)
+        return idx
+
+    # -- costing ---------------------------------------------------------------------------------------
+
+    def _fallback(self, op: OpBase, hw: HardwareSpec, why: str) -> Cost:
+        cost = self.fallback.estimate(op, hw)
+        return dataclasses.replace(cost, detail=f"{why}: {cost.detail}".rstrip(": "))
+
+    def _host_s(self, profile: DeviceProfile, idx: _Index, f: Features | None) -> float | None:
+        for key in (f.regime, f.family) if f is not None else ():
+            hosts = idx.host.get(key)
+            if hosts:
+                return statistics.median(hosts)
+        return profile.aten_issue_us * 1e-6 if profile.aten_issue_us is not None else None
+
+    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
+        """``roofline / efficiency`` of ``op`` from the profile's nearest measured points."""
+        kind = getattr(op, "kind", OpKind.OTHER)
+        if kind is OpKind.VIEW:
+            return Cost(0.0, Bound.FREE, detail="view: no kernel")
+        if kind is OpKind.COLLECTIVE:
+            return self.fallback.estimate(op, hw)
+        profile, where = self._profile_for(hw)
+        self._check(profile, where, hw)
+        idx = self.index(hw)
+        f = profile_features(op)
+        compute_s, memory_s = roofline_terms(op, hw)
+        roof = max(compute_s, memory_s)
+        found = idx.find(f, op.dtype) if f is not None else None
+        if f is None or found is None or roof <= 0:
+            why = "no roofline time" if roof <= 0 else f"not in the profile ({f.regime if f else kind})"
+            cost = self._fallback(op, hw, f"profile: {why}, datasheet roofline")
+            return dataclasses.replace(cost, host_s=self._host_s(profile, idx, f))
+        regime, regime_name, dtype = found
+        log_eff, used, outside = self._interpolate(regime, f)
+        eff = math.exp(log_eff)
+        launch = (profile.launch_us if profile.launch_us is not None else hw.launch_latency_us) * 1e-6
+        seconds = roof / eff
+        bound = Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY
+        shape_far = regime.shape_outside(f.shape)
+        if seconds < launch and (outside > 1e-9 or shape_far > 1e-9):
+            seconds, bound = launch, Bound.LAUNCH  # outside the sweep: never below an empty kernel
+        notes = []
+        if regime_name != f.regime:
+            notes.append(f"no {f.regime} points, from {regime_name}")
+        if dtype is not op.dtype:
+            notes.append(f"no {op.dtype.value} points, from {dtype.value}")
+        beyond = max(f.size - regime.hi, regime.lo - f.size, 0.0)
+        if outside > 1e-9 or shape_far > 1e-9:
+            where_out = []
+            if beyond > 1e-9:
+                side = "past the largest" if f.size > regime.hi else "under the smallest"
+                where_out.append(f"{f.axis} {2**beyond:.3g}x {side} measured")
+            elif outside > 1e-9:
+                where_out.append(f"{f.axis} outside the nearest shape's measured range")
+            if shape_far > 1e-9:
+                where_out.append(f"shape {2**shape_far:.3g}x outside the measured shapes")
+            notes.append("extrapolated (" + "; ".join(where_out) + ")")
+            if (beyond > FAR or shape_far > FAR) and not self._warned:
+                self._warned = True
+                warnings.warn(
+                    f"the profile {where} extrapolates: {op.definition} ({f.axis}={2**f.size:.4g}"
+                    + (f", {f.label()}" if f.shape else "")
+                    + f") lies far outside the {f.regime} shapes it measured; its efficiency is that of the "
+                    "nearest measured points (each such op's cost detail says 'extrapolated'); "
+                    "profile this regime for measured numbers",
+                    ProfileExtrapolationWarning,
+                    stacklevel=2,
+                )
+        detail = (
+            f"profile: {regime_name} {dtype.value} efficiency {eff:.3g} of the roofline "
+            f"({roof * 1e6:.3g} us) from {used}" + ("; " + "; ".join(notes) if notes else "")
+        )
+        return Cost(
+            seconds,
+            bound,
+            compute_s=compute_s,
+            memory_s=memory_s,
+            efficiency=eff,
+            detail=detail,
+            host_s=self._host_s(profile, idx, f),
+        )
+
+    @staticmethod
+    def _interpolate(regime: _Regime, f: Features) -> tuple[float, str, float]:
+        """(log efficiency, points used, log2 distance outside the size range of the shapes used)."""
+        ranked = sorted(
+            regime.groups,
+            key=lambda g: sum((a - b) ** 2 for a, b in zip(g.shape, f.shape, strict=False)),
+        )[:NEIGHBOURS]
+        dists = [math.sqrt(sum((a - b) ** 2 for a, b in zip(g.shape, f.shape, strict=False))) for g in ranked]
+        if dists[0] < 1e-9:
+            return ranked[0].at(f.size)
+        weights = [1.0 / d**2 for d in dists]
+        total = sum(weights)
+        le = 0.0
+        names = []
+        outs = []
+        for g, w in zip(ranked, weights, strict=True):
+            v, used, out = g.at(f.size)
+            le += v * w / total
+            names.append(f"{used} (w {w / total:.2f})")
+            outs.append(out)
+        return le, ", ".join(names), min(outs)
+
+
+def default_cost_model(hw: HardwareSpec) -> tuple[CostModel, str | None]:
+    """The cost model a front end uses when none is named: the device's shipped profile, else the
+    datasheet roofline with a one-line note that the device is uncalibrated."""
+    from hardware.models.roofline import RooflineModel
+
+    if hardware_profile(hw) is not None:
+        return ProfileModel(), None
+    note = (
+        f"{hw.name} is uncalibrated: no measured profile ships with it, so costs come from the datasheet "
+        "roofline (measure one with `opgraph profile --device cuda`)"
+    )
+    return RooflineModel(), note
+
+
+def profile_points(profile: DeviceProfile, regime: str) -> list[ProfilePoint]:
+    """The points of ``profile`` in ``regime`` (as :func:`profile_features` names it)."""
+    out = []
+    for p in profile.points:
+        f = profile_features(p.op)
+        if f is not None and f.regime == regime and not p.tag:
+            out.append(p)
+    return out
+
+
+__all__ = [
+    "FAR",
+    "Features",
+    "ProfileExtrapolationWarning",
+    "ProfileModel",
+    "default_cost_model",
+    "profile_features",
+    "profile_points",
+    "roofline_seconds",
+    "roofline_terms",
+]

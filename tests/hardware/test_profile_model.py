@@ -1,0 +1,222 @@
+"""The ``profile`` cost model: efficiencies recovered from a synthetic profile, regimes, extrapolation, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+
+from hardware import (
+    CostModelError,
+    ProfileExtrapolationWarning,
+    ProfileModel,
+    RooflineModel,
+    default_cost_model,
+    hardware_profile,
+    load_hardware,
+    load_profile,
+    resolve_cost_model,
+)
+from hardware.models.profile import roofline_seconds
+from opgraph.ir import Attention, DType, Gemm, LoadError, Norm, SchemaVersionError
+from tests.hardware.profile_builders import gemm_eff, gemm_points, norm_eff, synthetic_profile
+
+H100 = load_hardware("h100")
+
+
+def _quiet(model: ProfileModel, op: Gemm | Norm | Attention) -> tuple[float, str]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cost = model.estimate(op, H100)
+    return cost.seconds, cost.detail
+
+
+def test_recovers_the_measured_efficiency_at_and_between_measured_sizes() -> None:
+    model = ProfileModel(synthetic_profile(H100))
+    for m in (1, 16, 64, 1024, 4096, 2, 100, 3000):  # measured, and between measured sizes (log-linear in m)
+        op = Gemm(id=0, m=m, n=14336, k=4096)
+        seconds, detail = _quiet(model, op)
+        assert seconds == pytest.approx(roofline_seconds(op, H100) / gemm_eff(m, 14336, 4096), rel=1e-9), m
+        assert "extrapolated" not in detail
+    norm = Norm(id=0, rows=64, hidden=4096)
+    seconds, _ = _quiet(model, norm)
+    assert seconds == pytest.approx(roofline_seconds(norm, H100) / norm_eff(norm.total_bytes), rel=1e-9)
+
+
+def test_unmeasured_shape_between_measured_ones_is_weighted_from_its_neighbours() -> None:
+    model = ProfileModel(synthetic_profile(H100))
+    op = Gemm(id=0, m=256, n=8192, k=4096)  # n between the measured 4096 and 14336
+    seconds, detail = _quiet(model, op)
+    eff = roofline_seconds(op, H100) / seconds
+    lo, hi = sorted((gemm_eff(256, 4096, 4096), gemm_eff(256, 14336, 4096)))
+    assert lo < eff < hi
+    assert "w 0." in detail and "extrapolated" not in detail
+
+
+def test_decode_profile_predicts_a_prefill_through_the_roofline_not_by_flops() -> None:
+    """Issue 18: a table measured at decode sizes predicted prefills 6-33x too slow (time scaled by
+    FLOPs past the memory/compute boundary). The profile keeps the edge's efficiency instead."""
+    decode_only = synthetic_profile(H100, gemm_points(H100, ms=(1, 2, 4, 8)))
+    model = ProfileModel(decode_only, path=None)
+    op = Gemm(id=0, m=8192, n=4096, k=4096)
+    with pytest.warns(ProfileExtrapolationWarning, match="extrapolates"):
+        cost = model.estimate(op, H100)
+    assert cost.seconds == pytest.approx(roofline_seconds(op, H100) / gemm_eff(8, 4096, 4096), rel=1e-9)
+    assert "extrapolated" in cost.detail and "past the largest" in cost.detail
+    edge = Gemm(id=0, m=8, n=4096, k=4096)
+    flop_scaled = model.estimate(edge, H100).seconds * op.flops / edge.flops
+    assert cost.seconds < flop_scaled / 10
+
+
+def test_warns_once_per_model_and_names_far_shapes() -> None:
+    model = ProfileModel(synthetic_profile(H100))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        far_n = model.estimate(Gemm(id=0, m=64, n=256, k=4096), H100)  # n 16x under the measured shapes
+        model.estimate(Gemm(id=0, m=64, n=128, k=4096), H100)
+    assert [w.category for w in caught] == [ProfileExtrapolationWarning]
+    assert "shape 16x outside the measured shapes" in far_n.detail
+
+
+def test_dtypes_are_kept_apart_and_a_missing_dtype_says_so() -> None:
+    pts = [*gemm_points(H100), *gemm_points(H100, dtype=DType.fp16)]
+    model = ProfileModel(synthetic_profile(H100, pts))
+    for dt in (DType.bf16, DType.fp16):
+        op = Gemm(id=0, m=64, n=4096, k=4096, dtype=dt)
+        assert _quiet(model, op)[0] == pytest.approx(roofline_seconds(op, H100) / gemm_eff(64, 4096, 4096, dt))
+    fp32 = model.estimate(Gemm(id=0, m=64, n=4096, k=4096, dtype=DType.fp32), H100)
+    assert "no fp32 points, from bf16" in fp32.detail
+
+
+def test_kinds_the_profile_lacks_go_to_the_roofline_and_say_so() -> None:
+    model = ProfileModel(synthetic_profile(H100))
+    op = Attention(id=0, batch=1, q_len=512, kv_len=512, heads=32, kv_heads=8, head_dim=128)
+    cost = model.estimate(op, H100)
+    assert cost.seconds == pytest.approx(RooflineModel().estimate(op, H100).seconds)
+    assert cost.detail.startswith("profile: not in the profile (attention:prefill)")
+
+
+def test_attention_stages_are_separate_regimes() -> None:
+    decode = [
+        Attention(id=0, batch=8, q_len=1, kv_len=kv, heads=32, kv_heads=8, head_dim=128) for kv in (128, 1024, 8192)
+    ]
+    pts = [p for p in synthetic_profile(H100).points]
+    from tests.hardware.profile_builders import point
+
+    pts += [point(op, 0.3, H100) for op in decode]
+    model = ProfileModel(synthetic_profile(H100, pts))
+    q = Attention(id=0, batch=8, q_len=1, kv_len=2048, heads=32, kv_heads=8, head_dim=128)
+    assert roofline_seconds(q, H100) / _quiet(model, q)[0] == pytest.approx(0.3)
+    prefill = Attention(id=0, batch=8, q_len=2048, kv_len=2048, heads=32, kv_heads=8, head_dim=128)
+    assert "not in the profile" in model.estimate(prefill, H100).detail
+
+
+def test_host_time_comes_from_the_regime_then_the_aten_call() -> None:
+    model = ProfileModel(synthetic_profile(H100))
+    assert model.estimate(Gemm(id=0, m=3, n=4096, k=4096), H100).host_s == pytest.approx(30e-6)
+    attn = Attention(id=0, batch=1, q_len=1, kv_len=64, heads=8, kv_heads=8, head_dim=64)
+    assert model.estimate(attn, H100).host_s == pytest.approx(20e-6)
+
+
+def test_launch_floor_under_the_smallest_measured_size() -> None:
+    model = ProfileModel(synthetic_profile(H100))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileExtrapolationWarning)
+        cost = model.estimate(Norm(id=0, rows=1, hidden=8), H100)
+    assert cost.seconds == pytest.approx(2e-6) and cost.bound.value == "launch"
+
+
+def test_profile_of_another_gpu_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "a100.profile.json"
+    synthetic_profile(H100, hardware="a100-80gb").save(path)
+    model = resolve_cost_model(str(path))
+    with pytest.raises(CostModelError, match=r"measured on 'a100-80gb'.*not 'h100-sxm'") as exc:
+        model.estimate(Gemm(id=0, m=8, n=4096, k=4096), H100)
+    assert str(path) in exc.value.one_line()
+    unchecked = resolve_cost_model(str(path), check_hardware="false")
+    assert unchecked.estimate(Gemm(id=0, m=8, n=4096, k=4096), H100).seconds > 0
+
+
+@pytest.mark.parametrize(("version", "word"), [(0, "older"), (2, "newer")])
+def test_other_schema_versions_are_one_line_errors(tmp_path: Path, version: int, word: str) -> None:
+    path = tmp_path / "h.profile.json"
+    raw = json.loads(synthetic_profile(H100).model_dump_json())
+    path.write_text(json.dumps({**raw, "schema_version": version}))
+    with pytest.raises(SchemaVersionError, match=word) as exc:
+        load_profile(path)
+    assert str(path) in exc.value.one_line() and "\n" not in exc.value.one_line()
+
+
+def test_truncated_profile_names_the_file_and_the_parts_to_resume_from(tmp_path: Path) -> None:
+    path = tmp_path / "h.profile.json"
+    text = synthetic_profile(H100).model_dump_json()
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(LoadError, match="truncated") as exc:
+        load_profile(path)
+    assert str(path) in exc.value.one_line() and "--resume" not in exc.value.one_line()
+    (tmp_path / "h.profile.json.parts.jsonl").write_text("")
+    with pytest.raises(LoadError) as exc2:
+        load_profile(path)
+    assert "--resume" in exc2.value.one_line()
+
+
+def test_a_cost_table_is_not_a_profile(tmp_path: Path) -> None:
+    path = tmp_path / "calib.profile.json"
+    path.write_text(json.dumps({"format": "opgraph.cost_table", "schema_version": 1}))
+    with pytest.raises(LoadError, match="not a device profile"):
+        load_profile(path)
+
+
+def _device(tmp_path: Path, name: str, profile: str | None) -> Path:
+    line = f'profile = "{profile}"\n' if profile else ""
+    toml = tmp_path / f"{name}.toml"
+    toml.write_text(f'base = "h100"\nname = "{name}"\n{line}')
+    return toml
+
+
+def test_catalog_entry_names_its_profile_and_becomes_the_default(tmp_path: Path) -> None:
+    hw = load_hardware(_device(tmp_path, "testgpu", "testgpu.profile.json"))
+    synthetic_profile(hw).save(tmp_path / "testgpu.profile.json")
+    assert hardware_profile(hw) == tmp_path / "testgpu.profile.json"
+    model, note = default_cost_model(hw)
+    assert isinstance(model, ProfileModel) and note is None
+    op = Gemm(id=0, m=64, n=4096, k=4096)
+    assert model.estimate(op, hw).seconds == pytest.approx(roofline_seconds(op, hw) / gemm_eff(64, 4096, 4096))
+    # `-c profile` finds the device's profile too; `-c roofline` stays the datasheet model.
+    assert resolve_cost_model("profile").estimate(op, hw).seconds == pytest.approx(model.estimate(op, hw).seconds)
+    assert "profile" not in resolve_cost_model("roofline").estimate(op, hw).detail
+
+
+def test_device_without_profile_is_uncalibrated(tmp_path: Path) -> None:
+    hw = load_hardware(_device(tmp_path, "plaingpu", None))
+    model, note = default_cost_model(hw)
+    assert isinstance(model, RooflineModel)
+    assert note is not None and "plaingpu is uncalibrated" in note and "\n" not in note
+    with pytest.raises(CostModelError, match="ships no measured profile"):
+        resolve_cost_model("profile").estimate(Gemm(id=0, m=8, n=64, k=64), hw)
+
+
+def test_profile_key_must_be_a_file_name(tmp_path: Path) -> None:
+    toml = tmp_path / "bad.toml"
+    toml.write_text('base = "h100"\nname = "bad"\nprofile = 3\n')
+    with pytest.raises(LoadError, match="profile: expected a file name"):
+        load_hardware(toml)
+
+
+def test_efficiency_is_finite_for_every_measured_point() -> None:
+    model = ProfileModel(synthetic_profile(H100))
+    idx = model.index(H100)
+    assert idx.skipped == 0
+    assert all(math.isfinite(v) for r in idx.regimes.values() for g in r.groups for v in g.log_eff)
+
+
+def test_hardware_option_reads_the_device_a_profile_was_measured_on(tmp_path: Path) -> None:
+    path = tmp_path / "h.profile.json"
+    synthetic_profile(H100).save(path)
+    assert load_hardware(path).name == "h100-sxm"
+    synthetic_profile(H100, hardware="").save(path)
+    with pytest.raises(LoadError, match="names no catalog device"):
+        load_hardware(path)

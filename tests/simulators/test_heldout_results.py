@@ -1,0 +1,358 @@
+"""The held-out accuracy proof (issue 18): recomputed on the CPU from the committed GPU data.
+
+``benchmarks/gpu/heldout.py`` measured unmodified HF models on the device; ``benchmarks/heldout_report.py``
+captures each on meta, simulates it and compares. Here the table is recomputed from the committed
+data (``benchmarks/results/gpu/h100/heldout``), checked against the committed report, and the issue's
+targets are asserted for the cost model that is the CLI's default. Before that data exists those
+tests skip; the whole pipeline is still exercised on tiny fake data made on the CPU in a tmp folder
+(``heldout.py --device cpu --tiny``: leaf aten ops stand in for kernels).
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+
+RESULTS = REPO / "benchmarks" / "results" / "gpu" / "h100" / "heldout"
+
+# The issue's targets (issue 18, "Prove it"): on every case, GPU time within 5% and wall time within
+# 10% (median of at least 9 runs); median per-op error within 10% (ops of 5 us or more).
+GPU_TARGET = 0.05
+WALL_TARGET = 0.10
+MEDIAN_OP_TARGET = 0.10
+MIN_RUNS = 9
+MIN_CASES = 10
+# The project's own benchmark cases, which a held-out case must not be: (preset, phase, batch, tokens).
+BENCHMARK_CASES = {
+    ("llama-3.1-8b", "prefill", 1, 2048),
+    ("llama-3.1-8b", "decode", 8, 2048),
+    ("qwen3-30b-a3b", "prefill", 1, 1024),
+}
+REL = 1e-6
+"""Recomputed numbers must equal the committed report's (the pipeline is deterministic)."""
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+report_mod = _load("heldout_report", REPO / "benchmarks" / "heldout_report.py")
+heldout_mod = _load("heldout_gpu", REPO / "benchmarks" / "gpu" / "heldout.py")
+
+
+def _tokens(s: dict[str, Any]) -> int:
+    return int(s["seq_len"] if s["phase"] == "prefill" else s["kv_len"])
+
+
+def reproduction_gaps(recomputed: dict[str, Any], committed: dict[str, Any]) -> list[str]:
+    """Where the recomputed table differs from the committed report (empty: reproduced)."""
+    gaps: list[str] = []
+    got = {r["case"]: r for r in recomputed["cases"]}
+    want = {r["case"]: r for r in committed["cases"]}
+    if set(got) != set(want):
+        gaps.append(f"cases differ: {sorted(set(got) ^ set(want))}")
+    for name in sorted(set(got) & set(want)):
+        for label, w in want[name]["predicted"].items():
+            g = got[name]["predicted"].get(label)
+            if g is None:
+                gaps.append(f"{name}: no {label} row recomputed")
+                continue
+            for key in ("gpu_err", "wall_err", "median_op_err"):
+                a, b = g.get(key), w.get(key)
+                if (a is None) != (b is None) or (a is not None and not math.isclose(a, b, rel_tol=REL, abs_tol=REL)):
+                    gaps.append(f"{name} {label} {key}: recomputed {a}, committed {b}")
+    return gaps
+
+
+def target_misses(report: dict[str, Any], label: str) -> list[str]:
+    """The cases where the ``label`` cost model misses a target (``n/a`` per-op errors are listed too)."""
+    misses: list[str] = []
+    for r in report["cases"]:
+        p = r["predicted"].get(label)
+        if p is None:
+            misses.append(f"{r['case']}: no {label} prediction")
+            continue
+        if p["gpu_err"] is None or abs(p["gpu_err"]) > GPU_TARGET:
+            misses.append(f"{r['case']}: GPU time {p['gpu_err']}")
+        if p["wall_err"] is None or abs(p["wall_err"]) > WALL_TARGET:
+            misses.append(f"{r['case']}: wall time {p['wall_err']}")
+        if p["median_op_err"] is None or p["median_op_err"] > MEDIAN_OP_TARGET:
+            misses.append(f"{r['case']}: median per-op error {p['median_op_err']}")
+    return misses
+
+
+# ---------------------------------------------------------------- the committed GPU data
+@pytest.fixture(scope="module")
+def committed() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(recomputed report, committed report) of the committed data."""
+    if not (RESULTS / "summary.json").is_file() or not (RESULTS / "report.json").is_file():
+        pytest.skip(f"no committed held-out GPU data yet ({RESULTS.relative_to(REPO)}/summary.json, report.json)")
+    return report_mod.build_report(RESULTS), json.loads((RESULTS / "report.json").read_text())
+
+
+def test_committed_report_is_reproduced_on_the_cpu(committed: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    recomputed, report = committed
+    assert reproduction_gaps(recomputed, report) == []
+    assert recomputed["cli_default_cost_model"] == report["cli_default_cost_model"]
+
+
+def test_committed_cases_cover_the_issue(committed: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    recomputed, _ = committed
+    rows = recomputed["cases"]
+    assert len(rows) >= MIN_CASES
+    assert not any(r["fake_device"] for r in rows)
+    settings = [r["settings"] for r in rows]
+    assert {r["preset"] for r in rows} >= {"llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b", "qwen2.5-7b"}
+    assert {r["preset"] for r in rows} & {"qwen3-30b-a3b"} and {r["preset"] for r in rows} & {"mixtral-8x7b"}
+    assert {s["phase"] for s in settings} == {"prefill", "decode"}
+    assert {s["dtype"] for s in settings} == {"bf16", "fp16"}
+    assert all(1 <= s["batch"] <= 32 and 512 <= _tokens(s) <= 8192 for s in settings)
+    assert all(r["measured"]["runs"] >= MIN_RUNS for r in rows)
+    held = {(r["preset"], r["settings"]["phase"], r["settings"]["batch"], _tokens(r["settings"])) for r in rows}
+    assert not held & BENCHMARK_CASES
+
+
+def test_targets_hold_for_the_cli_default_cost_model(committed: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    recomputed, _ = committed
+    label = recomputed["cli_default_cost_model"]
+    assert target_misses(recomputed, label) == []
+
+
+# ---------------------------------------------------------------- the pipeline, on fake CPU data
+@pytest.fixture(scope="module")
+def fake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """Tiny models 'measured' on the CPU by heldout.py, and the report built from them."""
+    out = tmp_path_factory.mktemp("heldout")
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu" / "heldout.py"), "--device", "cpu", "--tiny", "--runs", "3",
+         "--out", str(out)],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return out, report_mod.build_report(out)
+
+
+def test_fake_data_goes_through_the_whole_report(fake: tuple[Path, dict[str, Any]]) -> None:
+    out, report = fake
+    summary = json.loads((out / "summary.json").read_text())
+    assert [c["case"] for c in summary["cases"]] == [r["case"] for r in report["cases"]]
+    assert "roofline" in report["cost_models"]
+    for r in report["cases"]:
+        case = json.loads((out / f"{r['case']}.json").read_text())
+        roof = r["predicted"]["roofline"]
+        # The errors are against the median of the measured runs, not the kept trace's run.
+        assert roof["gpu_err"] == pytest.approx(roof["gpu_us"] / case["gpu_us"]["median"] - 1)
+        assert roof["wall_err"] == pytest.approx(roof["wall_us"] / case["wall_us"]["median"] - 1)
+        assert r["fake_device"]
+    md = report_mod.render_markdown(report)
+    assert all(r["case"] in md for r in report["cases"]) and "CPU smoke data" in md
+
+
+def test_dense_models_kernels_are_attributed_to_ops(fake: tuple[Path, dict[str, Any]]) -> None:
+    _, report = fake
+    dense = [r for r in report["cases"] if r["preset"] not in ("mixtral-8x7b", "qwen3-30b-a3b")]
+    assert dense
+    for r in dense:
+        att = r["attribution"]
+        assert att["aligned"], att
+        assert att["attributed_share"] > 0.9
+        assert r["predicted"]["roofline"]["median_op_err"] is not None
+        assert r["predicted"]["roofline"]["matched_ops"] > 0
+
+
+def test_moe_blocks_run_as_routed_are_left_out_of_the_per_op_errors(fake: tuple[Path, dict[str, Any]]) -> None:
+    _, report = fake
+    moe = [r for r in report["cases"] if r["preset"] in ("mixtral-8x7b", "qwen3-30b-a3b")]
+    assert moe
+    for r in moe:
+        att = r["attribution"]
+        # The real block loops over the experts it routes to; the meta recording runs balanced batched
+        # experts: those calls cannot be paired, the attention, norms and router around them can.
+        assert "model.layers.0.mlp.experts" in att["unaligned_scopes"]
+        assert att["events_missing"] > 0 and att["aligned"]
+        assert r["predicted"]["roofline"]["median_op_err"] is not None
+
+
+def test_the_kept_trace_is_the_run_it_names(fake: tuple[Path, dict[str, Any]]) -> None:
+    out, _ = fake
+    for p in sorted(out.glob("*.json")):
+        if p.name in ("summary.json",) or p.name.endswith(".config.json"):
+            continue
+        case = json.loads(p.read_text())
+        with gzip.open(out / case["trace_file"], "rt") as f:
+            trace = json.load(f)
+        runs = heldout_mod.split_runs(trace)
+        assert [r["index"] for r in runs] == [case["trace_run"]]
+        assert runs[0]["gpu_us"] == pytest.approx(case["trace_gpu_us"])
+        assert case["trace_gpu_us"] in case["gpu_us"]["runs"]
+        assert len(case["gpu_us"]["runs"]) == len(case["wall_us"]["runs"]) == case["runs"]
+
+
+def test_a_written_report_is_reproduced_and_the_checks_can_fail(
+    fake: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    out, report = fake
+    report_mod.write_report(report, tmp_path)
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert reproduction_gaps(report_mod.build_report(out), written) == []
+    first = written["cases"][0]["case"]
+    written["cases"][0]["predicted"]["roofline"]["gpu_err"] += 0.01
+    a, b = (
+        report["cases"][0]["predicted"]["roofline"]["gpu_err"],
+        written["cases"][0]["predicted"]["roofline"]["gpu_err"],
+    )
+    assert reproduction_gaps(report, written) == [f"{first} roofline gpu_err: recomputed {a}, committed {b}"]
+    # The roofline against CPU stand-in kernels misses every target; a perfect prediction meets them.
+    assert target_misses(report, "roofline")
+    perfect = {"gpu_err": 0.0, "wall_err": 0.0, "median_op_err": 0.0}
+    ok = {"cases": [{"case": r["case"], "predicted": {"roofline": perfect}} for r in report["cases"]]}
+    assert target_misses(ok, "roofline") == []
+
+
+def test_report_cli_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "heldout_report.py"), str(tmp_path / "missing")],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "missing" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "heldout_report.py"), str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2 and "summary.json" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_measurement_needs_nine_runs() -> None:
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu" / "heldout.py"), "--out", "/nonexistent", "--runs", "5"],
+        capture_output=True, text=True, cwd=REPO, timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 2 and "--runs" in res.stderr
+
+
+def _node(name: str, *children: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "children": list(children)}
+
+
+def test_calls_take_the_op_of_the_first_recorded_call_inside() -> None:
+    calls = [
+        _node("aten::linear", _node("aten::t"), _node("aten::matmul", _node("aten::mm"))),
+        _node("aten::to", _node("aten::_to_copy", _node("aten::copy_"))),
+        _node("aten::add"),
+    ]
+    owners, found, missing = report_mod.owners_of_calls(calls, ["aten::mm", "aten::_to_copy", "aten::add"], [3, 4, 5])
+    assert (owners, found, missing) == ([3, 4, 5], 3, 0)
+
+
+def test_a_trace_that_differs_here_and_there_is_matched_as_a_sequence() -> None:
+    # The trace has a call of the caller's own (sum) and lacks a recorded one (cos): the exact walk
+    # stops at the first difference, the sequence match pairs everything else.
+    calls = [_node("aten::mm"), _node("aten::sum"), _node("aten::mul"), _node("aten::linear", _node("aten::mm"))]
+    names = ["aten::mm", "aten::cos", "aten::mul", "aten::mm"]
+    ops = [1, 2, 3, 4]
+    assert report_mod.owners_of_calls(calls, names, ops) == ([1, None, None, None], 1, 3)
+    assert report_mod.owners_by_diff(calls, names, ops) == ([1, None, 3, 4], 3, 1)
+
+
+def test_calls_are_given_the_module_range_they_run_in() -> None:
+    calls = [
+        {"start": 1.0, "end": 2.0},
+        {"start": 3.0, "end": 4.0},
+        {"start": 6.0, "end": 7.0},
+        {"start": 9.0, "end": 9.5},
+    ]
+    ranges = [(0.0, 8.0, "model"), (2.5, 5.0, "model.layers.0"), (3.0, 4.5, "model.layers.0.mlp")]
+    assert report_mod._innermost(calls, ranges) == ["model", "model.layers.0.mlp", "model", None]
+
+
+def test_a_module_called_more_often_than_recorded_is_left_out() -> None:
+    def call(name: str) -> dict[str, Any]:
+        return {"name": name, "children": []}
+
+    # The trace calls the expert module's activation twice (one call per routed expert), the recording once.
+    calls = [call("aten::mm"), call("aten::silu"), call("aten::silu"), call("aten::add")]
+    call_scopes = ["attn", "experts.act", "experts.act", "layer"]
+    names, ops, scopes = ["aten::mm", "aten::silu", "aten::add"], [1, 2, 3], ["attn", "experts.act", "layer"]
+    counts = (Counter({"attn": 1, "experts.act": 2, "layer": 1}), Counter({"attn": 1, "experts.act": 1, "layer": 1}))
+    owners, found, missing, unaligned = report_mod.align_calls(calls, call_scopes, names, ops, scopes, counts)
+    assert (owners, found, missing, unaligned) == ([1, None, None, 3], 2, 1, ["experts.act"])
+    # Called as often as recorded: every call lines up.
+    same = (Counter({"attn": 1, "experts.act": 1, "layer": 1}),) * 2
+    owners, *_ = report_mod.align_calls(
+        [calls[0], calls[1], calls[3]], ["attn", "experts.act", "layer"], names, ops, scopes, same
+    )
+    assert owners == [1, 2, 3]
+
+
+def test_a_real_gpu_trace_splits_into_runs_whose_kept_trace_opgraph_imports(traces_dir: Path, tmp_path: Path) -> None:
+    from opgraph.trace import load_trace
+
+    trace = json.loads(gzip.decompress((traces_dir / "hf-llama-1b-like-h200-prefill512-decode8.json.gz").read_bytes()))
+    evs = trace["traceEvents"]
+    host = [e for e in evs if e.get("cat") == "cpu_op"]
+    first, last = min(e["ts"] for e in host), max(e["ts"] + e["dur"] for e in host)
+    cut = sorted(e["ts"] for e in host)[len(host) // 2]
+    where = {"ph": "X", "cat": "user_annotation", "pid": host[0]["pid"], "tid": host[0]["tid"]}
+    evs.append({**where, "name": "heldout_run_0", "ts": first, "dur": cut - first - 1e-3})
+    evs.append({**where, "name": "heldout_run_1", "ts": cut, "dur": last - cut})
+    runs = heldout_mod.split_runs(trace)
+    assert [r["index"] for r in runs] == [0, 1]
+    device = sum(e["dur"] for e in evs if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    assert all(r["gpu_us"] > 0 for r in runs)
+    assert sum(r["gpu_us"] for r in runs) == pytest.approx(device, rel=1e-9)
+    for r in runs:
+        path = tmp_path / f"run{r['index']}.json.gz"
+        path.write_bytes(gzip.compress(json.dumps(heldout_mod.trim_to_run(trace, r)).encode()))
+        timeline = load_trace(path)
+        # What opgraph compare counts as device time is the run's GPU time.
+        assert sum(s.dur_us for s in timeline.device_spans()) == pytest.approx(r["gpu_us"], rel=1e-6)
+        assert len(timeline.device_spans()) == r["device_events"]
+
+
+def test_a_real_hf_trace_lines_up_with_a_meta_recording_made_here(traces_dir: Path, tmp_path: Path) -> None:
+    # The H200 trace was made with torch 2.11 + transformers 5.17 (as the GPU machine runs), the recording
+    # here with whatever this machine has: a few calls differ, the kernels still go to the right ops.
+    from opgraph.capture.api import CaptureOptions, record
+    from opgraph.ir import OpKind
+
+    config = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    rec = record(str(tmp_path / "config.json"), CaptureOptions(phase="prefill", seq_len=512, dtype="bf16"))
+    names, ops, _ = report_mod.recorded_calls(rec.recorder.events, rec.event_op)
+    trace = json.loads(gzip.decompress((traces_dir / "hf-llama-1b-like-h200-prefill512-decode8.json.gz").read_bytes()))
+    host = sorted((e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
+    first, second = [e["ts"] for e in host if e["name"] == "aten::embedding"][:2]
+    # The prefill pass of model.generate: from its embedding to the next pass's.
+    trace["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "heldout_run_0", "pid": host[0]["pid"],
+                                 "tid": host[0]["tid"], "ts": first - 0.01, "dur": second - first - 0.02})  # fmt: skip
+    att = report_mod.attribute(trace, names, ops)
+    assert att["events_missing"] <= 0.02 * att["events"]
+    assert att["aligned"] and att["attributed_share"] > 0.95
+    kinds: dict[str, set[Any]] = {d["name"]: set() for d in att["device"]}
+    for d in att["device"]:
+        kinds[d["name"]].add(rec.graph.op(d["op"]).kind if d["op"] is not None else None)
+    flash = [k for n, k in kinds.items() if "flash" in n]
+    gemm = [k for n, k in kinds.items() if n.startswith("nvjet")]
+    assert flash and all(k == {OpKind.ATTENTION} for k in flash)
+    assert gemm and all(k == {OpKind.GEMM} for k in gemm)
+    attention_ops = {d["op"] for d in att["device"] if "flash" in d["name"]}
+    assert len(attention_ops) == config["num_hidden_layers"]

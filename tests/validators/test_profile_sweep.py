@@ -1,0 +1,208 @@
+"""The profile sweep: what it covers, its order, streaming, resume, budget, and the CLI (CPU)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware import DeviceProfile, ProfileExtrapolationWarning, ProfileModel, load_hardware, load_profile
+from hardware.models.profile import profile_features
+from opgraph.cli.app import app
+from opgraph.ir import Attention, DType, Gemm, OpKind, load_graph
+from validators.profile import (
+    ProfileError,
+    SweepPoint,
+    coarse_to_fine,
+    guess_hardware,
+    profile_from_parts,
+    profile_from_replays,
+    run_profile,
+    sweep_points,
+    sweep_timing,
+)
+
+GRAPH = Path(__file__).resolve().parents[1] / "data" / "h100" / "llama-3.2-1b-l2-prefill256.graph.json.gz"
+
+
+def _few(n: int = 4) -> list[SweepPoint]:
+    return sweep_points("cpu")[:n]
+
+
+def test_gpu_sweep_spans_the_regimes_models_reach() -> None:
+    pts = sweep_points("cuda")
+    gemm_m = {p.op.m for p in pts if isinstance(p.op, Gemm) and p.op.groups == 1 and p.op.batch == 1}
+    assert min(gemm_m) == 1 and max(gemm_m) == 16384
+    dtypes = {p.op.dtype for p in pts if isinstance(p.op, Gemm)}
+    assert dtypes == {DType.bf16, DType.fp16, DType.fp32}
+    regimes = {f.regime for p in pts if (f := profile_features(p.op)) is not None}
+    for needed in (
+        "gemm", "gemm:grouped:bmm", "gemm:grouped:loop", "attention:decode", "attention:prefill",
+        "attention:masked", "attention:full", "norm:rms", "rope", "activation:swiglu", "elementwise:add",
+        "softmax", "memory:copy", "memory:cat", "memory:kv_cache_write", "embedding", "moe_routing:route",
+        "moe_routing:dispatch", "moe_routing:combine",
+    ):  # fmt: skip
+        assert needed in regimes, needed
+    attn = [p.op for p in pts if isinstance(p.op, Attention)]
+    assert {a.heads // a.kv_heads for a in attn} >= {1, 4, 7, 8} and any(a.window for a in attn)
+    assert sum(p.tag == "launch" for p in pts) >= 1
+    assert len({p.key for p in pts}) == len(pts)
+
+
+def test_sweep_order_covers_every_kind_before_refining_any() -> None:
+    pts = sweep_points("cuda")
+    first = [p for p in pts if p.level == 0]
+    assert pts[: len(first)] == first
+    kinds = {getattr(p.op, "kind") for p in first}  # noqa: B009
+    assert kinds >= {OpKind.GEMM, OpKind.ATTENTION, OpKind.NORM, OpKind.ROPE, OpKind.ACTIVATION, OpKind.MEMORY}
+    # Within a series the ends come before the middle.
+    series = [p for p in pts if p.series == "gemm.llama8b.q_o"]
+    assert [getattr(p.op, "m") for p in series[:2]] == [1, 16384]  # noqa: B009
+
+
+def test_coarse_to_fine_levels() -> None:
+    assert coarse_to_fine(1) == [0]
+    assert coarse_to_fine(9) == [0, 3, 2, 3, 1, 3, 2, 3, 0]
+
+
+def test_guess_hardware_from_driver_names() -> None:
+    assert guess_hardware("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert guess_hardware("NVIDIA H100 PCIe") == "h100-pcie"
+    assert guess_hardware("NVIDIA H200") == "h200"
+    assert guess_hardware("Some Other Accelerator") == ""
+
+
+def test_cpu_sweep_streams_points_and_writes_a_profile(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.profile.json"
+    seen: list[str] = []
+    prof = run_profile(out, "cpu", points=_few(), hardware="h100", on_point=lambda i, n, sp, r: seen.append(sp.key))
+    assert prof.complete and len(prof.points) == 4 and prof.device.hardware == "h100-sxm"
+    assert load_profile(out) == prof
+    lines = (tmp_path / "cpu.profile.json.parts.jsonl").read_text().splitlines()
+    assert "header" in json.loads(lines[0]) and [json.loads(x)["key"] for x in lines[1:]] == seen
+    assert prof.launch_us is not None and prof.launch_us > 0  # the first CPU point is the launch kernel
+
+
+def test_resume_skips_done_points_and_a_cut_last_line(tmp_path: Path) -> None:
+    out = tmp_path / "p.profile.json"
+    pts = _few(4)
+    run_profile(out, "cpu", points=pts[:3])
+    parts = tmp_path / "p.profile.json.parts.jsonl"
+    text = parts.read_text()
+    parts.write_text(text[: len(text) - 40])  # the third point's line cut, as a kill leaves it
+    again: list[tuple[str, bool]] = []
+    prof = run_profile(
+        out, "cpu", points=pts, resume=True, on_point=lambda i, n, sp, r: again.append((sp.key, r is None))
+    )
+    assert [done for _, done in again] == [True, True, False, False]
+    assert prof.complete and len(prof.points) == 4
+    assert any("unreadable line" in n for n in prof.notes)
+
+
+def test_resume_refuses_parts_of_another_device(tmp_path: Path) -> None:
+    out = tmp_path / "p.profile.json"
+    parts = tmp_path / "p.profile.json.parts.jsonl"
+    parts.write_text(json.dumps({"header": {"name": "NVIDIA H100 80GB HBM3"}}) + "\n")
+    with pytest.raises(ProfileError, match="measured on 'NVIDIA H100 80GB HBM3'"):
+        run_profile(out, "cpu", points=_few(2), resume=True)
+
+
+def test_budget_stops_cleanly_with_a_valid_incomplete_profile(tmp_path: Path) -> None:
+    out = tmp_path / "b.profile.json"
+    prof = run_profile(out, "cpu", points=_few(3), budget_s=1e-9)
+    assert not prof.complete and prof.planned == 3 and prof.points == ()
+    assert "stopped at the time budget" in prof.notes[0]
+    assert isinstance(load_profile(out), DeviceProfile)
+
+
+def test_profile_from_parts_rebuilds_a_truncated_profile(tmp_path: Path) -> None:
+    out = tmp_path / "t.profile.json"
+    pts = _few(3)
+    run_profile(out, "cpu", points=pts)
+    out.write_text(out.read_text()[:100])
+    prof = profile_from_parts(out, pts, sweep_timing("cpu"))
+    assert len(prof.points) == 3 and load_profile(out) == prof
+
+
+def _cli(*args: str | Path) -> tuple[int, str]:
+    r = CliRunner().invoke(app, [str(a) for a in args])
+    return r.exit_code, r.output
+
+
+def test_cli_profile_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "c.profile.json"
+    code, text = _cli("profile", "--device", "cpu", "-o", out, "--max-points", "3", "-q", "-H", "h100")
+    assert code == 0, text
+    assert "3 points of 3 planned, complete" in " ".join(text.split())
+    assert len(load_profile(out).points) == 3
+    code, text = _cli("profile", "--device", "cpu", "-o", out, "--plan")
+    assert code == 0 and f"{len(sweep_points('cpu'))} points" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        (["--kinds", "gemm,nope"], "--kinds"),
+        (["--budget-s", "0"], "--budget-s"),
+        (["--max-points", "0"], "--max-points"),
+        (["-H", "no-such-gpu"], "no-such-gpu"),
+    ],
+)
+def test_cli_profile_bad_options_are_one_line_errors(tmp_path: Path, args: list[str], where: str) -> None:
+    code, text = _cli("profile", "--device", "cpu", "-o", tmp_path / "x.profile.json", *args)
+    assert code == 2
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and where in lines[0]
+
+
+def test_cli_from_parts_without_parts_is_a_one_line_error(tmp_path: Path) -> None:
+    code, text = _cli("profile", "-o", tmp_path / "x.profile.json", "--from-parts")
+    assert code == 2 and "no parts file" in text
+
+
+@pytest.mark.skipif(not GRAPH.exists(), reason="tests/data/h100 graph absent")
+def test_simulate_with_a_device_that_ships_a_profile(tmp_path: Path) -> None:
+    from hardware import cost_graph
+    from tests.hardware.profile_builders import gemm_points, norm_points, synthetic_profile
+
+    toml = tmp_path / "testgpu.toml"
+    toml.write_text('base = "h100"\nname = "testgpu"\nprofile = "testgpu.profile.json"\n')
+    hw = load_hardware(toml)
+    synthetic_profile(hw, [*gemm_points(hw, nks=((2048, 2048), (8192, 2048), (2048, 8192))), *norm_points(hw)]).save(
+        tmp_path / "testgpu.profile.json"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileExtrapolationWarning)
+        code, text = _cli("simulate", GRAPH, "-H", toml, "-c", "profile", "--json", "--skip-uncosted")
+    assert code == 0, text
+    stats = json.loads(text[text.index("{") :])
+    graph = load_graph(GRAPH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileExtrapolationWarning)
+        expected = cost_graph(graph, ProfileModel(tmp_path / "testgpu.profile.json"), hw).total_seconds * 1e6
+    assert stats["serial_us"] == pytest.approx(expected, rel=1e-6)
+    code, text = _cli("simulate", GRAPH, "-H", toml, "-c", "roofline", "--json", "--skip-uncosted")
+    assert code == 0 and json.loads(text[text.index("{") :])["serial_us"] != pytest.approx(expected, rel=1e-3)
+    code, text = _cli("simulate", GRAPH, "-H", "a6000", "-c", "profile")
+    assert code == 2 and "a6000 ships no measured profile" in text
+
+
+REPLAYS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu" / "h100"
+
+
+@pytest.mark.skipif(not (REPLAYS / "llama8b_prefill2048.replay.jsonl").exists(), reason="committed H100 replays absent")
+def test_profile_from_replays_reproduces_each_measured_config() -> None:
+    from validators import load_results
+
+    results = load_results(REPLAYS / "llama8b_prefill2048.replay.jsonl")
+    prof = profile_from_replays(results)
+    assert prof.device.hardware == "h100-sxm" and len(prof.points) == len(
+        {r.key for r in results if r.status.value == "ok"}
+    )
+    model = ProfileModel(prof)
+    hw = load_hardware("h100")
+    for p in prof.points:
+        assert model.estimate(p.op, hw).seconds == pytest.approx(p.seconds, rel=1e-9), p.op.definition

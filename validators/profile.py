@@ -1,0 +1,770 @@
+"""``opgraph profile``: a sweep of synthetic op configs replayed on one device into a device profile.
+
+The sweep (:func:`sweep_points`) covers the regimes real models reach: GEMMs from ``m = 1`` to
+``16k`` over the ``(n, k)`` of Llama 1B/8B/70B, Qwen2.5 and the attention and expert shapes of
+Qwen3-MoE and Mixtral (bf16, a few fp16 and fp32), attention decode and prefill over lengths,
+batch, heads, head size and GQA ratio (causal, full, chunked and sliding-window), norms, RoPE,
+activations, elementwise ops, softmax, copies, casts, concatenations, KV-cache writes, embedding
+lookups, MoE routing, dispatch, grouped expert GEMMs and combine as the HF implementations run
+them, and an empty-ish kernel for the launch floor and the host time per aten call.
+
+Each point is replayed through the replay recipes and timer (:class:`~validators.Replayer`): cold
+L2 with the op's activations read back, as in a model run (:func:`sweep_timing`), no numeric
+check. Points are ordered coarse to fine (:func:`order_points`: the ends and middle of every size
+axis first) so a sweep stopped at its time budget still spans every regime; each result is
+appended to a JSONL parts file as it completes (``--resume`` carries on from it, skipping a cut
+last line) and the :class:`~hardware.profile.DeviceProfile` is written at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from hardware.profile import (
+    DeviceProfile,
+    ProfileDevice,
+    ProfilePoint,
+    parts_path,
+    read_parts,
+)
+from opgraph.ir import (
+    Activation,
+    Attention,
+    DType,
+    Elementwise,
+    Embedding,
+    Gemm,
+    Memory,
+    MoeRouting,
+    Norm,
+    NormVariant,
+    OpBase,
+    OpgraphError,
+    Rope,
+    Softmax,
+    TensorSpec,
+)
+from validators.configs import OpConfig, config_key
+from validators.replay import DeviceLostError, Replayer, ReplayOptions
+from validators.results import ReplayResult, ReplayStatus
+from validators.timing import TimingConfig
+
+
+class ProfileError(OpgraphError):
+    """A profile sweep cannot start or go on (a parts file of another device, a bad option)."""
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One synthetic config of the sweep."""
+
+    op: OpBase
+    """The op to replay."""
+    series: str
+    """The series it belongs to (one shape along a size axis); points are interleaved across series."""
+    level: int = 0
+    """Coarse-to-fine rank: level 0 points are measured first."""
+    warm_inputs: tuple[int, ...] = ()
+    """The op's inputs that are activations in a model (read back into L2 after each flush)."""
+    tag: str = ""
+    """``launch`` for the empty-ish kernels."""
+
+    @property
+    def key(self) -> str:
+        """The config key (tag included: a launch point is kept apart from an equal op)."""
+        return config_key(self.op) + (f"-{self.tag}" if self.tag else "")
+
+
+# -- the sweep ------------------------------------------------------------------------------------------
+
+M_SIZES = tuple(2**i for i in range(15))  # 1 .. 16384
+"""GEMM rows: geometric from a one-token decode to a 16k-token prefill."""
+
+DENSE_NK: tuple[tuple[str, int, int], ...] = (
+    # Llama 3.1 8B (hidden 4096, 32 q / 8 kv heads of 128, MLP 14336, vocab 128256)
+    ("llama8b.q_o", 4096, 4096),
+    ("llama8b.kv", 1024, 4096),
+    ("llama8b.gate_up", 14336, 4096),
+    ("llama8b.down", 4096, 14336),
+    ("llama8b.lm_head", 128256, 4096),
+    # Llama 3.2 1B (hidden 2048, 32 q / 8 kv heads of 64, MLP 8192)
+    ("llama1b.q_o", 2048, 2048),
+    ("llama1b.kv", 512, 2048),
+    ("llama1b.gate_up", 8192, 2048),
+    ("llama1b.down", 2048, 8192),
+    # Llama 3.1 70B (hidden 8192, 64 q / 8 kv heads, MLP 28672)
+    ("llama70b.q_o", 8192, 8192),
+    ("llama70b.kv", 1024, 8192),
+    ("llama70b.gate_up", 28672, 8192),
+    ("llama70b.down", 8192, 28672),
+    # Qwen2.5 7B (hidden 3584, 28 q / 4 kv heads, MLP 18944)
+    ("qwen25_7b.q_o", 3584, 3584),
+    ("qwen25_7b.kv", 512, 3584),
+    ("qwen25_7b.gate_up", 18944, 3584),
+    ("qwen25_7b.down", 3584, 18944),
+    # Qwen3-30B-A3B attention (hidden 2048, 32 q of 128) and its router
+    ("qwen3moe.q", 4096, 2048),
+    ("qwen3moe.o", 2048, 4096),
+    ("qwen3moe.router", 128, 2048),
+    ("mixtral.router", 8, 4096),
+    ("llama1b.lm_head", 128256, 2048),
+)
+"""(name, n, k) of the linear layers of common model families."""
+
+ATTENTION_HEADS: tuple[tuple[str, int, int, int], ...] = (
+    ("llama8b", 32, 8, 128),
+    ("llama70b", 64, 8, 128),
+    ("llama1b", 32, 8, 64),
+    ("qwen25_7b", 28, 4, 128),
+    ("qwen3moe", 32, 4, 128),
+    ("mha", 32, 32, 128),
+)
+"""(name, heads, kv_heads, head_dim) of common attention layouts."""
+
+MOE: tuple[tuple[str, int, int, int, int], ...] = (
+    ("qwen3moe", 128, 8, 2048, 768),
+    ("mixtral", 8, 2, 4096, 14336),
+)
+"""(name, experts, top_k, hidden, expert intermediate size) of MoE layers."""
+
+TOKENS = (1, 8, 32, 128, 512, 2048, 8192, 16384)
+"""Token counts of pointwise ops: decode batches to long prefills."""
+
+
+def coarse_to_fine(n: int) -> list[int]:
+    """A level for each of ``n`` sorted sizes: the ends 0, the middle 1, the quarters 2...
+
+    >>> coarse_to_fine(5)
+    [0, 2, 1, 2, 0]
+    """
+    levels = [0] * n
+    if n <= 2:
+        return levels
+
+    def split(lo: int, hi: int, depth: int) -> None:
+        if hi - lo < 2:
+            return
+        mid = (lo + hi) // 2
+        levels[mid] = depth
+        split(lo, mid, depth + 1)
+        split(mid, hi, depth + 1)
+
+    split(0, n - 1, 1)
+    return levels
+
+
+def _series(name: str, ops: Iterable[OpBase], *, base: int = 0, warm: tuple[int, ...] = ()) -> list[SweepPoint]:
+    items = list(ops)
+    levels = coarse_to_fine(len(items))
+    return [SweepPoint(op, name, base + lv, warm) for op, lv in zip(items, levels, strict=True)]
+
+
+def _gemm(m: int, n: int, k: int, dtype: DType = DType.bf16, batch: int = 1) -> Gemm:
+    if batch > 1:
+        ins = (TensorSpec(shape=(batch, m, k), dtype=dtype), TensorSpec(shape=(batch, k, n), dtype=dtype))
+        out = (TensorSpec(shape=(batch, m, n), dtype=dtype),)
+    else:
+        ins = (TensorSpec(shape=(m, k), dtype=dtype), TensorSpec(shape=(n, k), dtype=dtype))
+        out = (TensorSpec(shape=(m, n), dtype=dtype),)
+    return Gemm(id=0, m=m, n=n, k=k, batch=batch, dtype=dtype, inputs=ins, outputs=out, target="aten.mm.default")
+
+
+def _experts(name: str, part: str, tokens: int, experts: int, top_k: int, n: int, k: int, impl: str) -> Gemm:
+    m = max(1, round(tokens * top_k / experts))
+    dt = DType.bf16
+    ins: tuple[TensorSpec, ...]
+    out: tuple[TensorSpec, ...]
+    if impl == "bmm":
+        # As capture records transformers' batched experts: [E, m, k] @ [E, k, n] (a transposed weight view).
+        ins = (
+            TensorSpec(shape=(experts, m, k), dtype=dt),
+            TensorSpec(shape=(experts, k, n), dtype=dt, strides=(n * k, 1, k)),
+        )
+        out = (TensorSpec(shape=(experts, m, n), dtype=dt),)
+        definition = f"moe_bmm_e{experts}_h{k if part == 'gate_up' else n}_topk{top_k}_{part}"
+        target = f"moe_experts_{part}"
+    else:
+        ins, out = (), ()
+        definition = f"moe_loop_e{experts}_n{n}_k{k}_topk{top_k}_{part}"
+        target = f"{name}_experts_{part}"
+    return Gemm(
+        id=0, m=m, n=n, k=k, groups=experts, dtype=dt, inputs=ins, outputs=out, target=target, definition=definition
+    )
+
+
+def _attention(b: int, q: int, kv: int, heads: tuple[int, int, int], *, causal: bool, window: int | None) -> Attention:
+    h, kvh, d = heads
+    dt = DType.bf16
+    ins = (
+        TensorSpec(shape=(b, h, q, d), dtype=dt, strides=(q * h * d, d, h * d, 1)),
+        TensorSpec(shape=(b, kvh, kv, d), dtype=dt),
+        TensorSpec(shape=(b, kvh, kv, d), dtype=dt),
+    )
+    out = (TensorSpec(shape=(b, h, q, d), dtype=dt),)
+    return Attention(
+        id=0, batch=b, q_len=q, kv_len=kv, heads=h, kv_heads=kvh, head_dim=d, causal=causal, window=window,
+        inputs=ins, outputs=out, target="aten.scaled_dot_product_attention",
+    )  # fmt: skip
+
+
+def _gpu_sweep() -> list[SweepPoint]:
+    pts: list[SweepPoint] = []
+    ops: Iterable[OpBase]
+    # Launch floor and host time per aten call: the smallest kernels there are.
+    pts.append(SweepPoint(Elementwise(id=0, fn="add", numel=1, hidden=1), "launch", 0, (), "launch"))
+    pts.append(SweepPoint(Memory(id=0, fn="zero", numel=1), "launch", 0, (), "launch"))
+    # GEMMs: bf16 over every family's (n, k); fp16 and fp32 on a few.
+    for i, (name, n, k) in enumerate(DENSE_NK):
+        base = 0 if i < 13 else 1
+        pts += _series(f"gemm.{name}", (_gemm(m, n, k) for m in M_SIZES), base=base, warm=(0,))
+    for name, n, k in (("llama8b.q_o", 4096, 4096), ("llama8b.gate_up", 14336, 4096), ("llama1b.down", 2048, 8192)):
+        pts += _series(f"gemm.fp16.{name}", (_gemm(m, n, k, DType.fp16) for m in M_SIZES[::2]), base=2, warm=(0,))
+    for name, n, k in (("llama8b.q_o", 4096, 4096), ("llama1b.gate_up", 8192, 2048)):
+        pts += _series(f"gemm.fp32.{name}", (_gemm(m, n, k, DType.fp32) for m in (1, 16, 256, 4096)), base=3, warm=(0,))
+    # RoPE's inverse-frequency product: a batched [64 x 1] @ [1 x seq].
+    for b in (1, 8, 32):
+        pts += _series(f"gemm.rope_freq.b{b}", (_gemm(64, s, 1, batch=b) for s in (1, 16, 256, 2048, 16384)), base=2)
+    # MoE: routing, dispatch, expert GEMMs (batched as captured, and the eager loop), combine.
+    for name, e, top, hidden, inter in MOE:
+        toks = TOKENS
+        for part, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
+            pts += _series(
+                f"moe.{name}.{part}", (_experts(name, part, t, e, top, n, k, "bmm") for t in toks), base=0, warm=(0,)
+            )
+            pts += _series(
+                f"moe.{name}.{part}.loop", (_experts(name, part, t, e, top, n, k, "loop") for t in toks[::2]), base=2
+            )
+        for fn in ("route", "dispatch", "combine"):
+            ops = (
+                MoeRouting(
+                    id=0, fn=fn, tokens=t, experts=e, top_k=top, hidden=hidden, definition=f"moe_{fn}_e{e}_topk{top}"
+                )
+                for t in toks
+            )
+            pts += _series(f"moe.{name}.{fn}", ops, base=1)
+    # Attention: decode over the KV length, prefill over the sequence.
+    for i, (name, h, kvh, d) in enumerate(ATTENTION_HEADS):
+        heads = (h, kvh, d)
+        for b in (1, 8, 32) if i < 2 else (8,):
+            ops = (_attention(b, 1, kv, heads, causal=False, window=None) for kv in (128, 512, 2048, 8192, 32768))
+            pts += _series(f"attn.decode.{name}.b{b}", ops, base=0 if i < 4 else 1, warm=(0,))
+        for b in (1, 4) if i < 4 else (1,):
+            ops = (_attention(b, s, s, heads, causal=True, window=None) for s in (128, 512, 2048, 8192, 16384))
+            pts += _series(f"attn.prefill.{name}.b{b}", ops, base=0 if i < 4 else 1, warm=(0, 1, 2))
+    llama = (32, 8, 128)
+    pts += _series(
+        "attn.window4096", (_attention(1, s, s, llama, causal=True, window=4096) for s in (2048, 8192, 16384)), base=1,
+        warm=(0, 1, 2),
+    )  # fmt: skip
+    pts += _series(
+        "attn.chunked", (_attention(1, q, 4 * q, llama, causal=True, window=None) for q in (128, 512, 2048)), base=2,
+        warm=(0,),
+    )  # fmt: skip
+    pts += _series(
+        "attn.full", (_attention(1, s, s, llama, causal=False, window=None) for s in (512, 2048, 8192)), base=2,
+        warm=(0, 1, 2),
+    )  # fmt: skip
+    # Memory-bound kinds by size.
+    for hidden in (2048, 4096, 8192):
+        pts += _series(f"norm.rms.h{hidden}", (Norm(id=0, rows=t, hidden=hidden) for t in TOKENS), base=0)
+    pts += _series(
+        "norm.layer.h4096", (Norm(id=0, rows=t, hidden=4096, variant=NormVariant.LAYER) for t in TOKENS[::2]), base=2
+    )
+    for h, d in ((32, 128), (8, 128), (32, 64)):
+        pts += _series(
+            f"rope.h{h}.d{d}", (Rope(id=0, tokens=t, heads=h, head_dim=d) for t in TOKENS), base=0 if h == 32 else 1
+        )
+    for inter in (8192, 14336, 28672):
+        ops = (Activation(id=0, fn="swiglu", numel=t * inter, hidden=inter, gated=True) for t in TOKENS)
+        pts += _series(f"act.swiglu.{inter}", ops, base=0 if inter == 14336 else 1)
+    pts += _series(
+        "act.silu", (Activation(id=0, fn="silu", numel=t * 14336, hidden=14336) for t in TOKENS[::2]), base=2
+    )
+    for fn in ("add", "mul"):
+        ops = (Elementwise(id=0, fn=fn, numel=t * 4096, hidden=4096) for t in TOKENS)
+        pts += _series(f"ew.{fn}", ops, base=0)
+    for fn in ("cos", "sin", "rsqrt"):
+        pts += _series(f"ew.{fn}", (Elementwise(id=0, fn=fn, numel=t * 128, hidden=128) for t in TOKENS[::2]), base=2)
+    # RoPE's tables as transformers builds them: in float32.
+    f32 = DType.fp32
+    for fn in ("cos", "sin", "mul", "add"):
+        ops = (Elementwise(id=0, fn=fn, numel=t * 128, hidden=128, dtype=f32) for t in TOKENS[::2])
+        pts += _series(f"ew.fp32.{fn}", ops, base=1 if fn in ("cos", "mul") else 2)
+    fill = (Memory(id=0, fn="fill", numel=n, dtype=f32) for n in (1, 128, 2048, 16384))
+    pts += _series("mem.fill.fp32", fill, base=2)
+    cat32 = (
+        Memory(
+            id=0, fn="cat", numel=t * 128, dtype=f32,
+            inputs=(TensorSpec(shape=(t, 64), dtype=f32), TensorSpec(shape=(t, 64), dtype=f32)),
+            outputs=(TensorSpec(shape=(t, 128), dtype=f32),),
+        )
+        for t in TOKENS[::2]
+    )  # fmt: skip
+    pts += _series("mem.cat.fp32", cat32, base=2)
+    cast32 = (
+        Memory(
+            id=0, fn="cast", numel=t * 128, dtype=f32, inputs=(TensorSpec(shape=(t, 128), dtype=f32),),
+            outputs=(TensorSpec(shape=(t, 128), dtype=DType.bf16),),
+        )
+        for t in TOKENS[::2]
+    )  # fmt: skip
+    pts += _series("mem.cast.fp32", cast32, base=2)
+    for cols in (128, 4096):
+        pts += _series(f"softmax.c{cols}", (Softmax(id=0, rows=t, cols=cols) for t in TOKENS), base=1)
+    sizes = [4**i for i in range(5, 15)]  # 1 Ki .. 256 Mi elements
+    for fn in ("copy", "cast"):
+        ops = (
+            Memory(
+                id=0, fn=fn, numel=s, inputs=(TensorSpec(shape=(s,), dtype=DType.bf16),),
+                outputs=(TensorSpec(shape=(s,), dtype=DType.bf16 if fn == "copy" else DType.fp32),),
+            )
+            for s in sizes
+        )  # fmt: skip
+        pts += _series(f"mem.{fn}", ops, base=0 if fn == "copy" else 1)
+    cat_ops = (
+        Memory(
+            id=0, fn="cat", numel=2 * t * 64,
+            inputs=(TensorSpec(shape=(t, 32, 64), dtype=DType.bf16), TensorSpec(shape=(t, 32, 64), dtype=DType.bf16)),
+            outputs=(TensorSpec(shape=(t, 32, 128), dtype=DType.bf16),),
+        )
+        for t in TOKENS
+    )  # fmt: skip
+    pts += _series("mem.cat", cat_ops, base=1)
+    for b in (1, 8, 32):
+        ops = (
+            Memory(
+                id=0, fn="kv_cache_write", numel=b * 8 * (n + 1) * 128,
+                inputs=(
+                    TensorSpec(shape=(b, 8, n, 128), dtype=DType.bf16),
+                    TensorSpec(shape=(b, 8, 1, 128), dtype=DType.bf16),
+                ),
+                outputs=(TensorSpec(shape=(b, 8, n + 1, 128), dtype=DType.bf16),),
+            )
+            for n in (128, 1024, 4096, 16384)
+        )  # fmt: skip
+        pts += _series(f"mem.kv_write.b{b}", ops, base=0 if b == 8 else 1, warm=(1,))
+    for hidden, vocab in ((4096, 128256), (2048, 128256), (3584, 152064)):
+        ops = (Embedding(id=0, tokens=t, vocab=vocab, hidden=hidden) for t in TOKENS)
+        pts += _series(f"embedding.h{hidden}", ops, base=0 if hidden == 4096 else 1)
+    return pts
+
+
+def _cpu_sweep() -> list[SweepPoint]:
+    """A tiny sweep of every kind at small sizes (tests, CI smoke)."""
+    pts: list[SweepPoint] = [SweepPoint(Elementwise(id=0, fn="add", numel=1, hidden=1), "launch", 0, (), "launch")]
+    pts += _series("gemm.256", (_gemm(m, 256, 256) for m in (1, 16, 128)), warm=(0,))
+    pts += _series("gemm.512x256", (_gemm(m, 512, 256) for m in (1, 128)), warm=(0,))
+    pts += _series("gemm.fp32", (_gemm(m, 256, 256, DType.fp32) for m in (1, 64)), base=1, warm=(0,))
+    heads = (4, 2, 32)
+    pts += _series("attn.decode", (_attention(1, 1, kv, heads, causal=False, window=None) for kv in (64, 256)))
+    pts += _series("attn.prefill", (_attention(1, s, s, heads, causal=True, window=None) for s in (32, 128)))
+    pts += _series("norm", (Norm(id=0, rows=t, hidden=256) for t in (1, 64)))
+    pts += _series("rope", (Rope(id=0, tokens=t, heads=4, head_dim=32) for t in (1, 64)))
+    pts += _series("act", (Activation(id=0, fn="swiglu", numel=t * 512, hidden=512, gated=True) for t in (1, 64)))
+    pts += _series("ew.add", (Elementwise(id=0, fn="add", numel=t * 256, hidden=256) for t in (1, 64)))
+    pts += _series("softmax", (Softmax(id=0, rows=t, cols=128) for t in (1, 64)))
+    pts += _series("mem.copy", (Memory(id=0, fn="copy", numel=s) for s in (256, 65536)))
+    pts += _series("embedding", (Embedding(id=0, tokens=t, vocab=1000, hidden=256) for t in (1, 64)))
+    pts += _series(
+        "moe.route", (MoeRouting(id=0, fn="route", tokens=t, experts=8, top_k=2, hidden=256) for t in (4, 64)), base=1
+    )
+    pts += _series(
+        "moe.experts", (_experts("tiny", "down", t, 8, 2, 256, 128, "bmm") for t in (8, 64)), base=1, warm=(0,)
+    )
+    return pts
+
+
+def sweep_points(device_type: str = "cuda", *, kinds: Iterable[str] = ()) -> list[SweepPoint]:
+    """The sweep for ``device_type`` (``cuda``: the full sweep; ``cpu``: a tiny one), ordered coarse to
+    fine (:func:`order_points`), optionally only ops of ``kinds`` (``gemm``, ``attention``...)."""
+    pts = _gpu_sweep() if device_type == "cuda" else _cpu_sweep()
+    wanted = {k.strip() for k in kinds if k.strip()}
+    if wanted:
+        pts = [p for p in pts if str(getattr(p.op, "kind").value) in wanted or p.tag == "launch"]  # noqa: B009
+    seen: set[str] = set()
+    unique = []
+    for p in pts:
+        if p.key not in seen:
+            seen.add(p.key)
+            unique.append(p)
+    return order_points(unique)
+
+
+def order_points(points: Iterable[SweepPoint]) -> list[SweepPoint]:
+    """Most informative first: by level (:func:`coarse_to_fine` plus the series' base), and within a
+    level round-robin over the series, so a sweep cut at any point has covered every regime evenly."""
+    series: dict[str, int] = {}
+    rank: dict[int, int] = {}
+    keyed = []
+    for i, p in enumerate(points):
+        s = series.setdefault(p.series, len(series))
+        keyed.append((p.level, rank.get(s, 0), s, i, p))
+        rank[s] = rank.get(s, 0) + 1
+    # Round-robin: the n-th point of each series at a level comes before the (n+1)-th of any.
+    counters: dict[tuple[int, int], int] = {}
+    out = []
+    for level, _, s, i, p in keyed:
+        n = counters.get((level, s), 0)
+        counters[(level, s)] = n + 1
+        out.append(((level, n, s, i), p))
+    return [p for _, p in sorted(out, key=lambda x: x[0])]
+
+
+# -- timing and provenance ------------------------------------------------------------------------------
+
+
+def sweep_timing(device_type: str, *, sessions: int = 3, max_sessions: int = 5) -> TimingConfig:
+    """Timing for a sweep: as ``benchmarks/gpu/accuracy.py`` replays (cold L2, the activations read
+    back, kernel sums), with fewer and shorter profiler sessions; on the CPU a few quick samples."""
+    if device_type != "cuda":
+        return TimingConfig(
+            warmup_ms=1.0, min_warmup=1, min_samples=3, max_samples=15, max_time_s=0.03, target_ci=0.05,
+            device_warmup_s=0.0,
+        )  # fmt: skip
+    return TimingConfig(
+        cold_l2=True, warm_activations=True, warmup_ms=5.0, min_warmup=2, target_ci=0.01,
+        kernel_sessions=sessions, max_kernel_sessions=max(sessions, max_sessions), kernel_session_ms=3.0,
+        kernel_max_time_s=1.5, device_warmup_s=1.0,
+    )  # fmt: skip
+
+
+def sweep_options(timing: TimingConfig) -> ReplayOptions:
+    """Replay options of a sweep: no numeric check or energy (speed), the SM clock sampled, host issue
+    timed per op in bursts (a sweep has no graph order), small case tensors warm (the model just made them)."""
+    return ReplayOptions(
+        timing=timing, check=False, energy=False, sm_clock=True, issue_in_sequence=False, warm_aux_bytes=8 << 20
+    )
+
+
+_GPU_NAMES: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("h200",), "h200"),
+    (("h100", "pcie"), "h100-pcie"),
+    (("h100",), "h100-sxm"),
+    (("a100",), "a100-80gb"),
+    (("l40s",), "l40s"),
+    (("a6000",), "a6000"),
+    (("b200",), "b200"),
+    (("mi300x",), "mi300x"),
+    (("1080", "ti"), "gtx-1080-ti"),
+)
+
+
+def guess_hardware(device_name: str) -> str:
+    """The catalog name of a device the driver calls ``device_name``, or ``""`` when unknown.
+
+    >>> guess_hardware("NVIDIA H100 80GB HBM3")
+    'h100-sxm'
+    """
+    low = device_name.lower()
+    for words, name in _GPU_NAMES:
+        if all(w in low for w in words):
+            return name
+    return ""
+
+
+def _nvidia_smi() -> dict[str, str]:
+    query = "driver_version,clocks.max.sm,clocks.max.mem"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=15, check=True,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    first = out.strip().splitlines()[0] if out.strip() else ""
+    values = [v.strip() for v in first.split(",")]
+    return dict(zip(query.split(","), values, strict=False))
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text) if text else None
+    except ValueError:
+        return None
+
+
+def provenance(rep: Replayer, hardware: str = "") -> ProfileDevice:
+    """Where the sweep runs: device, driver, clocks, CUDA, torch, host CPU, the date."""
+    import torch
+
+    cuda = rep.device.type == "cuda"
+    smi = _nvidia_smi() if cuda else {}
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.lower().startswith("model name")), cpu)
+    except OSError:
+        pass
+    return ProfileDevice(
+        name=rep.device_name if cuda else "cpu",
+        hardware=hardware or (guess_hardware(rep.device_name) if cuda else ""),
+        device_type=rep.device.type,
+        max_sm_clock_mhz=_float(smi.get("clocks.max.sm")),
+        memory_clock_mhz=_float(smi.get("clocks.max.mem")),
+        driver=smi.get("driver_version", ""),
+        cuda=str(torch.version.cuda or "") if cuda else "",
+        torch=str(torch.__version__),
+        host_cpu=cpu,
+        python=platform.python_version(),
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+
+
+# -- running --------------------------------------------------------------------------------------------
+
+
+def _point(sp: SweepPoint, r: ReplayResult) -> ProfilePoint | None:
+    t = r.timing
+    if r.status is not ReplayStatus.OK or t is None:
+        return None
+    return ProfilePoint(
+        key=sp.key,
+        op=sp.op,
+        seconds=t.median_us * 1e-6,
+        spread_s=t.iqr_us * 1e-6,
+        samples=t.samples,
+        host_s=t.host_us * 1e-6 if t.host_us is not None else None,
+        sm_clock_mhz=t.sm_clock_mhz,
+        tag=sp.tag,
+    )
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, separators=(",", ":")) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _resume_state(
+    parts: Path, device: ProfileDevice | None
+) -> tuple[ProfileDevice, dict[str, ProfilePoint], set[str], int]:
+    """The provenance, points done (ok), keys done (ok or failed) and unreadable lines of an earlier
+    run's parts file; a parts file of another device than ``device`` is refused."""
+    header, records, bad = read_parts(parts)
+    try:
+        before = ProfileDevice.model_validate(header) if header is not None else None
+    except ValidationError:
+        before = None
+    if device is not None and before is not None and before.name and before.name != device.name:
+        raise ProfileError(
+            f"the parts file was measured on {before.name!r}, this device is {device.name!r}",
+            where=str(parts),
+            hint="resume on the same device, or start over without --resume",
+        )
+    info = device or before
+    if info is None:
+        raise ProfileError("the parts file has no readable header (where the sweep ran)", where=str(parts))
+    points: dict[str, ProfilePoint] = {}
+    done: set[str] = set()
+    for rec in records:
+        key = rec.get("key")
+        if not isinstance(key, str):
+            bad += 1
+            continue
+        if "point" in rec:
+            try:
+                points[key] = ProfilePoint.model_validate(rec["point"])
+            except ValidationError:
+                bad += 1
+                continue
+        done.add(key)
+    return info, points, done, bad
+
+
+def run_profile(
+    out: str | Path,
+    device: str = "cpu",
+    *,
+    points: list[SweepPoint] | None = None,
+    budget_s: float | None = None,
+    resume: bool = False,
+    hardware: str = "",
+    timing: TimingConfig | None = None,
+    on_point: Callable[[int, int, SweepPoint, ReplayResult | None], None] | None = None,
+) -> DeviceProfile:
+    """Replay the sweep on ``device`` and write the profile to ``out`` (its points stream to
+    ``OUT.parts.jsonl``). Returns the profile.
+
+    ``points`` defaults to :func:`sweep_points` for the device; ``budget_s`` stops cleanly before
+    the next point would overrun it (the profile is then marked incomplete); ``resume`` keeps the
+    parts file of an earlier run and skips what it holds; ``hardware`` is the catalog name the
+    profile predicts for (guessed from the GPU's name when empty). ``on_point(i, n, point, result)``
+    is told about each point (``result`` ``None`` for one done in an earlier run).
+    """
+    start = time.monotonic()
+    if budget_s is not None and budget_s <= 0:
+        raise ProfileError(f"budget {budget_s:g} s is not positive", where="--budget-s")
+    out = Path(out)
+    parts = parts_path(out)
+    timing = timing or sweep_timing("cuda" if device.startswith("cuda") else "cpu")
+    if hardware:
+        from hardware import load_hardware
+
+        hardware = load_hardware(hardware).name
+    rep = Replayer(device, sweep_options(timing))
+    try:
+        plan = points if points is not None else sweep_points(rep.device.type)
+        info = provenance(rep, hardware)
+        done_points: dict[str, ProfilePoint] = {}
+        done: set[str] = set()
+        bad = 0
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if resume and parts.exists():
+            _, done_points, done, bad = _resume_state(parts, info)
+        else:
+            parts.write_text(json.dumps({"header": info.model_dump(mode="json")}) + "\n", encoding="utf-8")
+        durations: list[float] = []
+        stopped = False
+        lost: DeviceLostError | None = None
+        n = len(plan)
+        for i, sp in enumerate(plan, 1):
+            if sp.key in done:
+                if on_point is not None:
+                    on_point(i, n, sp, None)
+                continue
+            if budget_s is not None:
+                elapsed = time.monotonic() - start
+                need = max(durations[-8:], default=0.0)
+                if elapsed + need > budget_s:
+                    stopped = True
+                    break
+            t0 = time.monotonic()
+            cfg = OpConfig(key=sp.key, op=sp.op, count=1, op_ids=[0], warm_inputs=sp.warm_inputs)
+            try:
+                result = rep.replay(cfg)
+            except DeviceLostError as exc:
+                _append(parts, {"key": sp.key, "failed": f"device lost: {exc.message}"[:300]})
+                done.add(sp.key)
+                lost = exc
+                break
+            durations.append(time.monotonic() - t0)
+            point = _point(sp, result)
+            if point is not None:
+                done_points[sp.key] = point
+                _append(parts, {"key": sp.key, "point": point.model_dump(mode="json")})
+            else:
+                _append(parts, {"key": sp.key, "failed": f"{result.status.value}: {result.reason}"[:300]})
+            done.add(sp.key)
+            if on_point is not None:
+                on_point(i, n, sp, result)
+    finally:
+        rep.close()
+    profile = finish_profile(plan, done_points, done, info, timing, stopped=stopped or lost is not None, bad_lines=bad)
+    guessed = guess_hardware(info.name) if info.device_type == "cuda" else ""
+    if guessed and info.hardware and guessed != info.hardware:
+        note = f"measured on {info.name!r}, which looks like {guessed}, for --hardware {info.hardware}"
+        profile = profile.model_copy(update={"notes": (*profile.notes, note)})
+    profile.save(out)
+    if lost is not None:
+        raise ProfileError(
+            f"the device became unusable ({lost.message}); the profile holds the {len(done_points)} points measured",
+            where=str(out),
+            hint="rerun with --resume in a fresh process: the failed point is recorded and skipped",
+        )
+    return profile
+
+
+def profile_from_parts(
+    out: str | Path, points: list[SweepPoint], timing: TimingConfig, *, hardware: str = ""
+) -> DeviceProfile:
+    """Write the profile ``out`` from its parts file alone, measuring nothing (after a sweep was killed,
+    or to repair a truncated profile JSON): what is valid in the parts file is kept."""
+    out = Path(out)
+    parts = parts_path(out)
+    if not parts.exists():
+        raise ProfileError(
+            "no parts file to rebuild the profile from",
+            where=str(parts),
+            hint="run the sweep first (without --from-parts)",
+        )
+    info, points_done, done, bad = _resume_state(parts, None)
+    if hardware:
+        info = info.model_copy(update={"hardware": hardware})
+    profile = finish_profile(points, points_done, done, info, timing, bad_lines=bad)
+    profile.save(out)
+    return profile
+
+
+def finish_profile(
+    plan: list[SweepPoint],
+    points: dict[str, ProfilePoint],
+    done: set[str],
+    device: ProfileDevice,
+    timing: TimingConfig,
+    *,
+    stopped: bool = False,
+    bad_lines: int = 0,
+) -> DeviceProfile:
+    """The :class:`DeviceProfile` of the measured ``points`` of ``plan`` (in plan order), with the
+    launch floor and host time per aten call from the ``launch`` points."""
+    ordered = [points[p.key] for p in plan if p.key in points]
+    ordered += [p for k, p in points.items() if k not in {sp.key for sp in plan}]
+    launch = [p for p in ordered if p.tag == "launch"]
+    clocks = [p.sm_clock_mhz for p in ordered if p.sm_clock_mhz]
+    failed = len([k for k in done if k not in points])
+    notes = []
+    if stopped:
+        notes.append(f"stopped at the time budget after {len(done)} of {len(plan)} planned points")
+    if failed:
+        notes.append(f"{failed} point(s) failed (see the parts file)")
+    if bad_lines:
+        notes.append(f"{bad_lines} unreadable line(s) of the parts file skipped (a cut last line after a kill)")
+    host = [p.host_s for p in launch if p.host_s is not None]
+    return DeviceProfile(
+        device=device.model_copy(update={"sm_clock_mhz": statistics.median(clocks) if clocks else None}),
+        timing={
+            "timer": timing.timer,
+            "cold_l2": timing.cold_l2,
+            "warm_activations": timing.warm_activations,
+            "sessions": timing.kernel_sessions,
+            "max_sessions": timing.max_kernel_sessions,
+            "session_ms": timing.kernel_session_ms,
+            "target_ci": timing.target_ci,
+        },
+        launch_us=min(p.seconds for p in launch) * 1e6 if launch else None,
+        aten_issue_us=statistics.median(host) * 1e6 if host else None,
+        points=tuple(ordered),
+        planned=len(plan),
+        complete=all(p.key in done for p in plan),
+        notes=tuple(notes),
+    )
+
+
+def profile_from_replays(results: Iterable[ReplayResult], *, hardware: str = "", name: str = "") -> DeviceProfile:
+    """A :class:`DeviceProfile` of replay results (``opgraph replay`` JSONL, :func:`validators.load_results`):
+    each ok config a point, its host issue time included. For profiles of a model's own ops (what
+    leave-one-out evaluations exclude) or to extend a sweep with captured configs."""
+    points: dict[str, ProfilePoint] = {}
+    device = ""
+    for r in results:
+        t = r.timing
+        if r.status is not ReplayStatus.OK or t is None or r.key in points:
+            continue
+        device = device or r.device_name
+        points[r.key] = ProfilePoint(
+            key=r.key, op=r.op, seconds=t.median_us * 1e-6, spread_s=t.iqr_us * 1e-6, samples=t.samples,
+            host_s=t.host_us * 1e-6 if t.host_us is not None else None, sm_clock_mhz=t.sm_clock_mhz,
+        )  # fmt: skip
+    info = ProfileDevice(name=name or device, hardware=hardware or guess_hardware(name or device))
+    return DeviceProfile(
+        device=info, points=tuple(points.values()), planned=len(points), notes=("from replay results",)
+    )
+
+
+def estimated_seconds(points: list[SweepPoint], per_point_s: float = 0.35) -> float:
+    """A rough wall time of a sweep on a GPU (profiler sessions dominate small points)."""
+    return math.ceil(len(points) * per_point_s)
