@@ -9,6 +9,11 @@ Target: Llama-3.1-70B, 2048-token prompt, 1,024 new tokens, planned, in at most 
 
     python benchmarks/bench_generate.py            # full (several minutes on 2 shared cores)
     python benchmarks/bench_generate.py --smoke    # tiny, a few seconds (CI)
+    python benchmarks/bench_generate.py --only simulate
+
+Simulation rows: the planned graph simulated by :func:`simulators.simulate_generation` (target: a
+1,024-step generation in at most 5 s), against :func:`simulators.simulate` of the expanded graph
+where that is affordable (the makespans must agree within 0.1%).
 """
 
 from __future__ import annotations
@@ -42,6 +47,43 @@ SMOKE: list[tuple[str, int | None, int, int, str]] = [
 ]
 TARGET_WALL_S = 10.0
 TARGET_RSS_MB = 1536.0
+# Simulation rows: (model, layers, seq_len, new_tokens, also simulate op by op)
+SIM_FULL: list[tuple[str, int | None, int, int, bool]] = [
+    ("llama-3.1-8b", None, 512, 128, True),
+    ("llama-3.1-70b", None, 2048, 1024, False),
+]
+SIM_SMOKE: list[tuple[str, int | None, int, int, bool]] = [("llama-3.2-1b", 2, 32, 24, True)]
+TARGET_SIM_S = 5.0
+
+
+def sim_child(model: str, layers: int | None, seq_len: int, new_tokens: int, full: bool) -> None:
+    """Capture (untimed), then simulate the planned generation from windows (and op by op); one JSON line."""
+    from hardware import load_hardware, resolve_cost_model
+    from opgraph.capture.api import capture
+    from opgraph.study import study_config
+    from simulators import simulate, simulate_generation
+
+    g = capture(model, phase="generate", seq_len=seq_len, new_tokens=new_tokens, layers=layers)
+    hw, cm, cfg = load_hardware("h100"), resolve_cost_model("roofline"), study_config()
+    t0 = time.perf_counter()
+    fast = simulate_generation(g, hw, cm, cfg)
+    t1 = time.perf_counter()
+    row: dict[str, Any] = {
+        "ops": len(g.ops),
+        "windows": len(fast.windows),
+        "makespan_us": round(fast.makespan_us, 3),
+        "sim_s": round(t1 - t0, 2),
+    }
+    if full:
+        expanded = g.expand()
+        t2 = time.perf_counter()
+        ref = simulate(expanded, hw, cm, cfg)
+        row["full_sim_s"] = round(time.perf_counter() - t2, 2)
+        row["full_makespan_us"] = round(ref.makespan_us, 3)
+        row["rel_error"] = (fast.makespan_us - ref.makespan_us) / ref.makespan_us
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    row["peak_rss_mb"] = round(ru.ru_maxrss / 1024, 1)
+    print(json.dumps(row))
 
 
 def child(model: str, layers: int | None, seq_len: int, new_tokens: int, mode: str) -> None:
@@ -100,11 +142,28 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny model, a few seconds")
     ap.add_argument("--no-write", action="store_true", help="do not write benchmarks/results/generate.*")
+    ap.add_argument("--only", choices=("capture", "simulate"), help="run one half")
     ap.add_argument("--child", nargs=5, metavar=("MODEL", "LAYERS", "SEQ", "N", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         model, layers, seq, n, mode = args.child
-        child(model, int(layers) or None, int(seq), int(n), mode)
+        if mode in ("sim", "sim+full"):
+            sim_child(model, int(layers) or None, int(seq), int(n), mode == "sim+full")
+        else:
+            child(model, int(layers) or None, int(seq), int(n), mode)
+        return 0
+    if args.only != "capture":
+        sim_rows = []
+        for model, layers, seq, n, full in SIM_SMOKE if args.smoke else SIM_FULL:
+            cmd = [sys.executable, __file__, "--child", model, str(layers or 0), str(seq), str(n)]
+            proc = subprocess.run([*cmd, "sim+full" if full else "sim"], check=True, capture_output=True, text=True)
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            row.update(model=model, seq_len=seq, new_tokens=n)
+            sim_rows.append(row)
+            print(f"simulate {model} seq={seq} N={n}: {row}", flush=True)
+        if not args.smoke and not args.no_write:
+            write_sim(sim_rows)
+    if args.only == "simulate":
         return 0
     rows = []
     for spec in SMOKE if args.smoke else FULL:
@@ -143,6 +202,32 @@ def main() -> int:
         )
         (RESULTS / "generate.md").write_text("\n".join(lines) + "\n")
     return 0
+
+
+def write_sim(rows: list[dict[str, Any]]) -> None:
+    """benchmarks/results/generate_sim.{json,md}."""
+    cpu = machine()
+    meta = {"machine": cpu, "cores": 2, "python": platform.python_version()}
+    (RESULTS / "generate_sim.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    lines = [
+        f"# Generation simulation benchmark\n\nMachine: {cpu} (2 cores, shared by other work). H100 SXM, roofline, "
+        "`opgraph simulate` defaults (eager host, one compute engine). `windows`: `simulators.simulate_generation` "
+        "(recorded part + a few two-step windows, other steps interpolated); `op by op`: `simulators.simulate` "
+        "of the expanded graph.\n",
+        f"| model | prompt | new tokens | ops | windows | windows sim (s, <= {TARGET_SIM_S:g}) | op-by-op sim (s) "
+        "| makespan (ms) | op-by-op makespan (ms) | relative error | peak RSS (MB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        full_ms = f"{r['full_makespan_us'] / 1e3:.3f}" if "full_makespan_us" in r else "-"
+        err = f"{r['rel_error']:.1e}" if "rel_error" in r else "-"
+        lines.append(
+            f"| {r['model']} | {r['seq_len']} | {r['new_tokens']} | {r['ops']} | {r['windows']} | {r['sim_s']} | "
+            f"{r.get('full_sim_s', '-')} | {r['makespan_us'] / 1e3:.3f} | {full_ms} | {err} | {r['peak_rss_mb']} |"
+        )
+    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
+    lines.append(f"\nLoad average at the end of the run: {' '.join(load)}.")
+    (RESULTS / "generate_sim.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
