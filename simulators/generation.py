@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from opgraph.ir import OpBase, OpGraph
+from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.graph import Edge, EdgeKind
 from opgraph.ir.timeline import Span, Timeline
 from simulators.errors import SimulationError
@@ -150,15 +151,16 @@ def simulate_generation(
         raise SimulationError(
             "the graph has no generation plan", hint="simulate it with simulators.simulate (opgraph simulate)"
         )
-    prefix = simulate(_graph(graph, graph.recorded_ops, graph.recorded_edges), hardware, cost_model, config)
-    windows: dict[int, StepWindow] = {}
-    for step in representative_steps(plan.first_step, plan.last_step, max_windows):
-        two = simulate(_window_graph(graph, step - 1, step), hardware, cost_model, config)
-        # Step k-1 is issued first and runs first: where it ends in the window is where it would end alone.
-        first = plan.first_id(step)
-        spans = two.timeline().spans
-        before = max((sp.end_us for sp in spans if sp.op_id is not None and sp.op_id < first), default=0.0)
-        windows[step] = StepWindow(step, two.makespan_us - before, two)
+    with paused_gc():
+        prefix = simulate(_graph(graph, graph.recorded_ops, graph.recorded_edges), hardware, cost_model, config)
+        windows: dict[int, StepWindow] = {}
+        for step in representative_steps(plan.first_step, plan.last_step, max_windows):
+            two = simulate(_window_graph(graph, step - 1, step), hardware, cost_model, config)
+            # Step k-1 is issued first and runs first: where it ends in the window is where it would end alone.
+            first = plan.first_id(step)
+            spans = two.timeline().spans
+            before = max((sp.end_us for sp in spans if sp.op_id is not None and sp.op_id < first), default=0.0)
+            windows[step] = StepWindow(step, two.makespan_us - before, two)
     increments: dict[int, float] = {}
     body = sorted(s for s in windows if s != plan.last_step)
     for step in plan.steps:

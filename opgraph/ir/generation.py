@@ -42,6 +42,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from pydantic import BaseModel, model_validator
 
+from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.ops import OP_TYPES, Op, OpBase, PosInt
 from opgraph.ir.tensor import FROZEN, NonNegInt, TensorSpec
 
@@ -307,7 +308,8 @@ class GenerationPlan(BaseModel):
         if step not in self.steps:
             raise IndexError(f"step {step} is not built by this plan ({self.first_step}..{self.last_step})")
         memo: dict[object, TensorSpec] = {}
-        return [self._op_at(j, step, memo) for j in range(self.step_len(step))]
+        with paused_gc():  # thousands of new objects, none cyclic: collections would only cost time
+            return [self._op_at(j, step, memo) for j in range(self.step_len(step))]
 
     def _op_at(self, j: int, step: int, memo: dict[object, TensorSpec] | None = None) -> OpBase:
         # Built from the validated template without validating again: ids and tensor ids advanced,
@@ -366,7 +368,8 @@ class GenerationPlan(BaseModel):
         edges: list[tuple[int, int, str, int | None]] = []
         for step in range(first, last + 1):
             memo: dict[object, TensorSpec] = {}
-            ops.extend(self._op_at(j, step, memo) for j in range(self.step_len(step)))
+            with paused_gc():
+                ops.extend(self._op_at(j, step, memo) for j in range(self.step_len(step)))
             edges.extend(e for e in self.step_edges(step) if e[0] >= self.first_id(first))
         return ops, edges
 
