@@ -17,9 +17,10 @@ from opgraph.ir.io import load_graph, save_graph
 from tests.opgraph.capture.test_capture_architectures import tiny_config
 
 
-def _full(path: str, seq_len: int, new_tokens: int) -> OpGraph:
+def _full(path: str, seq_len: int, new_tokens: int, **options: object) -> OpGraph:
     """Every step recorded (what capture did before plans)."""
-    return record(path, CaptureOptions(phase="generate", seq_len=seq_len, new_tokens=new_tokens)).graph
+    opts = CaptureOptions.model_validate({"phase": "generate", "seq_len": seq_len, "new_tokens": new_tokens, **options})
+    return record(path, opts).graph
 
 
 def _same(planned: OpGraph, full: OpGraph) -> None:
@@ -30,15 +31,24 @@ def _same(planned: OpGraph, full: OpGraph) -> None:
 
 
 @pytest.mark.parametrize(
-    ("model_type", "new_tokens"), [("llama", 4), ("llama", 8), ("qwen3_moe", 5), ("deepseek_v3", 6)]
+    ("model_type", "new_tokens", "options"),
+    [
+        ("llama", 4, {}),
+        ("llama", 8, {}),
+        ("llama", 5, {"batch": 2, "attn_impl": "eager"}),  # eager attention builds a mask as long as the cache
+        ("qwen3_moe", 5, {}),
+        ("deepseek_v3", 6, {}),
+    ],
 )
-def test_planned_generation_equals_the_recorded_one(tmp_path: Path, model_type: str, new_tokens: int) -> None:
+def test_planned_generation_equals_the_recorded_one(
+    tmp_path: Path, model_type: str, new_tokens: int, options: dict[str, object]
+) -> None:
     path = tiny_config(tmp_path, model_type)
-    planned = capture(path, phase="generate", seq_len=6, new_tokens=new_tokens)
+    planned = capture(path, phase="generate", seq_len=6, new_tokens=new_tokens, **options)  # type: ignore[arg-type]
     assert planned.generation is not None
     assert planned.generation.last_step == new_tokens
     assert len(planned.recorded_ops) < len(planned.ops)
-    _same(planned, _full(path, 6, new_tokens))
+    _same(planned, _full(path, 6, new_tokens, **options))
 
 
 def test_sliding_window_past_the_window_records_every_step(tmp_path: Path) -> None:
