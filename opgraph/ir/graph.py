@@ -268,6 +268,14 @@ class OpGraph(BaseModel):
         # A planned graph saves its recorded ops and edges; the plan saves the rest.
         return handler(value.explicit if isinstance(value, LazyOps | LazyEdges) else value)
 
+    @model_serializer(mode="wrap")
+    def _no_empty_plan(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        # A graph without a plan is saved exactly as before plans existed (version 1, no ``generation``).
+        data: dict[str, object] = handler(self)
+        if data.get("generation", 0) is None:
+            del data["generation"]
+        return data
+
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy with ``update`` applied. New ``ops`` or ``edges`` replace a generation plan (the copy
         holds exactly the ops given) unless ``generation`` is updated too."""

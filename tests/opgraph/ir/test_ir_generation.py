@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
@@ -134,3 +136,11 @@ def test_window_builds_consecutive_steps_alone() -> None:
     assert [(s, d) for s, d, _, _ in edges] == [(7, 8), (8, 9), (9, 10), (10, 11)]
     earlier, _ = g.generation.window(1, 1)  # type: ignore[union-attr]
     assert earlier == full_ops[1:3]
+
+
+def test_a_graph_without_a_plan_is_saved_as_before() -> None:
+    # Older opgraphs refuse unknown fields: a plain graph must not gain a "generation": null.
+    full_ops, full_edges = _recorded(3)
+    raw = json.loads(OpGraph(ops=full_ops, edges=full_edges).model_dump_json())
+    assert raw["schema_version"] == 1 and "generation" not in raw
+    assert set(raw) == {"schema_version", "metadata", "ops", "edges"}
