@@ -20,6 +20,26 @@ algorithm's steps), ``busbw`` the bus bandwidth it reaches. :func:`fit_collectiv
 (collective, group size) by least squares on the relative error (a 4 KiB message weighs as much as
 a 1 GiB one), with ``alpha >= 0``.
 
+One line does not follow NCCL over 4 KiB to 1 GiB: NCCL switches protocol (LL for latency-bound
+sizes, LL128, then Simple for bandwidth-bound ones) and channel counts with the size, so the
+measured curve bends (on 4 x H100 a single line is 7-76% off at the median). What predicts is
+therefore piecewise (:attr:`PredictMethod.INTERPOLATE`, the default):
+
+- inside the measured sizes, piecewise alpha-beta: between two measured sizes the time is affine
+  in the bytes (the alpha-beta line through the two points: right within one protocol regime, and
+  across a regime change better than a power law), after two clean-ups: a size whose calls
+  spread by more than ``max_spread`` (interquartile range over median) is left out (its calls
+  waited for late peers: waiting only ever adds time), and the times are made non-decreasing in
+  size from above (the lower envelope: a time above a larger size's is an upper bound, not a
+  transfer time);
+- above the largest size, the bandwidth regime: the last point plus the extra bus bytes at the
+  bus bandwidth of the largest sizes (:attr:`CollectiveFit.busbw_large_gbps`);
+- below the smallest size, the latency regime: from the smallest point down to the latency floor
+  (:attr:`CollectiveFit.floor_us`: the smallest size's time when it is latency-bound, else the
+  calibration's other collectives' floors), in proportion to the bus bytes.
+
+Each fit reports its own leave-one-out error (each measured size predicted from the others).
+
 Mapping onto :mod:`hardware.models.collective` (``AlphaBetaCollectiveModel``): its ring time is
 ``steps x latency + bytes_multiplier x bytes / (bandwidth x link_efficiency) + launch``, and its
 ``bytes_multiplier x bytes`` equals ``bus_bytes`` here for every collective. Hence, per
@@ -60,18 +80,28 @@ __all__ = [
     "CollectiveFitError",
     "CollectiveSample",
     "FitPoint",
+    "HeldOutPoint",
     "PredictMethod",
     "bus_bytes",
     "bus_factor",
     "fit_collectives",
     "fit_line",
     "format_calibration",
+    "heldout_errors",
     "load_collective_samples",
+    "lower_envelope",
     "main",
 ]
 
 PosFloat = Annotated[float, Field(gt=0)]
 NonNegFloat = Annotated[float, Field(ge=0)]
+
+LATENCY_BOUND_BYTES = 256 * 1024
+"""Sizes up to this many bytes per rank are latency-bound on NVLink: their time is the floor."""
+DEFAULT_MAX_SPREAD = 0.10
+"""A size whose calls' interquartile range exceeds this fraction of their median waited for peers."""
+_LARGE_POINTS = 3
+"""Points of the bandwidth regime (the largest kept sizes) its slope is fitted on."""
 
 
 class CollectiveFitError(CalibrationError):
@@ -84,7 +114,8 @@ class PredictMethod(str, Enum):
     ALPHA_BETA = "alpha_beta"
     """``alpha + bus_bytes / busbw`` everywhere."""
     INTERPOLATE = "interpolate"
-    """Log-log interpolation between the measured sizes inside their range, alpha-beta outside."""
+    """Piecewise: the measured points joined by alpha-beta segments inside their sizes, the
+    bandwidth regime above them, the latency regime below them (see the module doc)."""
 
 
 def bus_factor(collective: CollectiveKind | str, group_size: int) -> float:
@@ -137,6 +168,8 @@ class CollectiveSample(BaseModel):
     """Per-rank input buffer, bytes (as :attr:`opgraph.ir.Collective.bytes`)."""
     time_us: PosFloat = Field(validation_alias="median_us")
     """Time of one call, microseconds."""
+    iqr_us: NonNegFloat | None = None
+    """Interquartile range of the calls, microseconds, when known (a wide spread means waiting)."""
     dtype: DType = DType.bf16
     device_name: str = ""
 
@@ -168,33 +201,36 @@ class CollectiveFit(BaseModel):
     link_efficiency: PosFloat | None = None
     """``busbw`` over the link's per-direction bandwidth, when the calibration was given one."""
     max_rel_err: NonNegFloat
-    """Largest relative error of the fit over its points."""
+    """Largest relative error of the alpha-beta line over its points (in sample)."""
     median_rel_err: NonNegFloat
-    """Median relative error of the fit over its points."""
+    """Median relative error of the alpha-beta line over its points (in sample)."""
     points: tuple[FitPoint, ...]
-    """The measured sizes, ascending (for interpolation and plots)."""
+    """The measured sizes kept, ascending, times non-decreasing (the interpolation's knots)."""
+    busbw_large_gbps: PosFloat | None = None
+    """Bus bandwidth of the bandwidth regime (the largest sizes), GB/s: the slope above the range."""
+    floor_us: NonNegFloat | None = None
+    """Latency floor, microseconds: the time the prediction tends to for tiny messages."""
+    dropped: tuple[FitPoint, ...] = ()
+    """Sizes left out because their calls spread too much (they waited for late peers)."""
+    loo_median_rel_err: NonNegFloat | None = None
+    """Median relative error of the piecewise prediction at each kept size, fitted without it."""
+    loo_max_rel_err: NonNegFloat | None = None
+    """Largest such leave-one-out error."""
 
     def alpha_beta_us(self, nbytes: float) -> float:
         """The alpha-beta time of a call with ``nbytes`` of per-rank input, microseconds."""
         return self.alpha_us + bus_bytes(self.collective, nbytes, self.group_size) / (self.busbw_gbps * 1e3)
 
     def interpolate_us(self, nbytes: float) -> float:
-        """Log-log interpolation of the measured times; alpha-beta outside the measured sizes."""
-        pts = self.points
-        if len(pts) < 2 or nbytes <= pts[0].bytes or nbytes >= pts[-1].bytes:
-            if pts and (nbytes == pts[0].bytes or nbytes == pts[-1].bytes):
-                return (pts[0] if nbytes == pts[0].bytes else pts[-1]).time_us
-            return self.alpha_beta_us(nbytes)
-        lo, hi = 0, len(pts) - 1
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if pts[mid].bytes <= nbytes:
-                lo = mid
-            else:
-                hi = mid
-        a, b = pts[lo], pts[hi]
-        w = (math.log(nbytes) - math.log(a.bytes)) / (math.log(b.bytes) - math.log(a.bytes))
-        return math.exp(math.log(a.time_us) + w * (math.log(b.time_us) - math.log(a.time_us)))
+        """The piecewise prediction: alpha-beta segments between the measured times inside their sizes,
+        the bandwidth regime above them and the latency regime below them (see the module doc)."""
+        return _piecewise_us(self.collective, self.group_size, self.points, nbytes, self._slope(), self._floor())
+
+    def _slope(self) -> float:
+        return 1 / ((self.busbw_large_gbps or self.busbw_gbps) * 1e3)
+
+    def _floor(self) -> float:
+        return self.alpha_us if self.floor_us is None else self.floor_us
 
     def params(self, launch_latency_us: float = 0.0) -> dict[str, float | str | bool]:
         """``CollectiveParams`` values with which ``AlphaBetaCollectiveModel`` reproduces this fit.
@@ -329,6 +365,7 @@ def fit_collectives(
     link_bandwidth: float | None = None,
     hardware: HardwareSpec | None = None,
     strict: bool = True,
+    max_spread: float = DEFAULT_MAX_SPREAD,
 ) -> CollectiveCalibration:
     """Fit ``alpha`` and ``busbw`` per (collective, group size) of ``samples``.
 
@@ -337,7 +374,10 @@ def fit_collectives(
     Sizes measured more than once count once, at their median. ``link_bandwidth`` (bytes/s, or
     the ``hardware``'s interconnect bandwidth) sets each fit's ``link_efficiency``. With
     ``strict=False`` a (collective, group size) that cannot be fitted is listed in ``skipped``
-    instead of failing the whole calibration (but no fit at all is still an error).
+    instead of failing the whole calibration (but no fit at all is still an error). Sizes whose
+    calls spread by more than ``max_spread`` (IQR over median, when the samples carry ``iqr_us``)
+    are left out of the fit (see the module doc); a fit whose smallest kept size is not
+    latency-bound takes its floor from the median of the other fits' floors.
 
     Raises
     ------
@@ -350,14 +390,14 @@ def fit_collectives(
         raise CollectiveFitError("no measurements to fit", hint="run the collective benchmark first")
     if link_bandwidth is None and hardware is not None and hardware.interconnect.bandwidth > 0:
         link_bandwidth = hardware.interconnect.bandwidth
-    groups: dict[tuple[CollectiveKind, int], dict[int, list[float]]] = {}
+    groups: dict[tuple[CollectiveKind, int], dict[int, list[tuple[float, float | None]]]] = {}
     for p in pts:
-        groups.setdefault((p.collective, p.group_size), {}).setdefault(p.bytes, []).append(p.time_us)
+        groups.setdefault((p.collective, p.group_size), {}).setdefault(p.bytes, []).append((p.time_us, p.iqr_us))
     fits: list[CollectiveFit] = []
     skipped: list[str] = []
     for (c, g), by_size in sorted(groups.items(), key=lambda kv: (kv[0][0].value, kv[0][1])):
         try:
-            fits.append(_fit_one(c, g, by_size, link_bandwidth))
+            fits.append(_fit_one(c, g, by_size, link_bandwidth, max_spread))
         except CollectiveFitError as exc:
             if strict:
                 raise
@@ -366,6 +406,9 @@ def fit_collectives(
         raise CollectiveFitError(
             "no (collective, group size) could be fitted", hint="; ".join(skipped) or "measure a range of sizes"
         )
+    own = [f.floor_us for f in fits if f.floor_us is not None]
+    borrowed = statistics.median(own) if own else None
+    fits = [_with_floor_and_loo(f, borrowed) for f in fits]
     names = sorted({p.device_name for p in pts if p.device_name})
     return CollectiveCalibration(
         device_name=", ".join(names),
@@ -376,24 +419,105 @@ def fit_collectives(
     )
 
 
-def _fit_one(c: CollectiveKind, g: int, by_size: dict[int, list[float]], link_bandwidth: float | None) -> CollectiveFit:
+def _piecewise_us(
+    c: CollectiveKind, g: int, pts: Sequence[FitPoint], nbytes: float, slope_us_per_byte: float, floor_us: float
+) -> float:
+    if not pts:
+        return floor_us
+    first, last = pts[0], pts[-1]
+    if nbytes >= last.bytes:
+        return last.time_us + (bus_bytes(c, nbytes, g) - bus_bytes(c, last.bytes, g)) * slope_us_per_byte
+    if nbytes <= first.bytes:
+        floor = min(floor_us, first.time_us)
+        return floor + (first.time_us - floor) * nbytes / first.bytes
+    lo, hi = 0, len(pts) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if pts[mid].bytes <= nbytes:
+            lo = mid
+        else:
+            hi = mid
+    a, b = pts[lo], pts[hi]
+    # Affine in the bytes between two knots: each segment is the alpha-beta line through them.
+    w = (nbytes - a.bytes) / (b.bytes - a.bytes)
+    return a.time_us + w * (b.time_us - a.time_us)
+
+
+def lower_envelope(points: Sequence[tuple[int, float]]) -> list[tuple[int, float]]:
+    """``(bytes, time)`` points ascending in size with each time lowered to the smallest time of
+    any larger size: waiting only adds time, so a time above a larger message's is an upper bound.
+
+    >>> lower_envelope([(8, 5.0), (1, 9.0), (4, 3.0), (16, 7.0)])
+    [(1, 3.0), (4, 3.0), (8, 5.0), (16, 7.0)]
+    """
+    out: list[tuple[int, float]] = []
+    low = math.inf
+    for b, t in sorted(points, reverse=True):
+        low = min(low, t)
+        out.append((b, low))
+    return out[::-1]
+
+
+def _large_slope(c: CollectiveKind, g: int, pts: Sequence[FitPoint]) -> float | None:
+    """us per bus byte of the bandwidth regime (the largest points), ``None`` when it does not grow."""
+    top = pts[-_LARGE_POINTS:]
+    if len(top) < 2:
+        return None
+    _, inv = fit_line([bus_bytes(c, p.bytes, g) for p in top], [p.time_us for p in top])
+    return inv if inv > 0 else None
+
+
+def _own_floor(pts: Sequence[FitPoint]) -> float | None:
+    return pts[0].time_us if pts and pts[0].bytes <= LATENCY_BOUND_BYTES else None
+
+
+def _loo_errors(c: CollectiveKind, g: int, pts: Sequence[FitPoint], floor_us: float, slope: float) -> list[float]:
+    """Relative error of the piecewise prediction at each point, from the other points only."""
+    if len(pts) < 3:
+        return []
+    errs = []
+    for i, p in enumerate(pts):
+        rest = [q for j, q in enumerate(pts) if j != i]
+        s = _large_slope(c, g, rest) or slope
+        f = _own_floor(rest)
+        pred = _piecewise_us(c, g, rest, p.bytes, s, floor_us if f is None else f)
+        errs.append(abs(pred - p.time_us) / p.time_us)
+    return errs
+
+
+def _fit_one(
+    c: CollectiveKind,
+    g: int,
+    by_size: dict[int, list[tuple[float, float | None]]],
+    link_bandwidth: float | None,
+    max_spread: float = DEFAULT_MAX_SPREAD,
+) -> CollectiveFit:
     where = f"{c.value} over {g} ranks"
     if len(by_size) < 2:
         raise CollectiveFitError(
             f"only one size ({next(iter(by_size))} bytes) measured", where=where, hint="measure two or more sizes"
         )
     sizes = sorted(by_size)
-    times = [statistics.median(by_size[s]) for s in sizes]
-    xs = [bus_bytes(c, s, g) for s in sizes]
-    alpha, inv_bw = fit_line(xs, times)
+    times = [statistics.median(t for t, _ in by_size[s]) for s in sizes]
+    spreads = [[q for _, q in by_size[s] if q is not None] for s in sizes]
+    noisy = [bool(q) and statistics.median(q) > max_spread * t for q, t in zip(spreads, times, strict=True)]
+    if sum(not n for n in noisy) < 2:
+        noisy = [False] * len(sizes)  # too few clean sizes: keep every size rather than none
+    kept = [(s, t) for s, t, n in zip(sizes, times, noisy, strict=True) if not n]
+    dropped = tuple(FitPoint(bytes=s, time_us=t) for s, t, n in zip(sizes, times, noisy, strict=True) if n)
+    xs = [bus_bytes(c, s, g) for s, _ in kept]
+    ys = [t for _, t in kept]
+    alpha, inv_bw = fit_line(xs, ys)
     if inv_bw <= 0:
         raise CollectiveFitError(
             "the times do not grow with the size, so no bandwidth fits them",
             where=where,
             hint="measure sizes large enough to be bandwidth-bound (1M and more)",
         )
-    errs = [abs(alpha + x * inv_bw - t) / t for x, t in zip(xs, times, strict=True)]
+    errs = [abs(alpha + x * inv_bw - t) / t for x, t in zip(xs, ys, strict=True)]
     busbw = 1 / inv_bw / 1e3  # bytes per us -> GB/s
+    pts = tuple(FitPoint(bytes=s, time_us=t) for s, t in lower_envelope(kept))
+    large = _large_slope(c, g, pts)
     return CollectiveFit(
         collective=c,
         group_size=g,
@@ -403,8 +527,21 @@ def _fit_one(c: CollectiveKind, g: int, by_size: dict[int, list[float]], link_ba
         link_efficiency=busbw * 1e9 / link_bandwidth if link_bandwidth else None,
         max_rel_err=max(errs),
         median_rel_err=statistics.median(errs),
-        points=tuple(FitPoint(bytes=s, time_us=t) for s, t in zip(sizes, times, strict=True)),
+        points=pts,
+        busbw_large_gbps=1 / large / 1e3 if large is not None else None,
+        floor_us=_own_floor(pts),
+        dropped=dropped,
     )
+
+
+def _with_floor_and_loo(fit: CollectiveFit, borrowed_floor: float | None) -> CollectiveFit:
+    """Fill a fit without latency-bound sizes with the other fits' floor; add its leave-one-out errors."""
+    floor = fit.floor_us if fit.floor_us is not None else borrowed_floor
+    fit = fit.model_copy(update={"floor_us": floor})
+    errs = _loo_errors(fit.collective, fit.group_size, fit.points, fit._floor(), fit._slope())
+    if not errs:
+        return fit
+    return fit.model_copy(update={"loo_median_rel_err": statistics.median(errs), "loo_max_rel_err": max(errs)})
 
 
 def _as_sample(s: object) -> CollectiveSample:
@@ -415,11 +552,16 @@ def _as_sample(s: object) -> CollectiveSample:
     elif isinstance(s, dict):
         data = dict(s)
     else:
-        data = {k: getattr(s, k) for k in ("collective", "group_size", "bytes", "median_us", "dtype") if hasattr(s, k)}
+        keys = ("collective", "group_size", "bytes", "median_us", "iqr_us", "dtype", "transfer_us", "transfer_iqr_us")
+        data = {k: getattr(s, k) for k in keys if hasattr(s, k)}
         if hasattr(s, "time_us"):
             data["time_us"] = s.time_us
     if "time_us" in data and "median_us" not in data:
         data["median_us"] = data.pop("time_us")
+    if data.get("transfer_us") is not None:
+        # A measurement with every rank's kernels: the transfer (the last rank to arrive) is the time.
+        data["median_us"] = data["transfer_us"]
+        data["iqr_us"] = data.get("transfer_iqr_us")
     try:
         return CollectiveSample.model_validate(data)
     except ValidationError as exc:
@@ -482,16 +624,77 @@ class CalibratedCollectiveModel:
         )
 
 
+class HeldOutPoint(BaseModel):
+    """One measured size predicted by a fit that did not see it."""
+
+    model_config = FROZEN
+
+    collective: CollectiveKind
+    group_size: int
+    bytes: int
+    measured_us: PosFloat
+    predicted_us: NonNegFloat
+
+    @property
+    def rel_err(self) -> float:
+        """``|predicted / measured - 1|``."""
+        return abs(self.predicted_us / self.measured_us - 1)
+
+
+def heldout_errors(
+    samples: Iterable[CollectiveSample | object], *, max_spread: float = DEFAULT_MAX_SPREAD
+) -> list[HeldOutPoint]:
+    """Fit on the even-indexed sizes of each (collective, group size), predict the odd-indexed ones.
+
+    Only held-out sizes whose own calls spread by at most ``max_spread`` are scored (a size that
+    waited for late peers measured waiting, not the collective); the fit drops such sizes itself.
+    """
+    pts = [_as_sample(s) for s in samples]
+    by_key: dict[tuple[CollectiveKind, int], list[CollectiveSample]] = {}
+    for p in pts:
+        by_key.setdefault((p.collective, p.group_size), []).append(p)
+    train: list[CollectiveSample] = []
+    test: list[CollectiveSample] = []
+    for group in by_key.values():
+        sizes = sorted({p.bytes for p in group})
+        even = set(sizes[0::2])
+        for p in group:
+            (train if p.bytes in even else test).append(p)
+    cal = fit_collectives(train, strict=False, max_spread=max_spread)
+    out: list[HeldOutPoint] = []
+    for p in test:
+        if p.iqr_us is not None and p.iqr_us > max_spread * p.time_us:
+            continue
+        try:
+            pred = cal.predict(p.collective, p.bytes, p.group_size) * 1e6
+        except CollectiveFitError:
+            continue
+        out.append(HeldOutPoint(collective=p.collective, group_size=p.group_size, bytes=p.bytes,
+                                measured_us=p.time_us, predicted_us=pred))  # fmt: skip
+    return out
+
+
 def format_calibration(cal: CollectiveCalibration) -> str:
-    """A table of the fits: collective, ranks, alpha, bus bandwidth, link efficiency, errors."""
+    """A table of the fits: collective, ranks, the alpha-beta line (alpha, bus bandwidth, link
+    efficiency, its in-sample errors), the bandwidth regime's bus bandwidth, the latency floor,
+    sizes kept / dropped and the piecewise prediction's leave-one-out errors."""
     lines = [
-        f"{'collective':<15} {'ranks':>5} {'alpha_us':>9} {'busbw_GB/s':>10} {'eff':>6} {'max_err':>8} {'med_err':>8}"
+        f"{'collective':<15} {'ranks':>5} {'alpha_us':>9} {'busbw_GB/s':>10} {'eff':>6} {'line_max':>8} "
+        f"{'line_med':>8} {'bw_large':>8} {'floor_us':>8} {'kept':>5} {'loo_med':>8} {'loo_max':>8}"
     ]
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
     for f in cal.fits:
         eff = f"{f.link_efficiency:.2f}" if f.link_efficiency is not None else "-"
+        large = "-" if f.busbw_large_gbps is None else f"{f.busbw_large_gbps:.1f}"
+        floor = "-" if f.floor_us is None else f"{f.floor_us:.2f}"
+        kept = f"{len(f.points)}/{len(f.points) + len(f.dropped)}"
         lines.append(
             f"{f.collective.value:<15} {f.group_size:>5} {f.alpha_us:>9.2f} {f.busbw_gbps:>10.1f} {eff:>6} "
-            f"{f.max_rel_err:>8.1%} {f.median_rel_err:>8.1%}"
+            f"{f.max_rel_err:>8.1%} {f.median_rel_err:>8.1%} {large:>8} {floor:>8} {kept:>5} "
+            f"{pct(f.loo_median_rel_err):>8} {pct(f.loo_max_rel_err):>8}"
         )
     return "\n".join(lines)
 
@@ -506,6 +709,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--hardware", default=None, help="catalog name: link efficiencies relative to its interconnect")
     ap.add_argument("--out", type=Path, default=None, help="write the CollectiveCalibration JSON here")
     ap.add_argument("--strict", action="store_true", help="fail on any (collective, group size) that cannot be fitted")
+    ap.add_argument("--max-spread", type=float, default=DEFAULT_MAX_SPREAD, help="drop sizes with IQR/median above")
+    ap.add_argument("--heldout", action="store_true", help="also fit even-indexed sizes and score the odd ones")
     args = ap.parse_args(argv)
     try:
         samples = [s for p in args.measurements for s in load_collective_samples(p)]
@@ -514,13 +719,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hardware.loader import load_hardware
 
             hw = load_hardware(args.hardware)
-        cal = fit_collectives(samples, hardware=hw, strict=args.strict)
+        cal = fit_collectives(samples, hardware=hw, strict=args.strict, max_spread=args.max_spread)
+        held = heldout_errors(samples, max_spread=args.max_spread) if args.heldout else []
     except CalibrationError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return 2
     print(format_calibration(cal))
     for line in cal.skipped:
         print(f"skipped: {line}")
+    if held:
+        errs = sorted(h.rel_err for h in held)
+        print(f"held out (fit on even-indexed sizes, {len(errs)} clean odd-indexed sizes scored): "
+              f"median {statistics.median(errs):.1%}, max {errs[-1]:.1%}")  # fmt: skip
     if args.out is not None:
         cal.save(args.out)
     return 0

@@ -72,11 +72,13 @@ def study_config(
     jitter: float = 0.0,
     seed: int = 0,
     skip_uncosted: bool = False,
+    independent_engines: bool | None = None,
 ) -> SimulationConfig:
     """The :class:`~simulators.SimulationConfig` of a study, from the settings the CLI and scenarios name.
 
     ``base`` (engine groups as data, e.g. from ``--config``) replaces ``copy_engines``/``links``;
     the host's ``sync_ops``/``free_ops`` come from it, and ``framework`` only keeps its framework time.
+    ``independent_engines`` (unset: the base's, off by default) gives every engine a whole device.
     """
     from simulators import HostConfig, HostMode, SimulationConfig
 
@@ -99,6 +101,7 @@ def study_config(
             "jitter": jitter,
             "seed": seed,
             "skip_uncosted": skip_uncosted,
+            "independent_engines": base.independent_engines if independent_engines is None else independent_engines,
         }
     ).with_engines(engines)
     return SimulationConfig.model_validate(config.model_dump())

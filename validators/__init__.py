@@ -10,6 +10,14 @@ does not import torch.
 ...     print(result.definition, result.status.value, result.median_us)
 """
 
+from validators.collectives import (
+    CollectiveBenchError,
+    CollectiveBenchmark,
+    CollectiveCase,
+    CollectiveMeasurement,
+    load_measurements,
+    split_wait,
+)
 from validators.configs import OpConfig, config_key, cost_estimator, roofline_estimator, unique_configs
 from validators.coverage import CoverageReport, auto_expectation, format_report, load_expectation, verify_graph
 from validators.energy import ClockSampler
@@ -42,6 +50,10 @@ __all__ = [
     "BuildContext",
     "Case",
     "ClockSampler",
+    "CollectiveBenchError",
+    "CollectiveBenchmark",
+    "CollectiveCase",
+    "CollectiveMeasurement",
     "Coverage",
     "CoverageReport",
     "CudaTimerKind",
@@ -76,6 +88,7 @@ __all__ = [
     "iter_results",
     "load_expectation",
     "load_issue",
+    "load_measurements",
     "load_results",
     "match_inputs",
     "register_recipe",
@@ -87,6 +100,7 @@ __all__ = [
     "routing_counts",
     "run_replay",
     "run_to_run",
+    "split_wait",
     "stop_sampling",
     "sweep_params",
     "time_issue",

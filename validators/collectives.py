@@ -12,11 +12,24 @@ CUDA events around each call as a cross-check. On the CPU (gloo, for tests) it i
 time of the blocking call. Rank 0 streams one :class:`CollectiveMeasurement` per case to JSONL;
 ``resume`` skips cases already in the file.
 
+An NCCL kernel starts when its rank launches it and spins until every peer's kernel has started,
+so a rank's kernel time is the transfer plus the wait for the last peer. With the hosts launching
+call by call, the wait is the host skew between ranks (about 100 us per call under the profiler
+on the first 4 x H100 run, whatever the size). Two things keep it out of the transfer time:
+
+- **GPU lead**: on CUDA every rank queues a GPU sleep of ``lead_us`` before its timed calls, so
+  the calls pile up behind it and run back to back, paced by the GPUs, not by the hosts; the first
+  call (which absorbs the skew of the sleeps' ends) is not timed;
+- **every rank timed**: each rank's per-call times are gathered; a call's transfer time is the
+  shortest of the ranks' (the last rank to arrive waits for nobody), its wait on a rank the
+  difference. :attr:`CollectiveMeasurement.transfer_us` (what the fit uses) and ``wait_us`` keep
+  them apart; ``median_us`` stays rank 0's own time.
+
 Run it as::
 
     torchrun --standalone --nproc-per-node 4 -m validators.collectives --sizes 4K..1G --points 15 \\
         --out collectives.jsonl
-    torchrun --standalone --nproc-per-node 2 -m validators.collectives --graph g.json.gz --tp 2 --out g.jsonl
+    torchrun --standalone --nproc-per-node 2 -m validators.collectives --graph sharded.json.gz --out g.jsonl
 
 :func:`fit_collectives <hardware.collective_fit.fit_collectives>` turns the measurements into
 alpha-beta parameters.
@@ -61,6 +74,7 @@ __all__ = [
     "parse_sizes",
     "power_of_two_groups",
     "run_cases",
+    "split_wait",
     "sweep_cases",
 ]
 
@@ -147,6 +161,16 @@ class CollectiveMeasurement(BaseModel):
     order, split evenly over the calls) or ``wall``."""
     uses: PosInt = 1
     """How often the replayed graph runs this case (1 for a sweep)."""
+    transfer_us: NonNegFloat | None = None
+    """Median over the calls of the shortest rank's time of the call: the transfer, no waiting."""
+    transfer_iqr_us: NonNegFloat | None = None
+    """Interquartile range of those per-call transfer times."""
+    wait_us: NonNegFloat | None = None
+    """Median over the calls of the ranks' mean time beyond the shortest one (waiting for peers)."""
+    ranks_timed: PosInt | None = None
+    """Ranks whose per-call times were gathered (the case's group)."""
+    lead_us: NonNegFloat = 0.0
+    """GPU sleep queued before the timed calls on every rank, microseconds (0: none, host-paced)."""
     world_size: PosInt
     rank: Annotated[int, Field(ge=0)] = 0
     """The rank whose timings these are (rank 0, a member of every group)."""
@@ -317,6 +341,24 @@ def _iqr(xs: Sequence[float]) -> float:
     return _quantile(xs, 0.75) - _quantile(xs, 0.25) if len(xs) > 1 else 0.0
 
 
+def split_wait(per_rank: Sequence[Sequence[float]]) -> tuple[list[float], list[list[float]]] | None:
+    """Per-call transfer time and each rank's wait, from every rank's per-call times.
+
+    ``per_rank[r][i]`` is rank ``r``'s time of call ``i``. A collective ends at about the same time
+    on every rank, and a rank's kernel starts when that rank launches it, so the rank that launched
+    last spent no time waiting: the call's transfer time is the shortest of the ranks' times, and a
+    rank's wait is its time beyond it. ``None`` when the ranks timed different numbers of calls.
+
+    >>> split_wait([[50.0, 10.0], [10.0, 40.0]])
+    ([10.0, 10.0], [[40.0, 0.0], [0.0, 30.0]])
+    """
+    if not per_rank or len({len(x) for x in per_rank}) != 1 or not per_rank[0]:
+        return None
+    transfer = [min(col) for col in zip(*per_rank, strict=True)]
+    waits = [[t - m for t, m in zip(xs, transfer, strict=True)] for xs in per_rank]
+    return transfer, waits
+
+
 def _is_nccl_kernel(name: str) -> bool:
     return "nccl" in name.lower()
 
@@ -387,7 +429,10 @@ class CollectiveBenchmark:
     device: str = "cuda"
     events_check: bool = True
     """On CUDA, also time the calls with CUDA events (``events_median_us``)."""
+    lead_us: float = 3000.0
+    """On CUDA, GPU sleep queued before the timed calls (0: none; the hosts then pace the calls)."""
     _groups: dict[int, _Group] = field(default_factory=dict, init=False, repr=False)
+    _cycles_per_us: float = field(default=0.0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         import torch.distributed as dist
@@ -415,9 +460,12 @@ class CollectiveBenchmark:
             self._groups[g] = _Group(g, comm, sync)
         self.device_name = _device_name(self.device)
         self.torch_version, self.nccl_version = _versions(self.device)
+        if self.device == "cuda" and self.lead_us > 0:
+            self._cycles_per_us = _sleep_rate()
 
     def measure(self, case: CollectiveCase) -> CollectiveMeasurement | None:
-        """Time ``case``; ``None`` on ranks outside its group (they return at once)."""
+        """Time ``case`` on every rank of its group; rank 0 gets the measurement, the others ``None``
+        (ranks outside the group return at once)."""
         group = self._groups.get(case.group_size)
         if group is None:
             raise CollectiveBenchError(
@@ -427,6 +475,9 @@ class CollectiveBenchmark:
             return None
         fn, used_bytes = self._make_call(case, group)
         xs, timer, attribution, ev = self._time(fn, group)
+        transfer, transfer_iqr, wait, ranks_timed = self._gather_split(xs, group)
+        if self.rank != 0:
+            return None
         return CollectiveMeasurement(
             collective=case.collective,
             bytes=used_bytes,
@@ -439,6 +490,11 @@ class CollectiveBenchmark:
             events_median_us=ev,
             attribution=attribution,
             uses=case.uses,
+            transfer_us=transfer,
+            transfer_iqr_us=transfer_iqr,
+            wait_us=wait,
+            ranks_timed=ranks_timed,
+            lead_us=self.lead_us if timer is not CollectiveTimer.WALL and self._cycles_per_us > 0 else 0.0,
             world_size=self.world_size,
             rank=self.rank,
             backend=self.backend,
@@ -447,6 +503,32 @@ class CollectiveBenchmark:
             nccl_version=self.nccl_version,
             created=datetime.now(UTC).isoformat(timespec="seconds"),
         )
+
+    def _gather_split(
+        self, xs: Sequence[float], group: _Group
+    ) -> tuple[float | None, float | None, float | None, int | None]:
+        """Every rank's per-call times to rank 0: (transfer median, its IQR, wait median, ranks)."""
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * group.size if self.rank == 0 else []
+        dist.gather_object(list(xs), gathered if self.rank == 0 else None, dst=0, group=group.sync)
+        if self.rank != 0:
+            return None, None, None, None
+        split = split_wait([list(g) for g in gathered])
+        if split is None:
+            return None, None, None, None
+        transfer, waits = split
+        mean_wait = [statistics.fmean(col) for col in zip(*waits, strict=True)]
+        return statistics.median(transfer), _iqr(transfer), statistics.median(mean_wait), group.size
+
+    def _lead(self) -> None:
+        """Queue the GPU sleep that lets the timed calls pile up behind it (CUDA, ``lead_us`` > 0)."""
+        if self._cycles_per_us > 0:
+            import torch
+
+            # Long enough for the host to queue every call behind it (~100 us a call under the profiler).
+            lead_us = max(self.lead_us, 200.0 * (self.repeats + 1))
+            torch.cuda._sleep(int(lead_us * self._cycles_per_us))  # type: ignore[no-untyped-call]
 
     def _make_call(self, case: CollectiveCase, group: _Group) -> tuple[Callable[[], Any], int]:
         import torch
@@ -525,10 +607,15 @@ class CollectiveBenchmark:
         import torch.distributed as dist
         from torch.profiler import ProfilerActivity, profile, record_function
 
-        # Line the ranks up on the host (gloo: no device kernel), then call back to back.
+        # Line the ranks up on the host (gloo: no device kernel), queue the GPU lead, then call back
+        # to back: the calls pile up behind the lead; the first one absorbs the ranks' skew, untimed.
+        lead = 1 if self._cycles_per_us > 0 else 0
         torch.cuda.synchronize()
         dist.barrier(group=group.sync)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            self._lead()
+            for _ in range(lead):
+                fn()
             for _ in range(self.repeats):
                 with record_function(CALL_RANGE):
                     fn()
@@ -541,6 +628,9 @@ class CollectiveBenchmark:
             ends = [event(enable_timing=True) for _ in range(self.repeats)]  # type: ignore[no-untyped-call]
             torch.cuda.synchronize()
             dist.barrier(group=group.sync)
+            self._lead()
+            for _ in range(lead):
+                fn()
             for s, e in zip(starts, ends, strict=True):
                 s.record()
                 fn()
@@ -552,6 +642,22 @@ class CollectiveBenchmark:
                 raise CollectiveBenchError("the profiler recorded no NCCL kernel", hint="check the CUDA profiler")
             return [ev], CollectiveTimer.CUDA_EVENTS, "events", ev
         return xs, CollectiveTimer.NCCL_KERNELS, attribution, ev
+
+
+def _sleep_rate() -> float:
+    """GPU sleep cycles per microsecond on the current device (``torch.cuda._sleep`` spins cycles)."""
+    import torch
+
+    cycles = 2_000_000
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]  # warm the kernel up
+    start.record()
+    torch.cuda._sleep(cycles)  # type: ignore[no-untyped-call]
+    end.record()
+    end.synchronize()
+    us = start.elapsed_time(end) * 1e3
+    return cycles / us if us > 0 else 0.0
 
 
 def _device_name(device: str) -> str:
@@ -664,9 +770,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--graph", type=Path, action="append", default=None, help="replay the collectives of this graph (repeatable)"
     )
-    ap.add_argument("--tp", type=int, default=None, help="with --graph: shard an unsharded graph for TP N first")
     ap.add_argument("--resume", action="store_true", help="skip the cases already in --out")
     ap.add_argument("--no-events", action="store_true", help="skip the CUDA-event cross-check")
+    ap.add_argument(
+        "--lead-us", type=float, default=3000.0, help="GPU sleep queued before the timed calls (0: host-paced calls)"
+    )
     ap.add_argument("-q", "--quiet", action="store_true")
     return ap
 
@@ -678,10 +786,13 @@ def _cases_from_args(args: argparse.Namespace, world: int, dtype: DType) -> list
         merged: dict[tuple[str, int, int, str], CollectiveCase] = {}
         for path in args.graph:
             graph = load_graph(path)
-            if args.tp is not None and args.tp > 1 and not graph.ops_of(OpKind.COLLECTIVE):
-                from opgraph.transforms import shard_tensor_parallel
-
-                graph = shard_tensor_parallel(graph, args.tp)
+            if not graph.ops_of(OpKind.COLLECTIVE):
+                # Sharding is a transform (not this package's to import): replay sharded graphs.
+                raise CollectiveBenchError(
+                    "the graph has no collective",
+                    where=str(path),
+                    hint="give a graph sharded for TP N (benchmarks/gpu/tp_predict.py --graphs-only --graphs-dir DIR)",
+                )
             cases, skipped = graph_cases(graph)
             for s in skipped:
                 print(f"skipped: {path}: {s}", file=sys.stderr)
@@ -731,12 +842,15 @@ def _run(args: argparse.Namespace) -> int:
     try:
         groups = sorted({c.group_size for c in cases})
         bench = CollectiveBenchmark(
-            groups, warmup=args.warmup, repeats=args.repeats, device=device, events_check=not args.no_events
-        )
+            groups, warmup=args.warmup, repeats=args.repeats, device=device, events_check=not args.no_events,
+            lead_us=args.lead_us,
+        )  # fmt: skip
 
         def show(m: CollectiveMeasurement) -> None:
             if not args.quiet:
                 ev = f"  events {m.events_median_us:9.1f}" if m.events_median_us is not None else ""
+                if m.transfer_us is not None:
+                    ev += f"  transfer {m.transfer_us:9.1f} wait {m.wait_us or 0.0:8.1f}"
                 print(
                     f"{m.collective.value:<15} g{m.group_size} {m.bytes:>12} B  {m.median_us:9.1f} us "
                     f"(iqr {m.iqr_us:.1f}){ev}  algbw {m.algbw_gbps:7.2f} GB/s",

@@ -6,10 +6,18 @@ same model and phase on meta with opgraph (same preset, layers, shapes and dtype
 modes from the run), simulates the TP job (one in-order stream per rank, eager host, the ranks'
 collectives synchronised) and compares, per rank:
 
-- GPU time: the union of the rank's simulated device spans (compute and link) with the union of
-  the measured kernel, memcpy and memset intervals of its trace;
-- collective time: the rank's simulated collective spans plus the time they waited for the other
-  ranks, with the measured NCCL kernel time (NCCL kernels spin while peers arrive).
+- compute: the union of the rank's simulated compute spans with the union of its measured
+  non-NCCL kernel, memcpy and memset intervals (no collective in either);
+- collective transfer: the rank's simulated collective spans with the measured transfer, per
+  collective the shortest of the ranks' NCCL kernels (an NCCL kernel spins from its launch until
+  the last peer has launched, so the rank that arrived last measured the transfer alone); the
+  rest of a rank's NCCL kernel time is its **wait** (host skew between the eager ranks), reported
+  apart and not a property of the model;
+- GPU time, twice: raw (the union of every measured device interval, waits included: what the
+  first run compared, off by up to 2500%) and without the wait (``gpu - wait``), against the
+  union of the rank's simulated device spans;
+- end to end: the measured wall time of a step (median over ``--wall-repeats`` steps without the
+  profiler, the ranks lined up before each) with the simulated makespan.
 
 Collectives are costed twice: from the hardware's interconnect numbers (what ``simulate --tp``
 does today) and, with ``--collective-fit``, from the measured alpha-beta fit
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -65,25 +74,41 @@ class RankPrediction(BaseModel):
 
 
 class RankComparison(BaseModel):
-    """Measured against predicted, one rank."""
+    """Measured against predicted, one rank (errors are ``predicted / measured - 1``)."""
 
     model_config = FROZEN
 
     rank: int
     measured_gpu_us: float | None
+    """Raw: union of every device interval of the rank's trace, NCCL waits included."""
     predicted_gpu_us: float
     gpu_err: float | None
-    """``predicted / measured - 1``."""
+    """``predicted_gpu_us / measured_gpu_us - 1`` (raw: the waits make it meaningless when they are large)."""
     measured_compute_us: float | None = None
-    """Union of the rank's non-NCCL device intervals (NCCL kernels spin while peers arrive)."""
+    """Union of the rank's non-NCCL device intervals."""
     predicted_compute_us: float = 0.0
     compute_err: float | None = None
     measured_nccl_us: float | None
+    """Sum of the rank's NCCL kernels: transfer plus wait."""
     predicted_collective_us: float
-    """Collective spans plus their wait."""
+    """Collective spans plus their simulated wait."""
     collective_err: float | None
+    """Against the raw NCCL time (waits included)."""
     measured_wall_us: float | None
     predicted_makespan_us: float
+    measured_wait_us: float | None = None
+    """The rank's NCCL time beyond the transfer: spinning while the other ranks arrive."""
+    measured_transfer_us: float | None = None
+    """Per step, the sum over the collectives of the shortest rank's kernel (the same on every rank)."""
+    predicted_transfer_us: float = 0.0
+    """The rank's simulated collective spans, without waiting."""
+    transfer_err: float | None = None
+    measured_gpu_nowait_us: float | None = None
+    """``measured_gpu_us - measured_wait_us``: the rank's device time without waiting for peers."""
+    gpu_nowait_err: float | None = None
+    """``predicted_gpu_us / measured_gpu_nowait_us - 1``."""
+    wall_err: float | None = None
+    """``predicted_makespan_us / measured_wall_us - 1``."""
 
 
 class CaseComparison(BaseModel):
@@ -119,9 +144,27 @@ class CaseComparison(BaseModel):
 
     @property
     def max_collective_err(self) -> float | None:
-        """Largest |collective error| over the ranks."""
+        """Largest |collective error| over the ranks (raw NCCL time, waits included)."""
         errs = [abs(r.collective_err) for r in self.ranks if r.collective_err is not None]
         return max(errs) if errs else None
+
+    @property
+    def max_gpu_nowait_err(self) -> float | None:
+        """Largest |GPU error| over the ranks, waits removed from the measured time."""
+        errs = [abs(r.gpu_nowait_err) for r in self.ranks if r.gpu_nowait_err is not None]
+        return max(errs) if errs else None
+
+    @property
+    def max_compute_err(self) -> float | None:
+        """Largest |compute error| over the ranks."""
+        errs = [abs(r.compute_err) for r in self.ranks if r.compute_err is not None]
+        return max(errs) if errs else None
+
+    @property
+    def max_wait_us(self) -> float | None:
+        """Largest measured wait of a rank, microseconds per step."""
+        waits = [r.measured_wait_us for r in self.ranks if r.measured_wait_us is not None]
+        return max(waits) if waits else None
 
 
 class TpComparisonReport(BaseModel):
@@ -214,14 +257,31 @@ def _err(pred: float, meas: float | None) -> float | None:
     return pred / meas - 1 if meas else None
 
 
+def nccl_split(measured: Sequence[Any]) -> tuple[float, dict[int, float]] | None:
+    """Per step: (transfer, {rank: wait}) from the ranks' NCCL kernels (``RankResult`` s).
+
+    The i-th NCCL kernel of every rank is the same collective; its transfer is the shortest of the
+    ranks' kernels (the rank that launched last waited for nobody), a rank's wait its kernel beyond
+    that. ``None`` when the ranks' kernel lists do not line up (different counts).
+    """
+    traced = [m for m in measured if m.trace is not None]
+    lists = [m.trace.nccl_kernel_us for m in traced]
+    if not lists or not all(lists) or len({len(x) for x in lists}) != 1:
+        return None
+    steps = max(traced[0].trace.steps, 1)
+    mins = [min(col) for col in zip(*lists, strict=True)]
+    transfer = sum(mins) / steps
+    waits = {
+        m.rank: sum(k - lo for k, lo in zip(ks, mins, strict=True)) / steps for m, ks in zip(traced, lists, strict=True)
+    }
+    return transfer, waits
+
+
 def nccl_transfer_us(measured: Sequence[Any]) -> float | None:
     """Per step: sum over the collectives of the shortest of the ranks' NCCL kernels (``None`` when
     the ranks' kernel lists do not line up)."""
-    lists = [m.trace.nccl_kernel_us for m in measured if m.trace is not None]
-    steps = [m.trace.steps for m in measured if m.trace is not None]
-    if not lists or not all(lists) or len({len(x) for x in lists}) != 1:
-        return None
-    return sum(min(col) for col in zip(*lists, strict=True)) / max(steps[0], 1)
+    split = nccl_split(measured)
+    return None if split is None else split[0]
 
 
 def compare_run(
@@ -230,6 +290,8 @@ def compare_run(
 ) -> CaseComparison:  # fmt: skip
     """Join one run's measured ranks (``RankResult``) with the predicted ones."""
     by_rank = {m.rank: m for m in measured}
+    split = nccl_split(measured)
+    transfer = split[0] if split is not None else None
     rows = []
     for p in preds:
         m = by_rank.get(p.rank)
@@ -237,6 +299,9 @@ def compare_run(
         mg = tr.gpu_busy_us if tr is not None and tr.gpu_busy_us > 0 else None
         mn = tr.nccl_us if tr is not None and tr.nccl_us > 0 else None
         mc = tr.compute_busy_us if tr is not None and tr.compute_busy_us > 0 else None
+        wait = split[1].get(p.rank) if split is not None else None
+        nowait = mg - wait if mg is not None and wait is not None else None
+        wall = m.wall_us if m is not None and m.wall_us > 0 else None
         pc = p.collective_us + p.collective_wait_us
         rows.append(
             RankComparison(
@@ -250,11 +315,17 @@ def compare_run(
                 measured_nccl_us=mn,
                 predicted_collective_us=pc,
                 collective_err=_err(pc, mn),
-                measured_wall_us=m.wall_us if m is not None else None,
+                measured_wall_us=wall,
                 predicted_makespan_us=p.makespan_us,
+                measured_wait_us=wait,
+                measured_transfer_us=transfer,
+                predicted_transfer_us=p.collective_us,
+                transfer_err=_err(p.collective_us, transfer),
+                measured_gpu_nowait_us=nowait,
+                gpu_nowait_err=_err(p.gpu_us, nowait),
+                wall_err=_err(p.makespan_us, wall),
             )
         )
-    transfer = nccl_transfer_us(measured)
     pred_transfer = preds[0].collective_us if preds else 0.0
     first = by_rank.get(0)
     measured_calls = dict(first.trace.collective_calls) if first is not None and first.trace is not None else {}
@@ -264,6 +335,52 @@ def compare_run(
         measured_collectives=measured_calls, notes=tuple(notes), measured_nccl_transfer_us=transfer,
         predicted_collective_transfer_us=pred_transfer, transfer_err=_err(pred_transfer, transfer),
     )  # fmt: skip
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.0%}"
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x / 1e3:.2f}"
+
+
+def _worst(xs: Iterable[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return max(vals, key=abs) if vals else None
+
+
+def comparison_table(report: TpComparisonReport, cost_model: str | None = None) -> str:
+    """A Markdown table of the comparisons: per run and collective costing, measured (ms) and the
+    worst rank's error of each part (compute, transfer, GPU without wait, raw GPU, wall), and the
+    largest wait of a rank.
+
+    Rows of ``cost_model`` only when given. Numbers are per step; errors ``predicted / measured - 1``.
+    """
+    head = (
+        "| run | costing | compute ms | err | transfer ms | err | GPU-wait ms | err | max wait ms | raw GPU err "
+        "| wall ms | err |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for c in report.comparisons:
+        if cost_model is not None and c.cost_model != cost_model:
+            continue
+        r0 = c.ranks[0] if c.ranks else None
+
+        def med(vals: Iterable[float | None]) -> float | None:
+            xs = [v for v in vals if v is not None]
+            return statistics.median(xs) if xs else None
+
+        lines.append(
+            f"| {c.case.name} | {c.cost_model}, {c.collectives} "
+            f"| {_ms(med(r.measured_compute_us for r in c.ranks))} | {_pct(_worst(r.compute_err for r in c.ranks))} "
+            f"| {_ms(r0.measured_transfer_us if r0 else None)} | {_pct(_worst(r.transfer_err for r in c.ranks))} "
+            f"| {_ms(med(r.measured_gpu_nowait_us for r in c.ranks))} "
+            f"| {_pct(_worst(r.gpu_nowait_err for r in c.ranks))} | {_ms(c.max_wait_us)} "
+            f"| {_pct(_worst(r.gpu_err for r in c.ranks))} "
+            f"| {_ms(med(r.measured_wall_us for r in c.ranks))} | {_pct(_worst(r.wall_err for r in c.ranks))} |"
+        )
+    return "\n".join(lines)
 
 
 def load_summaries(path: str | Path) -> list[TpRunSummary]:
@@ -307,6 +424,9 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
             if args.graphs_dir is not None:
                 args.graphs_dir.mkdir(parents=True, exist_ok=True)
                 save_graph(sharded, args.graphs_dir / f"{case.name}.json.gz")
+            if args.graphs_only:
+                print(f"{case.name}: sharded graph kept ({time.perf_counter() - t0:.0f} s)", flush=True)
+                continue
             kinds = [o.collective.value for o in sharded.ops_of(OpKind.COLLECTIVE) if isinstance(o, Collective)]
             by_kind = {k: kinds.count(k) for k in sorted(set(kinds))}
             for model_label, label, model in models:
@@ -319,12 +439,16 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
                     compare_run(case, tp_run.ranks, preds, model_label, label, by_kind, sharded.metadata.assumptions)
                 )
                 c = comparisons[-1]
-                ge, ce, te = c.max_gpu_err, c.max_collective_err, c.transfer_err
+                r0 = c.ranks[0]
+                ce = _pct(_worst(r.compute_err for r in c.ranks))
+                ge = _pct(_worst(r.gpu_nowait_err for r in c.ranks))
+                raw = _pct(_worst(r.gpu_err for r in c.ranks))
+                we = _pct(_worst(r.wall_err for r in c.ranks))
                 print(
-                    f"{case.name} [{model_label}, {label}]: predicted gpu {preds[0].gpu_us / 1e3:.2f} ms, collectives "
-                    f"{(preds[0].collective_us + preds[0].collective_wait_us) / 1e3:.2f} ms; max |err| gpu "
-                    f"{'-' if ge is None else f'{ge:.1%}'}, collectives {'-' if ce is None else f'{ce:.1%}'}, "
-                    f"transfer {'-' if te is None else f'{te:+.1%}'} "
+                    f"{case.name} [{model_label}, {label}]: predicted compute {r0.predicted_compute_us / 1e3:.2f} ms "
+                    f"({ce}), transfer {r0.predicted_transfer_us / 1e3:.2f} ms ({_pct(c.transfer_err)}), gpu "
+                    f"{r0.predicted_gpu_us / 1e3:.2f} ms (without wait {ge}, raw {raw}), makespan "
+                    f"{r0.predicted_makespan_us / 1e3:.2f} ms (wall {we}); max wait {_ms(c.max_wait_us)} ms "
                     f"({time.perf_counter() - t0:.0f} s)",
                     flush=True,
                 )
@@ -338,6 +462,9 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(report.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    if args.table is not None:
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        args.table.write_text(comparison_table(report) + "\n", encoding="utf-8")
     return report
 
 
@@ -351,8 +478,13 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     )
     ap.add_argument("--collective-fit", type=Path, default=None, help="a CollectiveCalibration JSON")
     ap.add_argument("--graphs-dir", type=Path, default=None, help="keep each sharded graph here")
+    ap.add_argument("--graphs-only", action="store_true", help="only capture, shard and keep the graphs (--graphs-dir)")
     ap.add_argument("--out", type=Path, default=None)
-    return ap.parse_args(list(argv) if argv is not None else None)
+    ap.add_argument("--table", type=Path, default=None, help="also write the Markdown comparison table here")
+    args = ap.parse_args(list(argv) if argv is not None else None)
+    if args.graphs_only and args.graphs_dir is None:
+        ap.error("--graphs-only needs --graphs-dir")
+    return args
 
 
 def main(argv: Iterable[str] | None = None) -> int:

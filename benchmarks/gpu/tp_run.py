@@ -16,11 +16,13 @@ embedding replicated (``--embedding vocab_parallel``: split, masked lookup and a
 Phases are opgraph's capture phases (``opgraph.capture.api``): ``prefill`` (``--batch``,
 ``--seq-len``) and ``decode`` (``--decode-batch``, ``--kv-len``: one token on a KV cache filled with
 ``kv-len`` tokens outside the timing). Per phase: warm-up, wall time per step without the profiler
-(median of ``--wall-repeats`` runs, every rank lined up before each), then ``--profile-steps`` steps
-under torch.profiler with ``record_shapes``, one trace per rank: ``<phase>.rank<r>.json.gz``. From
-each trace: GPU busy time (union of kernel, memcpy and memset intervals), NCCL kernel time and
-compute time per step. Rank 0 gathers every rank's numbers into ``summary.json`` (a
-``TpRunSummary``) in ``--out``.
+(median of ``--wall-repeats`` runs, every rank lined up before each: CUDA synchronize, then a
+host barrier), then ``--profile-steps`` steps under torch.profiler with ``record_shapes``, each
+lined up the same way, one trace per rank: ``<phase>.rank<r>.json.gz``. From each trace: GPU busy
+time (union of kernel, memcpy and memset intervals), NCCL kernel time and compute time per step,
+and every NCCL kernel's duration (``tp_predict.py`` splits them into transfer and wait over the
+ranks). Rank 0 gathers every rank's numbers into ``summary.json`` (a ``TpRunSummary``) in
+``--out``.
 """
 
 from __future__ import annotations
@@ -394,7 +396,7 @@ def _decode_cache_reset(cache: Any, kv_len: int) -> Callable[[], bool]:
     def reset() -> bool:
         extra = cache.get_seq_length() - kv_len
         if extra <= 0:
-            return extra == 0
+            return bool(extra == 0)
         # A negative argument removes that many tokens in every transformers version (the
         # argument was a length before it became a count of tokens to remove).
         crop(-extra)
@@ -465,16 +467,17 @@ def measure_phase(
             from torch.profiler import ProfilerActivity, profile, record_function
 
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-            wait()
-            sync()
             with profile(activities=acts, record_shapes=True) as prof:
                 for _ in range(profile_steps):
+                    # Every profiled step starts with the GPUs idle and the ranks lined up, as the
+                    # timed steps do: what skew remains is the step's own (eager host launches).
+                    wait()
+                    sync()
                     with record_function(STEP_RANGE):
                         run_phase(prepared, opts, None, cache)
+                    wait()
                     if cache is not None:
-                        wait()
                         reset()
-                wait()
             trace_file = f"{case.phase}.rank{rank}.json.gz"
             out_dir.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(out_dir / trace_file))
@@ -547,7 +550,7 @@ def _versions() -> tuple[str, str, str]:
     nccl = ""
     if torch.cuda.is_available():
         try:
-            v = torch.cuda.nccl.version()
+            v = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
             nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
         except Exception:  # a build without NCCL
             nccl = ""
@@ -638,7 +641,7 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--wall-repeats", type=int, default=7)
-    ap.add_argument("--profile-steps", type=int, default=1)
+    ap.add_argument("--profile-steps", type=int, default=2)
     ap.add_argument("--check-tokens", type=int, default=16, help="check the sharded logits on N tokens (0: off)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(list(argv) if argv is not None else None)

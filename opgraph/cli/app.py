@@ -38,6 +38,23 @@ def _root(
     ),
 ) -> None:
     """opgraph: how fast will this model run on that hardware, and why?"""
+    _wide_help_off_a_terminal()
+
+
+HELP_WIDTH_OFF_TERMINAL = 160
+"""Width of ``--help`` when stdout is not a terminal: wide enough that no option name is cut."""
+
+
+def _wide_help_off_a_terminal() -> None:
+    # Typer lays help out at TERMINAL_WIDTH, else rich's guess (80 columns off a terminal), and cuts
+    # option names that do not fit ("--independent-engi…"). Off a terminal, lay it out wide instead,
+    # unless a width was set explicitly (TERMINAL_WIDTH, or typer.rich_utils.MAX_WIDTH by a caller).
+    import sys
+
+    import typer.rich_utils
+
+    if typer.rich_utils.MAX_WIDTH is None and not sys.stdout.isatty():
+        typer.rich_utils.MAX_WIDTH = HELP_WIDTH_OFF_TERMINAL
 
 
 def _register_all() -> None:
@@ -54,4 +71,5 @@ _register_all()
 
 def main() -> None:
     """Entry point of the ``opgraph`` console script."""
+    _wide_help_off_a_terminal()
     app()

@@ -7,10 +7,12 @@ from opgraph.compare.compare import (
     GroupError,
     JoinMode,
     OpError,
+    StepError,
     compare_timelines,
     comparison_tables,
     device_spans,
 )
+from opgraph.compare.measured import compare_measured
 
 __all__ = [
     "CompareError",
@@ -19,6 +21,8 @@ __all__ = [
     "GroupError",
     "JoinMode",
     "OpError",
+    "StepError",
+    "compare_measured",
     "compare_timelines",
     "comparison_tables",
     "device_spans",

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field
 
 from opgraph.ir import OpGraph, OpgraphError, Span, Timeline
 from opgraph.ir.tensor import FROZEN
-from opgraph.ir.timeline import SpanCategory
+from opgraph.ir.timeline import SpanCategory, TimelineKind
 
 MIN_OP_US = 5.0
 """Ops shorter than this (in the reference) are left out of the median per-op error, as in the targets."""
@@ -40,6 +40,8 @@ class JoinMode(str, Enum):
     AUTO = "auto"
     OP_ID = "op_id"
     DEFINITION = "definition"
+    TRACE = "trace"
+    """A measured trace without op ids: steps by stage and order, layers, then ops by aten call or kinds."""
 
 
 class OpError(BaseModel):
@@ -54,6 +56,8 @@ class OpError(BaseModel):
     kind: str = ""
     layer: int | None = None
     stage: str = ""
+    step: int | None = None
+    """Forward pass (simulated step) the op or group belongs to, when known."""
     predicted_us: float
     reference_us: float
 
@@ -92,6 +96,24 @@ class ErrorRow(BaseModel):
     rel_error: float
 
 
+class StepError(BaseModel):
+    """One simulated step (forward pass) against the trace pass matched to it by stage and order."""
+
+    model_config = FROZEN
+
+    step: int
+    stage: str
+    pass_index: int | None
+    """The trace's pass (None: no pass of that stage left to match)."""
+    predicted_us: float
+    """Device time of the step."""
+    reference_us: float
+    predicted_wall_us: float
+    """From the step's first to its last device span."""
+    reference_wall_us: float
+    rel_error: float
+
+
 class Comparison(BaseModel):
     """The result of comparing a predicted timeline with a reference timeline."""
 
@@ -121,6 +143,16 @@ class Comparison(BaseModel):
     """Matched ops that explain most of the absolute gap, largest first."""
     ops: tuple[OpError, ...] = Field(default=(), repr=False)
     """Every matched op."""
+    by_step: tuple[StepError, ...] = ()
+    """Per simulated step, against its trace pass (measured traces)."""
+    level: str = ""
+    """Finest level matched against a measured trace: ``op`` (aten calls) or ``layer`` (step, layer, kind)."""
+    matched_share: float | None = None
+    """Share of the reference's device time that matched a predicted op or group (measured traces)."""
+    rank: int | None = None
+    """Rank compared when either side has several."""
+    notes: tuple[str, ...] = ()
+    """How the comparison was made: ranks, steps and what could not be matched."""
 
     def row(self, metric: str) -> ErrorRow:
         """The end-to-end row named ``metric`` (``gpu_time`` or ``wall_time``)."""
@@ -225,10 +257,14 @@ def compare_timelines(
     graph: OpGraph | None = None,
     top: int = 10,
     allow_different_models: bool = False,
+    rank: int | None = None,
 ) -> Comparison:
     """Compare ``predicted`` with ``reference``; raise :class:`CompareError` when nothing can be matched.
 
-    ``graph`` fills in kind, layer and stage for ops whose spans lack them.
+    ``graph`` fills in kind, layer and stage for ops whose spans lack them. A simulation against a measured
+    trace without op ids (any torch-profiler trace) is joined by steps, layers and aten calls
+    (:func:`opgraph.compare.measured.compare_measured`): it never fails for lack of matches, it says how
+    much matched. ``rank`` picks the rank to detail when either side has several.
     """
     pred_dev, ref_dev = device_spans(predicted), device_spans(reference)
     for t, spans in ((predicted, pred_dev), (reference, ref_dev)):
@@ -245,9 +281,16 @@ def compare_timelines(
         pred_ids = {s.op_id for s in pred_dev if s.op_id is not None}
         ref_ids = {s.op_id for s in ref_dev if s.op_id is not None}
         shared = pred_ids & ref_ids
-        join = (
-            JoinMode.OP_ID if shared and len(shared) >= 0.5 * min(len(pred_ids), len(ref_ids)) else JoinMode.DEFINITION
-        )
+        if shared and len(shared) >= 0.5 * min(len(pred_ids), len(ref_ids)):
+            join = JoinMode.OP_ID
+        elif reference.source.kind is TimelineKind.MEASURED and not ref_ids and pred_ids:
+            join = JoinMode.TRACE
+        else:
+            join = JoinMode.DEFINITION
+    if join is JoinMode.TRACE:
+        from opgraph.compare.measured import compare_measured
+
+        return compare_measured(predicted, reference, graph=graph, top=top, rank=rank)
     if join is JoinMode.OP_ID:
         pg, p_loose = _by_op_id(pred_dev)
         rg, r_loose = _by_op_id(ref_dev)
@@ -349,6 +392,35 @@ def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str
             ],
         )
     )
+    if c.matched_share is not None:
+        tables[0][2].append(
+            [
+                f"reference device time matched ({c.level or c.join.value} level)",
+                "",
+                "",
+                f"{c.matched_share * 100:.1f}%",
+            ]
+        )
+    if c.by_step:
+        tables.append(
+            (
+                "By step (simulated step vs the trace pass of the same stage and order)",
+                ["step", "stage", "trace pass", "predicted us", "reference us", "error", "predicted wall", "ref wall"],
+                [
+                    [
+                        str(s.step),
+                        s.stage,
+                        "-" if s.pass_index is None else str(s.pass_index),
+                        us(s.predicted_us),
+                        us(s.reference_us),
+                        pct(s.rel_error),
+                        us(s.predicted_wall_us),
+                        us(s.reference_wall_us),
+                    ]
+                    for s in c.by_step
+                ],
+            )
+        )
     for title, groups in (("By kind", c.by_kind), ("By stage", c.by_stage), ("By layer", c.by_layer)):
         if groups and not (len(groups) == 1 and groups[0].group == "-"):
             tables.append(
@@ -358,6 +430,8 @@ def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str
                     [[g.group, str(g.ops), us(g.predicted_us), us(g.reference_us), pct(g.rel_error)] for g in groups],
                 )
             )
+    if c.notes:
+        tables.append(("Notes", ["note"], [[n] for n in c.notes]))
     tables.append(
         (
             "Ops that explain most of the gap",

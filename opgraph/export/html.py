@@ -70,7 +70,8 @@ def report_context(
     kind_rows = [[k, *[(by_kind[i].get(k)) for i in range(len(sums))]] for k in kinds]
 
     layers = [k for k in dict.fromkeys(r.key for s in sums for r in s.by_layer)]
-    layers.sort(key=lambda k: (k == "other", int(k[1:]) if k.startswith("L") and k[1:].isdigit() else 0))
+    # rows are in layer order already ("prefill L0".., "decode L0".., "other"); keep it, "other" last
+    layers.sort(key=lambda k: k == "other")
     by_layer = [{r.key: r for r in s.by_layer} for s in sums]
     has_layers = any(k != "other" for k in layers)
     layer_charts = [
@@ -101,6 +102,25 @@ def report_context(
         else ""
     )
 
+    step_tables = [
+        ReportTable(
+            title=f"{title_} (device time)",
+            columns=(head, *[x.label for x in sums]),
+            rows=tuple(
+                (k, *[st.fmt_us(rows[i][k].total_us) if k in rows[i] else "-" for i in range(len(sums))]) for k in keys
+            ),
+            numeric=(False, *[True] * len(sums)),
+            note=note,
+        )
+        for title_, head, attr, note in (
+            ("By step", "step", "by_step", "each forward pass; a measured trace's passes come from its analysis"),
+            ("By stage", "stage", "by_stage", "prefill and decode device time (all steps of a stage summed)"),
+        )
+        for rows in [[{r.key: r for r in getattr(x, attr)} for x in sums]]
+        for keys in [list(dict.fromkeys(r.key for x in sums for r in getattr(x, attr)))]
+        if any(len(getattr(x, attr)) > 1 for x in sums)
+    ]
+
     comparisons: list[ReportTable] = []
     measured = [i for i, tl in enumerate(timelines) if tl.source.kind is TimelineKind.MEASURED]
     if measured:
@@ -130,7 +150,7 @@ def report_context(
         "critical_path": cp,
         "cp_chart": cp_chart,
         "comparisons": comparisons,
-        "tables": list(tables),
+        "tables": step_tables + list(tables),
     }
 
 

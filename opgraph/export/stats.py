@@ -127,6 +127,10 @@ class TimelineSummary:
     top_ops: tuple[TopOp, ...]
     config: tuple[tuple[str, str], ...]
     notes: tuple[str, ...]
+    by_step: tuple[GroupRow, ...] = ()
+    """Device time per step (forward pass); empty for a single step."""
+    by_stage: tuple[GroupRow, ...] = ()
+    """Device time per stage (prefill/decode)."""
 
     @property
     def achieved_flops(self) -> float:
@@ -161,12 +165,86 @@ def time_by_kind(spans: Sequence[Span], graph: OpGraph | None = None) -> tuple[G
     return tuple(sorted(rows, key=lambda r: (-r.total_us, r.key)))
 
 
+_STAGE_RANK = {"prefill": 0, "decode": 1}
+
+
+def _span_step(s: Span, graph: OpGraph | None) -> int | None:
+    if s.step is not None:
+        return s.step
+    op = span_op(s, graph)
+    return op.step if op is not None else None
+
+
+def _span_stage(s: Span, graph: OpGraph | None) -> str:
+    if s.stage is not None:
+        return s.stage.value
+    op = span_op(s, graph)
+    return op.stage.value if op is not None and op.stage is not None else ""
+
+
 def time_by_layer(spans: Sequence[Span], graph: OpGraph | None = None) -> tuple[GroupRow, ...]:
-    """Device time per transformer layer (``L3``), then the time outside layers (``other``), in layer order."""
+    """Device time per transformer layer (``L3``), then the time outside layers (``other``), in layer order.
+
+    With several steps (forward passes) the layers are the model's, counted from each step's first layer
+    (a measured trace numbers them 0..799 across 10 steps), and summed per stage: ``prefill L3``,
+    ``decode L3`` (over all decode steps)."""
     total = sum(s.dur_us for s in spans)
-    acc = _groups(((_layer_key(span_layer(s, graph)), s.dur_us) for s in spans), total)
-    rows = _rows(acc, total)
-    return tuple(sorted(rows, key=lambda r: (r.key == "other", natural_key(r.key))))
+    layered = [(s, span_layer(s, graph), _span_step(s, graph)) for s in spans]
+    steps = {step for _, layer, step in layered if layer is not None and step is not None}
+    if len(steps) <= 1:
+        acc = _groups(((_layer_key(layer), s.dur_us) for s, layer, _ in layered), total)
+        return tuple(sorted(_rows(acc, total), key=lambda r: (r.key == "other", natural_key(r.key))))
+    first: dict[int, int] = {}
+    for _, layer, step in layered:
+        if layer is not None and step is not None:
+            first[step] = min(first.get(step, layer), layer)
+
+    def key(s: Span, layer: int | None, step: int | None) -> str:
+        if layer is None:
+            return "other"
+        local = layer - first.get(step, 0) if step is not None else layer
+        stage = _span_stage(s, graph) or (f"step {step}" if step is not None else "")
+        return f"{stage} L{local}".strip()
+
+    acc = _groups(((key(s, layer, step), s.dur_us) for s, layer, step in layered), total)
+
+    def order(r: GroupRow) -> tuple[bool, int, tuple[tuple[int, int | str], ...]]:
+        head = r.key.rsplit(" L", 1)[0] if " L" in r.key else ""
+        return (r.key == "other", _STAGE_RANK.get(head, 2), natural_key(r.key))
+
+    return tuple(sorted(_rows(acc, total), key=order))
+
+
+def time_by_step(spans: Sequence[Span], graph: OpGraph | None = None) -> tuple[GroupRow, ...]:
+    """Device time per step (forward pass), ``step 3 (decode)``, in step order; empty for one step."""
+    total = sum(s.dur_us for s in spans)
+    stage_of: dict[int, str] = {}
+    items = []
+    for s in spans:
+        step = _span_step(s, graph)
+        if step is None:
+            items.append(("no step", s.dur_us))
+            continue
+        stage_of.setdefault(step, _span_stage(s, graph))
+        items.append((str(step), s.dur_us))
+    if len(stage_of) <= 1:
+        return ()
+    acc = _groups(items, total)
+    rows = []
+    for r in _rows(acc, total):
+        if r.key.isdigit() and stage_of.get(int(r.key)):
+            r = GroupRow(f"step {r.key} ({stage_of[int(r.key)]})", r.spans, r.total_us, r.share)
+        elif r.key.isdigit():
+            r = GroupRow(f"step {r.key}", r.spans, r.total_us, r.share)
+        rows.append(r)
+    return tuple(sorted(rows, key=lambda r: (r.key == "no step", natural_key(r.key))))
+
+
+def time_by_stage(spans: Sequence[Span], graph: OpGraph | None = None) -> tuple[GroupRow, ...]:
+    """Device time per stage (prefill, decode, then spans without one)."""
+    total = sum(s.dur_us for s in spans)
+    acc = _groups(((_span_stage(s, graph) or "no stage", s.dur_us) for s in spans), total)
+    return tuple(sorted(_rows(acc, total), key=lambda r: (_STAGE_RANK.get(r.key, 2), r.key)))
 
 
 def _layer_key(layer: int | None) -> str:
@@ -231,6 +309,8 @@ def summarize(timeline: Timeline, index: int = 0, graph: OpGraph | None = None) 
         bytes=nbytes,
         by_kind=time_by_kind(dev, graph),
         by_layer=time_by_layer(dev, graph),
+        by_step=time_by_step(dev, graph),
+        by_stage=time_by_stage(dev, graph),
         track_rows=track_rows,
         top_ops=tuple(
             TopOp(name, kinds[name], int(v[0]), v[1], v[1] / v[0], v[2], v[1] / total if total > 0 else 0.0)
@@ -308,6 +388,15 @@ def _by(spans: Sequence[Span], graph: OpGraph | None, key: str) -> dict[str, flo
     return {r.key: r.total_us for r in rows}
 
 
+def _is_foreign_trace(measured: Timeline, predicted: Timeline) -> bool:
+    """A measured timeline without op ids against one with them (a simulation): a trace opgraph did not make."""
+    if measured.source.kind is not TimelineKind.MEASURED:
+        return False
+    if any(s.op_id is not None for s in measured.spans):
+        return False
+    return any(s.op_id is not None for s in predicted.spans)
+
+
 def comparison_tables(
     measured: Timeline, predicted: Timeline, *, graph: OpGraph | None = None, labels: tuple[str, str] = ("", "")
 ) -> list[ReportTable]:
@@ -315,6 +404,21 @@ def comparison_tables(
     the ops with the largest absolute error."""
     m_label = labels[0] or timeline_label(measured, 0)
     p_label = labels[1] or timeline_label(predicted, 1)
+    if _is_foreign_trace(measured, predicted):
+        # a trace opgraph did not make: steps, layers and aten calls aligned, rank r against rank r
+        from opgraph.compare import compare_measured
+        from opgraph.compare import comparison_tables as compare_tables
+
+        c = compare_measured(predicted, measured, graph=graph, top=TOP_OPS)
+        return [
+            ReportTable(
+                title=f"{t} ({p_label} vs {m_label})" if i == 0 else t,
+                columns=tuple(cols),
+                rows=tuple(tuple(r) for r in rows),
+            )
+            for i, (t, cols, rows) in enumerate(compare_tables(c))
+            if rows
+        ]
     m_dev, p_dev = device_spans(measured), device_spans(predicted)
     cols = ("", "measured", "predicted", "error")
     end_rows: list[tuple[str, str, str, str]] = [

@@ -118,8 +118,10 @@ class HardwareSection(BaseModel):
     name: str = "h100"
     """A catalog name (``opgraph hardware list``), a hardware ``.toml``/``.json`` file, or a
     calibrated table (``opgraph calibrate``) that carries the spec it was measured on."""
-    cost_model: str = "roofline"
-    """``roofline``, ``formula``, ``table``, a calibrated table JSON, ``module:Class`` or ``file.py:Class``."""
+    cost_model: str | None = None
+    """``roofline``, ``formula``, ``table``, ``profile``, a calibrated table or profile JSON, ``module:Class``
+    or ``file.py:Class``; unset: the device's measured profile when the catalog ships one, else the
+    roofline (as ``opgraph simulate`` does)."""
     cost_options: dict[str, str | int | float | bool] = Field(default_factory=dict)
     """Keyword arguments for the cost model's constructor."""
 
@@ -149,6 +151,9 @@ class SimulationSection(BaseModel):
     """Sweep: engine counts within this fraction of the best makespan are as good as the best."""
     skip_uncosted: bool = False
     """Simulate ops the cost model cannot cost as free (they are listed) instead of failing."""
+    independent_engines: bool = False
+    """Every engine a whole device (a hypothetical accelerator, as in the seed's engine-count study);
+    off: the ops running at once share the device's peak FLOP/s and bandwidth."""
 
     @field_validator("engines")
     @classmethod

@@ -81,6 +81,7 @@ def simulation_config(ctx: RunContext) -> SimulationConfig:
         host_mode=sim.host_mode,
         host_us=sim.host_us,
         skip_uncosted=sim.skip_uncosted,
+        independent_engines=sim.independent_engines,
     )
 
 

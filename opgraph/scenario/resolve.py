@@ -32,7 +32,7 @@ class Resolved:
 
 def resolve(ctx: RunContext) -> Resolved:
     """Load and check everything the scenario names; :class:`ScenarioError` names the field at fault."""
-    from hardware import load_hardware, resolve_cost_model
+    from hardware import default_cost_model, load_hardware, resolve_cost_model
     from simulators.policies import get_policy
 
     s = ctx.scenario
@@ -41,7 +41,11 @@ def resolve(ctx: RunContext) -> Resolved:
     except OpgraphError as exc:
         raise ctx.err(exc, "hardware.name") from None
     try:
-        cost_model = resolve_cost_model(ctx.cost_spec(s.hardware.cost_model), **s.hardware.cost_options)
+        if s.hardware.cost_model is None and not s.hardware.cost_options:
+            cost_model, _uncalibrated = default_cost_model(hw)
+        else:
+            spec = ctx.cost_spec(s.hardware.cost_model or "roofline")
+            cost_model = resolve_cost_model(spec, **s.hardware.cost_options)
     except OpgraphError as exc:
         raise ctx.err(exc, "hardware.cost_model") from None
     except TypeError as exc:

@@ -143,7 +143,9 @@ class ScenarioRun:
             file=self.file,
             description=s.description,
             hardware=resolved.hardware.name,
-            cost_model=runs[0].results[runs[0].recommended].cost_model_name if runs else s.hardware.cost_model,
+            cost_model=(
+                runs[0].results[runs[0].recommended].cost_model_name if runs else (s.hardware.cost_model or "default")
+            ),
             policy=s.simulation.policy,
             host=s.simulation.host_mode,
             tp=s.simulation.tp,

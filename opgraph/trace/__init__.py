@@ -17,6 +17,7 @@ from opgraph.trace.api import (
     load_trace_data,
     load_traces,
 )
+from opgraph.trace.attribution import KernelAttribution, OpKernelTime, attribute_kernels
 from opgraph.trace.classify import KernelClassifier
 from opgraph.trace.events import GpuEvent, HostEvent, TraceData
 from opgraph.trace.importer import from_timeline, to_timeline
@@ -40,10 +41,12 @@ __all__ = [
     "CollectiveInfo",
     "GpuEvent",
     "HostEvent",
+    "KernelAttribution",
     "KernelClassifier",
     "KernelType",
     "LayerInfo",
     "NoTraceEventsError",
+    "OpKernelTime",
     "PassInfo",
     "PatternError",
     "PatternSet",
@@ -56,6 +59,7 @@ __all__ = [
     "align_ranks",
     "analyze",
     "analyze_full",
+    "attribute_kernels",
     "default_patterns",
     "discover",
     "from_timeline",

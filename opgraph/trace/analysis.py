@@ -39,6 +39,9 @@ _STAGE_ORDER = ("prefill", "decode", "mixed", "idle", "unknown")
 _BHSD_OPS = ("scaled_dot_product", "_cudnn_attention", "sdpa")
 _BSHD_OPS = ("_flash_attention_forward", "_efficient_attention_forward", "flash_attn")
 
+_OUTLIER = 3.0
+"""A pass this many times the median pass of its trace is a prefill."""
+
 Label = tuple[int | None, str | None, int | None]
 """(layer, stage, pass) of one device event."""
 
@@ -73,12 +76,18 @@ class _Pass:
     source: str = "none"
     tokens: int | None = None
     layers: list[_Layer] = field(default_factory=list)
+    part: bool = False
+    """One of several passes found inside one step annotation (kept only when it holds layers)."""
 
 
 def _step_stage(rule_labels: dict[str, str], groups: dict[str, str | None]) -> tuple[str, int | None]:
     label = groups.get("label")
     tokens = groups.get("tokens")
     ntok = int(tokens) if tokens and tokens.isdigit() else None
+    if ntok is None:
+        parts = [groups.get("context_tokens"), groups.get("generation_tokens")]
+        counts = [int(x) for x in parts if x and x.isdigit()]
+        ntok = sum(counts) if counts else None
     if label is not None:
         return rule_labels.get(label, rule_labels.get(label.upper(), "unknown")), ntok
     ctx, gen = groups.get("context"), groups.get("generation")
@@ -141,6 +150,19 @@ def _q_len(ev: GpuEvent) -> int | None:
     return v if isinstance(v, int) else None
 
 
+def _eager_q_len(ev: GpuEvent) -> int | None:
+    """Query length of eager attention's batched GEMMs (scores ``[B*H, q, d] @ [B*H, d, k]``, then
+    ``[B*H, q, k] @ [B*H, k, v]``): the rows of their first input."""
+    op, dims = ev.launch_op, ev.launch_dims
+    if op not in ("aten::bmm", "aten::baddbmm", "aten::matmul") or not isinstance(dims, list) or not dims:
+        return None
+    a = dims[0] if op != "aten::baddbmm" or len(dims) < 2 else dims[1]
+    if not isinstance(a, list) or len(a) not in (3, 4):
+        return None
+    v = a[-2]
+    return v if isinstance(v, int) else None
+
+
 class Analyzer:
     """Analyzes one rank's :class:`TraceData` with a pattern set."""
 
@@ -149,14 +171,16 @@ class Analyzer:
         self.clf = classifier or KernelClassifier(patterns)
 
     # ---- passes -------------------------------------------------------------------------------
-    def passes(self, data: TraceData, notes: list[str]) -> tuple[list[_Pass], list[int]]:
+    def passes(self, data: TraceData, notes: list[str], skip: int = 0) -> tuple[list[_Pass], list[int]]:
+        """Passes of the device events from ``skip`` on (those before were launched before the window)."""
         gpu = data.gpu
         steps = find_steps(data.host, self.patterns)
         if steps:
             passes = [_Pass([], s.name, s.stage, "annotation", s.tokens) for s in steps]
             starts = [s.start for s in steps]
-            unassigned: list[int] = []
-            for i, g in enumerate(gpu):
+            unassigned: list[int] = list(range(skip))
+            for i in range(skip, len(gpu)):
+                g = gpu[i]
                 t = g.ts if steps[0].gpu_clock or g.launch_ts is None else g.launch_ts
                 k = _find(starts, t)
                 if k >= 0 and (t <= steps[k].end or g.launch_ts is None):
@@ -166,21 +190,46 @@ class Analyzer:
             kept = [p for p in passes if p.events]
             if len(kept) < len(passes):
                 notes.append(f"{len(passes) - len(kept)} step annotation(s) without device activity ignored")
-            return kept, unassigned
+            split = [q for p in kept for q in self._split_generate(gpu, p)]
+            if len(split) > len(kept):
+                notes.append(
+                    f"{len(split) - len(kept)} more pass(es) found inside stage-less step annotations "
+                    "(ProfilerStep around a generate): split after sampling kernels"
+                )
+            return split, unassigned
         # no annotations: a sampling kernel ends each generate iteration
         chunks: list[_Pass] = [_Pass([])]
         prev_sampling = False
-        for i, g in enumerate(gpu):
+        for i in range(skip, len(gpu)):
+            g = gpu[i]
             sampling = g.ktype == "sampling"
             if prev_sampling and not sampling:
                 chunks.append(_Pass([]))
             chunks[-1].events.append(i)
             prev_sampling = sampling
         if len(chunks) == 1:
-            notes.append("no step annotations or sampling kernels: pass boundaries unknown, one pass assumed")
+            notes.append("no step annotations or sampling kernels: the whole trace read as one pass")
         else:
             notes.append("no step annotations: passes split after sampling kernels")
-        return chunks, []
+        return chunks, list(range(skip))
+
+    @staticmethod
+    def _split_generate(gpu: list[GpuEvent], p: _Pass) -> list[_Pass]:
+        """A step annotation without a stage (``ProfilerStep#N``) may hold a whole ``generate``: split it
+        after each run of sampling kernels that more work follows."""
+        if p.stage != "unknown":
+            return [p]
+        parts: list[list[int]] = [[]]
+        prev_sampling = False
+        for i in p.events:
+            sampling = gpu[i].ktype == "sampling"
+            if prev_sampling and not sampling:
+                parts.append([])
+            parts[-1].append(i)
+            prev_sampling = sampling
+        if len(parts) == 1:
+            return [p]
+        return [_Pass(events, p.annotation, p.stage, p.source, p.tokens, part=True) for events in parts]
 
     # ---- layers -------------------------------------------------------------------------------
     def layers(self, gpu: list[GpuEvent], p: _Pass) -> None:
@@ -211,6 +260,7 @@ class Analyzer:
                 since_break = True
         if not blocks:
             return
+        blocks = _merge_blocks(blocks, is_ffn)
 
         def first(flags: list[bool], lo: int, hi: int) -> int | None:
             for k in range(lo, hi):
@@ -259,21 +309,28 @@ class Analyzer:
                 continue
             for layer in p.layers:
                 votes: Counter[str] = Counter()
-                shape = False
+                shapes: Counter[str] = Counter()
                 for k in range(layer.lo, layer.hi):
                     g = gpu[p.events[k]]
                     if g.vote:
                         votes[g.vote] += 1
                     if g.ktype == "attention":
                         q = _q_len(g)
+                        if q is None:
+                            q = _eager_q_len(g)
                         if q is not None:
-                            votes["decode" if q == 1 else "prefill"] += 1
-                            shape = True
-                if votes:
-                    (top, c1), *rest = votes.most_common(2)
+                            shapes["decode" if q == 1 else "prefill"] += 1
+                if shapes:
+                    # attention input shapes are measurements: the query length says it
+                    (top, c1), *rest = shapes.most_common(2)
                     if not rest or rest[0][1] < c1:
-                        layer.stage, layer.source = top, ("shape" if shape else "vote")
+                        layer.stage, layer.source = top, "shape"
                         any_votes = True
+                elif votes:
+                    # prefill-only kernels outweigh decode votes: paged-attention kernels run in prefill too
+                    layer.stage = "prefill" if votes["prefill"] else "decode"
+                    layer.source = "vote"
+                    any_votes = True
             known = [layer.stage for layer in p.layers if layer.stage != "unknown"]
             for i, layer in enumerate(p.layers):
                 if layer.stage == "unknown" and known:
@@ -287,6 +344,7 @@ class Analyzer:
                 p.source = Counter(x.source for x in p.layers if x.stage == top).most_common(1)[0][0]
                 if p.source == "propagated":
                     p.source = "vote"
+        self._timing_outliers(gpu, passes, notes)
         undecided = [p for p in passes if p.layers and p.stage == "unknown"]
         if undecided and len(undecided) >= 2:
             per_layer = [sum(gpu[i].dur for i in p.events) / max(len(p.layers), 1) for p in undecided]
@@ -303,16 +361,49 @@ class Analyzer:
         elif not any_votes and any(p.layers for p in passes) and not any(p.source == "annotation" for p in passes):
             notes.append("no evidence for stages (annotations, stage kernels, attention shapes): stages unknown")
 
+    def _timing_outliers(self, gpu: list[GpuEvent], passes: list[_Pass], notes: list[str]) -> None:
+        """A pass that takes several times the median pass of a series is a prefill, whatever the kernel
+        votes say (a 130 ms step among 17 ms steps); measured shapes and annotations are not overruled."""
+        timed = [p for p in passes if p.layers]
+        if len(timed) < 3:
+            return
+        times = [sum(gpu[i].dur for i in p.events if gpu[i].kind == "kernel") for p in timed]
+        typical = statistics.median(times)
+        if typical <= 0:
+            return
+        changed = 0
+        for p, t in zip(timed, times, strict=True):
+            if t > _OUTLIER * typical and p.source not in ("annotation", "shape") and p.stage != "prefill":
+                p.stage, p.source = "prefill", "timing"
+                for layer in p.layers:
+                    layer.stage, layer.source = "prefill", "timing"
+                changed += 1
+        if changed:
+            notes.append(
+                f"{changed} pass(es) taking over {_OUTLIER:g}x the median pass read as prefill "
+                "(timing outweighs decode votes of kernels that also run in prefill)"
+            )
+
     # ---- the whole analysis -----------------------------------------------------------------------
     def run(self, data: TraceData, *, split_half_layers: bool = False) -> tuple[AnalysisResult, list[Label]]:
         """The analysis of ``data`` and the (layer, stage, pass) label of every device event."""
         gpu = data.gpu
         self.clf.classify(gpu)
         notes = list(data.notes)
-        passes, _ = self.passes(data, notes)
+        skip = window_leftovers(gpu, data.host)
+        if skip:
+            notes.append(
+                f"{skip} device events ({sum(g.dur for g in gpu[:skip]) / 1000:.3f} ms) at the start ran work "
+                "launched before the profiler window opened (no launch in the trace): set apart, not counted "
+                "in passes or layers"
+            )
+        passes, _ = self.passes(data, notes, skip)
         for p in passes:
             self.layers(gpu, p)
-        passes = [p for p in passes if p.layers or p.annotation]
+        found = len(passes)
+        passes = [p for p in passes if p.layers or (p.annotation and not p.part)]
+        if found and not passes:
+            notes.append("no transformer layers found (no attention kernels): 0 passes")
         self.stages(gpu, passes, notes)
         labels: list[Label] = [(None, None, None)] * len(gpu)
         in_layer = [False] * len(gpu)
@@ -394,7 +485,13 @@ class Analyzer:
                 out = self.clf.outside_type(g.name)
                 if out is not None:
                     g.ktype = out
+        for j in range(skip):
+            in_layer[j] = True  # not an orphan: set apart
         result = self._summarize(data, passes, pass_infos, layer_infos, labels, in_layer, notes, split_half_layers)
+        if skip:
+            result = result.model_copy(
+                update={"window_events": skip, "window_time_us": round(sum(g.dur for g in gpu[:skip]), 3)}
+            )
         if merged_halves and not split_half_layers:
             result = result.model_copy(update={"half_layers_merged": True})
         return result, labels
@@ -446,7 +543,8 @@ class Analyzer:
             st[1] += g.dur
             u = uniq.get(g.name)
             if u is None:
-                uniq[g.name] = u = [g.ktype, 0, 0.0, g.dur, g.dur, set(), Counter(), []]
+                uniq[g.name] = u = [Counter(), 0, 0.0, g.dur, g.dur, set(), Counter(), []]
+            u[0][g.ktype] += g.dur + 1e-9  # a name's type: where most of its time went (launch ops may differ)
             u[1] += 1
             u[2] += g.dur
             u[3] = min(u[3], g.dur)
@@ -468,7 +566,7 @@ class Analyzer:
             UniqueKernel(
                 name=name,
                 short_name=self.patterns.short_name(name),
-                type=u[0],
+                type=u[0].most_common(1)[0][0],
                 count=u[1],
                 total_us=round(u[2], 3),
                 mean_us=round(u[2] / u[1], 3),
@@ -538,6 +636,38 @@ class Analyzer:
             ),
             patterns=tuple(self.patterns.families),
         )
+
+
+def _merge_blocks(blocks: list[list[int]], is_ffn: list[bool]) -> list[list[int]]:
+    """Attention blocks with no feed-forward part between them belong to one layer (TimeSformer's temporal and
+    spatial attention, a decoder's self- and cross-attention), provided other gaps of the pass do hold one:
+    where no gap has an FFN marker the markers are missing, not the layers."""
+    if len(blocks) < 2:
+        return blocks
+    has_ffn = [any(is_ffn[a_hi:b_lo]) for (_, a_hi), (b_lo, _) in itertools.pairwise(blocks)]
+    if not any(has_ffn) or all(has_ffn):
+        return blocks
+    merged = [list(blocks[0])]
+    for blk, ffn_before in zip(blocks[1:], has_ffn, strict=True):
+        if ffn_before:
+            merged.append(list(blk))
+        else:
+            merged[-1][1] = blk[1]
+    return merged
+
+
+def window_leftovers(gpu: Sequence[GpuEvent], host: Sequence[HostEvent]) -> int:
+    """How many device events at the start of the trace were launched before the profiler window opened:
+    the leading run of events without a launch, in a trace whose later events do have one. With CUDA-graph
+    launches in the trace only events that start before the first graph launch count (graph kernels may
+    lack a link of their own)."""
+    first_linked = next((i for i, g in enumerate(gpu) if g.launch_ts is not None), None)
+    if not first_linked:
+        return 0
+    graph_launch = min((h.ts for h in host if h.kind == "runtime" and "GraphLaunch" in h.name), default=None)
+    if graph_launch is None:
+        return first_linked
+    return sum(1 for g in gpu[:first_linked] if g.ts < graph_launch)
 
 
 def _find(starts: list[float], t: float) -> int:

@@ -8,6 +8,126 @@ from opgraph.trace.events import GpuEvent
 from opgraph.trace.patterns import KernelType, PatternSet
 
 _MEMORY = KernelType.MEMORY
+_COMM = KernelType.COMMUNICATION
+_GEMM = KernelType.GEMM
+_ATTENTION = KernelType.ATTENTION
+_SOFTMAX_OPS = ("aten::_softmax", "aten::softmax", "aten::_safe_softmax")
+_BATCHED_OPS = ("aten::bmm", "aten::baddbmm", "aten::matmul")
+_BETWEEN = frozenset(
+    {KernelType.ELEMENTWISE, KernelType.MEMORY, KernelType.OTHER, KernelType.ACTIVATION, KernelType.UNKNOWN}
+)
+"""Kernel types that may sit between the GEMMs and the softmax of eager attention (scale, mask, cast,
+dropout); a router's top-k (MoE, sampling, reduction) may not."""
+_REACH = 4
+
+
+_UNKNOWN = KernelType.UNKNOWN
+_ATEN_MEMORY = (
+    "copy",
+    "cat",
+    "index",
+    "gather",
+    "scatter",
+    "fill",
+    "zero",
+    "clone",
+    "contiguous",
+    "to",
+    "stack",
+    "repeat",
+    "pad",
+    "masked_scatter",
+    "put",
+    "flip",
+    "roll",
+    "narrow",
+    "slice",
+    "expand",
+    "tril",
+    "triu",
+)
+_ATEN_REDUCTION = (
+    "sum",
+    "mean",
+    "cumsum",
+    "cumprod",
+    "max",
+    "min",
+    "amax",
+    "amin",
+    "prod",
+    "any",
+    "all",
+    "norm",
+    "var",
+    "std",
+    "sort",
+    "topk",
+    "nonzero",
+    "unique",
+    "histc",
+    "bincount",
+    "count_nonzero",
+    "logsumexp",
+)
+_ATEN_SAMPLING = ("argmax", "argmin", "multinomial", "exponential", "uniform", "normal", "bernoulli", "randperm")
+
+
+def aten_fallback(op: str) -> KernelType:
+    """The type of a kernel no name rule knows, from the ATen op that launched it (``aten::cumsum`` is a
+    reduction); other launching ops leave it unknown."""
+    if not op.startswith("aten::"):
+        return _UNKNOWN
+    base = op[6:].strip("_").split(".")[0]
+    head = base.split("_")[0]
+    if base in _ATEN_SAMPLING or head in _ATEN_SAMPLING:
+        return KernelType.SAMPLING
+    if base in _ATEN_REDUCTION or head in _ATEN_REDUCTION:
+        return KernelType.REDUCTION
+    if base in _ATEN_MEMORY or head in _ATEN_MEMORY:
+        return _MEMORY
+    return KernelType.ELEMENTWISE
+
+
+def _is_softmax(ev: GpuEvent) -> bool:
+    if ev.launch_op is not None:
+        return ev.launch_op in _SOFTMAX_OPS
+    return "softmax" in ev.name.lower() and ev.ktype is KernelType.ACTIVATION
+
+
+def _batched(ev: GpuEvent) -> bool:
+    """A GEMM that may be attention's: launched by a batched matmul op, or of unknown origin."""
+    return ev.ktype is _GEMM and (not ev.launch_stack or any(op in _BATCHED_OPS for op in ev.launch_stack))
+
+
+def eager_attention(kernels: list[GpuEvent]) -> None:
+    """Type eager attention as attention: a batched GEMM (scores), at most a few scale/mask/cast kernels,
+    a softmax, at most a few more, and a batched GEMM (weighted values), in one stream's kernel order."""
+    n = len(kernels)
+    for i, ev in enumerate(kernels):
+        if not _is_softmax(ev):
+            continue
+        lo = hi = None
+        for j in range(i - 1, max(i - 1 - _REACH, -1), -1):
+            k = kernels[j]
+            if _batched(k):
+                lo = j
+                break
+            if k.ktype not in _BETWEEN:
+                break
+        if lo is None:
+            continue
+        for j in range(i + 1, min(i + 1 + _REACH, n)):
+            k = kernels[j]
+            if _batched(k):
+                hi = j
+                break
+            if k.ktype not in _BETWEEN:
+                break
+        if hi is None:
+            continue
+        for k in kernels[lo : hi + 1]:
+            k.ktype = _ATTENTION
 
 
 class KernelClassifier:
@@ -17,6 +137,7 @@ class KernelClassifier:
         self.patterns = patterns
         self._cache: dict[str, tuple[KernelType, KernelType | None, str | None, bool, bool]] = {}
         self._mla: dict[str, bool] = {}
+        self._launch: dict[tuple[str, ...], KernelType | None] = {}
 
     def is_mla(self, name: str) -> bool:
         """The kernel belongs to multi-head latent attention (cached per name)."""
@@ -49,21 +170,42 @@ class KernelClassifier:
         """An extra FFN marker from ``[layers] ffn``."""
         return self.lookup(name)[4]
 
+    def launch_type(self, stack: tuple[str, ...]) -> KernelType | None:
+        """The type the launching CPU ops give (cached per op stack)."""
+        try:
+            return self._launch[stack]
+        except KeyError:
+            kt = self._launch[stack] = self.patterns.launch_type(stack)
+            return kt
+
     def classify(self, gpu: list[GpuEvent]) -> None:
-        """Set ``ktype``, ``vote`` and ``layer_start`` on every event (sorted by start time)."""
+        """Set ``ktype``, ``vote`` and ``layer_start`` on every event (sorted by start time).
+
+        The kernel's name decides, unless the CPU op that launched it says otherwise (``[[launch]]`` rules;
+        communication kernels keep their type); then sequences (an unfused RMSNorm) and eager attention
+        (batched GEMM, softmax, batched GEMM) are found in each stream's kernel order."""
+        launch = self.launch_type
         for ev in gpu:
             if ev.kind != "kernel":
                 ev.ktype = _MEMORY
                 continue
             kt, _, vote, start, _ = self.lookup(ev.name)
+            if ev.launch_stack and kt is not _COMM:
+                by_op = launch(ev.launch_stack)
+                if by_op is not None:
+                    kt = by_op
+                elif kt is _UNKNOWN:
+                    kt = aten_fallback(ev.launch_stack[0])
             ev.ktype = kt
             ev.vote = vote
             ev.layer_start = start
+        by_stream: dict[tuple[int, int], list[GpuEvent]] = defaultdict(list)
+        for ev in gpu:
+            if ev.kind == "kernel":
+                by_stream[(ev.device, ev.stream)].append(ev)
+        for kernels in by_stream.values():
+            eager_attention(kernels)
         if self.patterns.sequences:
-            by_stream: dict[tuple[int, int], list[GpuEvent]] = defaultdict(list)
-            for ev in gpu:
-                if ev.kind == "kernel":
-                    by_stream[(ev.device, ev.stream)].append(ev)
             for kernels in by_stream.values():
                 self._sequences(kernels)
 

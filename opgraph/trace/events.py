@@ -48,6 +48,10 @@ class GpuEvent:
     """Innermost CPU op that launched it (``aten::mm``), once linked."""
     launch_dims: Any = None
     """Input dims of that CPU op (with ``record_shapes``)."""
+    launch_stack: tuple[str, ...] = ()
+    """Names of the CPU ops around the launch, innermost first (``aten::mm``, ``aten::linear``, ...)."""
+    launch_host: HostEvent | None = None
+    """The innermost launching CPU op itself (its call order and input dims align it with graph ops)."""
     ktype: KernelType = KernelType.UNKNOWN
     """Kernel type from the classifier."""
     layer_start: bool = False
@@ -72,6 +76,8 @@ class HostEvent:
     external_id: int | None = None
     correlation: int | None = None
     input_dims: Any = None
+    parent: HostEvent | None = None
+    """The CPU op that encloses this one on its thread (CPU ops only, once linked)."""
 
 
 @dataclass

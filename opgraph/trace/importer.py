@@ -303,11 +303,14 @@ def _link(
     if not data.runtime:
         data.runtime = "hip" if hip > cuda else ("cuda" if cuda else "")
     by_thread: dict[Any, tuple[list[float], list[HostEvent]]] = {}
-    cpu_ops = sorted((h for h in host if h.kind == "cpu_op"), key=lambda h: h.ts)
+    cpu_ops = sorted((h for h in host if h.kind == "cpu_op"), key=lambda h: (h.ts, -h.dur))
     for h in cpu_ops:
         entry = by_thread.setdefault(h.tid, ([], []))
         entry[0].append(h.ts)
         entry[1].append(h)
+    for _, thread_ops in by_thread.values():
+        _nest(thread_ops)
+    stacks: dict[int, tuple[str, ...]] = {}
     linked = via_flow = 0
     kernels = 0
     for g in gpu:
@@ -334,6 +337,16 @@ def _link(
         if op is not None:
             g.launch_op = op.name
             g.launch_dims = op.input_dims
+            g.launch_host = op
+            stack = stacks.get(id(op))
+            if stack is None:
+                names = []
+                up: HostEvent | None = op
+                while up is not None:
+                    names.append(up.name)
+                    up = up.parent
+                stack = stacks[id(op)] = tuple(names)
+            g.launch_stack = stack
     if gpu and not host:
         data.notes.append("no host events: kernels cannot be linked to CPU ops or launches")
     elif kernels and linked == 0:
@@ -342,6 +355,21 @@ def _link(
         data.notes.append(f"{len(gpu) - linked} of {len(gpu)} device events not linked to a runtime launch")
     if via_flow:
         data.notes.append(f"{via_flow} device events linked through ac2g flow events (no correlation arg)")
+
+
+def _nest(ops: list[HostEvent]) -> None:
+    """Set each CPU op's ``parent``: the innermost op of the same thread that contains it (``ops`` sorted by
+    start, longer first on ties)."""
+    open_ops: list[HostEvent] = []
+    for h in ops:
+        while open_ops and open_ops[-1].ts + open_ops[-1].dur < h.ts + h.dur - 1e-6:
+            if open_ops[-1].ts + open_ops[-1].dur <= h.ts:
+                open_ops.pop()
+            else:  # partial overlap: not nested; leave it open for the ops it does contain
+                break
+        if open_ops and open_ops[-1].ts + open_ops[-1].dur >= h.ts + h.dur - 1e-6:
+            h.parent = open_ops[-1]
+        open_ops.append(h)
 
 
 def _enclosing(by_thread: dict[Any, tuple[list[float], list[HostEvent]]], r: HostEvent) -> HostEvent | None:
@@ -418,6 +446,8 @@ def collect_all(path: str | Path, *, python: bool = False) -> list[TraceData]:
 
 
 _STAGE_VALUES = ("prefill", "decode")
+_STACK_SEP = " <- "
+"""Joins a kernel's launching CPU ops (innermost first) in a timeline span's ``launch_stack`` arg."""
 _OURS = ("op_id", "definition", "layer", "stage", "step", "bound")
 """Span fields opgraph's exporter writes into a kernel's args, read back on import."""
 
@@ -450,6 +480,8 @@ def to_timeline(
             args["launch"] = g.launch_name
         if g.launch_op is not None:
             args["launch_op"] = g.launch_op
+            if len(g.launch_stack) > 1:
+                args["launch_stack"] = _STACK_SEP.join(g.launch_stack)
             if g.launch_dims and g.ktype == "attention":
                 args["launch_dims"] = json.dumps(g.launch_dims, separators=(",", ":"))
         span: dict[str, Any] = {
@@ -550,9 +582,11 @@ _OPKIND = {
 }
 
 
-def from_timeline(tl: Timeline) -> TraceData:
+def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
     """Rebuild :class:`TraceData` from a measured ``Timeline`` (as written by :func:`to_timeline`, or any
-    timeline whose device spans sit on ``gpu*`` tracks)."""
+    timeline whose device spans sit on ``gpu*`` tracks). ``link`` rebuilds each kernel's launching CPU op
+    (``launch_host``, with its parents and input dims) from the host spans, as attribution and comparison
+    need; the analysis needs only the op names the spans carry."""
     data = TraceData(file=tl.source.trace_file or tl.source.name or "timeline")
     data.device_name = tl.source.device
     data.notes = [n for n in tl.notes if not n.startswith("incomplete: ")]
@@ -564,7 +598,8 @@ def from_timeline(tl: Timeline) -> TraceData:
         a = s.args
         typ = a.get("type")
         gpu_track = "gpu" in s.track.split("/")[0] and not s.track.endswith("/annotations")
-        if typ in GPU_KINDS or (typ is None and gpu_track):
+        device = s.category is not None and SpanCategory(s.category).is_device
+        if typ in GPU_KINDS or (typ is None and (gpu_track or device)):
             kind = SpanCategory(typ) if isinstance(typ, str) else SpanCategory.KERNEL
             dev = a.get("device")
             st = a.get("stream")
@@ -588,6 +623,11 @@ def from_timeline(tl: Timeline) -> TraceData:
                     json.loads(a["launch_dims"]) if isinstance(a.get("launch_dims"), str) else None,  # type: ignore[arg-type]
                 )
             )
+            stack = a.get("launch_stack")
+            if isinstance(stack, str):
+                data.gpu[-1].launch_stack = tuple(stack.split(_STACK_SEP))
+            elif data.gpu[-1].launch_op:
+                data.gpu[-1].launch_stack = (data.gpu[-1].launch_op,)
         elif isinstance(typ, str) and typ in HOST_KINDS:
             dims = a.get("input_dims")
             data.host.append(
@@ -600,9 +640,15 @@ def from_timeline(tl: Timeline) -> TraceData:
                     s.track,
                     _int(a.get("external_id")),
                     _int(a.get("correlation")),
-                    json.loads(dims) if isinstance(dims, str) else None,
+                    json.loads(dims) if link and isinstance(dims, str) else None,  # shapes matter to links only
                 )
             )
+    if link and data.gpu and data.host:
+        # rebuild the launch links (launching CPU op, its stack and input dims) from the host spans
+        notes = data.notes
+        data.notes = []
+        _link(data, data.gpu, data.host, {}, {})
+        data.notes = notes
     return data
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from importlib import resources
@@ -59,6 +60,15 @@ class TypeRule:
 
 
 @dataclass(frozen=True)
+class LaunchRule:
+    """Kernels launched inside a CPU op whose name matches ``regex`` are of ``ktype``."""
+
+    ktype: KernelType
+    regex: re.Pattern[str]
+    origin: str
+
+
+@dataclass(frozen=True)
 class SequenceRule:
     """Consecutive kernels matching ``steps`` (``optional`` ones may be absent) form one ``ktype`` unit."""
 
@@ -83,6 +93,7 @@ class PatternSet:
     """All rules, in the order they are consulted (highest priority first)."""
 
     type_rules: list[TypeRule] = field(default_factory=list)
+    launch_rules: list[LaunchRule] = field(default_factory=list)
     stage_rules: list[tuple[str, re.Pattern[str]]] = field(default_factory=list)
     sequences: list[SequenceRule] = field(default_factory=list)
     steps: list[StepRule] = field(default_factory=list)
@@ -95,11 +106,37 @@ class PatternSet:
     files: list[str] = field(default_factory=list)
 
     def kernel_type(self, name: str) -> tuple[KernelType, KernelType | None]:
-        """Type of a kernel name, and its type outside layers when a rule gives one."""
+        """Type of a kernel name, and its type outside layers when a rule gives one.
+
+        Rules see the kernel's name without its argument list (:func:`core_name`): argument types
+        (``flashinfer::QuantizationSFLayout``) say nothing about what the kernel computes. Built-in
+        rules give way to what inductor's fused-kernel names spell out (:func:`inductor_type`); user
+        rules come first.
+        """
+        core = core_name(name)
+        inductor: KernelType | None = None
+        inductor_done = False
         for rule in self.type_rules:
-            if rule.regex.search(name):
+            if not inductor_done and rule.origin.startswith(BUILTIN_ORIGIN):
+                inductor, inductor_done = inductor_type(core), True
+                if inductor is not None:
+                    return inductor, None
+            if rule.regex.search(core):
                 return rule.ktype, rule.outside_layer
+        if not inductor_done:
+            inductor = inductor_type(core)
+            if inductor is not None:
+                return inductor, None
         return KernelType.UNKNOWN, None
+
+    def launch_type(self, ops: Sequence[str]) -> KernelType | None:
+        """The type that the launching CPU ops give a kernel (``ops`` innermost first): the outermost op
+        matching a ``[[launch]]`` rule decides (``vllm::moe_forward`` around ``aten::mm`` is MoE)."""
+        for op in reversed(ops):
+            for rule in self.launch_rules:
+                if rule.regex.search(op):
+                    return rule.ktype
+        return None
 
     def stage_vote(self, name: str) -> str | None:
         """``prefill`` or ``decode`` when the name says so."""
@@ -136,6 +173,112 @@ class PatternSet:
     def is_ffn(self, name: str) -> bool:
         """An extra FFN marker (activation- and MoE-type kernels are markers already)."""
         return any(rx.search(name) for rx in self.ffn)
+
+
+BUILTIN_ORIGIN = "builtin:"
+"""Origin prefix of the built-in pattern files."""
+
+
+def core_name(name: str) -> str:
+    """A kernel name without ``void``, anonymous namespaces and its argument list: what it is, not what
+    it takes. Template arguments stay (ATen's functors say what an elementwise kernel computes)."""
+    s = name[5:] if name.startswith("void ") else name
+    if "(anonymous namespace)::" in s:
+        s = s.replace("(anonymous namespace)::", "")
+    end = len(s.rstrip())
+    if end and s[end - 1] == ")":
+        depth = 0
+        for i in range(end - 1, -1, -1):
+            c = s[i]
+            if c == ")":
+                depth += 1
+            elif c == "(":
+                depth -= 1
+                if depth == 0:
+                    if i > 0:
+                        s = s[:i]
+                    break
+    return s
+
+
+_INDUCTOR = re.compile(r"^triton_(poi|red|per|tem|for)_fused_(.*?)(?:_\d+)?$")
+_INDUCTOR_MEMORY = frozenset(
+    {
+        "to",
+        "copy",
+        "clone",
+        "cat",
+        "view",
+        "slice",
+        "select",
+        "index",
+        "unsqueeze",
+        "squeeze",
+        "permute",
+        "transpose",
+        "expand",
+        "constant",
+        "pad",
+        "zeros",
+        "full",
+        "fill",
+        "new",
+        "empty",
+        "like",
+        "scatter",
+        "gather",
+        "stack",
+        "split",
+        "with",
+        "sizes",
+        "as",
+        "strided",
+        "t",
+        "reshape",
+        "unsafe",
+        "lift",
+        "fresh",
+        "alias",
+        "detach",
+        "scalar",
+        "tensor",
+        "put",
+        "embedding",
+        "cache",
+        "repeat",
+    }
+)
+
+
+def inductor_type(core: str) -> KernelType | None:
+    """The type of a torch.compile (inductor) fused kernel from the ops its name lists, or None for other
+    names. ``triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0`` is an RMSNorm, not a copy."""
+    m = _INDUCTOR.match(core)
+    if m is None:
+        return None
+    kind, body = m.group(1), m.group(2)
+    ops = {w for w in body.split("_") if w and not w.isdigit()}
+    if "moe" in ops or "experts" in ops:  # fused into a custom MoE op (vllm::moe_forward)
+        return KernelType.MOE
+    if kind == "tem" or ops & {"mm", "addmm", "bmm", "baddbmm"}:
+        return KernelType.GEMM
+    if ("rsqrt" in ops and ops & {"mean", "var", "sum"}) or "norm" in ops:
+        return KernelType.NORM
+    if (ops & {"softmax", "amax"} and ops & {"exp", "softmax"}) or ("flex" in ops and "attention" in ops):
+        return KernelType.ATTENTION if "attention" in ops else KernelType.ACTIVATION
+    if ops & {"silu", "gelu", "relu", "sigmoid", "tanh", "swiglu"}:
+        return KernelType.ACTIVATION
+    if "embedding" in ops and len(ops - _INDUCTOR_MEMORY) == 0:
+        return KernelType.EMBEDDING
+    if {"cos", "sin"} <= ops or "rotary" in ops or ("neg" in ops and "cat" in ops and ("mul" in ops or "slice" in ops)):
+        return KernelType.ROPE
+    if ops & {"argmax", "multinomial", "exponential"}:
+        return KernelType.SAMPLING
+    if ops & {"topk", "sort"}:
+        return KernelType.REDUCTION
+    if ops and ops <= _INDUCTOR_MEMORY:
+        return KernelType.MEMORY
+    return KernelType.REDUCTION if kind in ("red", "per") else KernelType.ELEMENTWISE
 
 
 _ATEN_PART = re.compile(r"(\w+(?:Functor\w*|_kernel_cuda|_kernel_impl|Ops|_kernel\w*|Copy\w*|TopK|InPlace))")
@@ -196,7 +339,7 @@ def _parse_file(text: str, origin: str) -> tuple[int, dict[str, Any]]:
 
 
 def _add(ps: PatternSet, data: dict[str, Any], origin: str) -> None:
-    known = {"family", "priority", "type", "stage", "sequence", "step", "simplify", "layers"}
+    known = {"family", "priority", "type", "launch", "stage", "sequence", "step", "simplify", "layers"}
     extra = set(data) - known
     if extra:
         raise PatternError(f"unknown key(s) {', '.join(sorted(extra))}", where=origin, hint=f"known: {sorted(known)}")
@@ -210,6 +353,11 @@ def _add(ps: PatternSet, data: dict[str, Any], origin: str) -> None:
             ps.type_rules.append(
                 TypeRule(kt, _compile(rx, where), _ktype(out, where) if out is not None else None, origin)
             )
+    for i, rule in enumerate(data.get("launch", [])):
+        where = f"{origin} [[launch]] #{i + 1}"
+        kt = _ktype(rule.get("type"), where)
+        for rx in _strs(rule.get("match", []), where, "match"):
+            ps.launch_rules.append(LaunchRule(kt, _compile(rx, where), origin))
     for i, rule in enumerate(data.get("stage", [])):
         where = f"{origin} [[stage]] #{i + 1}"
         stage = rule.get("stage")
@@ -281,7 +429,7 @@ def load_patterns(extra: list[str | Path] | tuple[str | Path, ...] = (), *, user
     entries: list[tuple[int, int, str, dict[str, Any]]] = []
     for n, (name, text) in enumerate(builtin_pattern_files()):
         prio, data = _parse_file(text, f"opgraph/trace/patterns/{name}")
-        entries.append((prio, -n, f"builtin:{name}", data))
+        entries.append((prio, -n, f"{BUILTIN_ORIGIN}{name}", data))
     paths: list[Path] = []
     for e in extra:
         p = Path(e)

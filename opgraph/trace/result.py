@@ -195,6 +195,10 @@ class AnalysisResult(BaseModel):
     orphan_kernels: int
     """Kernels outside every layer (embedding, LM head, sampling, bookkeeping)."""
     orphan_time_us: float
+    window_events: int = 0
+    """Device events at the start that ran work launched before the profiler window opened (no launch in
+    the trace): set apart, in no pass or layer, and not orphans."""
+    window_time_us: float = 0.0
     unique_kernels: tuple[UniqueKernel, ...]
     unknown_kernels: tuple[UniqueKernel, ...]
     collectives: tuple[CollectiveInfo, ...]

@@ -6,6 +6,7 @@ import doctest
 import itertools
 import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -140,10 +141,14 @@ def test_predict_interpolates_inside_and_extrapolates_outside() -> None:
     ]
     cal = fit_collectives(pts)
     assert cal.predict("all_reduce", 65536, 2) == pytest.approx(12e-6)
-    mid = cal.predict("all_reduce", 2**18, 2)  # halfway in log size between 64 KiB and 1 MiB
-    assert mid == pytest.approx(math.sqrt(12.0 * 30.0) * 1e-6)
+    mid = cal.predict("all_reduce", 2**18, 2)  # a fifth of the way in bytes from 64 KiB to 1 MiB
+    assert mid == pytest.approx((12.0 + (30.0 - 12.0) * (2**18 - 2**16) / (2**20 - 2**16)) * 1e-6)
     fit = cal.fit_for("all_reduce", 2)
-    assert cal.predict("all_reduce", 1 << 30, 2) == pytest.approx(fit.alpha_beta_us(1 << 30) * 1e-6)
+    # Above the range: continuous at the last size, then the bandwidth regime's slope (not the
+    # whole-range line, which jumps at the edge: see test_regimes_...).
+    assert cal.predict("all_reduce", 1 << 24, 2) == pytest.approx(120e-6)
+    extra = bus_bytes("all_reduce", (1 << 30) - (1 << 24), 2) / (fit.busbw_large_gbps * 1e3)  # type: ignore[operator]
+    assert cal.predict("all_reduce", 1 << 30, 2) == pytest.approx((120.0 + extra) * 1e-6)
     assert cal.predict("all_reduce", 2**18, 2, PredictMethod.ALPHA_BETA) == pytest.approx(
         fit.alpha_beta_us(2**18) * 1e-6
     )
@@ -230,3 +235,105 @@ def test_fit_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert {(f.collective.value, f.group_size) for f in cal.fits} == {("all_reduce", 2), ("all_reduce", 4)}
     assert cf.main([str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- regimes, noisy sizes, held-out data
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "gpu" / "h100x4"
+
+
+def _regimes_us(nbytes: float) -> float:
+    """A made-up NCCL-like curve: latency-bound (LL) below 64 KiB, then two bandwidth regimes."""
+    bus = 1.5 * nbytes  # all-reduce over 4 ranks
+    if nbytes <= 65536:
+        return 8.0 + bus / 20e3
+    if nbytes <= 1 << 24:
+        return 12.0 + bus / 150e3
+    return 30.0 + bus / 360e3
+
+
+def test_regimes_are_followed_where_one_line_is_not() -> None:
+    sizes = [4096 * 2**i for i in range(0, 19, 2)]  # 4 KiB .. 1 GiB, every 4x
+    pts = [CollectiveSample(collective="all_reduce", group_size=4, bytes=b, time_us=_regimes_us(b)) for b in sizes]
+    fit = fit_collectives(pts).fit_for("all_reduce", 4)
+    assert fit.median_rel_err > 0.10  # one alpha-beta line misses the curve
+    assert fit.busbw_large_gbps == pytest.approx(360.0, rel=1e-6)  # the largest sizes' regime
+    # Above the range: the bandwidth regime exactly; below it: towards the smallest time (the floor).
+    assert fit.interpolate_us(4 << 30) == pytest.approx(_regimes_us(4 << 30), rel=1e-9)
+    assert fit.floor_us == pytest.approx(_regimes_us(4096))
+    assert _regimes_us(4096) * 0.95 < fit.interpolate_us(1024) <= _regimes_us(4096)
+    # Sizes between the knots (2x off the measured ones), predicted within 10% where a line is not.
+    mids = [4096 * 2**i for i in range(1, 18, 2)]
+    errs = [abs(fit.interpolate_us(b) / _regimes_us(b) - 1) for b in mids]
+    line = [abs(fit.alpha_beta_us(b) / _regimes_us(b) - 1) for b in mids]
+    assert statistics.median(errs) < 0.10 < statistics.median(line)
+    # Its own leave-one-out error (each size from the others, 16x apart then) beats the line's in-sample one.
+    assert fit.loo_median_rel_err is not None and fit.loo_median_rel_err < fit.median_rel_err
+
+
+def test_sizes_whose_calls_spread_are_dropped_and_times_made_monotone() -> None:
+    rows = [(4096, 6.0, 0.1), (65536, 120.0, 60.0), (1 << 20, 9.0, 0.1), (1 << 24, 80.0, 1.0),
+            (1 << 26, 75.0, 2.0), (1 << 28, 900.0, 5.0)]  # fmt: skip
+    pts = [CollectiveSample(collective="all_gather", group_size=2, bytes=b, time_us=t, iqr_us=q) for b, t, q in rows]
+    fit = fit_collectives(pts).fit_for("all_gather", 2)
+    assert [p.bytes for p in fit.dropped] == [65536]  # waited for a late peer: IQR half the median
+    # 80 us at 16 MiB is above 64 MiB's 75 us: an upper bound, lowered to it.
+    assert [(p.bytes, p.time_us) for p in fit.points] == [
+        (4096, 6.0),
+        (1 << 20, 9.0),
+        (1 << 24, 75.0),
+        (1 << 26, 75.0),
+        (1 << 28, 900.0),
+    ]
+    # Without spreads nothing can be told apart: every size is kept.
+    bare = [CollectiveSample(collective="all_gather", group_size=2, bytes=b, time_us=t) for b, t, _ in rows]
+    assert len(fit_collectives(bare).fit_for("all_gather", 2).points) == len(rows)
+
+
+def test_a_fit_without_small_sizes_borrows_the_others_floor() -> None:
+    small = [CollectiveSample(collective="broadcast", group_size=2, bytes=b, time_us=4.0 + b / 3e5)
+             for b in (4096, 1 << 20, 1 << 28)]  # fmt: skip
+    big = [
+        CollectiveSample(collective="all_gather", group_size=2, bytes=b, time_us=b / 2.5e5) for b in (1 << 26, 1 << 28)
+    ]
+    cal = fit_collectives(small + big)
+    assert cal.fit_for("all_gather", 2).floor_us == pytest.approx(cal.fit_for("broadcast", 2).floor_us)
+    assert cal.predict("all_gather", 4096, 2) * 1e6 == pytest.approx(4.0 + 4096 / 3e5, rel=0.05)
+
+
+def test_measurements_with_every_ranks_kernels_fit_the_transfer_time() -> None:
+    rec = {"collective": "all_reduce", "group_size": 2, "bytes": 4096, "median_us": 90.0, "iqr_us": 40.0,
+           "transfer_us": 6.0, "transfer_iqr_us": 0.2}  # fmt: skip
+    s = cf._as_sample(rec)
+    assert (s.time_us, s.iqr_us) == (6.0, 0.2)
+
+
+@pytest.mark.skipif(not (RESULTS / "collectives.jsonl").is_file(), reason="the 4 x H100 sweep is not checked out")
+def test_held_out_sizes_of_the_h100_sweep_are_predicted_within_10pct() -> None:
+    """Fit on the even-indexed sizes of the committed 4 x H100 sweep, predict the odd-indexed ones."""
+    samples = load_collective_samples(RESULTS / "collectives.jsonl")
+    held = cf.heldout_errors(samples)
+    # Every (collective, group size) is scored, on sizes across the range.
+    assert {(h.collective, h.group_size) for h in held} == {(s.collective, s.group_size) for s in samples}
+    assert len(held) >= 30 and min(h.bytes for h in held) < 65536 and max(h.bytes for h in held) > 1 << 28
+    assert statistics.median(h.rel_err for h in held) <= 0.10
+    # The old method (one alpha-beta line through every size) on the same split does worse.
+    cal = fit_collectives([s for s in samples if s.bytes in _even_sizes(samples)], max_spread=math.inf)
+    old = [abs(cal.predict(h.collective, h.bytes, h.group_size, PredictMethod.ALPHA_BETA) * 1e6 / h.measured_us - 1)
+           for h in held]  # fmt: skip
+    assert statistics.median(h.rel_err for h in held) < statistics.median(old)
+
+
+def _even_sizes(samples: list[CollectiveSample]) -> set[int]:
+    out: set[int] = set()
+    for key in {(s.collective, s.group_size) for s in samples}:
+        sizes = sorted({s.bytes for s in samples if (s.collective, s.group_size) == key})
+        out.update(sizes[0::2])
+    return out
+
+
+@pytest.mark.skipif(not (RESULTS / "collectives.jsonl").is_file(), reason="the 4 x H100 sweep is not checked out")
+def test_leave_one_out_error_of_the_h100_sweep_is_within_5pct() -> None:
+    cal = fit_collectives(load_collective_samples(RESULTS / "collectives.jsonl"))
+    loo = [f.loo_median_rel_err for f in cal.fits]
+    assert all(x is not None for x in loo)
+    assert statistics.median(x for x in loo if x is not None) <= 0.05

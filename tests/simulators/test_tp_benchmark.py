@@ -155,3 +155,94 @@ def test_compare_run_errors_are_predicted_over_measured() -> None:
     assert r.predicted_collective_us == 45.0 and r.collective_err == pytest.approx(-0.1)
     assert c.measured_nccl_transfer_us == 50.0 and c.transfer_err == pytest.approx(-0.2)
     assert c.max_gpu_err == pytest.approx(0.1) and c.measured_collectives == {"all_reduce": 2}
+
+
+# ---------------------------------------------------------------- wait and transfer, per rank
+def _trace(path: Path, events: list[tuple[str, float, float]]) -> Path:
+    evs = [{"ph": "X", "cat": "kernel", "name": n, "ts": ts, "dur": d} for n, ts, d in events]
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": evs}, fh)
+    return path
+
+
+def test_wait_and_transfer_split_of_a_synthetic_two_rank_trace(tmp_path: Path) -> None:
+    """Rank 1 launches the first all-reduce 30 us late (rank 0 spins), rank 0 the second 20 us late."""
+    ar = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+    r0 = _trace(tmp_path / "r0.json.gz", [("gemm", 0, 100), (ar, 100, 38), ("gemm", 140, 120), (ar, 280, 9)])
+    r1 = _trace(tmp_path / "r1.json.gz", [("gemm", 0, 128), (ar, 130, 8), ("gemm", 140, 100), (ar, 260, 29)])
+    ranks = [
+        tp_run.RankResult(rank=r, device_name="x", wall_us=400.0, wall_runs_us=(400.0,), trace=tp_run.trace_times(p, 1))
+        for r, p in enumerate((r0, r1))
+    ]
+    transfer, waits = tp_predict.nccl_split(ranks) or (None, {})
+    assert transfer == pytest.approx(8 + 9)  # the last rank to arrive: 8 us (rank 1), then 9 us (rank 0)
+    assert waits == {0: pytest.approx(30.0), 1: pytest.approx(20.0)}
+    case = tp_run.TpCase(model="m", phase="decode", tp=2, batch=8, kv_len=2048)
+    preds = [
+        tp_predict.RankPrediction(
+            rank=r, gpu_us=255.0, compute_us=238.0, collective_us=17.0, collective_wait_us=0.0, makespan_us=300.0
+        )
+        for r in (0, 1)
+    ]
+    c = tp_predict.compare_run(case, ranks, preds, "roofline", "calibrated", {"all_reduce": 2})
+    for row, gpu in zip(c.ranks, (267.0, 265.0), strict=True):  # busy: 100+38+120+9 and 128+8+100+29
+        assert row.measured_gpu_us == pytest.approx(gpu)
+        assert row.measured_transfer_us == pytest.approx(17.0) and row.transfer_err == pytest.approx(0.0)
+        # Without its wait every rank does the same work: compute + transfer.
+        assert row.measured_compute_us is not None
+        assert row.measured_gpu_nowait_us == pytest.approx(row.measured_compute_us + 17.0)
+    assert [r.measured_wait_us for r in c.ranks] == [pytest.approx(30.0), pytest.approx(20.0)]
+    assert c.ranks[0].gpu_nowait_err == pytest.approx(255.0 / 237.0 - 1)
+    assert c.ranks[0].wall_err == pytest.approx(300.0 / 400.0 - 1) and c.max_wait_us == pytest.approx(30.0)
+
+
+# ---------------------------------------------------------------- the README's numbers, recomputed
+H100X4 = REPO / "benchmarks" / "results" / "gpu" / "h100x4"
+
+
+def _readme_rows() -> set[str]:
+    text = (H100X4 / "README.md").read_text(encoding="utf-8")
+    return {line.strip() for line in text.splitlines() if line.startswith("| llama")}
+
+
+def _recompute(tmp_path: Path, only: str | None, cost_models: tuple[str, ...] = ("roofline",)) -> set[str]:
+    """The comparison rows of the committed run, recomputed from its files (as the README says)."""
+    from hardware.collective_fit import fit_collectives, load_collective_samples
+
+    samples = [s for f in ("collectives.jsonl", "collectives_graph.jsonl") for s in load_collective_samples(H100X4 / f)]
+    fit = tmp_path / "fit.json"
+    fit_collectives(samples).save(fit)
+    measured = tmp_path / "summary.json"
+    jobs = json.loads((H100X4 / "tp_summary.json").read_text())
+    jobs = [j for j in jobs if only is None or any(r["case"]["model"] == only for r in j["runs"])]
+    measured.write_text(json.dumps(jobs))
+    args = ["--measured", str(measured), "--hardware", "h100", "--collective-fit", str(fit)]
+    for m in cost_models:
+        args += ["--cost-model", m]
+    report = tp_predict.run(tp_predict.parse_args(args))
+    return {r for r in tp_predict.comparison_table(report).splitlines() if r.startswith("| llama")}
+
+
+needs_h100x4 = pytest.mark.skipif(not (H100X4 / "tp_summary.json").is_file(), reason="the 4 x H100 run is not here")
+
+
+@needs_h100x4
+def test_readme_comparison_rows_of_the_70b_run_are_recomputed(tmp_path: Path) -> None:
+    rows = _recompute(tmp_path, "llama-3.1-70b")
+    assert len(rows) == 4  # prefill and decode, interconnect and calibrated collectives
+    assert rows <= _readme_rows()
+
+
+@needs_h100x4
+@pytest.mark.slow
+def test_readme_comparison_tables_are_recomputed_from_the_committed_run(tmp_path: Path) -> None:
+    tables = REPO / "benchmarks" / "results" / "gpu" / "h100"
+    models = (
+        "roofline",
+        *(str(tables / f"{t}.calibrated.json") for t in ("llama8b_prefill2048", "llama8b_decode_b8_kv2048")),
+    )
+    if not all(Path(m).is_file() for m in models[1:]):
+        pytest.skip("the single-GPU calibrated tables are not here")
+    readme = _readme_rows()
+    assert len(readme) == 12 + 6  # every run under the roofline; under its phase's own table
+    assert readme <= _recompute(tmp_path, None, models)

@@ -201,6 +201,9 @@ def test_torchrun_two_ranks_gloo_with_resume(tmp_path: Path) -> None:
         assert (m.group_size, m.world_size, m.rank, m.backend, m.dtype) == (2, 2, 0, "gloo", DType.fp32)
         assert m.timer is CollectiveTimer.WALL and m.samples == 3 and m.median_us > 0
         assert m.events_median_us is None
+        # Both ranks' calls were gathered: the transfer is the shorter rank's time, never above rank 0's.
+        assert m.ranks_timed == 2 and m.transfer_us is not None and m.wait_us is not None
+        assert 0 < m.transfer_us <= m.median_us and m.wait_us >= 0 and m.lead_us == 0
     # A fresh line per new case, appended after the seeded one.
     assert len(out.read_text().splitlines()) == 1 + len(new)
 
@@ -221,7 +224,28 @@ def test_load_tolerates_a_torn_last_line_only(tmp_path: Path) -> None:
         load_measurements(p)
 
 
+def test_split_wait_takes_the_last_rank_to_arrive_as_the_transfer() -> None:
+    # Rank 1 launched late for call 0 (rank 0 spun 40 us for it), rank 0 late for call 1.
+    transfer, waits = vc.split_wait([[50.0, 10.0, 12.0], [10.0, 40.0, 12.5]]) or ([], [])
+    assert transfer == [10.0, 10.0, 12.0]
+    assert waits == [[40.0, 0.0, 0.0], [0.0, 30.0, 0.5]]
+    assert vc.split_wait([[1.0], [1.0, 2.0]]) is None and vc.split_wait([]) is None
+
+
 def test_algbw_uses_the_gathered_size_for_all_gather() -> None:
     ag = _record(collective="all_gather", bytes=1_000_000, group_size=4, median_us=100.0)
     ar = _record(collective="all_reduce", bytes=1_000_000, group_size=4, median_us=100.0)
     assert ag.algbw_gbps == pytest.approx(40.0) and ar.algbw_gbps == pytest.approx(10.0)
+
+
+def test_a_graph_without_collectives_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opgraph.ir import save_graph
+
+    path = tmp_path / "unsharded.json.gz"
+    save_graph(_mlp_graph(8, 64, 128, layers=1), path)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # checked before any process group starts
+    assert vc.main(["--out", str(tmp_path / "x.jsonl"), "--graph", str(path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no collective" in err[0] and "unsharded.json.gz" in err[0]

@@ -154,13 +154,16 @@ def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
         )
     if r.passes:
         console.print(pt)
+    _stage_breakdown(r)
     if len(r.passes) > 50:
         console.print(f"... {len(r.passes) - 50} more passes (--json for all)")
     if show_layers and r.layers:
         lt = new_table(title="layers")
         for col in ("#", "pass", "layer", "kind", "stage", "kernels", "time", "attn", "gemm", "moe", "comm", "norms"):
             lt.add_column(col, justify="left" if col in ("kind", "stage") else "right")
-        for x in r.layers:
+        for i, x in enumerate(r.layers):
+            if i and x.pass_index != r.layers[i - 1].pass_index:
+                lt.add_section()  # layer rows grouped by pass (step)
             lt.add_row(
                 str(x.index),
                 str(x.pass_index),
@@ -224,6 +227,35 @@ def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
         console.print(kt)
     for n in r.notes:
         console.print(f"note: {n}")
+
+
+def _stage_breakdown(r: object) -> None:
+    """Prefill/decode breakdown: passes, layers and kernel time per stage, per pass and per layer."""
+    from opgraph.trace import AnalysisResult
+
+    assert isinstance(r, AnalysisResult)
+    stages = [s for s in ("prefill", "decode", "mixed", "idle", "unknown") if any(p.stage == s for p in r.passes)]
+    if len(r.passes) < 2 and len(stages) < 2:
+        return
+    t = new_table(title="by stage (prefill/decode breakdown)")
+    for col in ("stage", "passes", "layers", "kernel time", "per pass", "per layer", "attention", "gemm", "moe"):
+        t.add_column(col, justify="left" if col == "stage" else "right")
+    for s in stages:
+        ps = [p for p in r.passes if p.stage == s]
+        ls = [x for x in r.layers if x.pass_index in {p.index for p in ps}]
+        time = sum(p.time_us for p in ps)
+        t.add_row(
+            s,
+            str(len(ps)),
+            str(len(ls)),
+            fmt_us(time),
+            fmt_us(time / len(ps)),
+            fmt_us(sum(x.time_us for x in ls) / len(ls)) if ls else "-",
+            fmt_us(sum(x.attention_us for x in ls)),
+            fmt_us(sum(x.gemm_us for x in ls)),
+            fmt_us(sum(x.moe_us for x in ls)),
+        )
+    console.print(t)
 
 
 def _debug(

@@ -27,6 +27,13 @@ def compare(
     html_out: Path | None = typer.Option(None, "--html", help="Write an HTML report with both timelines."),
     perfetto_out: Path | None = typer.Option(None, "--perfetto", help="Write both timelines side by side (Perfetto)."),
     allow_different_models: bool = typer.Option(False, "--allow-different-models", help="Compare across models."),
+    rank: int | None = typer.Option(
+        None,
+        "--rank",
+        min=0,
+        help="Rank to detail (and to draw) when either side has several: rank r of a --tp N simulation "
+        "against one rank's trace. Default: the first rank; ranks are never summed.",
+    ),
 ) -> None:
     """Compare a predicted timeline with a reference one, op by op and end to end."""
     from opgraph.compare import JoinMode, compare_timelines, comparison_tables
@@ -44,8 +51,16 @@ def compare(
     pred = load_any_timeline(predicted)
     ref = load_any_timeline(reference)
     g = load_graph(graph) if graph else None
-    result = compare_timelines(pred, ref, join=mode, graph=g, top=top, allow_different_models=allow_different_models)
+    result = compare_timelines(
+        pred, ref, join=mode, graph=g, top=top, allow_different_models=allow_different_models, rank=rank
+    )
     tables = comparison_tables(result)
+    if result.rank is not None:
+        # draw the rank compared, side by side, not all simulated ranks against one measured rank
+        from opgraph.compare.measured import rank_view, ranks_of
+
+        pred = rank_view(pred, result.rank) if ranks_of(pred) else pred
+        ref = rank_view(ref, result.rank) if ranks_of(ref) else ref
     written: list[Path] = []  # files first: a reader that stops early (`| head`) must not cost them
     if json_out:
         save_model(result, json_out)
@@ -57,7 +72,10 @@ def compare(
             write_perfetto([pred, ref], perfetto_out, graph=g)
             written.append(perfetto_out)
         if html_out:
-            report_tables = [ReportTable(title=t, columns=c, rows=r) for t, c, r in tables]
+            # a trace comparison's tables are rebuilt by the report itself (measured vs simulated)
+            report_tables = (
+                [] if result.join is JoinMode.TRACE else [ReportTable(title=t, columns=c, rows=r) for t, c, r in tables]
+            )
             write_html_report(
                 html_out,
                 timelines=[pred, ref],

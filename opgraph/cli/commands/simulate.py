@@ -89,6 +89,12 @@ def simulate(
         "(default: the device's measured profile when it ships one, else roofline).",
     ),
     policy: str = typer.Option("earliest", "--policy", "-p", help="earliest, critical-path, stream, or module:Class."),
+    independent_engines: bool = typer.Option(
+        False,
+        "--independent-engines",
+        help="Give every engine a whole device (a hypothetical accelerator). Default: the ops running at "
+        "once share the device's peak FLOP/s and bandwidth, so engines never beat its roofline.",
+    ),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks; collectives synchronise them."),
     no_shard: bool = typer.Option(
         False,
@@ -177,6 +183,7 @@ def simulate(
         jitter=jitter,
         seed=seed,
         skip_uncosted=skip_uncosted,
+        independent_engines=True if independent_engines else None,
     )
     with _progress(len(graph.ops) * tp * len(counts)) as tick:
         study = run_study(
@@ -296,6 +303,15 @@ def _print_summary(result: SimulationResult, stats: SimulationStats, path: Path)
         f"[bold]{model}[/bold] on {result.hardware_name or '-'}  cost model {result.cost_model_name}  "
         f"policy {stats.policy}  engines {config.engines}" + (f"  tp {config.tp}" if config.tp > 1 else "")
     )
+    if config.engines > 1 or config.independent_engines:
+        console.print(
+            "engines: each runs one op at a time (a stream's worth of concurrency); "
+            + (
+                "independent: every engine has a whole device's peaks (a hypothetical accelerator)"
+                if config.independent_engines
+                else "ops running at once share the device's peak FLOP/s and bandwidth"
+            )
+        )
     cp = stats.critical_path
     host = stats.host
     console.print(

@@ -113,7 +113,11 @@ def test_definition_join_matches_by_order() -> None:
 def test_nothing_to_join_and_empty_and_other_model() -> None:
     other = _tl(TimelineKind.MEASURED, [Span(name="z", track="s", start_us=0, dur_us=1, category="quantization")], "x")
     with pytest.raises(CompareError, match="no op matched by definition: 3 predicted and 1 reference"):
-        compare_timelines(_sim(), other)
+        compare_timelines(_sim(), other, join=JoinMode.DEFINITION)
+    # a measured timeline without op ids is a trace: compared end to end, saying how little matched
+    c = compare_timelines(_sim(), other)
+    assert c.join is JoinMode.TRACE and c.row("gpu_time").reference_us == 1.0
+    assert c.matched_share == 0.0 and any("matched" in n for n in c.notes)
     with pytest.raises(CompareError, match="no device spans"):
         compare_timelines(_sim(), _tl(TimelineKind.MEASURED, [], "empty"))
     with pytest.raises(CompareError, match="different models"):

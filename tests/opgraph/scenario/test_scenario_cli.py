@@ -27,7 +27,12 @@ def runner() -> CliRunner:
 def graph_scenario(tmp_path: Path, expect: str) -> Path:
     shutil.copy(DATA / GRAPH, tmp_path / GRAPH)
     path = tmp_path / "g.scenario.toml"
-    path.write_text(f'[simulation]\nengines = "1..2"\n[[phases]]\ngraph = "{GRAPH}"\n[expect]\n{expect}\n')
+    # The roofline, named: these tests are about how expectations pass and fail, not about which cost
+    # model is the default (the device's profile, whose host issue times make this graph host-bound).
+    path.write_text(
+        f'[hardware]\ncost_model = "roofline"\n[simulation]\nengines = "1..2"\n[[phases]]\ngraph = "{GRAPH}"\n'
+        f"[expect]\n{expect}\n"
+    )
     return path
 
 

@@ -82,7 +82,11 @@ def _layer_events(t0: float, corr0: int, q_len: int) -> list[dict[str, Any]]:
     for i, (name, dims) in enumerate(names):
         ts = t0 + 10 * i
         corr = corr0 + i
-        op = "aten::scaled_dot_product_attention" if dims else "aten::mm"
+        op = (
+            "aten::scaled_dot_product_attention"
+            if dims
+            else ("_C::rms_norm" if "norm" in name else ("_C::silu_and_mul" if "silu" in name else "aten::mm"))
+        )
         out += [_op(op, ts, 5, corr, dims), _launch(ts + 1, corr, corr), _kernel(name, ts + 4, 3, corr, corr)]
     return out
 

@@ -26,6 +26,8 @@ SGL_DECODE = "TraceLens__sglang_Qwen3-8B_decode.json.gz"
 VLLM_MIXED = "TraceLens__vllm_prefilldecode_piecewise__graph_execution.json.gz"
 VLLM_DECODE = "TraceLens__vllm_decode_full__graph_execution.json.gz"
 DLRM = "param__dlrm_kineto.tar.gz"
+QWEN_H100 = "TraceLens__h100_Qwen1.5-0.5B-Chat.json.gz"
+TIMESFORMER = "TraceLens__h100_timesformer-base.json.gz"
 
 # (passes, layers per pass, passes per stage, layer kind) from the README's ground truth
 TRUTH: dict[str, tuple[int, int, dict[str, int], str]] = {
@@ -35,6 +37,11 @@ TRUTH: dict[str, tuple[int, int, dict[str, int], str]] = {
     SGL_DECODE: (1, 36, {"decode": 1}, "MHA_FC"),
     VLLM_MIXED: (1, 24, {"mixed": 1}, "MHA_MOE"),
     VLLM_DECODE: (1, 24, {"decode": 1}, "MHA_MOE"),
+    # one forward inside ProfilerStep#6; the previous step's kernels at the window's start are set apart
+    QWEN_H100: (1, 24, {"prefill": 1}, "MHA_FC"),
+    # eager attention (bmm, softmax, bmm), temporal and spatial attention in each of 12 layers; not an LLM:
+    # one forward over the whole sequence (query length > 1 in its bmm shapes) reads as a prefill
+    TIMESFORMER: (1, 12, {"prefill": 1}, "MHA_FC"),
 }
 
 
@@ -75,6 +82,27 @@ def test_hf_llama_stages_come_from_attention_shapes_in_order() -> None:
     assert per_layer[0] > max(per_layer[1:])
     assert r.half_layers_merged
     assert {x.norms for x in r.layers} == {2}  # input + post-attention RMSNorm per block
+
+
+def test_kernels_launched_before_the_profiler_window_are_set_apart() -> None:
+    r = _result(QWEN_H100)
+    # the window opens inside a step: its first 509 device events have no launch in the trace
+    assert r.window_events == 509
+    assert 13_000 < r.window_time_us < 14_500
+    assert any("before the profiler window opened" in n for n in r.notes)
+    assert r.passes[0].annotation == "ProfilerStep#6"
+    # they are in no pass: the one pass holds the step's own kernels only
+    assert r.passes[0].kernels + r.orphan_kernels <= r.kernels - 400
+    assert sum(b.count for b in r.by_type) == r.kernels  # still counted as device work
+
+
+def test_eager_attention_is_attention_and_temporal_spatial_blocks_are_one_layer() -> None:
+    r = _result(TIMESFORMER)
+    types = {b.name: b.count for b in r.by_type}
+    # per layer: temporal and spatial attention, each bmm + softmax + bmm with scale and copies between
+    assert types["attention"] >= 12 * 2 * 3
+    assert all(x.attention_us > 0 and x.gemm_us > 0 for x in r.layers)
+    assert not any("one pass assumed" in n for n in r.notes)
 
 
 def test_hf_qwen3_moe_has_moe_in_every_layer() -> None:
@@ -179,7 +207,6 @@ def test_golden_summaries(name: str, golden: Any) -> None:
 
 # --- device time: kernels and device copies only, summed from the raw JSON, not through the importer
 
-QWEN_H100 = "TraceLens__h100_Qwen1.5-0.5B-Chat.json.gz"
 DEVICE_TIME_TRACES = (VLLM_DECODE, LLAMA, SGL_DECODE, QWEN_H100)
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 """Kineto's ``cat`` of device work."""

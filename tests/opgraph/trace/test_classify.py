@@ -1,0 +1,275 @@
+"""Kernel classification rules that must hold on traces the rules were not written against."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from opgraph.ir.timeline import SpanCategory
+from opgraph.trace import KernelType, analyze, load_patterns, load_trace_data
+from opgraph.trace.analysis import find_steps
+from opgraph.trace.events import HostEvent
+from opgraph.trace.patterns import core_name, inductor_type
+
+PS = load_patterns(user_dirs=False)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # argument types say nothing about what a kernel computes
+        (
+            "void flashinfer::quantize_with_block_size<(flashinfer::QuantizationSFLayout)0, 16, false>"
+            "(int, int, __nv_bfloat16 const*, float const*, unsigned int*, flashinfer::QuantizationSFLayout)",
+            KernelType.QUANTIZATION,
+        ),
+        (
+            "void tensorrt_llm::kernels::cvt_fp16_to_fp4<__nv_bfloat16, false>(int, int, __nv_bfloat16 const*, "
+            "float const*, unsigned int*, unsigned int*, flashinfer::QuantizationSFLayout, at::attention_mask)",
+            KernelType.QUANTIZATION,
+        ),
+        # GEMM-family names before activation substrings; routed-expert batched GEMMs are MoE
+        ("ampere_fp16_s16816gemm_relu_fp16_256x128_ldg8_f2f_stages_64x3_tn", KernelType.GEMM),
+        ("sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize96x128x32_stage4_gemm_relu_kernel", KernelType.GEMM),
+        ("Cijk_Ailk_Bljk_BBS_BH_Bias_HA_S_SAV_UserArgs_MT128x128x64_MI16x16x1_SN_LDSB1_AFC1_gelu", KernelType.GEMM),
+        (
+            "bmm_Bfloat16_E2m1E2m1_Fp32_t128x8x512u2_s3_et128x8_m128x8x64_cga1x1x1_16dp256b_rM_TN_transOut"
+            "_schedS_bN_swiGlu_dynBatch_sm100f",
+            KernelType.MOE,
+        ),
+        ("bmm_Bfloat16_Bfloat16_Fp32_t128x8x64_s3_TN_transOut_sm100f", KernelType.GEMM),
+        ("nvjet_hsh_128x256_64x4_2x1_v_bz_coopA_TNN", KernelType.GEMM),
+        # inductor fused kernels by what they compute, not by their first op
+        ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", KernelType.NORM),
+        ("triton_poi_fused_mul_silu_3", KernelType.ACTIVATION),
+        ("triton_poi_fused_constant_pad_nd_moe_forward_0", KernelType.MOE),
+        ("triton_poi_fused__to_copy_cat_clone_2", KernelType.MEMORY),
+        ("triton_tem_fused_addmm_7", KernelType.GEMM),
+        # a library namespace is no kernel type: flashinfer's norm is a norm
+        (
+            "void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(__nv_bfloat16*, unsigned int)",
+            KernelType.NORM,
+        ),
+        ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<true, 2u>(flashinfer::Params)", KernelType.ATTENTION),
+    ],
+)
+def test_kernel_types_from_names(name: str, expected: KernelType) -> None:
+    assert PS.kernel_type(name)[0] is expected
+
+
+def test_core_name_drops_the_argument_list_and_keeps_templates() -> None:
+    name = "void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float>(float*, float const*, int)"
+    assert core_name(name) == "at::native::cunn_SoftMaxForward<8, float>"
+    assert core_name("triton_poi_fused_add_0") == "triton_poi_fused_add_0"
+    assert inductor_type("flash_fwd_kernel") is None
+
+
+def _host(name: str, kind: SpanCategory, ts: float, dur: float) -> HostEvent:
+    return HostEvent(name, kind, ts, dur, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("annotation", "stage", "tokens"),
+    [
+        ("execute_context_1(888_788544)_generation_0(0)", "prefill", 888),
+        ("execute_context_0(0_0)_generation_16(16)", "decode", 16),
+        ("execute_context_2(40_900)_generation_5(5)", "mixed", 45),
+        ("execute_8192_context_9(sq8155sk8430sqsq7475785)_generation_37(sq37sk34489sqsq37)", "mixed", 8192),
+        ("step[EXTEND bs=15 toks=15360]", "prefill", None),
+    ],
+)
+def test_step_annotation_forms(annotation: str, stage: str, tokens: int | None) -> None:
+    (step,) = find_steps([_host(annotation, SpanCategory.ANNOTATION, 0.0, 10.0)], PS)
+    assert (step.stage, step.tokens) == (stage, tokens)
+
+
+# --- synthetic traces: launch-op evidence, stage weighing, empty analyses
+
+
+def _ev(cat: str, name: str, ts: float, dur: float, **args: Any) -> dict[str, Any]:
+    tid = 7 if cat == "kernel" else 1
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.t = 1000.0
+        self.corr = 1
+
+    def kernel(self, name: str, ops: tuple[str, ...] = (), dur: float = 3.0, dims: list[Any] | None = None) -> None:
+        """A kernel launched inside ``ops`` (outermost first; the innermost takes ``dims``)."""
+        c = self.corr
+        self.corr += 1
+        t = self.t
+        for depth, op in enumerate(ops):
+            args: dict[str, Any] = {"External id": c}
+            if dims is not None and depth == len(ops) - 1:
+                args["Input Dims"] = dims
+            self.events.append(_ev("cpu_op", op, t + depth * 0.1, 5 - depth * 0.2, **args))
+        self.events.append(_ev("cuda_runtime", "cudaLaunchKernel", t + 1, 1, correlation=c, **{"External id": c}))
+        self.events.append(_ev("kernel", name, t + 3, dur, correlation=c, device=0, stream=7))
+        self.t += max(10.0, dur + 5)
+
+    def write(self, tmp: Path) -> Path:
+        p = tmp / "t.json"
+        p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": self.events}))
+        return p
+
+
+GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_kernel"
+
+
+def _layer(b: _Builder, attention: str, *, moe_op: bool = False, attn_dur: float = 3.0) -> None:
+    b.kernel("void vllm::rms_norm_kernel<c10::BFloat16>(c10::BFloat16*)", ("_C::rms_norm",))
+    b.kernel(GEMM, ("aten::linear", "aten::mm"))
+    b.kernel(attention, ("vllm::unified_attention",), dur=attn_dur)
+    b.kernel(GEMM, ("aten::linear", "aten::mm"))
+    b.kernel("void vllm::rms_norm_kernel<c10::BFloat16>(c10::BFloat16*)", ("_C::rms_norm",))
+    if moe_op:
+        b.kernel(GEMM, ("vllm::moe_forward", "aten::mm"))
+        b.kernel("void vllm::act_and_mul_kernel<c10::BFloat16>(c10::BFloat16*)", ("vllm::moe_forward", "_C::silu"))
+        b.kernel(GEMM, ("vllm::moe_forward", "aten::mm"))
+    else:
+        b.kernel(GEMM, ("aten::linear", "aten::mm"))
+        b.kernel("void vllm::act_and_mul_kernel<c10::BFloat16>(c10::BFloat16*)", ("_C::silu_and_mul",))
+        b.kernel(GEMM, ("aten::linear", "aten::mm"))
+
+
+def test_launching_op_is_evidence_outermost_first(tmp_path: Path) -> None:
+    b = _Builder()
+    for _ in range(2):
+        _layer(b, "kernel_paged_attention_2d", moe_op=True)
+    data = load_trace_data(b.write(tmp_path))[0]
+    assert data.gpu[5].launch_stack == ("aten::mm", "vllm::moe_forward")
+    r = analyze(tmp_path / "t.json")
+    types = {b.name: b.count for b in r.by_type}
+    # expert GEMMs launched by aten::mm inside vllm::moe_forward are MoE, so every layer is an MoE layer
+    assert types["moe"] == 6 and types["gemm"] == 4
+    assert {x.kind for x in r.layers} == {"MHA_MOE"}
+
+
+def test_prefill_kernels_outweigh_decode_votes_and_timing_outliers_are_prefill(tmp_path: Path) -> None:
+    b = _Builder()
+    # step 1: a prefill kernel and a paged-attention (decode-voting) kernel in every layer, no sampling between
+    for _ in range(2):
+        _layer(b, "context_attention_fwd_kernel")
+        b.kernel("kernel_paged_attention_2d", ("vllm::unified_attention",))
+    b.kernel("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ArgMaxOps<float>>>", ("aten::argmax",))
+    # then decode steps, and one step that takes far longer than the others with only decode votes
+    for step in range(4):
+        for _ in range(2):
+            _layer(b, "kernel_paged_attention_2d", attn_dur=400.0 if step == 2 else 3.0)
+        b.kernel(
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ArgMaxOps<float>>>", ("aten::argmax",)
+        )
+    r = analyze(b.write(tmp_path))
+    assert [p.stage for p in r.passes] == ["prefill", "decode", "decode", "prefill", "decode"]
+    assert [p.stage_source for p in r.passes] == ["vote", "vote", "vote", "timing", "vote"]
+    assert any("median pass read as prefill" in n for n in r.notes)
+
+
+def test_no_layers_gives_zero_passes_without_claiming_one_was_assumed(tmp_path: Path) -> None:
+    b = _Builder()
+    for _ in range(5):
+        b.kernel(GEMM, ("aten::mm",))
+        b.kernel(
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", ("aten::add",)
+        )
+    r = analyze(b.write(tmp_path))
+    assert r.passes == () and r.layers == ()
+    assert not any("assumed" in n for n in r.notes)
+    assert any("0 passes" in n for n in r.notes)
+
+
+def test_window_leftovers_only_at_the_start(tmp_path: Path) -> None:
+    b = _Builder()
+    # two kernels with no launch in the trace, then a normal layer, then an unlinked kernel later on
+    for i, name in enumerate((GEMM, GEMM)):
+        b.events.append(_ev("kernel", name, 100.0 + 10 * i, 5.0, device=0, stream=7))
+    _layer(b, "flash_fwd_kernel")
+    b.events.append(_ev("kernel", GEMM, b.t + 50, 5.0, device=0, stream=7))
+    r = analyze(b.write(tmp_path))
+    assert r.window_events == 2 and r.window_time_us == 10.0
+    assert r.layers_per_pass == (1,)
+
+
+@pytest.mark.parametrize(
+    ("op", "expected"),
+    [
+        ("aten::cumsum", KernelType.REDUCTION),
+        ("aten::index_put_", KernelType.MEMORY),
+        ("aten::_to_copy", KernelType.MEMORY),
+        ("aten::argmax", KernelType.SAMPLING),
+        ("aten::hardtanh", KernelType.ELEMENTWISE),
+        ("myext::mystery", KernelType.UNKNOWN),
+    ],
+)
+def test_unknown_kernels_take_a_type_from_their_aten_op(tmp_path: Path, op: str, expected: KernelType) -> None:
+    b = _Builder()
+    b.kernel("void some_vendor::opaque_kernel_v2<7>(float*)", (op,))
+    data = load_trace_data(b.write(tmp_path))[0]
+    from opgraph.trace import KernelClassifier
+
+    KernelClassifier(PS).classify(data.gpu)
+    assert data.gpu[0].ktype is expected
+
+
+def _eager_layer(b: _Builder, q: int, k: int) -> None:
+    b.kernel("void at::native::vectorized_layer_norm_kernel<float>(int, float*)", ("aten::native_layer_norm",))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    b.kernel(
+        "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_64x1_nn_align8",
+        ("aten::matmul", "aten::bmm"),
+        dims=[[32, q, 64], [32, 64, k]],
+    )
+    b.kernel("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float>>", ("aten::mul",))
+    b.kernel("void (anonymous namespace)::softmax_warp_forward<float>(float*)", ("aten::softmax", "aten::_softmax"))
+    b.kernel(
+        "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_64x1_nn_align8",
+        ("aten::matmul", "aten::bmm"),
+        dims=[[32, q, k], [32, k, 64]],
+    )
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    b.kernel("void at::native::vectorized_layer_norm_kernel<float>(int, float*)", ("aten::native_layer_norm",))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    b.kernel("void at::native::GeluCUDAKernelImpl<float>(float*)", ("aten::gelu",))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+
+
+def test_eager_attention_layers_and_their_stage_from_bmm_shapes(tmp_path: Path) -> None:
+    b = _Builder()
+    for q, k in ((128, 128), (1, 129)):
+        for _ in range(3):
+            _eager_layer(b, q, k)
+        b.kernel(
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ArgMaxOps<float>>>", ("aten::argmax",)
+        )
+    r = analyze(b.write(tmp_path))
+    assert r.layers_per_pass == (3, 3)
+    assert [(p.stage, p.stage_source) for p in r.passes] == [("prefill", "shape"), ("decode", "shape")]
+    assert {b.name: b.count for b in r.by_type}["attention"] == 6 * 4  # bmm, scale, softmax, bmm
+
+
+def test_a_profiler_step_around_a_generate_is_split_into_its_passes(tmp_path: Path) -> None:
+    b = _Builder()
+    for _ in range(3):  # prefill + 2 decode passes of 2 layers, each ending in argmax
+        for _ in range(2):
+            _layer(b, "flash_fwd_kernel")
+        b.kernel(
+            "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ArgMaxOps<float>>>", ("aten::argmax",)
+        )
+    b.events.append(_ev("user_annotation", "ProfilerStep#3", 900.0, b.t - 800.0))
+    r = analyze(b.write(tmp_path))
+    assert r.layers_per_pass == (2, 2, 2)
+    assert {p.annotation for p in r.passes} == {"ProfilerStep#3"}
+
+
+def test_upsample_is_no_sampling_kernel() -> None:
+    # "sample" inside "upsample" must not end a generate pass
+    name = "void at::native::(anonymous namespace)::upsample_nearest1d_out_frame<c10::BFloat16>(int, float)"
+    assert PS.kernel_type(name)[0] is KernelType.ELEMENTWISE
+    assert PS.kernel_type("void vllm::sample_tokens_kernel<float>(float*)")[0] is KernelType.SAMPLING
