@@ -59,6 +59,7 @@ class GenerationSimulation:
     """A planned generation simulated from its recorded part and a few windows."""
 
     graph: OpGraph
+    """The planned graph simulated."""
     prefix: SimulationResult
     """The recorded part's simulation (prefill and decode steps 1..``base_step``)."""
     windows: dict[int, StepWindow]
@@ -66,6 +67,7 @@ class GenerationSimulation:
     increments_us: dict[int, float]
     """What each planned step adds to the makespan (simulated at representative steps, else interpolated)."""
     notes: list[str] = field(default_factory=list)
+    """How the generation was simulated (windows, interpolation), for reports."""
 
     @property
     def makespan_us(self) -> float:
