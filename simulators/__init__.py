@@ -13,6 +13,7 @@ from simulators.api import cost_problem, default_host_us, run_problem, simulate,
 from simulators.config import EngineGroup, EngineRole, HostConfig, HostMode, SimulationConfig
 from simulators.costing import FixedCostModel
 from simulators.errors import SimulationConfigError, SimulationError, UncostedOpsError
+from simulators.generation import GenerationSimulation, StepWindow, simulate_generation
 from simulators.kernel import KernelResult, RankRecord, Simulator
 from simulators.policies import POLICIES, SchedulingPolicy, get_policy
 from simulators.problem import SchedulingProblem, UncostedOp
@@ -37,6 +38,7 @@ __all__ = [
     "EngineStats",
     "EngineSweep",
     "FixedCostModel",
+    "GenerationSimulation",
     "HostConfig",
     "HostMode",
     "HostStats",
@@ -50,6 +52,7 @@ __all__ = [
     "SimulationResult",
     "SimulationStats",
     "Simulator",
+    "StepWindow",
     "SweepPoint",
     "UncostedOp",
     "UncostedOpStats",
@@ -59,6 +62,7 @@ __all__ = [
     "get_policy",
     "run_problem",
     "simulate",
+    "simulate_generation",
     "sweep_engines",
     "uncosted_error",
 ]

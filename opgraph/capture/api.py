@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from opgraph.capture.generation import MIN_PLANNED_STEPS
 from opgraph.capture.hosttime import measure_host_gaps, with_host_gaps
 from opgraph.capture.lowering import DEFAULT_PIPELINE, Hints, Lowering, run_passes
 from opgraph.capture.lowering.build import build_ops, group_order
@@ -28,6 +29,7 @@ from opgraph.capture.phase import (
     CaptureOptions,
     Phase,
     PhaseRecorder,
+    PhaseRun,
     PreparedModel,
     run_phase,
     setup_phase,
@@ -55,6 +57,7 @@ __all__ = [
     "lower",
     "prepare",
     "record",
+    "record_generation",
     "run_phase",
     "setup_phase",
     "token_ids",
@@ -293,8 +296,53 @@ def capture(
             "host_timing": host_timing,
         }
     )
+    if opts.phase == "generate" and not opts.host_timing and opts.new_tokens >= MIN_PLANNED_STEPS:
+        return record_generation(model_or_id, opts)
     rec = record(model_or_id, opts)
     return add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
+
+
+def record_generation(model_or_id: Any, opts: CaptureOptions) -> OpGraph:
+    """A generate graph from the prefill and decode steps 1 and 2, the later steps planned
+    (:mod:`opgraph.capture.generation`); every step recorded when the plan does not check out."""
+    from opgraph.capture import generation as gen
+
+    with paused_gc():
+        prepared = prepare(model_or_id, opts)
+        rec = Recorder()
+        rec.add_root(prepared.model)
+        run = PhaseRun(prepared, opts, rec, setup_phase(prepared, opts))
+        with _no_grad():
+            run.prefill()
+            starts: list[int] = []
+            for step in (1, gen.BASE_STEP):
+                run.sample()
+                starts.append(rec.tensor_count)
+                run.decode(step)
+            run.sample()  # step 2's sampler, which belongs to step 2
+            starts.append(rec.tensor_count)
+        args = _metadata_args(prepared, opts)
+        graph, _ = graph_from_recording(rec, **args)
+        try:
+            plan = gen.plan_generation(
+                tuple(graph.ops), tuple(graph.edges), opts.new_tokens, (starts[0], starts[1], starts[2])
+            )
+            ops, edges = gen.record_last_step(prepared, opts, lower, run.cache)
+            gen.check_last_step(plan, ops, edges)
+        except gen.NotLinear as exc:
+            with _no_grad():
+                for step in range(gen.BASE_STEP + 1, opts.new_tokens + 1):
+                    run.decode(step)
+            args["assumptions"] = [*args["assumptions"], gen.FALLBACK_NOTE.format(why=exc)]
+            graph, _ = graph_from_recording(rec, **args)
+            return graph
+    return gen.planned_graph(graph, plan)
+
+
+def _no_grad() -> Any:
+    import torch
+
+    return torch.no_grad()
 
 
 @dataclass(frozen=True)

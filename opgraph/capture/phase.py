@@ -197,33 +197,64 @@ def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: PhaseRecorder 
     """
     import torch
 
-    model = prepared.model
-    cache_kw, has_keep = _forward_kwargs(model)
-
-    def forward(ids: Any, cache: Any, stage: str, step: int, keep_last: bool = False) -> Any:
-        kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True, cache_kw: cache}
-        if keep_last and has_keep:
-            kwargs["logits_to_keep"] = 1
-        if rec is None:
-            return model(**kwargs)
-        rec.stage, rec.step = stage, step
-        with rec.recording():
-            return model(**kwargs)
-
-    if cache is None:
-        cache = setup_phase(prepared, opts)
+    run = PhaseRun(prepared, opts, rec, setup_phase(prepared, opts) if cache is None else cache)
     with torch.no_grad():
-        b = opts.batch
         if opts.phase == "decode":
-            forward(token_ids(prepared, opts, b, 1, seed=2), cache, "decode", 1)
+            run.forward(token_ids(prepared, opts, opts.batch, 1, seed=2), "decode", 1)
             return
-        generate = opts.phase == "generate"
-        out = forward(token_ids(prepared, opts, b, opts.seq_len), cache, "prefill", 0, generate)
-        if not generate:
-            return
-        for step in range(1, opts.new_tokens + 1):
-            ids = _sample(out.logits, rec)
-            out = forward(ids, cache, "decode", step, True)
+        run.prefill()
+        if opts.phase == "generate":
+            for step in range(1, opts.new_tokens + 1):
+                run.decode(step)
+
+
+class PhaseRun:
+    """The forward passes of a phase, one at a time (call under ``torch.no_grad()``).
+
+    A generate phase is :meth:`prefill` then :meth:`decode` for steps 1..``new_tokens``; the sampler
+    that picks each step's next token runs (tagged with that step) at the start of the next step, or
+    earlier through :meth:`sample`.
+    """
+
+    def __init__(self, prepared: PreparedModel, opts: CaptureOptions, rec: PhaseRecorder | None, cache: Any) -> None:
+        self.prepared = prepared
+        self.opts = opts
+        self.rec = rec
+        self.cache = cache
+        self.out: Any = None
+        self.ids: Any = None
+        """The sampled next tokens, when :meth:`sample` ran ahead of :meth:`decode`."""
+        self.cache_kw, self.has_keep = _forward_kwargs(prepared.model)
+
+    def forward(self, ids: Any, stage: str, step: int, keep_last: bool = False) -> Any:
+        """One forward pass over ``ids`` with the cache, tagged ``stage``/``step`` when recorded."""
+        kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True, self.cache_kw: self.cache}
+        if keep_last and self.has_keep:
+            kwargs["logits_to_keep"] = 1
+        if self.rec is None:
+            self.out = self.prepared.model(**kwargs)
+        else:
+            self.rec.stage, self.rec.step = stage, step
+            with self.rec.recording():
+                self.out = self.prepared.model(**kwargs)
+        return self.out
+
+    def prefill(self) -> None:
+        """The prompt's forward pass (step 0)."""
+        generate = self.opts.phase == "generate"
+        ids = token_ids(self.prepared, self.opts, self.opts.batch, self.opts.seq_len)
+        self.forward(ids, "prefill", 0, generate)
+
+    def sample(self) -> None:
+        """Sample the next tokens from the last forward pass (tagged with that pass's step)."""
+        self.ids = _sample(self.out.logits, self.rec)
+
+    def decode(self, step: int) -> None:
+        """Sample the previous step's token (unless :meth:`sample` did), then decode step ``step``."""
+        if self.ids is None:
+            self.sample()
+        ids, self.ids = self.ids, None
+        self.forward(ids, "decode", step, True)
 
 
 def _sample(logits: Any, rec: PhaseRecorder | None) -> Any:

@@ -180,6 +180,11 @@ class Recorder:
         self._suppress = 0
         self._finfo: dict[Any, _FuncInfo] = {}
 
+    @property
+    def tensor_count(self) -> int:
+        """Tensor ids handed out so far (the next fresh tensor gets this id)."""
+        return self._next_tid
+
     # ----------------------------------------------------------------- names and scopes
     def add_root(self, module: Any, prefix: str = "") -> None:
         """Name every submodule of ``module`` by its qualified path (done lazily for unknown roots)."""

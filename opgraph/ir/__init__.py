@@ -18,7 +18,9 @@ from opgraph.ir.errors import (
     RegistryError,
     SchemaVersionError,
 )
+from opgraph.ir.generation import EdgeTemplate, FieldDelta, GenerationPlan, LazyEdges, LazyOps, Rederived
 from opgraph.ir.graph import (
+    GRAPH_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
     CaptureSettings,
     Edge,
@@ -76,6 +78,7 @@ from opgraph.ir.timeline import CATEGORY_ALIASES, Bound, Span, SpanCategory, Tim
 
 __all__ = [
     "CATEGORY_ALIASES",
+    "GRAPH_SCHEMA_VERSIONS",
     "IDENTITY_FIELDS",
     "OP_TYPES",
     "SCHEMA_VERSION",
@@ -94,12 +97,17 @@ __all__ = [
     "DuplicateIdError",
     "Edge",
     "EdgeKind",
+    "EdgeTemplate",
     "Elementwise",
     "Embedding",
+    "FieldDelta",
     "Gemm",
+    "GenerationPlan",
     "GraphLintError",
     "GraphMetadata",
     "HostTimingSummary",
+    "LazyEdges",
+    "LazyOps",
     "LoadError",
     "Memory",
     "MoeRouting",
@@ -112,6 +120,7 @@ __all__ = [
     "OpKind",
     "OpgraphError",
     "Other",
+    "Rederived",
     "Reduction",
     "Registry",
     "RegistryError",

@@ -13,12 +13,14 @@ from pydantic import (
     Field,
     PrivateAttr,
     SerializerFunctionWrapHandler,
+    field_serializer,
     model_serializer,
     model_validator,
 )
 
 from opgraph.ir.algorithms import find_cycle as find_cycle
 from opgraph.ir.errors import CycleError, DanglingEdgeError, DuplicateIdError
+from opgraph.ir.generation import GenerationPlan, LazyEdges, LazyOps
 from opgraph.ir.ops import Op, OpBase, OpKind, PosInt, Stage
 from opgraph.ir.tensor import FROZEN, NonNegInt
 
@@ -26,7 +28,12 @@ if TYPE_CHECKING:
     import networkx as nx
 
 SCHEMA_VERSION = 1
-"""Version of the saved graph and timeline format; bumped on incompatible changes."""
+"""Version of the saved timeline format (and of graphs without a generation plan); bumped on
+incompatible changes."""
+
+GRAPH_SCHEMA_VERSIONS: tuple[int, ...] = (1, 2)
+"""Graph format versions this opgraph reads: 1, and 2 for a graph with a :class:`GenerationPlan`
+(graphs without one are still written as 1, so older opgraphs read them)."""
 
 Scalar = str | int | float | bool | None
 """A JSON scalar, for settings and attributes."""
@@ -205,21 +212,107 @@ class GraphMetadata(BaseModel):
 
 
 class OpGraph(BaseModel):
-    """A model's ops and their dependencies. The serialised form is this pydantic model."""
+    """A model's ops and their dependencies. The serialised form is this pydantic model.
+
+    A long ``generate`` graph may carry a :class:`~opgraph.ir.generation.GenerationPlan`: its
+    ``ops`` and ``edges`` are then lazy sequences (the recorded steps, then each planned step built
+    when read) and it is saved compactly, as the recorded ops plus the plan (``schema_version`` 2).
+    Code that only needs counts and costs reads :meth:`summary` or the plan's ``step_costs``;
+    :meth:`expand` gives the same graph with every op built.
+    """
 
     model_config = FROZEN
 
-    schema_version: Literal[1] = 1
-    """Format version; loaders refuse other versions with a clear message."""
+    schema_version: Literal[1, 2] = 1
+    """Format version (2: the graph has a generation plan); loaders refuse others with a clear message."""
     metadata: GraphMetadata = Field(default_factory=GraphMetadata)
     """Provenance and settings."""
     ops: tuple[Op, ...] = ()
-    """Ops in program order."""
+    """Ops in program order (with a generation plan: the recorded ones, then the planned steps')."""
     edges: tuple[Edge, ...] = ()
     """Dependencies between ops."""
+    generation: GenerationPlan | None = None
+    """Decode steps built from a template step rather than stored op by op (long generations)."""
 
     _nx: nx.DiGraph | None = PrivateAttr(default=None)
     _by_id: dict[int, OpBase] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plan_version(cls, data: object) -> object:
+        # A graph given a plan and no version is a version-2 graph.
+        if isinstance(data, Mapping) and data.get("generation") is not None and "schema_version" not in data:
+            return {**data, "schema_version": 2}
+        return data
+
+    @model_validator(mode="after")
+    def _install_plan(self) -> OpGraph:
+        if self.generation is not None:
+            if self.schema_version != 2:
+                raise ValueError("a graph with a generation plan has schema_version 2")
+            _install_lazy(self)
+        return self
+
+    @classmethod
+    def planned(
+        cls, metadata: GraphMetadata, ops: tuple[OpBase, ...], edges: tuple[Edge, ...], plan: GenerationPlan
+    ) -> OpGraph:
+        """A graph of recorded ``ops``/``edges`` followed by the steps ``plan`` builds (not re-validated)."""
+        fields: dict[str, Any] = {"metadata": metadata, "ops": ops, "edges": edges, "generation": plan}
+        graph = cls.model_construct(schema_version=2, **fields)
+        _install_lazy(graph)
+        return graph
+
+    @field_serializer("ops", "edges", mode="wrap")
+    def _recorded_only(self, value: Any, handler: SerializerFunctionWrapHandler) -> Any:
+        # A planned graph saves its recorded ops and edges; the plan saves the rest.
+        return handler(value.explicit if isinstance(value, LazyOps | LazyEdges) else value)
+
+    @model_serializer(mode="wrap")
+    def _no_empty_plan(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        # A graph without a plan is saved exactly as before plans existed (version 1, no ``generation``).
+        data: dict[str, object] = handler(self)
+        if data.get("generation", 0) is None:
+            del data["generation"]
+        return data
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied. New ``ops`` or ``edges`` replace a generation plan (the copy
+        holds exactly the ops given) unless ``generation`` is updated too."""
+        replaced = update is not None and ("ops" in update or "edges" in update) and "generation" not in update
+        if update and replaced and self.generation is not None:
+            full = {name: tuple(getattr(self, name)) for name in ("ops", "edges") if name not in update}
+            update = {**full, **update, "generation": None, "schema_version": 1}
+        copy = super().model_copy(update=update, deep=deep)
+        copy._nx = None
+        copy._by_id = None
+        if copy.generation is not None and not isinstance(copy.__dict__["ops"], LazyOps):
+            _install_lazy(copy)
+        return copy
+
+    @property
+    def recorded_ops(self) -> tuple[OpBase, ...]:
+        """The ops stored op by op (all of them, without a generation plan)."""
+        ops = self.__dict__["ops"]
+        return ops.explicit if isinstance(ops, LazyOps) else tuple(ops)
+
+    @property
+    def recorded_edges(self) -> tuple[Edge, ...]:
+        """The edges stored one by one (all of them, without a generation plan)."""
+        edges = self.__dict__["edges"]
+        return edges.explicit if isinstance(edges, LazyEdges) else tuple(edges)
+
+    def iter_ops(self) -> Iterator[OpBase]:
+        """Every op in program order, built step by step for a planned graph (constant memory)."""
+        return iter(self.ops)
+
+    def expand(self) -> OpGraph:
+        """The same graph with every op and edge built and stored (no generation plan)."""
+        if self.generation is None:
+            return self
+        return OpGraph.model_construct(
+            schema_version=1, metadata=self.metadata, ops=tuple(self.ops), edges=tuple(self.edges), generation=None
+        )
 
     def __eq__(self, other: object) -> bool:
         # Compare the saved fields only: the private caches (networkx view, id index) do not count.
@@ -238,14 +331,29 @@ class OpGraph(BaseModel):
 
     def op(self, op_id: int) -> OpBase:
         """The op with id ``op_id``; ``KeyError`` if absent."""
+        plan = self.generation
+        if plan is not None and op_id >= plan.first_id(plan.first_step):
+            off = op_id - plan.first_id(plan.first_step)
+            step = plan.first_step + off // plan.op_shift
+            if step > plan.last_step or off % plan.op_shift >= plan.step_len(step):
+                raise KeyError(op_id)
+            return plan.step_ops(step)[off % plan.op_shift]
         if self._by_id is None:
-            self._by_id = {o.id: o for o in self.ops}
+            self._by_id = {o.id: o for o in self.recorded_ops}
         return self._by_id[op_id]
 
     def ops_of(self, *kinds: OpKind) -> list[OpBase]:
         """The ops of the given kinds, in program order."""
         wanted = set(kinds)
-        return [o for o in self.ops if o.kind in wanted]
+        plan = self.generation
+        if plan is None:
+            return [o for o in self.ops if o.kind in wanted]
+        out = [o for o in self.recorded_ops if o.kind in wanted]
+        picked = [j for j, o in enumerate(plan.ops) if o.kind in wanted]
+        for step in plan.steps if picked else ():
+            ops = plan.step_ops(step)
+            out.extend(ops[j] for j in picked if j < len(ops))
+        return out
 
     def predecessors(self) -> dict[int, list[int]]:
         """Op id to the ids it depends on (deduplicated, in edge order)."""
@@ -270,13 +378,17 @@ class OpGraph(BaseModel):
     def lint(self) -> None:
         """Check structure: unique ids, edges between existing ops, no self-loops, no cycles.
 
+        A planned graph is checked without building its steps: the recorded part as any graph, the
+        plan's template against it (its edges go forward, so every step it builds does too).
         Raises :class:`DuplicateIdError`, :class:`DanglingEdgeError` or :class:`CycleError`.
         """
-        counts = Counter(o.id for o in self.ops)
+        ops, edges = self.recorded_ops, self.recorded_edges
+        counts = Counter(o.id for o in ops)
+        plan = self.generation
         dup = [i for i, c in counts.items() if c > 1]
         if dup:
             raise DuplicateIdError(f"op id {dup[0]} is used by {counts[dup[0]]} ops", where="ops")
-        for idx, e in enumerate(self.edges):
+        for idx, e in enumerate(edges):
             for end in ("src", "dst"):
                 if getattr(e, end) not in counts:
                     raise DanglingEdgeError(
@@ -285,30 +397,76 @@ class OpGraph(BaseModel):
                     )
             if e.src == e.dst:
                 raise CycleError(f"edge {e.src}->{e.dst} is a self-loop", where=f"edges.{idx}")
-        cycle = find_cycle(self.ops, self.edges)
+        if plan is not None:
+            # The template is the last recorded step; the steps built from it follow the recorded ops.
+            first = plan.first_id(plan.first_step)
+            if max(counts, default=-1) != first - 1 or any(o.id not in counts for o in plan.ops):
+                raise DanglingEdgeError(
+                    f"the generation plan's template (op ids {plan.ops[0].id}..{plan.ops[-1].id}) is not "
+                    f"the last recorded step (recorded op ids end at {max(counts, default=-1)})",
+                    where="generation",
+                )
+            for idx, te in enumerate(plan.edges):
+                if te.src not in counts:
+                    raise DanglingEdgeError(
+                        f"template edge {te.src}->{te.dst} names op {te.src} that is not in the graph",
+                        where=f"generation.edges.{idx}.src",
+                    )
+        cycle = find_cycle(ops, edges)
         if cycle:
             path = " -> ".join(str(i) for i in [*cycle, cycle[0]])
             raise CycleError(f"dependency cycle {path}", where="edges", hint="remove one of these edges")
 
     def summary(self) -> dict[str, object]:
-        """Counts and totals by kind, layer and stage (what ``opgraph info`` shows)."""
+        """Counts and totals by kind, layer and stage (what ``opgraph info`` shows).
+
+        A planned graph is summed from its recorded ops and its plan's per-step costs, without
+        building the planned steps' ops.
+        """
         by_kind: dict[str, dict[str, int]] = {}
         layers: set[int] = set()
         stages: Counter[str] = Counter()
-        for o in self.ops:
-            row = by_kind.setdefault(o.kind.value, {"ops": 0, "flops": 0, "bytes": 0})
-            row["ops"] += 1
-            row["flops"] += o.flops
-            row["bytes"] += o.total_bytes
-            if o.layer is not None:
-                layers.add(o.layer)
-            stages[o.stage.value if isinstance(o.stage, Stage) else "-"] += 1
+        totals = [0, 0]
+
+        def add(kind: OpKind, layer: int | None, stage: Stage | None, flops: int, nbytes: int, times: int) -> None:
+            row = by_kind.setdefault(kind.value, {"ops": 0, "flops": 0, "bytes": 0})
+            row["ops"] += times
+            row["flops"] += flops
+            row["bytes"] += nbytes
+            totals[0] += flops
+            totals[1] += nbytes
+            if layer is not None:
+                layers.add(layer)
+            stages[stage.value if isinstance(stage, Stage) else "-"] += times
+
+        for o in self.recorded_ops:
+            add(o.kind, o.layer, o.stage, o.flops, o.total_bytes, 1)
+        plan = self.generation
+        if plan is not None:
+            sums = plan.cost_totals()
+            for o, (times, flops, nbytes) in zip(plan.ops, sums, strict=True):
+                add(o.kind, o.layer, o.stage, flops, nbytes, times)
         return {
             "ops": len(self.ops),
             "edges": len(self.edges),
-            "flops": sum(o.flops for o in self.ops),
-            "bytes": sum(o.total_bytes for o in self.ops),
+            "flops": totals[0],
+            "bytes": totals[1],
             "layers": len(layers),
             "by_kind": by_kind,
             "stages": dict(stages),
         }
+
+
+def _install_lazy(graph: OpGraph) -> None:
+    """Make a planned graph's ``ops`` and ``edges`` the lazy views over its recorded part and plan."""
+    plan = graph.generation
+    assert plan is not None
+    d = graph.__dict__
+    ops = d["ops"]
+    edges = d["edges"]
+    d["ops"] = LazyOps(ops.explicit if isinstance(ops, LazyOps) else tuple(ops), plan)
+    d["edges"] = LazyEdges(edges.explicit if isinstance(edges, LazyEdges) else tuple(edges), plan, _edge)
+
+
+def _edge(src: int, dst: int, kind: str, tensor: int | None) -> Edge:
+    return Edge.model_construct(src=src, dst=dst, kind=EdgeKind(kind), tensor=tensor)

@@ -15,7 +15,7 @@ from typing import IO, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from opgraph.ir.errors import GraphLintError, LoadError, SchemaVersionError
-from opgraph.ir.graph import SCHEMA_VERSION, OpGraph
+from opgraph.ir.graph import GRAPH_SCHEMA_VERSIONS, SCHEMA_VERSION, OpGraph
 from opgraph.ir.timeline import Timeline
 
 M = TypeVar("M", bound=BaseModel)
@@ -155,16 +155,18 @@ def load_model(path: str | Path, cls: type[M]) -> M:
         raise LoadError(f"expected a JSON object for a {cls.__name__}, got {type(raw).__name__}", where=str(path))
     if "schema_version" in cls.model_fields:
         version = raw.get("schema_version")
-        if version != SCHEMA_VERSION:
+        readable = GRAPH_SCHEMA_VERSIONS if cls is OpGraph else (SCHEMA_VERSION,)
+        latest = max(readable)
+        if version not in readable or isinstance(version, bool):
             if not isinstance(version, int) or isinstance(version, bool):
                 raise LoadError(
                     f"not {_article(cls.__name__)} file: schema_version is {version!r}",
                     where=str(path),
-                    hint=f"expected a file written by `opgraph` with schema_version {SCHEMA_VERSION}",
+                    hint=f"expected a file written by `opgraph` with schema_version {latest}",
                 )
-            newer = version > SCHEMA_VERSION
+            newer = version > latest
             raise SchemaVersionError(
-                f"schema_version {version} is {'newer' if newer else 'older'} than this opgraph's {SCHEMA_VERSION}",
+                f"schema_version {version} is {'newer' if newer else 'older'} than this opgraph's {latest}",
                 where=str(path),
                 hint="upgrade opgraph to read it" if newer else "re-create the file with this opgraph",
             )

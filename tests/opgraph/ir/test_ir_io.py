@@ -79,7 +79,7 @@ def _graph_json() -> dict[str, object]:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(schema_version=2), "schema_version 2 is newer than this opgraph's 1"),
+        (lambda d: d.update(schema_version=3), "schema_version 3 is newer than this opgraph's 2"),
         (lambda d: d.update(schema_version="x"), "not an OpGraph file"),
         (lambda d: d["ops"][0].update(numel=-3), "ops.0.elementwise.numel: Input should be greater than or equal to 0"),
         (lambda d: d["ops"][0].update(kind="warp"), "ops.0: Input tag 'warp' found using 'kind' does not match"),
