@@ -116,7 +116,9 @@ def capture(
     console.print(f"{fmt_count(float(s['flops']), 'FLOP')}  {fmt_bytes(float(s['bytes']))} moved")  # type: ignore[arg-type]
     if md.host_timing is not None:
         console.print(f"host time between ops: {md.host_timing.total_us} us on {md.host_timing.cpu}")
-    others = [o for o in graph.ops if o.kind.value == "other"]
+    from opgraph.ir import OpKind
+
+    others = graph.ops_of(OpKind.OTHER)  # no decode step is built just to look (a planned generation)
     if others:
         console.print(f"unrecognised ops left as 'other': {len(others)}")
     for note in md.assumptions:

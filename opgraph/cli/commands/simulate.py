@@ -185,6 +185,9 @@ def simulate(
         skip_uncosted=skip_uncosted,
         independent_engines=True if independent_engines else None,
     )
+    if graph.generation is not None and len(counts) == 1 and tp == 1:
+        _simulate_generation(graph, hw, model, config, default_note, output, stats_path, as_json, graph_path)
+        return
     with _progress(len(graph.ops) * tp * len(counts)) as tick:
         study = run_study(
             graph, hw, model, config, engines=counts, shard=not no_shard, tolerance=tolerance, progress=tick
@@ -213,6 +216,52 @@ def simulate(
             console.print(f"statistics: {stats_path}")
     if open_trace:
         _open(result, output)
+
+
+def _simulate_generation(
+    graph: Any,
+    hw: Any,
+    model: Any,
+    config: Any,
+    default_note: tuple[str, ...],
+    output: Path | None,
+    stats_path: Path | None,
+    as_json: bool,
+    graph_path: Path,
+) -> None:
+    """A planned generation: the recorded part simulated op by op, the later steps from a few windows."""
+    from hardware import cost_warnings
+    from opgraph.ir import save_model, save_timeline
+    from simulators import simulate_generation
+
+    with cost_warnings() as warned:
+        gen = simulate_generation(graph, hw, model, config)
+    prefix = gen.prefix
+    stats = prefix.stats()
+    notes = (*stats.notes, *default_note, *warned, *gen.notes)
+    stats = stats.model_copy(update={"notes": notes})
+    plan = graph.generation
+    steps = len(plan.steps) if plan is not None else 0
+    if output is not None:
+        save_timeline(gen.timeline(), output)
+    if stats_path is not None:
+        save_model(stats, stats_path)
+    if as_json:
+        payload = {
+            "generation": {"makespan_us": gen.makespan_us, "planned_steps": steps, "notes": list(gen.notes)},
+            "prefix": stats.model_dump(mode="json"),
+        }
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    _print_summary(prefix, stats, graph_path)
+    console.print(
+        f"generation: makespan {fmt_us(gen.makespan_us)} in all; the recorded part above "
+        f"({fmt_us(prefix.makespan_us)}) plus {steps} planned step(s) simulated from {len(gen.windows)} window(s)"
+    )
+    if output is not None:
+        console.print(f"timeline: {output}")
+    if stats_path is not None:
+        console.print(f"statistics (recorded part): {stats_path}")
 
 
 # ---------------------------------------------------------------- helpers
