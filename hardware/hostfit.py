@@ -31,8 +31,9 @@ def _stat(values: Sequence[float]) -> GapStat:
     def pct(q: float) -> float:
         return ordered[min(n - 1, max(0, round(q * (n - 1))))]
 
-    return GapStat(median_us=round(statistics.median(ordered), 3), p10_us=round(pct(0.1), 3),
-                   p90_us=round(pct(0.9), 3), n=n)
+    return GapStat(
+        median_us=round(statistics.median(ordered), 3), p10_us=round(pct(0.1), 3), p90_us=round(pct(0.9), 3), n=n
+    )
 
 
 def _version(package: str) -> str:
@@ -111,8 +112,16 @@ def fit_host_profile(
             for level, key in zip(("exact", "target", "kind"), keys, strict=True):
                 samples[level].setdefault(key, []).append(op.host_gap_us)
         md = g.metadata
-        training.append(TrainingGraph(model=md.model, architecture=md.architecture, phase=md.phase,
-                                      shape=_shape(g), ops=measured, total_us=round(total, 1)))
+        training.append(
+            TrainingGraph(
+                model=md.model,
+                architecture=md.architecture,
+                phase=md.phase,
+                shape=_shape(g),
+                ops=measured,
+                total_us=round(total, 1),
+            )
+        )
     if not everything:
         raise OpgraphError("the training graphs have no ops with a measured host gap")
     cpu = cpus.pop()

@@ -35,7 +35,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from hardware.spec import HardwareSpec, NonNegFloat
-from opgraph.ir import LoadError, OpGraph, SchemaVersionError, read_json_bytes, save_model
+from opgraph.ir import LoadError, OpGraph, OpgraphError, SchemaVersionError, read_json_bytes, save_model
 from opgraph.ir.ops import OpBase
 from opgraph.ir.tensor import FROZEN
 
@@ -221,6 +221,7 @@ def predict_gaps(graph: OpGraph, profile: HostProfile) -> GapPrediction:
 
 # -- files -------------------------------------------------------------------------------------------
 
+
 def check_host_schema(raw: dict[str, object], where: str) -> None:
     """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is a host profile of this schema."""
     if raw.get("format") != HOST_PROFILE_FORMAT:
@@ -274,10 +275,12 @@ def hardware_host_profile(hw: HardwareSpec | str) -> Path | None:
     >>> hardware_host_profile("a6000") is None
     True
     """
-    from hardware.loader import list_hardware, load_hardware, named_host_profile
+    from hardware.loader import catalog_spec, list_hardware, named_host_profile
 
     list_hardware()  # the catalog registers its profiles as it loads (once)
-    return named_host_profile(hw.name if isinstance(hw, HardwareSpec) else load_hardware(hw).name)
+    name = hw.name if isinstance(hw, HardwareSpec) else hw
+    hit = named_host_profile(name)  # a user TOML's own registers under its name as it loads
+    return hit if hit is not None or isinstance(hw, HardwareSpec) else named_host_profile(catalog_spec(hw).name)
 
 
 def device_host_cpu(hw_name: str) -> str | None:
@@ -286,7 +289,7 @@ def device_host_cpu(hw_name: str) -> str | None:
 
     try:
         path = hardware_profile(hw_name)
-    except LoadError:
+    except OpgraphError:  # not a catalog device: it ships no device profile
         return None
     if path is None or not path.exists():
         return None
