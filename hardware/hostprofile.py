@@ -29,6 +29,7 @@ import warnings
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -283,6 +284,7 @@ def hardware_host_profile(hw: HardwareSpec | str) -> Path | None:
     return hit if hit is not None or isinstance(hw, HardwareSpec) else named_host_profile(catalog_spec(hw).name)
 
 
+@lru_cache(maxsize=32)
 def device_host_cpu(hw_name: str) -> str | None:
     """The host CPU the device's shipped device profile was measured with, when it ships one."""
     from hardware.profile import hardware_profile, load_profile

@@ -32,21 +32,21 @@ START=$(date +%s)
 } 2>&1 | tee "$LOG"
 
 # name preset phase batch tokens(seq for prefill, kv for decode) dtype layers
-TRAIN=(
+TRAIN=(  # one shape of each family per round, so a budget stop still covers every family
   "llama1b_prefill_b1_s1024_bf16_l3 llama-3.2-1b prefill 1 1024 bf16 3"
-  "llama1b_decode_b4_kv2048_bf16_l3 llama-3.2-1b decode 4 2048 bf16 3"
-  "llama1b_decode_b16_kv256_fp16_l3 llama-3.2-1b decode 16 256 fp16 3"
   "llama8b_prefill_b2_s512_fp16_l3 llama-3.1-8b prefill 2 512 fp16 3"
-  "llama8b_decode_b1_kv4096_bf16_l3 llama-3.1-8b decode 1 4096 bf16 3"
-  "llama8b_decode_b8_kv512_bf16_l3 llama-3.1-8b decode 8 512 bf16 3"
   "qwen25_7b_prefill_b1_s2048_bf16_l3 qwen2.5-7b prefill 1 2048 bf16 3"
-  "qwen25_7b_decode_b2_kv1024_fp16_l3 qwen2.5-7b decode 2 1024 fp16 3"
-  "qwen25_7b_decode_b16_kv4096_bf16_l3 qwen2.5-7b decode 16 4096 bf16 3"
   "qwen3moe_prefill_b1_s512_bf16_l3 qwen3-30b-a3b prefill 1 512 bf16 3"
-  "qwen3moe_decode_b4_kv512_fp16_l3 qwen3-30b-a3b decode 4 512 fp16 3"
-  "qwen3moe_decode_b16_kv2048_bf16_l3 qwen3-30b-a3b decode 16 2048 bf16 3"
   "mixtral_prefill_b2_s512_fp16_l3 mixtral-8x7b prefill 2 512 fp16 3"
+  "llama1b_decode_b4_kv2048_bf16_l3 llama-3.2-1b decode 4 2048 bf16 3"
+  "llama8b_decode_b1_kv4096_bf16_l3 llama-3.1-8b decode 1 4096 bf16 3"
+  "qwen25_7b_decode_b2_kv1024_fp16_l3 qwen2.5-7b decode 2 1024 fp16 3"
+  "qwen3moe_decode_b4_kv512_fp16_l3 qwen3-30b-a3b decode 4 512 fp16 3"
   "mixtral_decode_b1_kv1024_bf16_l3 mixtral-8x7b decode 1 1024 bf16 3"
+  "llama1b_decode_b16_kv256_fp16_l3 llama-3.2-1b decode 16 256 fp16 3"
+  "llama8b_decode_b8_kv512_bf16_l3 llama-3.1-8b decode 8 512 bf16 3"
+  "qwen25_7b_decode_b16_kv4096_bf16_l3 qwen2.5-7b decode 16 4096 bf16 3"
+  "qwen3moe_decode_b16_kv2048_bf16_l3 qwen3-30b-a3b decode 16 2048 bf16 3"
   "mixtral_decode_b8_kv4096_fp16_l3 mixtral-8x7b decode 8 4096 fp16 3"
 )
 
