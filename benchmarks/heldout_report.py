@@ -25,6 +25,15 @@ module (the profiled runs mark every module call). A module whose calls differ f
 experts) is left out of the per-op errors, and the report says which and how much device time the
 per-op errors cover; its time still counts in the GPU and wall totals.
 
+Host: every prediction runs the eager host as the CLI does by default: the issue time per aten call
+and, for a graph captured without ``--host-timing`` (these are), the framework's time between ops
+predicted by the host profile the device's catalog entry names (``host_profile = ...``, fitted by
+``benchmarks/gpu/host_profile.sh`` from other shapes, on the GPU machine's CPU), or ``--host-profile
+FILE``. Where ``host_graphs.tar.gz`` lies beside ``DATA`` (or ``--host-graphs`` names it: the held-out
+cases captured with ``--host-timing`` on the GPU machine, never given to the fit), one more column
+shows the CLI's default cost model with each graph's own measured framework time, what a user who
+captures with ``--host-timing`` on the target host gets.
+
 Leave-one-out: the profile is a synthetic sweep of op kinds (``opgraph profile``); it never replays
 the evaluated models' own ops. Writes ``report.json`` and ``report.md`` under ``--out``.
 """
@@ -56,6 +65,10 @@ RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
 RUN_RANGE = "heldout_run_"
 MODULE_RANGE = "heldout_mod:"
 BASE_MODELS = ("roofline", "profile")
+MEASURED_HOST = "measured_host"
+"""Label of the column whose graphs carry the framework time measured on the GPU machine's CPU."""
+HOST_GRAPHS = "host_graphs.tar.gz"
+"""The held-out cases captured with --host-timing on the GPU machine (benchmarks/gpu/host_profile.sh)."""
 GPU_TARGET, WALL_TARGET, MEDIAN_OP_TARGET = 0.05, 0.10, 0.10
 """The issue's targets, for the report's summary (the test keeps its own copy and recomputes)."""
 LEAVE_ONE_OUT = (
@@ -434,13 +447,55 @@ def _committed_profile(hw: Any) -> Any | None:
     return resolve_cost_model(str(path)) if path.is_file() else None
 
 
-def predict(graph: Any, hw: Any, model: Any) -> tuple[Any, int, str]:
-    """Simulate as ``opgraph simulate -e 1 --policy stream`` (eager host): timeline, uncosted ops, model name."""
+def predict(graph: Any, hw: Any, model: Any, host_profile: str | None = None) -> tuple[Any, int, str, list[str]]:
+    """Simulate as ``opgraph simulate -e 1 --policy stream`` (eager host, the framework time the CLI
+    adds by default; ``host_profile`` overrides the device's): timeline, uncosted ops, model name, notes."""
     from simulators import HostConfig, HostMode, SimulationConfig, simulate
 
-    config = SimulationConfig.standard(1, policy="stream", host=HostConfig(mode=HostMode.EAGER))
+    host = HostConfig(mode=HostMode.EAGER)
+    if host_profile is not None:
+        host = host.model_copy(update={"host_profile": host_profile})
+    config = SimulationConfig.standard(1, policy="stream", host=host)
     sim = simulate(graph, hw, model, config.model_copy(update={"skip_uncosted": True}))
-    return sim.timeline(), len(sim.problem.uncosted), sim.cost_model_name
+    host_notes = [n for n in sim.notes if n.startswith(("host:", "warning: host"))]
+    return sim.timeline(), len(sim.problem.uncosted), sim.cost_model_name, host_notes
+
+
+def host_model(hw: Any, host_profile: str | None) -> dict[str, Any]:
+    """What the predictions use for the framework's time between ops (the CLI default, or the file)."""
+    try:
+        from hardware.hostprofile import hardware_host_profile, load_host_profile
+    except ImportError:  # a checkout before host profiles
+        return {"source": "none (this checkout has no host profiles)"}
+    path = Path(host_profile) if host_profile else hardware_host_profile(hw)
+    if path is None:
+        return {"source": f"none: the {hw.name} catalog entry names no host profile (issue time per op only)"}
+    prof = load_host_profile(path)
+    return {
+        "source": f"{'--host-profile' if host_profile else 'catalog'} {path.name}",
+        "cpu": prof.host.cpu,
+        "versions": {"torch": prof.host.torch, "transformers": prof.host.transformers, "python": prof.host.python},
+        "date": prof.host.date,
+        "issue_us": prof.issue_us,
+        "training": [f"{t.model} {t.phase} {t.shape}" for t in prof.training],
+        "global_median_us": prof.global_gap.median_us,
+    }
+
+
+def load_host_graphs(path: Path | None, tmp: Path) -> dict[str, Any]:
+    """Case name -> graph captured with --host-timing on the GPU machine (``heldout/CASE.json.gz``)."""
+    if path is None or not path.exists():
+        return {}
+    from opgraph.ir import load_graph
+
+    folder = path
+    if path.is_file():
+        folder = tmp / "host_graphs"
+        with tarfile.open(path) as tar:
+            tar.extractall(folder, filter="data")
+    return {
+        f.name.split(".json")[0]: load_graph(f) for f in sorted(folder.rglob("*.json.gz")) if f.parent.name == "heldout"
+    }
 
 
 def _rel(pred: float | None, ref: float) -> float | None:
@@ -448,11 +503,21 @@ def _rel(pred: float | None, ref: float) -> float | None:
 
 
 def evaluate_case(
-    folder: Path, case: dict[str, Any], hw: Any, models: dict[str, Any], notes: list[str], host_timing: bool = False
+    folder: Path,
+    case: dict[str, Any],
+    hw: Any,
+    models: dict[str, Any],
+    notes: list[str],
+    host_timing: bool = False,
+    host_profile: str | None = None,
+    host_graph: Any = None,
+    default: str = "",
 ) -> dict[str, Any]:
     """One row: the measured numbers, the per-op attribution and every cost model's errors (with
     ``host_timing``, the graph carries the framework time between ops measured on this machine's CPU,
-    as ``opgraph capture --host-timing`` does: not reproducible from the committed data alone)."""
+    as ``opgraph capture --host-timing`` does: not reproducible from the committed data alone). With
+    ``host_graph`` (the case captured with --host-timing on the GPU machine), one more prediction
+    (:data:`MEASURED_HOST`) by the ``default`` cost model on the graph carrying its measured gaps."""
     from opgraph.capture.api import CaptureOptions, add_host_timing, record
     from opgraph.compare import JoinMode, compare_timelines
 
@@ -492,9 +557,17 @@ def evaluate_case(
         "predicted": {},
         "fake_device": bool(case.get("fake_device")),
     }
-    for label in list(models):
+    runs: list[tuple[str, Any, Any]] = [(label, graph, models[label]) for label in models]
+    if host_graph is not None and default in models:
+        from opgraph.capture.hosttime import carry_host_gaps
+
         try:
-            tl, uncosted, name = predict(graph, hw, models[label])
+            runs.append((MEASURED_HOST, carry_host_gaps(host_graph, graph), models[default]))
+        except ValueError as exc:
+            notes.append(f"{case['case']}: the GPU host's --host-timing graph not used: {exc}")
+    for label, g_run, model in runs:
+        try:
+            tl, uncosted, name, host_notes = predict(g_run, hw, model, host_profile)
         except Exception as exc:
             fallback = _committed_profile(hw) if label == "profile" else None
             if fallback is None:
@@ -503,7 +576,7 @@ def evaluate_case(
             # The catalog does not name its profile yet: the committed profile file is the same data.
             models[label] = fallback
             notes.append(f"profile: {exc} - used the committed catalog file hardware/catalog/{hw.name}{PROFILE_FILE}")
-            tl, uncosted, name = predict(graph, hw, models[label])
+            tl, uncosted, name, host_notes = predict(g_run, hw, models[label], host_profile)
         # opgraph compare's definitions: device time = sum of device spans; wall = wall_us or the extent.
         gpu_p = sum(sp.dur_us for sp in tl.device_spans())
         wall_p = tl.wall_us if tl.wall_us is not None else tl.makespan_us
@@ -517,6 +590,7 @@ def evaluate_case(
             "median_op_err": c.median_abs_rel_error if c is not None else None,
             "matched_ops": c.matched if c is not None else 0,
             "uncosted_ops": uncosted,
+            "host": host_notes,
             "by_kind": [
                 {"kind": g.group, "ops": g.ops, "predicted_us": g.predicted_us, "measured_us": g.reference_us,
                  "err": g.rel_error}
@@ -547,12 +621,22 @@ def evaluate_case(
     return row
 
 
-def build_report(data: Path, hardware: str = "h100", host_timing: bool = False) -> dict[str, Any]:
-    """The held-out table as a dict (see :func:`render_markdown`)."""
+def build_report(
+    data: Path,
+    hardware: str = "h100",
+    host_timing: bool = False,
+    host_profile: str | None = None,
+    host_graphs: Path | None = None,
+) -> dict[str, Any]:
+    """The held-out table as a dict (see :func:`render_markdown`). ``host_graphs`` defaults to
+    :data:`HOST_GRAPHS` beside ``data``, when there is one."""
     from hardware import load_hardware
 
+    if host_graphs is None:
+        host_graphs = data.parent / HOST_GRAPHS
     with tempfile.TemporaryDirectory() as tmp:
         folder = open_data(data, Path(tmp))
+        timed = {} if host_timing else load_host_graphs(host_graphs, Path(tmp))
         summary, cases = load_cases(folder)
         hw = load_hardware(hardware)
         default = cli_default_cost_model(hw)
@@ -564,9 +648,14 @@ def build_report(data: Path, hardware: str = "h100", host_timing: bool = False) 
             except Exception as exc:
                 skipped[label] = f"{type(exc).__name__}: {exc}"[:300]
         notes: list[str] = []
-        rows = [evaluate_case(folder, c, hw, models, notes, host_timing) for c in cases]
+        host = host_model(hw, host_profile)
+        rows = [
+            evaluate_case(folder, c, hw, models, notes, host_timing, host_profile, timed.get(c["case"]), default)
+            for c in cases
+        ]
     notes = list(dict.fromkeys(notes))
     within: dict[str, dict[str, int]] = {}
+    extra = [MEASURED_HOST] if any(MEASURED_HOST in r["predicted"] for r in rows) else []
     for label in list(models):  # a model that could cost no case is no column
         errors = [r["predicted"][label]["error"] for r in rows if "error" in r["predicted"].get(label, {})]
         if rows and len(errors) == len(rows):
@@ -574,7 +663,7 @@ def build_report(data: Path, hardware: str = "h100", host_timing: bool = False) 
             del models[label]
             for r in rows:
                 r["predicted"].pop(label, None)
-    for label in models:
+    for label in [*models, *extra]:
         preds = [r["predicted"].get(label, {}) for r in rows]
         within[label] = {
             "gpu": sum(p.get("gpu_err") is not None and abs(p["gpu_err"]) <= GPU_TARGET for p in preds),
@@ -589,9 +678,20 @@ def build_report(data: Path, hardware: str = "h100", host_timing: bool = False) 
         "versions": {k: summary.get(k) for k in ("torch", "cuda", "transformers", "date")},
         "cli_default_cost_model": default,
         "cost_models": list(models),
+        "host_model": host,
+        "measured_host": (
+            f"{default} on graphs captured with --host-timing on the GPU machine ({HOST_GRAPHS}): the framework "
+            "time measured for each case itself, not predicted"
+        )
+        if extra
+        else None,
         "skipped_cost_models": skipped,
         "simulation": "1 engine, stream policy, eager host (opgraph simulate -H HW -e 1 --policy stream)"
-        + ("; framework time between ops measured on this CPU (capture --host-timing)" if host_timing else ""),
+        + (
+            "; framework time between ops measured on this CPU (capture --host-timing)"
+            if host_timing
+            else f"; framework time between ops: {host['source']}"
+        ),
         "gpu_time": "sum of device activity durations (kernels, memcpy, memset) of one run, median of the runs",
         "wall_time": "CUDA-synchronised wall of one forward, median of the runs (min/max reported)",
         "per_op": "median |error| over ops of at least 5 us, kernels attributed through the trace's aten calls",
@@ -618,13 +718,16 @@ def _shape(s: dict[str, Any]) -> str:
 
 def render_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: one table of measured numbers and errors per cost model."""
-    labels = [*report["cost_models"], "runtime_estimator"]
+    measured_host = bool(report.get("measured_host"))
+    labels = [*report["cost_models"], *([MEASURED_HOST] if measured_host else []), "runtime_estimator"]
     default = report["cli_default_cost_model"]
     head = ["case", "shape", "GPU ms (spread)", "wall ms (min-max)", "per-op coverage"]
     for label in labels:
         mark = " (CLI default)" if label == default else ""
         if label == "runtime_estimator":
             head.append("RuntimeEstimator GPU err")
+        elif label == MEASURED_HOST:
+            head.append(f"{default} wall err, GPU host's --host-timing")
         else:
             head += [f"{label}{mark} GPU err", f"{label} wall err", f"{label} median op err"]
     lines = [
@@ -645,9 +748,32 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{100 * GPU_TARGET:g}% on {c['gpu']}/{n} cases, wall within {100 * WALL_TARGET:g}% on {c['wall']}/{n}, "
         f"median per-op error within {100 * MEDIAN_OP_TARGET:g}% on {c['per_op']}/{n} (n/a on {c['per_op_na']})"
         for label, c in report.get("within_targets", {}).items()
+        if label != MEASURED_HOST
     ]
+    timed = report.get("within_targets", {}).get(MEASURED_HOST)
+    if timed is not None:
+        k = sum(MEASURED_HOST in r["predicted"] for r in report["cases"])
+        within.append(
+            f"- `{MEASURED_HOST}` ({default} with each case's own --host-timing on the GPU host): wall within "
+            f"{100 * WALL_TARGET:g}% on {timed['wall']}/{k} cases with such a graph"
+        )
+    host = report.get("host_model") or {}
+    host_lines = []
+    if host.get("cpu"):
+        host_lines = [
+            f"Host model: {host['source']}, fitted on {host['cpu']} ({host.get('date', '')}) from "
+            f"{len(host.get('training', []))} host-timed captures of other shapes; issue time per aten call "
+            f"{host.get('issue_us')} us. "
+            + (f"`{MEASURED_HOST}`: {report['measured_host']}." if measured_host else ""),
+            "",
+        ]
     if within:
-        lines[-2:-2] = ["Within the issue's targets (every case: GPU 5%, wall 10%, median per-op 10%):", *within, ""]
+        lines[-2:-2] = [
+            *host_lines,
+            "Within the issue's targets (every case: GPU 5%, wall 10%, median per-op 10%):",
+            *within,
+            "",
+        ]
     for r in report["cases"]:
         m = r["measured"]
         cells = [
@@ -661,6 +787,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             p = r["predicted"].get(label, {})
             if label == "runtime_estimator":
                 cells.append(_pct(p.get("gpu_err")))
+            elif label == MEASURED_HOST:
+                cells.append(_pct(p.get("wall_err")))
             else:
                 cells += [_pct(p.get("gpu_err")), _pct(p.get("wall_err")), _pct(p.get("median_op_err"), False)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -694,6 +822,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="capture with --host-timing: the framework time between ops measured on this CPU (not reproducible)",
     )
+    ap.add_argument("--host-profile", help="host profile (.host.json) instead of the one the device's catalog names")
+    ap.add_argument(
+        "--host-graphs",
+        type=Path,
+        help=f"the held-out cases captured with --host-timing on the GPU machine (default: {HOST_GRAPHS} beside DATA)",
+    )
     args = ap.parse_args(argv)
     if not args.data.exists():
         print(
@@ -702,7 +836,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        report = build_report(args.data, args.hardware, args.host_timing)
+        report = build_report(args.data, args.hardware, args.host_timing, args.host_profile, args.host_graphs)
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -111,12 +111,17 @@ def spec_from_table(
 
     ``profile = FILE`` names the device's measured profile, relative to ``root`` (the folder of the
     TOML); it is registered for the spec (:func:`hardware.profile.hardware_profile`), not a field of it.
+    ``host_profile = FILE`` names the host profile of the CPU that measured it, the same way
+    (:func:`hardware.hostprofile.hardware_host_profile`).
     Errors name ``where`` (the file) and the field at fault.
     """
     data = dict(data)
     profile = data.pop("profile", None)
     if profile is not None and (not isinstance(profile, str) or not profile.strip()):
         raise LoadError(f"profile: expected a file name, got {profile!r}", where=where)
+    host_profile = data.pop("host_profile", None)
+    if host_profile is not None and (not isinstance(host_profile, str) or not host_profile.strip()):
+        raise LoadError(f"host_profile: expected a file name, got {host_profile!r}", where=where)
     base_name = data.pop("base", None)
     if base_name is not None:
         if not isinstance(base_name, str):
@@ -140,11 +145,15 @@ def spec_from_table(
     except ValidationError as exc:
         raise LoadError(_format_validation(exc), where=where) from None
     if profile is not None:
-        path = Path(profile.strip())
-        if not path.is_absolute() and root is not None:
-            path = root / path
-        register_hardware_profile(spec.name, path)
+        register_hardware_profile(spec.name, _relative(profile, root))
+    if host_profile is not None:
+        register_host_profile(spec.name, _relative(host_profile, root))
     return spec
+
+
+def _relative(name: str, root: Path | None) -> Path:
+    path = Path(name.strip())
+    return root / path if not path.is_absolute() and root is not None else path
 
 
 _PROFILES: dict[str, Path] = {}
@@ -159,6 +168,20 @@ def register_hardware_profile(hw_name: str, path: str | Path) -> None:
 def named_profile(hw_name: str) -> Path | None:
     """The profile file registered for the device named ``hw_name``, or ``None``."""
     return _PROFILES.get(normalize_name(hw_name))
+
+
+_HOST_PROFILES: dict[str, Path] = {}
+"""Device name (normalised) to the host profile file its TOML names."""
+
+
+def register_host_profile(hw_name: str, path: str | Path) -> None:
+    """Make ``path`` the host profile of the device named ``hw_name`` (``host_profile = ...`` in a TOML)."""
+    _HOST_PROFILES[normalize_name(hw_name)] = Path(path)
+
+
+def named_host_profile(hw_name: str) -> Path | None:
+    """The host profile file registered for the device named ``hw_name``, or ``None``."""
+    return _HOST_PROFILES.get(normalize_name(hw_name))
 
 
 def load_hardware_file(path: str | Path) -> HardwareSpec:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from functools import lru_cache
+from pathlib import Path
 
 from hardware.base import CostModel, cost_graph
+from hardware.hostprofile import HostProfile, check_host_cpu, hardware_host_profile, load_host_profile, predict_gaps
 from hardware.models.collective import AlphaBetaCollectiveModel
 from hardware.spec import HardwareSpec
-from opgraph.ir import OpGraph
+from opgraph.ir import OpGraph, OpgraphError
 from opgraph.ir.gcpause import paused_gc
 from simulators.config import HostMode, SimulationConfig
 from simulators.errors import SimulationConfigError, UncostedOpsError
@@ -72,11 +75,8 @@ def run_problem(
         # A calibrated cost model knows each op's measured eager issue time: it wins over the per-op default.
         host_us = [h if (m is None or h == 0.0) else m for h, m in zip(host_us, problem.host_us, strict=True)]
     notes: list[str] = []
-    if config.host.mode is HostMode.EAGER and config.host.framework and any(problem.framework_us):
-        host_us = [h + f for h, f in zip(host_us, problem.framework_us, strict=True)]
-        timing = problem.graph.metadata.host_timing
-        cpu = timing.cpu if timing else "the capture host"
-        notes.append(f"host: {sum(problem.framework_us) / 1e3:.3f} ms of framework time between ops, measured on {cpu}")
+    if config.host.mode is HostMode.EAGER and config.host.framework:
+        host_us, host_per_op_us = _add_framework_time(problem, config, host_us, host_per_op_us, hardware_name, notes)
     with paused_gc():
         sim = Simulator(problem, config, policy, host_us, progress=progress)
         kernel = sim.run()
@@ -90,6 +90,76 @@ def run_problem(
         cost_model_name=cost_model_name,
         notes=[*notes, *kernel.notes],
     )
+
+
+def _add_framework_time(
+    problem: SchedulingProblem,
+    config: SimulationConfig,
+    host_us: list[float],
+    per_op_us: float,
+    hardware_name: str,
+    notes: list[str],
+) -> tuple[list[float], float]:
+    """Eager host time per op plus the framework's time before it, by precedence: the graph's own
+    (captured with ``--host-timing``), else the host profile's prediction (``config.host.host_profile``,
+    else the one the hardware names), else none; and the default issue time per op (the host
+    profile's, unless ``config.host.per_op_us`` is set). Says which in ``notes``."""
+    if any(problem.framework_us):
+        timing = problem.graph.metadata.host_timing
+        cpu = timing.cpu if timing else "the capture host"
+        notes.append(
+            f"host: {sum(problem.framework_us) / 1e3:.3f} ms of framework time between ops, measured on {cpu} "
+            "(the graph's --host-timing)"
+        )
+        return [h + f for h, f in zip(host_us, problem.framework_us, strict=True)], per_op_us
+    found = host_profile_for(config.host.host_profile, hardware_name)
+    if found is None:
+        return host_us, per_op_us
+    profile, where = found
+    warned = check_host_cpu(profile, hardware_name, where)
+    if warned:
+        notes.append(f"warning: {warned}")
+    if config.host.per_op_us is None and profile.issue_us is not None:
+        # The profile's issue time per aten call replaces the spec's typical value; a calibrated or
+        # profiled cost model's own per-op issue times still win (problem.host_us).
+        per_op_us = profile.issue_us
+        measured = problem.host_us or [None] * len(host_us)
+        host_us = [per_op_us if h > 0.0 and m is None else h for h, m in zip(host_us, measured, strict=True)]
+    predicted = predict_gaps(problem.graph, profile)
+    notes.append(
+        f"host: {predicted.total_us / 1e3:.3f} ms of framework time between ops predicted by the host profile "
+        f"{where} ({profile.host.cpu}; ops by key: {predicted.describe()}); a graph captured with --host-timing "
+        "uses its own, --no-framework-time drops it"
+    )
+    return [h + f for h, f in zip(host_us, predicted.gaps_us, strict=True)], per_op_us
+
+
+def host_profile_for(path: str | None, hardware_name: str) -> tuple[HostProfile, str] | None:
+    """The host profile to use: the file ``path``, else the one the device ``hardware_name`` names in
+    the catalog, else ``None``; with the name to show for it."""
+    if path is None:
+        if not hardware_name:
+            return None
+        try:
+            named = hardware_host_profile(hardware_name)
+        except OpgraphError:  # a device not in the catalog (a user file): it names none
+            return None
+        if named is None:
+            return None
+        return _load_cached(str(named), _mtime(named)), named.name
+    return _load_cached(path, _mtime(Path(path))), path
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0  # load_host_profile says what is wrong
+
+
+@lru_cache(maxsize=8)
+def _load_cached(path: str, _mtime_ns: int) -> HostProfile:
+    return load_host_profile(path)
 
 
 def cost_problem(graph: OpGraph, cost_model: CostModel, hardware: HardwareSpec) -> tuple[SchedulingProblem, str, int]:

@@ -90,8 +90,12 @@ class HostConfig(BaseModel):
     free_ops: bool = False
     """Charge host time for ops that launch no kernel (views) too."""
     framework: bool = True
-    """Eager mode: add the framework's host time before each op where the graph has it (captured with
-    ``--host-timing``, ``OpBase.host_gap_us``) to the op's issue time."""
+    """Eager mode: add the framework's host time before each op to the op's issue time: the graph's
+    own (captured with ``--host-timing``, ``OpBase.host_gap_us``) when it has it, else the host
+    profile's prediction (:attr:`host_profile`); off, neither."""
+    host_profile: str | None = None
+    """Host profile file (``.host.json``, :mod:`hardware.hostprofile`) for graphs without host timing;
+    ``None``: the one the hardware's catalog entry names (``host_profile = ...``), if any."""
     sync_each_step: bool = True
     """The host waits for the last op of each forward step (``op.step``) before issuing the next
     step, as a generate loop that reads the sampled token does."""
@@ -206,6 +210,8 @@ class SimulationConfig(BaseModel):
             out["independent_engines"] = True
         if self.host.per_op_us is not None:
             out["host_per_op_us"] = self.host.per_op_us
+        if self.host.host_profile is not None:
+            out["host_profile"] = self.host.host_profile
         for g in self.groups:
             out[f"engines.{g.name}"] = g.count
         return out

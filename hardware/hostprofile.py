@@ -1,0 +1,312 @@
+"""Host profiles: the framework's host time between ops on one CPU, as a model of the graph's structure.
+
+An eager PyTorch forward spends host time on two things per kernel: issuing the aten call
+(dispatcher and launch, in the device profile as ``aten_issue_us`` and per-regime ``host_s``) and
+the framework's Python before it (module calls, ``forward`` bodies, views and cache bookkeeping:
+``OpBase.host_gap_us`` of a graph captured with ``--host-timing``). A :class:`HostProfile` holds the
+second as medians keyed by where an op sits in the model, fitted from host-timed captures of a
+training set of models (:func:`hardware.hostfit.fit_host_profile`), so a graph captured without host
+timing (on any machine, on ``meta``) still gets the framework time of the profiled CPU.
+
+Each op is looked up by its :func:`structure_keys`, most specific first:
+
+1. ``exact``: stage, op kind, aten target, module role (the scope with layer numbers as ``*``,
+   ``model.layers.*.self_attn.q_proj``) and position (``entry``: the first op of a module call,
+   which pays the module's Python; ``inner``: any later op of the same call);
+2. ``target``: kind, target and position;
+3. ``kind``: kind and position;
+4. ``global``: the median over every training op.
+
+Catalog devices name their host profile in their TOML (``host_profile = "h100-sxm.host.json"``, the
+CPU of the machine that measured the device profile); :func:`hardware_host_profile` finds it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from hardware.spec import HardwareSpec, NonNegFloat
+from opgraph.ir import LoadError, OpGraph, OpgraphError, SchemaVersionError, read_json_bytes, save_model
+from opgraph.ir.ops import OpBase
+from opgraph.ir.tensor import FROZEN
+
+HOST_PROFILE_FORMAT = "opgraph.host_profile"
+"""The ``format`` marker of a host profile file."""
+HOST_PROFILE_SCHEMA_VERSION = 1
+"""The host profile file format version this opgraph reads and writes."""
+HOST_PROFILE_SUFFIX = ".host.json"
+"""File names ending so are host profiles."""
+
+LEVELS: tuple[str, ...] = ("exact", "target", "kind", "global")
+"""Lookup levels of :meth:`HostProfile.gap_us`, most specific first."""
+
+_NUMBER = re.compile(r"^\d+$")
+
+
+class HostProfileWarning(UserWarning):
+    """A host profile that may not describe the host being modelled (another CPU than the device
+    profile's host). Front ends print it as one line."""
+
+
+class HostInfo(BaseModel):
+    """Where and with what a host profile was measured."""
+
+    model_config = FROZEN
+
+    cpu: str
+    """CPU model name (``/proc/cpuinfo``) of the machine the training graphs were timed on."""
+    cores: Annotated[int, Field(ge=0)] = 0
+    """Logical CPUs of that machine (0: unknown)."""
+    torch: str = ""
+    """torch version."""
+    transformers: str = ""
+    """transformers version."""
+    python: str = ""
+    """Python version."""
+    platform: str = ""
+    """OS and machine (``platform.platform()``)."""
+    date: str = ""
+    """When the profile was built (ISO 8601, UTC)."""
+
+
+class GapStat(BaseModel):
+    """Framework time before the ops of one key: median and spread over the training ops."""
+
+    model_config = FROZEN
+
+    median_us: NonNegFloat
+    """Median framework host time before an op of this key, microseconds."""
+    p10_us: NonNegFloat = 0.0
+    """10th percentile."""
+    p90_us: NonNegFloat = 0.0
+    """90th percentile."""
+    n: Annotated[int, Field(ge=1)]
+    """Training ops with this key."""
+
+
+class TrainingGraph(BaseModel):
+    """One host-timed capture the profile was fitted from."""
+
+    model_config = FROZEN
+
+    model: str
+    """Model name or preset."""
+    architecture: str = ""
+    """HF architecture class."""
+    phase: str = ""
+    """prefill, decode or generate."""
+    shape: str = ""
+    """Batch, tokens and layers as captured (``b4 kv2048 bf16 3L``)."""
+    ops: Annotated[int, Field(ge=0)]
+    """Ops with a measured gap."""
+    total_us: NonNegFloat
+    """Framework host time of the whole graph, microseconds."""
+
+
+class HostProfile(BaseModel):
+    """The framework's host time between ops on one CPU, keyed by the op's place in the model."""
+
+    model_config = FROZEN
+
+    format: Literal["opgraph.host_profile"] = "opgraph.host_profile"
+    """Marks the file as a host profile."""
+    schema_version: int = HOST_PROFILE_SCHEMA_VERSION
+    """Format version (:data:`HOST_PROFILE_SCHEMA_VERSION`)."""
+    host: HostInfo
+    """Provenance: the CPU and software."""
+    issue_us: NonNegFloat | None = None
+    """Host time to issue one aten call in eager PyTorch on this CPU (dispatcher and launch), when
+    known; the device profile's per-regime issue times take precedence where it has them."""
+    issue_source: str = ""
+    """Where :attr:`issue_us` came from (``device profile h100-sxm.profile.json``)."""
+    exact: dict[str, GapStat] = Field(default_factory=dict)
+    """``stage|kind|target|role|position`` -> framework time."""
+    target: dict[str, GapStat] = Field(default_factory=dict)
+    """``kind|target|position`` -> framework time."""
+    kind: dict[str, GapStat] = Field(default_factory=dict)
+    """``kind|position`` -> framework time."""
+    global_gap: GapStat
+    """Over every training op."""
+    training: tuple[TrainingGraph, ...] = ()
+    """The captures it was fitted from."""
+    notes: tuple[str, ...] = ()
+    """Remarks (what was left out of the training set, and why)."""
+
+    def gap_us(self, keys: Sequence[str]) -> tuple[float, str]:
+        """The framework time for an op with :func:`structure_keys` ``keys``: (us, level used)."""
+        for level, key in zip(LEVELS, keys, strict=False):
+            table: dict[str, GapStat] = getattr(self, level)
+            hit = table.get(key)
+            if hit is not None:
+                return hit.median_us, level
+        return self.global_gap.median_us, "global"
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON, atomically."""
+        return save_model(self, path)
+
+
+def module_role(scope: str) -> str:
+    """The scope with numeric path parts (layer, expert indices) as ``*``.
+
+    >>> module_role("model.layers.12.self_attn.q_proj")
+    'model.layers.*.self_attn.q_proj'
+    """
+    return ".".join("*" if _NUMBER.match(part) else part for part in scope.split(".")) if scope else ""
+
+
+def structure_keys(op: OpBase, previous_scope: str | None) -> tuple[str, str, str]:
+    """The (exact, target, kind) lookup keys of ``op``; ``previous_scope`` is the scope of the op
+    issued before it (``None`` for the first op: an entry)."""
+    position = "entry" if previous_scope is None or op.scope != previous_scope else "inner"
+    kind = op.kind.value
+    stage = op.stage.value if op.stage is not None else ""
+    return (
+        f"{stage}|{kind}|{op.target}|{module_role(op.scope)}|{position}",
+        f"{kind}|{op.target}|{position}",
+        f"{kind}|{position}",
+    )
+
+
+def graph_keys(graph: OpGraph) -> list[tuple[str, str, str]]:
+    """:func:`structure_keys` of every op of ``graph``, in program order."""
+    out: list[tuple[str, str, str]] = []
+    previous: str | None = None
+    for op in graph.ops:
+        out.append(structure_keys(op, previous))
+        previous = op.scope
+    return out
+
+
+@dataclass(frozen=True)
+class GapPrediction:
+    """Framework host time per op of a graph, looked up in a host profile."""
+
+    gaps_us: list[float]
+    """Per op, in program order."""
+    levels: Counter[str] = field(default_factory=Counter)
+    """Ops answered at each lookup level."""
+
+    @property
+    def total_us(self) -> float:
+        """Sum over ops."""
+        return sum(self.gaps_us)
+
+    def describe(self) -> str:
+        """``N exact, M kind+target, ...`` in lookup order."""
+        names = {"exact": "exact key", "target": "kind+target", "kind": "kind only", "global": "global median"}
+        return ", ".join(f"{self.levels[lv]} {names[lv]}" for lv in LEVELS if self.levels[lv])
+
+
+def predict_gaps(graph: OpGraph, profile: HostProfile) -> GapPrediction:
+    """The framework time before each op of ``graph`` on the profile's CPU (fallback chain of
+    :data:`LEVELS`)."""
+    gaps: list[float] = []
+    levels: Counter[str] = Counter()
+    for keys in graph_keys(graph):
+        us, level = profile.gap_us(keys)
+        gaps.append(us)
+        levels[level] += 1
+    return GapPrediction(gaps, levels)
+
+
+# -- files -------------------------------------------------------------------------------------------
+
+
+def check_host_schema(raw: dict[str, object], where: str) -> None:
+    """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is a host profile of this schema."""
+    if raw.get("format") != HOST_PROFILE_FORMAT:
+        raise LoadError(
+            f"not a host profile (format is {raw.get('format')!r}, expected {HOST_PROFILE_FORMAT!r})",
+            where=where,
+            hint="give a file written by `python -m hardware.hostfit`",
+        )
+    version = raw.get("schema_version")
+    if version != HOST_PROFILE_SCHEMA_VERSION:
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise LoadError(f"host profile with a bad schema_version {version!r}", where=where)
+        newer = version > HOST_PROFILE_SCHEMA_VERSION
+        raise SchemaVersionError(
+            f"host profile schema_version {version} is {'newer' if newer else 'older'} than this opgraph's "
+            f"{HOST_PROFILE_SCHEMA_VERSION}",
+            where=where,
+            hint="upgrade opgraph to read it" if newer else "rebuild it with `python -m hardware.hostfit`",
+        )
+
+
+def load_host_profile(path: str | Path) -> HostProfile:
+    """Read a :class:`HostProfile`; a missing, truncated, foreign or other-version file is a one-line
+    :class:`~opgraph.ir.LoadError` naming it (:class:`~opgraph.ir.SchemaVersionError` for the version)."""
+    where = str(path)
+    data = read_json_bytes(path)
+    try:
+        raw = json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise LoadError(
+            f"truncated or not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+            where=where,
+            hint="rebuild it with `python -m hardware.hostfit`",
+        ) from None
+    except UnicodeDecodeError:
+        raise LoadError("not valid JSON: the file is binary, not UTF-8 text", where=where) from None
+    if not isinstance(raw, dict):
+        raise LoadError(f"expected a JSON object for a host profile, got {type(raw).__name__}", where=where)
+    check_host_schema(raw, where)
+    try:
+        return HostProfile.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        raise LoadError(f"invalid host profile: {loc}: {err['msg']}", where=where) from None
+
+
+def hardware_host_profile(hw: HardwareSpec | str) -> Path | None:
+    """The host profile file the device's TOML names (``host_profile = ...``), or ``None``.
+
+    >>> hardware_host_profile("a6000") is None
+    True
+    """
+    from hardware.loader import catalog_spec, list_hardware, named_host_profile
+
+    list_hardware()  # the catalog registers its profiles as it loads (once)
+    name = hw.name if isinstance(hw, HardwareSpec) else hw
+    hit = named_host_profile(name)  # a user TOML's own registers under its name as it loads
+    return hit if hit is not None or isinstance(hw, HardwareSpec) else named_host_profile(catalog_spec(hw).name)
+
+
+@lru_cache(maxsize=32)
+def device_host_cpu(hw_name: str) -> str | None:
+    """The host CPU the device's shipped device profile was measured with, when it ships one."""
+    from hardware.profile import hardware_profile, load_profile
+
+    try:
+        path = hardware_profile(hw_name)
+    except OpgraphError:  # not a catalog device: it ships no device profile
+        return None
+    if path is None or not path.exists():
+        return None
+    return load_profile(path).device.host_cpu or None
+
+
+def check_host_cpu(profile: HostProfile, hw_name: str, where: str) -> str | None:
+    """A :class:`HostProfileWarning` (returned as its text too) when the host profile's CPU is not the
+    host CPU of ``hw_name``'s device profile; ``None`` when they agree or either is unknown."""
+    expected = device_host_cpu(hw_name) if hw_name else None
+    if expected is None or not profile.host.cpu or profile.host.cpu == expected:
+        return None
+    text = (
+        f"host profile {where} was measured on {profile.host.cpu!r}, not on {expected!r} (the host of the "
+        f"{hw_name} device profile): the framework times are that CPU's"
+    )
+    warnings.warn(text, HostProfileWarning, stacklevel=3)
+    return text

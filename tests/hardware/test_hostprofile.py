@@ -1,0 +1,156 @@
+"""Host profiles: the fit recovers the framework gaps it is given, the lookup falls back key by key,
+files fail in one line, and the profile's CPU is checked against the device's host."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from hardware.hostfit import fit_host_profile, main
+from hardware.hostprofile import GapStat, HostInfo, HostProfileWarning, check_host_cpu, load_host_profile, predict_gaps
+from opgraph.ir import (
+    Elementwise,
+    Gemm,
+    LoadError,
+    Norm,
+    OpBase,
+    OpGraph,
+    OpgraphError,
+    SchemaVersionError,
+    Stage,
+)
+from tests.hardware.host_builders import layer_ops, toy_graph, toy_profile
+
+
+def test_fit_recovers_the_known_gaps_of_an_unseen_graph() -> None:
+    # Three timed graphs whose gaps are the truth plus -1, 0 and +1 us: the medians are the truth.
+    prof = toy_profile()
+    target = toy_graph(5, timed=False)  # a longer graph, never timed
+    pred = predict_gaps(target, prof)
+    truth = [op for layer in range(5) for op in layer_ops(layer, 4 * layer, 0.0)]
+    assert pred.gaps_us == [op.host_gap_us for op in truth]
+    assert pred.levels == {"exact": 20}
+    assert prof.exact["decode|norm|LlamaRMSNorm|model.layers.*.input_layernorm|entry"] == GapStat(
+        median_us=40.0, p10_us=39.0, p90_us=41.0, n=7
+    )
+    assert [t.ops for t in prof.training] == [8, 12, 8]
+
+
+def test_the_first_op_of_a_module_call_pays_more_than_the_next() -> None:
+    prof = toy_profile()
+    entry, inner = prof.kind["elementwise|entry"].median_us, prof.kind["elementwise|inner"].median_us
+    assert (entry, inner) == (12.0, 3.0)
+
+
+def test_lookup_falls_back_from_exact_to_target_to_kind_to_global() -> None:
+    prof = toy_profile()
+    s = Stage.DECODE
+    ops: list[OpBase] = [
+        # exact key: known stage, kind, target, role and position
+        Norm(id=0, hidden=64, rows=4, target="LlamaRMSNorm", scope="model.layers.7.input_layernorm", stage=s),
+        # another module, same kind+target+position as the up_proj: kind+target
+        Gemm(id=1, m=4, n=64, k=64, target="aten.mm.default", scope="model.layers.7.self_attn.q_proj", stage=s),
+        # an elementwise target never seen, entering a module: kind
+        Elementwise(id=2, fn="sub", numel=8, target="aten.sub.Tensor", scope="model.layers.7.other", stage=s),
+        # a norm inside a module call, which no training op was: global median
+        Norm(id=3, hidden=64, rows=4, target="LlamaRMSNorm", scope="model.layers.7.other", stage=s),
+    ]
+    pred = predict_gaps(OpGraph(ops=tuple(ops)), prof)
+    assert pred.levels == {"exact": 1, "target": 1, "kind": 1, "global": 1}
+    assert pred.gaps_us == [40.0, 25.0, 12.0, prof.global_gap.median_us]
+    assert pred.describe() == "1 exact key, 1 kind+target, 1 kind only, 1 global median"
+
+
+def test_fit_refuses_untimed_graphs_and_mixed_cpus() -> None:
+    with pytest.raises(OpgraphError, match="no host timing"):
+        fit_host_profile([toy_graph(2), toy_graph(2, timed=False)])
+    with pytest.raises(OpgraphError, match="2 CPUs"):
+        fit_host_profile([toy_graph(2, cpu="A"), toy_graph(2, cpu="B")])
+    with pytest.raises(OpgraphError, match="no training graphs"):
+        fit_host_profile([])
+
+
+def test_saved_profile_round_trips(tmp_path: Path) -> None:
+    prof = toy_profile(issue_us=12.5)
+    path = prof.save(tmp_path / "toy.host.json")
+    assert load_host_profile(path) == prof
+
+
+@pytest.mark.parametrize(
+    ("edit", "error", "match"),
+    [
+        (lambda text: text[: len(text) // 2], LoadError, "truncated or not valid JSON"),
+        (lambda text: text.replace('"schema_version":1', '"schema_version":0'), SchemaVersionError, "older"),
+        (lambda text: text.replace('"schema_version":1', '"schema_version":9'), SchemaVersionError, "newer"),
+        (lambda text: text.replace("opgraph.host_profile", "opgraph.device_profile"), LoadError, "not a host profile"),
+        (lambda text: text.replace('"median_us":40.0', '"median_us":-1'), LoadError, "invalid host profile"),
+    ],
+)
+def test_bad_files_are_one_line_errors(tmp_path: Path, edit, error, match) -> None:  # type: ignore[no-untyped-def]
+    path = toy_profile().save(tmp_path / "toy.host.json")
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(error, match=match) as info:
+        load_host_profile(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_profile_of_another_cpu_than_the_device_profile_host_warns() -> None:
+    from hardware.profile import hardware_profile, load_profile
+
+    path = hardware_profile("h100")
+    assert path is not None
+    host_cpu = load_profile(path).device.host_cpu
+    same = toy_profile(host=HostInfo(cpu=host_cpu))
+    other = toy_profile(host=HostInfo(cpu=host_cpu + " (another one)"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_host_cpu(same, "h100-sxm", "same.host.json") is None
+        assert check_host_cpu(other, "a6000", "other.host.json") is None  # a6000 ships no device profile
+    with pytest.warns(HostProfileWarning, match="another one"):
+        assert check_host_cpu(other, "h100-sxm", "other.host.json") is not None
+
+
+def test_hostfit_command_writes_a_profile_and_fails_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opgraph.ir import save_graph
+
+    files = [save_graph(toy_graph(2, n), tmp_path / f"g{i}.json") for i, n in enumerate((-1.0, 1.0, 0.0))]
+    out = tmp_path / "toy.host.json"
+    assert main([*map(str, files), "-o", str(out), "--note", "toy"]) == 0
+    prof = load_host_profile(out)
+    assert prof.notes == ("toy",) and prof.host.cpu == "Toy CPU" and prof.issue_us is None
+    untimed = save_graph(toy_graph(2, timed=False), tmp_path / "untimed.json")
+    assert main([str(untimed), "-o", str(tmp_path / "x.host.json")]) == 2
+    err = capsys.readouterr().err
+    assert "has no host timing" in err and err.count("\n") == 1
+
+
+def test_catalog_host_profile_key_must_be_a_file_name(tmp_path: Path) -> None:
+    from hardware import load_hardware
+
+    bad = tmp_path / "dev.toml"
+    bad.write_text('base = "h100"\nname = "dev"\nhost_profile = 3\n')
+    with pytest.raises(LoadError, match="host_profile: expected a file name"):
+        load_hardware(bad)
+
+
+def test_a_user_toml_registers_its_host_profile(tmp_path: Path) -> None:
+    from hardware import load_hardware
+    from hardware.hostprofile import hardware_host_profile
+
+    prof_path = toy_profile().save(tmp_path / "toy.host.json")
+    toml = tmp_path / "dev.toml"
+    toml.write_text('base = "h100"\nname = "dev-with-host"\nhost_profile = "toy.host.json"\n')
+    spec = load_hardware(toml)
+    assert hardware_host_profile(spec) == prof_path
+    assert hardware_host_profile("a6000") is None
+
+
+def test_json_profile_is_plain_data(tmp_path: Path) -> None:
+    raw = json.loads(toy_profile().save(tmp_path / "t.host.json").read_text())
+    assert raw["format"] == "opgraph.host_profile" and raw["schema_version"] == 1
+    assert set(raw["host"]) >= {"cpu", "cores", "torch", "transformers", "python", "date"}
