@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from opgraph.cli.common import check_output_path, console, handle_errors, new_table
+
+if TYPE_CHECKING:
+    from hardware import Measurement
 
 
 def register(app: typer.Typer) -> None:
@@ -63,9 +67,8 @@ def calibrate(
     With `--collectives`: fit the measured collectives instead; `opgraph simulate --tp N
     --collective-fit OUTPUT` costs collectives from it.
     """
-    from hardware import Measurement, fit_cost_table, host_overhead_from_trace, load_hardware
+    from hardware import fit_cost_table, host_overhead_from_trace, load_hardware
     from opgraph.ir import OpgraphError
-    from validators import ReplayStatus, load_results
 
     check_output_path(output, "-o/--output", inputs=[*replays, trace, issue])
     if collectives:
@@ -87,29 +90,7 @@ def calibrate(
         from validators import load_issue
 
         issue_us = load_issue(issue).us_by_key
-    usable = {ReplayStatus.OK, ReplayStatus.MISMATCH} if include_mismatch else {ReplayStatus.OK}
-    from_issue = 0
-    measurements: list[Measurement] = []
-    devices: set[str] = set()
-    total = 0
-    for path in replays:
-        for r in load_results(path):
-            total += 1
-            if r.status not in usable or r.timing is None:
-                continue
-            devices.add(r.device_name or r.device)
-            t = r.timing
-            host_us = issue_us.get(r.key, t.host_us)
-            from_issue += r.key in issue_us
-            measurements.append(
-                Measurement(
-                    op=r.op,
-                    seconds=t.median_us * 1e-6,
-                    host_seconds=host_us * 1e-6 if host_us is not None else None,
-                    spread_s=t.iqr_us * 1e-6,
-                    samples=t.samples,
-                )
-            )
+    measurements, devices, from_issue, total = replay_measurements(replays, issue_us, include_mismatch)
     if not measurements:
         raise OpgraphError(
             f"none of the {total} results has a usable timing",
@@ -145,6 +126,43 @@ def calibrate(
     if len(devices) > 1:
         console.print(f"warning: results come from several devices: {', '.join(sorted(devices))}")
     console.print(f"wrote {output}: use it as `opgraph simulate GRAPH --hardware {output} --cost-model {output}`")
+
+
+def replay_measurements(
+    replays: list[Path], issue_us: dict[str, float], include_mismatch: bool = True
+) -> tuple[list[Measurement], set[str], int, int]:
+    """What `calibrate` fits from replay results: ``(measurements, devices, configs timed by issue_us, results)``.
+
+    Device times are the replay medians; host issue times come from ``issue_us`` (``replay
+    --issue-only``, by config key) where it has the config, else from the replay.
+    """
+    from hardware import Measurement
+    from validators import ReplayStatus, load_results
+
+    usable = {ReplayStatus.OK, ReplayStatus.MISMATCH} if include_mismatch else {ReplayStatus.OK}
+    from_issue = 0
+    measurements: list[Measurement] = []
+    devices: set[str] = set()
+    total = 0
+    for path in replays:
+        for r in load_results(path):
+            total += 1
+            if r.status not in usable or r.timing is None:
+                continue
+            devices.add(r.device_name or r.device)
+            t = r.timing
+            host_us = issue_us.get(r.key, t.host_us)
+            from_issue += r.key in issue_us
+            measurements.append(
+                Measurement(
+                    op=r.op,
+                    seconds=t.median_us * 1e-6,
+                    host_seconds=host_us * 1e-6 if host_us is not None else None,
+                    spread_s=t.iqr_us * 1e-6,
+                    samples=t.samples,
+                )
+            )
+    return measurements, devices, from_issue, total
 
 
 def _calibrate_collectives(
