@@ -31,6 +31,14 @@ Run it as::
         --out collectives.jsonl
     torchrun --standalone --nproc-per-node 2 -m validators.collectives --graph sharded.json.gz --out g.jsonl
 
+or through the CLI, which also shards a graph on the fly (``opgraph calibrate --collectives`` fits the
+result)::
+
+    torchrun --standalone --nproc-per-node 4 -m opgraph replay --collectives --device cuda --sizes 4K..1G \
+        --points 15 -o collectives.jsonl
+    torchrun --standalone --nproc-per-node 2 -m opgraph replay --collectives --device cuda --tp 2 graph.json.gz \
+        -o graph_collectives.jsonl
+
 :func:`fit_collectives <hardware.collective_fit.fit_collectives>` turns the measurements into
 alpha-beta parameters.
 """

@@ -157,6 +157,11 @@ def test_bad_collective_input_is_one_line_exit_2(tiny_graph: Path, fit: Path, tm
     assert "--hardware" in err
     err = one_error_line(r.invoke(app, ["replay", "--sizes", "4K..1M", str(tiny_graph)]))
     assert "--sizes" in err and "--collectives" in err
+    assert "missing GRAPH" in one_error_line(r.invoke(app, ["replay", "-o", str(tmp_path / "r.jsonl")]))
+    err = one_error_line(r.invoke(app, ["replay", "--collectives", "--tp", "2", "-o", str(tmp_path / "c.jsonl")]))
+    assert "--tp" in err and "GRAPH" in err
+    err = one_error_line(r.invoke(app, ["replay", "--collectives", "--tp", "1", str(tiny_graph)]))
+    assert "--tp" in err
 
 
 def test_replay_collectives_outside_torchrun_is_one_line(
