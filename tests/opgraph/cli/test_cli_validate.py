@@ -175,3 +175,20 @@ def test_validate_on_cuda(config: Path, tmp_path: Path) -> None:
     assert (out / "issue.json").is_file()
     replay = next(s for s in summary.steps if s.name == "replay")
     assert "--cold-l2" in replay.command
+
+
+def test_the_simulate_command_it_names_reproduces_its_prediction(validated: tuple[Path, str], tmp_path: Path) -> None:
+    # "The CLI is the method": the simulate step's command, run on the folder's files, gives the same makespan.
+    import shlex
+
+    out, _ = validated
+    summary = ValidationSummary.model_validate_json((out / "summary.json").read_text())
+    command = next(s.command for s in summary.steps if s.name == "simulate")
+    args = shlex.split(command)
+    assert args[0] == "opgraph"
+    stats = tmp_path / "stats.json"
+    res = runner().invoke(app, [*args[1:], "--stats", str(stats)])
+    assert res.exit_code == 0, res.stderr
+    simulated = load_timeline(out / "simulated.timeline.json.gz")
+    assert json.loads(stats.read_text())["makespan_us"] == pytest.approx(simulated.makespan_us, rel=1e-9)
+    assert load_graph(out / "profiled.graph.json.gz").metadata.host_timing is not None  # the meta's host gaps
