@@ -192,3 +192,22 @@ def test_the_simulate_command_it_names_reproduces_its_prediction(validated: tupl
     simulated = load_timeline(out / "simulated.timeline.json.gz")
     assert json.loads(stats.read_text())["makespan_us"] == pytest.approx(simulated.makespan_us, rel=1e-9)
     assert load_graph(out / "profiled.graph.json.gz").metadata.host_timing is not None  # the meta's host gaps
+
+
+def test_a_moe_run_says_whether_its_routing_was_the_models_own(tmp_path: Path) -> None:
+    # Issue 18 item 5: accuracy runs must measure the unmodified model. When capture's profiled run
+    # replaced the routing (modelled, balanced), validate says so in its notes and summary.
+    config = tmp_path / "moe.json"
+    moe = {**TINY_LLAMA, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_hidden_layers": 1,
+           "num_local_experts": 4, "num_experts_per_tok": 2}  # fmt: skip
+    config.write_text(json.dumps(moe))
+    out = tmp_path / "val"
+    res = runner().invoke(app, ["validate", str(config), "-d", "cpu", "--seq-len", "16", "-o", str(out), *FAST])
+    assert res.exit_code == 0, res.stdout + res.stderr
+    profiled = load_graph(out / "profiled.graph.json.gz")
+    assert any(op.kind.value == "moe_routing" for op in profiled.ops)
+    modelled = any("MoE routing is modelled" in a for a in profiled.metadata.assumptions)
+    summary = ValidationSummary.model_validate_json((out / "summary.json").read_text())
+    said = [n for n in summary.notes if "not the unmodified model" in n]
+    assert bool(said) == modelled
+    assert bool(said) == ("not the unmodified model" in res.stdout)
