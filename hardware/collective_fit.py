@@ -67,7 +67,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from hardware.base import Bound, Cost, UncostedOpError
+from hardware.base import Bound, Cost, CostModel, UncostedOpError
 from hardware.calibrate import CalibrationError
 from hardware.spec import HardwareSpec
 from opgraph.ir import Collective, CollectiveKind, DType, OpBase
@@ -79,6 +79,7 @@ __all__ = [
     "CollectiveFit",
     "CollectiveFitError",
     "CollectiveSample",
+    "CollectivesCostedApart",
     "FitPoint",
     "HeldOutPoint",
     "PredictMethod",
@@ -324,6 +325,12 @@ class CollectiveCalibration(BaseModel):
             return cls.model_validate_json(p.read_text(encoding="utf-8"))
         except OSError as exc:
             raise CollectiveFitError(f"cannot read the calibration: {exc.strerror}", where=str(p)) from None
+        except UnicodeDecodeError:
+            raise CollectiveFitError(
+                "not a collective calibration (not text)",
+                where=str(p),
+                hint="give the JSON of `calibrate --collectives`",
+            ) from None
         except ValidationError as exc:
             err = exc.errors()[0]
             loc = ".".join(str(x) for x in err["loc"])
@@ -577,6 +584,8 @@ def load_collective_samples(path: str | Path) -> list[CollectiveSample]:
         lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise CollectiveFitError(f"cannot read the measurements: {exc.strerror}", where=str(p)) from None
+    except UnicodeDecodeError:
+        raise CollectiveFitError("not collective measurements (not text)", where=str(p)) from None
     out: list[CollectiveSample] = []
     for i, line in enumerate(lines):
         if not line.strip():
@@ -622,6 +631,32 @@ class CalibratedCollectiveModel:
             efficiency=fit.link_efficiency,
             detail=f"measured {op.collective.value} over {op.group_size} ranks ({self.method.value})",
         )
+
+
+class CollectivesCostedApart:
+    """A cost model that costs collectives with one model (a measured fit) and every other op with another.
+
+    ``simulate --tp N --collective-fit FIT`` and ``benchmarks/gpu/tp_predict.py`` wrap their compute
+    cost model in it. A collective the ``collectives`` model declines (a group size the fit lacks)
+    is costed by ``base`` instead, and named in :attr:`declined` so a front end can say so.
+    """
+
+    def __init__(self, base: CostModel, collectives: CostModel) -> None:
+        self.base = base
+        self.collectives = collectives
+        self.name = f"{getattr(base, 'name', type(base).__name__)}+measured collectives"
+        self.declined: dict[str, str] = {}
+        """Collectives (definition name) costed by ``base`` because ``collectives`` declined them, with why."""
+
+    def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
+        """The collectives model's cost for a collective (``base``'s when it declines), else ``base``'s."""
+        if not isinstance(op, Collective):
+            return self.base.estimate(op, hw)
+        try:
+            return self.collectives.estimate(op, hw)
+        except UncostedOpError as exc:
+            self.declined[op.definition] = exc.message
+            return self.base.estimate(op, hw)
 
 
 class HeldOutPoint(BaseModel):

@@ -31,6 +31,14 @@ Run it as::
         --out collectives.jsonl
     torchrun --standalone --nproc-per-node 2 -m validators.collectives --graph sharded.json.gz --out g.jsonl
 
+or through the CLI, which also shards a graph on the fly (``opgraph calibrate --collectives`` fits the
+result)::
+
+    torchrun --standalone --nproc-per-node 4 -m opgraph replay --collectives --device cuda --sizes 4K..1G \
+        --points 15 -o collectives.jsonl
+    torchrun --standalone --nproc-per-node 2 -m opgraph replay --collectives --device cuda --tp 2 graph.json.gz \
+        -o graph_collectives.jsonl
+
 :func:`fit_collectives <hardware.collective_fit.fit_collectives>` turns the measurements into
 alpha-beta parameters.
 """
@@ -64,8 +72,11 @@ __all__ = [
     "CollectiveBenchError",
     "CollectiveBenchmark",
     "CollectiveCase",
+    "CollectiveJob",
     "CollectiveMeasurement",
     "CollectiveTimer",
+    "collective_cases",
+    "format_measurement",
     "graph_cases",
     "kernels_per_call",
     "load_measurements",
@@ -74,6 +85,7 @@ __all__ = [
     "parse_sizes",
     "power_of_two_groups",
     "run_cases",
+    "run_collective_job",
     "split_wait",
     "sweep_cases",
 ]
@@ -779,62 +791,114 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _cases_from_args(args: argparse.Namespace, world: int, dtype: DType) -> list[CollectiveCase]:
-    if args.graph:
-        from opgraph.ir import load_graph
+UNSHARDED_HINT = "give a graph sharded for TP N (`opgraph replay --collectives --tp N GRAPH` shards it on the fly)"
+"""What to do about a graph without collectives (the CLI shards; this module does not import transforms)."""
 
+
+def collective_cases(
+    graphs: Sequence[tuple[str, OpGraph]],
+    world: int,
+    *,
+    sizes: str = "4K..1G",
+    points: int | None = None,
+    collectives: str = "all",
+    group_sizes: Sequence[int] | None = None,
+    dtype: DType = DType.bf16,
+    warn: Callable[[str], None] | None = None,
+) -> list[CollectiveCase]:
+    """The cases of a job of ``world`` ranks: the collectives of ``graphs`` (``(label, graph)`` pairs,
+    merged with their uses), or, without graphs, the sweep of ``collectives`` over ``sizes`` and
+    ``group_sizes`` (default: powers of two up to ``world``).
+
+    Raises :class:`CollectiveBenchError` on a graph without collectives, one whose groups need more
+    ranks than the job has, bad sizes or names, or a job with no group to benchmark.
+    """
+    if graphs:
         merged: dict[tuple[str, int, int, str], CollectiveCase] = {}
-        for path in args.graph:
-            graph = load_graph(path)
+        for label, graph in graphs:
             if not graph.ops_of(OpKind.COLLECTIVE):
-                # Sharding is a transform (not this package's to import): replay sharded graphs.
-                raise CollectiveBenchError(
-                    "the graph has no collective",
-                    where=str(path),
-                    hint="give a graph sharded for TP N (benchmarks/gpu/tp_predict.py --graphs-only --graphs-dir DIR)",
-                )
+                raise CollectiveBenchError("the graph has no collective", where=label, hint=UNSHARDED_HINT)
             cases, skipped = graph_cases(graph)
             for s in skipped:
-                print(f"skipped: {path}: {s}", file=sys.stderr)
-            for c in cases:
-                prev = merged.get(c.key)
-                merged[c.key] = c if prev is None else prev.model_copy(update={"uses": prev.uses + c.uses})
+                (warn or (lambda m: print(m, file=sys.stderr)))(f"skipped: {label}: {s}")
             too_big = [c for c in cases if c.group_size > world]
             if too_big:
                 raise CollectiveBenchError(
                     f"the graph's {too_big[0].definition} needs {too_big[0].group_size} ranks, the job has {world}",
-                    where=str(path),
+                    where=label,
                     hint=f"run with --nproc-per-node {too_big[0].group_size}",
                 )
+            for c in cases:
+                prev = merged.get(c.key)
+                merged[c.key] = c if prev is None else prev.model_copy(update={"uses": prev.uses + c.uses})
         return list(merged.values())
-    groups = _ints(args.group_sizes, "--group-sizes") if args.group_sizes else power_of_two_groups(world)
+    groups = tuple(group_sizes) if group_sizes else power_of_two_groups(world)
     if not groups:
         raise CollectiveBenchError(
             f"a job of {world} rank(s) has no group to benchmark", hint="run under torchrun --nproc-per-node 2 or more"
         )
-    return sweep_cases(_kinds(args.collectives), parse_sizes(args.sizes, args.points), groups, dtype)
+    return sweep_cases(_kinds(collectives), parse_sizes(sizes, points), groups, dtype)
 
 
-def _run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class CollectiveJob:
+    """What :func:`run_collective_job` measured (rank 0 holds the results; other ranks none)."""
+
+    results: list[CollectiveMeasurement]
+    rank: int
+    world_size: int
+    device: str
+    """``cuda`` or ``cpu``."""
+    device_name: str
+
+
+def run_collective_job(
+    out: str | Path,
+    *,
+    graphs: Sequence[tuple[str, OpGraph]] = (),
+    sizes: str = "4K..1G",
+    points: int | None = None,
+    collectives: str = "all",
+    group_sizes: Sequence[int] | None = None,
+    dtype: DType | str | None = None,
+    device: str = "auto",
+    warmup: int = 3,
+    repeats: int = 10,
+    resume: bool = False,
+    events_check: bool = True,
+    lead_us: float = 3000.0,
+    on_result: Callable[[CollectiveMeasurement], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> CollectiveJob:
+    """One collective benchmark job on this rank of a torchrun launch (``WORLD_SIZE`` >= 2).
+
+    Checks the request before starting any process group, initialises NCCL (CUDA) or gloo (CPU),
+    measures :func:`collective_cases` with :func:`run_cases` (rank 0 streams them to ``out``) and
+    tears the group down. ``dtype`` defaults to bf16 on CUDA and fp32 on the CPU.
+    """
     import torch
     import torch.distributed as dist
 
-    if not args.graph:  # bad sizes or names fail before anything starts
-        parse_sizes(args.sizes, args.points)
-        _kinds(args.collectives)
+    if not graphs:  # bad sizes or names fail before anything starts
+        parse_sizes(sizes, points)
+        _kinds(collectives)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world < 2:
         raise CollectiveBenchError("needs 2 or more ranks", hint="run under torchrun --nproc-per-node N")
-    device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cuda", "cpu"):
+        raise CollectiveBenchError(f"unknown device {device!r}", where="--device", hint="cuda or cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise CollectiveBenchError("CUDA is not available here", where="--device", hint="use --device cpu")
     try:
-        dtype = DType(args.dtype) if args.dtype else (DType.bf16 if device == "cuda" else DType.fp32)
+        dt = DType(dtype) if dtype else (DType.bf16 if device == "cuda" else DType.fp32)
     except ValueError:
-        raise CollectiveBenchError(f"unknown dtype {args.dtype!r}", where="--dtype", hint="bf16, fp16, fp32") from None
-    cases = _cases_from_args(args, world, dtype)
+        raise CollectiveBenchError(f"unknown dtype {dtype!r}", where="--dtype", hint="bf16, fp16, fp32") from None
+    cases = collective_cases(
+        graphs, world, sizes=sizes, points=points, collectives=collectives, group_sizes=group_sizes, dtype=dt,
+        warn=warn,
+    )  # fmt: skip
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "cuda":
         torch.cuda.set_device(local)
@@ -842,26 +906,42 @@ def _run(args: argparse.Namespace) -> int:
     try:
         groups = sorted({c.group_size for c in cases})
         bench = CollectiveBenchmark(
-            groups, warmup=args.warmup, repeats=args.repeats, device=device, events_check=not args.no_events,
-            lead_us=args.lead_us,
-        )  # fmt: skip
-
-        def show(m: CollectiveMeasurement) -> None:
-            if not args.quiet:
-                ev = f"  events {m.events_median_us:9.1f}" if m.events_median_us is not None else ""
-                if m.transfer_us is not None:
-                    ev += f"  transfer {m.transfer_us:9.1f} wait {m.wait_us or 0.0:8.1f}"
-                print(
-                    f"{m.collective.value:<15} g{m.group_size} {m.bytes:>12} B  {m.median_us:9.1f} us "
-                    f"(iqr {m.iqr_us:.1f}){ev}  algbw {m.algbw_gbps:7.2f} GB/s",
-                    flush=True,
-                )
-
-        results = run_cases(bench, cases, args.out, resume=args.resume, on_result=show)
-        if bench.rank == 0:
-            print(json.dumps({"measured": len(results), "out": str(args.out), "device": bench.device_name}))
+            groups, warmup=warmup, repeats=repeats, device=device, events_check=events_check, lead_us=lead_us
+        )
+        results = run_cases(bench, cases, out, resume=resume, on_result=on_result)
+        return CollectiveJob(results, bench.rank, bench.world_size, device, bench.device_name)
     finally:
         dist.destroy_process_group()
+
+
+def format_measurement(m: CollectiveMeasurement) -> str:
+    """One line per measured case: time, spread, the CUDA-event cross-check, transfer and wait, algbw."""
+    ev = f"  events {m.events_median_us:9.1f}" if m.events_median_us is not None else ""
+    if m.transfer_us is not None:
+        ev += f"  transfer {m.transfer_us:9.1f} wait {m.wait_us or 0.0:8.1f}"
+    return (
+        f"{m.collective.value:<15} g{m.group_size} {m.bytes:>12} B  {m.median_us:9.1f} us "
+        f"(iqr {m.iqr_us:.1f}){ev}  algbw {m.algbw_gbps:7.2f} GB/s"
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    from opgraph.ir import load_graph
+
+    graphs = [(str(p), load_graph(p)) for p in args.graph or ()]
+
+    def show(m: CollectiveMeasurement) -> None:
+        if not args.quiet:
+            print(format_measurement(m), flush=True)
+
+    job = run_collective_job(
+        args.out, graphs=graphs, sizes=args.sizes, points=args.points, collectives=args.collectives,
+        group_sizes=_ints(args.group_sizes, "--group-sizes") if args.group_sizes else None, dtype=args.dtype,
+        device=args.device, warmup=args.warmup, repeats=args.repeats, resume=args.resume,
+        events_check=not args.no_events, lead_us=args.lead_us, on_result=show,
+    )  # fmt: skip
+    if job.rank == 0:
+        print(json.dumps({"measured": len(job.results), "out": str(args.out), "device": job.device_name}))
     return 0
 
 

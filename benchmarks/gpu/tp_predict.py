@@ -182,20 +182,6 @@ class TpComparisonReport(BaseModel):
     measured_files: tuple[str, ...] = Field(default_factory=tuple)
 
 
-class _WithCollectives:
-    """A cost model that costs collectives with one model and everything else with another."""
-
-    def __init__(self, base: Any, collectives: Any) -> None:
-        self.base = base
-        self.collectives = collectives
-        self.name = f"{getattr(base, 'name', type(base).__name__)}+measured collectives"
-
-    def estimate(self, op: Any, hw: Any) -> Any:
-        from opgraph.ir import Collective
-
-        return self.collectives.estimate(op, hw) if isinstance(op, Collective) else self.base.estimate(op, hw)
-
-
 def capture_case(case: TpCase, cache: dict[tuple[Any, ...], Any] | None = None) -> Any:
     """The unsharded graph of ``case``'s model and phase, captured on meta (memoised in ``cache``)."""
     from opgraph.capture import capture
@@ -398,7 +384,7 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
     hw = load_hardware(args.hardware)
     cal = None
     if args.collective_fit is not None:
-        from hardware.collective_fit import CalibratedCollectiveModel, CollectiveCalibration
+        from hardware.collective_fit import CalibratedCollectiveModel, CollectiveCalibration, CollectivesCostedApart
 
         cal = CollectiveCalibration.load(args.collective_fit)
     # (cost model label, collectives label, model): each cost model with the interconnect's
@@ -409,7 +395,7 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
         label = Path(spec).name if ("/" in spec or spec.endswith(".json")) else spec
         models.append((label, "interconnect", base))
         if cal is not None:
-            models.append((label, "calibrated", _WithCollectives(base, CalibratedCollectiveModel(cal))))
+            models.append((label, "calibrated", CollectivesCostedApart(base, CalibratedCollectiveModel(cal))))
     graphs: dict[tuple[Any, ...], Any] = {}
     comparisons: list[CaseComparison] = []
     device_names: set[str] = set()

@@ -12,6 +12,7 @@ from opgraph.cli.common import check_output_path, console, err_console, handle_e
 from opgraph.fmt import fmt_us
 
 if TYPE_CHECKING:
+    from validators.collectives import CollectiveMeasurement
     from validators.configs import Estimator
     from validators.results import ReplayResult
     from validators.timing import CudaTimerKind
@@ -62,7 +63,10 @@ def _line(r: ReplayResult, i: int, n: int) -> str:
 @handle_errors
 def replay(
     graphs: list[Path] = typer.Argument(
-        ..., metavar="GRAPH...", help="Graphs saved by `opgraph capture` (.json, .json.gz)."
+        None,
+        metavar="GRAPH...",
+        help="Graphs saved by `opgraph capture` (.json, .json.gz); with --collectives: optional, replay "
+        "their collectives (sharded graphs, or --tp N) instead of a sweep.",
     ),
     out: Path = typer.Option(
         Path("replay.jsonl"), "--out", "-o", help="JSONL results, one record per config, streamed."
@@ -131,6 +135,25 @@ def replay(
     baseline: Path | None = typer.Option(
         None, "--baseline", help="Earlier results: print the run-to-run spread of medians against them."
     ),
+    collectives: bool = typer.Option(
+        False,
+        "--collectives",
+        help="Time collectives instead of ops, under `torchrun --nproc-per-node N` (NCCL on CUDA, gloo on the "
+        "CPU): the GRAPHs' own, or a sweep of all_reduce, all_gather, reduce_scatter, all_to_all and broadcast "
+        "over --sizes and groups of 2, 4, ... N ranks. OUT is JSONL for `calibrate --collectives`.",
+    ),
+    sizes: str = typer.Option(
+        "4K..1G", "--sizes", help="--collectives sweep: LOW..HIGH (powers of two, or --points sizes) or 4K,1M,..."
+    ),
+    points: int | None = typer.Option(
+        None, "--points", help="--collectives sweep: this many geometric sizes over --sizes LOW..HIGH."
+    ),
+    tp: int | None = typer.Option(
+        None,
+        "--tp",
+        help="--collectives: shard GRAPHs without collectives for N tensor-parallel ranks first (as "
+        "`simulate --tp N` does).",
+    ),
     strict: bool = typer.Option(False, "--strict", help="Exit 1 unless every config is ok."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary, no line per config."),
 ) -> None:
@@ -148,6 +171,14 @@ def replay(
     from validators.runner import run_replay
     from validators.timing import TimingConfig
 
+    if collectives:
+        _replay_collectives(graphs or [], out, device, resume, sizes, points, tp, quiet)
+        return
+    for flag, used in (("--sizes", sizes != "4K..1G"), ("--points", points is not None), ("--tp", tp is not None)):
+        if used:
+            raise OpgraphError("only applies to collectives", where=flag, hint="add --collectives")
+    if not graphs:
+        raise OpgraphError("missing GRAPH", hint="give graphs saved by `opgraph capture`, or --collectives")
     recipes = _parse_recipes(recipe)
     wanted = [k.strip() for k in kinds.split(",") if k.strip()]
     valid = {k.value for k in OpKind}
@@ -230,6 +261,50 @@ def replay(
         raise typer.Exit(1)
     if strict and any(r.status.value != "ok" for r in run.results):
         raise typer.Exit(1)
+
+
+def _replay_collectives(
+    graphs: list[Path], out: Path, device: str, resume: bool, sizes: str, points: int | None, tp: int | None,
+    quiet: bool,
+) -> None:  # fmt: skip
+    """``replay --collectives``: time the graphs' collectives (sharded for ``tp`` first) or a sweep."""
+    from opgraph.ir import OpgraphError, load_graph
+    from opgraph.study import shard_for_tp
+    from validators.collectives import format_measurement, run_collective_job
+
+    if tp is not None and tp < 2:
+        raise OpgraphError(f"{tp} ranks need no collective", where="--tp", hint="give 2 or more")
+    if tp is not None and not graphs:
+        raise OpgraphError("shards graphs: none given", where="--tp", hint="give GRAPH... or leave --tp out")
+    if not out.name.endswith(".jsonl"):
+        raise OpgraphError(
+            f"{out} is not a .jsonl file", where="--out", hint="collective measurements are JSONL: -o collectives.jsonl"
+        )
+    check_output_path(out, "-o/--out", inputs=graphs)
+    loaded = []
+    for path in graphs:
+        graph = load_graph(path)
+        if tp is not None:
+            graph, _ = shard_for_tp(graph, tp)
+        loaded.append((str(path), graph))
+    dev = device.split(":")[0]
+
+    def show(m: CollectiveMeasurement) -> None:
+        if not quiet:
+            console.print(format_measurement(m), markup=False)
+
+    def warn(msg: str) -> None:
+        print(f"warning: {msg}", file=sys.stderr)
+
+    job = run_collective_job(out, graphs=loaded, sizes=sizes, points=points, device=dev, resume=resume,
+                             on_result=show, warn=warn)  # fmt: skip
+    if job.rank != 0:
+        return
+    console.print(
+        f"device: {job.device_name} ({job.device}); {len(job.results)} collective cases measured now over "
+        f"{job.world_size} ranks"
+    )
+    console.print(f"results: {out} (fit them with `opgraph calibrate --collectives {out} -o fit.json`)")
 
 
 def _estimator(hardware: str, cost_model: str) -> Estimator:

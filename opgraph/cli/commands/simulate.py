@@ -102,6 +102,12 @@ def simulate(
         help="With --tp N: run the graph as given on every rank instead of sharding a graph "
         "without collectives Megatron-style first.",
     ),
+    collective_fit: Path | None = typer.Option(
+        None,
+        "--collective-fit",
+        help="Cost collectives from this measured fit (`opgraph calibrate --collectives`) instead of the "
+        "hardware's link numbers; the cost model costs every other op.",
+    ),
     copy_engines: int = typer.Option(0, "--copy-engines", help="Copy engines for MEMORY ops (0: they use compute)."),
     links: int = typer.Option(1, "--links", help="Communication links per communicator (collectives)."),
     host: str = typer.Option("eager", "--host", help="Host issue model: eager, cuda-graph or none."),
@@ -149,7 +155,7 @@ def simulate(
     if not 0 <= tolerance < 1:
         raise SimulateOptionError(f"{tolerance} is out of range", where="--tolerance", hint="give 0 <= t < 1")
     mode = _host_mode(host)
-    inputs = [graph_path, config_path]
+    inputs = [graph_path, config_path, collective_fit]
     check_output_path(output, "-o/--output", inputs=inputs)
     check_output_path(stats_path, "--stats", inputs=[*inputs, output])
 
@@ -166,6 +172,9 @@ def simulate(
     else:
         model = _load_cost_model(cost_model)
     graph = load_graph(graph_path)
+    fitted = None
+    if collective_fit is not None:
+        model, fitted = _with_collective_fit(model, collective_fit, graph, tp)
     base = load_model(config_path, SimulationConfig) if config_path is not None else None
     counts = counts or [base.engines if base is not None else 1]
     config = study_config(
@@ -194,8 +203,9 @@ def simulate(
         )
     result, sweep = study.result, study.sweep
     stats = result.stats()
-    if study.notes or default_note:
-        stats = stats.model_copy(update={"notes": (*stats.notes, *default_note, *study.notes)})
+    fit_notes = _collective_fit_notes(fitted, collective_fit) if fitted is not None else ()
+    if study.notes or default_note or fit_notes:
+        stats = stats.model_copy(update={"notes": (*stats.notes, *default_note, *study.notes, *fit_notes)})
 
     if output is not None:
         save_timeline(result.timeline(), output)
@@ -279,6 +289,37 @@ def _load_cost_model(spec: str) -> Any:
     except ImportError as exc:  # pragma: no cover
         raise SimulateOptionError(f"cost models are not available ({exc})", where="--cost-model") from None
     return resolve_cost_model(spec)
+
+
+def _with_collective_fit(model: Any, path: Path, graph: Any, tp: int) -> tuple[Any, Any]:
+    """``model`` with collectives costed by the measured fit at ``path``: (the wrapped model, the wrapper)."""
+    from hardware.collective_fit import CalibratedCollectiveModel, CollectiveCalibration, CollectivesCostedApart
+    from opgraph.ir import OpKind
+
+    if tp < 2 and not graph.ops_of(OpKind.COLLECTIVE):
+        raise SimulateOptionError(
+            "the graph has no collective to cost with the fit",
+            where="--collective-fit",
+            hint="give --tp N (2 or more) to shard it, or a graph with collectives",
+        )
+    calibration = CollectiveCalibration.load(path)
+    wrapped = CollectivesCostedApart(model, CalibratedCollectiveModel(calibration))
+    return wrapped, wrapped
+
+
+def _collective_fit_notes(fitted: Any, path: Path | None) -> tuple[str, ...]:
+    """What the user should know about the collectives' costs: their source, and any the fit lacked."""
+    cal = fitted.collectives.calibration
+    where = f" (measured on {cal.device_name})" if cal.device_name else ""
+    notes = [f"collectives costed by the measured fit {path}{where}"]
+    if fitted.declined:
+        names = sorted(fitted.declined)
+        notes.append(
+            f"{len(names)} collective config(s) not in the fit, costed by the cost model instead: "
+            + ", ".join(names[:5])
+            + (" ..." if len(names) > 5 else "")
+        )
+    return tuple(notes)
 
 
 class _NoProgress:
