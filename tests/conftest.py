@@ -8,6 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from typer.testing import CliRunner
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = (REPO / ".." / "shared" / "data" / "traces").resolve()
@@ -38,6 +39,14 @@ def check_golden(relpath: str, actual: str | dict[str, object] | list[object]) -
         pytest.fail(f"golden file {path} is missing; run with OPGRAPH_UPDATE_GOLDEN=1 to write it, then commit it")
     expected = path.read_text()
     assert text == expected, f"output differs from golden {path}; rerun with OPGRAPH_UPDATE_GOLDEN=1 if intended"
+
+
+def cli_runner() -> CliRunner:
+    """A Typer test runner that keeps stderr apart from stdout, on any click version."""
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    except TypeError:  # click >= 8.2 keeps stderr apart already
+        return CliRunner()
 
 
 @pytest.fixture
