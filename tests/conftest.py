@@ -10,6 +10,8 @@ from types import ModuleType
 import pytest
 from typer.testing import CliRunner
 
+from benchmarks._common import TINY_LLAMA
+
 REPO = Path(__file__).resolve().parents[1]
 TRACES = (REPO / ".." / "shared" / "data" / "traces").resolve()
 GOLDEN = REPO / "tests" / "golden"
@@ -53,20 +55,6 @@ def cli_runner() -> CliRunner:
 def golden() -> object:
     """The :func:`check_golden` function, as a fixture: ``golden("area/name.json", data)``."""
     return check_golden
-
-
-TINY_LLAMA: dict[str, object] = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-    "max_position_embeddings": 64,
-}
-"""A two-layer llama config small enough to capture (and run on the CPU) in well under a second."""
 
 
 @pytest.fixture
