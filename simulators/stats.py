@@ -140,6 +140,11 @@ class SimulationStats(BaseModel):
     notes: tuple[str, ...] = ()
     """Adjustments the simulator made (engine caps, assumed ranks)."""
 
+    def mean_utilization(self, group: str, rank: int = 0) -> float:
+        """Mean utilisation of the engines of ``group`` (``compute``) on ``rank``; 0 when it has none."""
+        engines = [e for e in self.engines if e.group == group and e.rank == rank]
+        return sum(e.utilization for e in engines) / len(engines) if engines else 0.0
+
 
 class SweepPoint(BaseModel):
     """One engine count of a sweep."""
@@ -147,7 +152,9 @@ class SweepPoint(BaseModel):
     model_config = FROZEN
 
     engines: int
+    """Compute engines."""
     makespan_us: NonNegFloat
+    """Simulated makespan."""
     speedup: NonNegFloat
     """Serial time over makespan."""
     utilization: Fraction

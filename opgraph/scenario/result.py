@@ -11,6 +11,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from simulators.serving.result import ServingSummary
+from simulators.stats import SweepPoint
 
 _CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
@@ -38,19 +39,11 @@ class ExpectationResult(BaseModel):
     """One line saying what was checked and what was found."""
 
 
-class SweepRow(BaseModel):
-    """One simulated engine count of a phase."""
+class SweepRow(SweepPoint):
+    """One simulated engine count of a phase: the sweep's point, and where its timeline went."""
 
     model_config = _CONFIG
 
-    engines: int
-    """Compute engines."""
-    makespan_us: NonNegFloat
-    """Simulated makespan."""
-    speedup: NonNegFloat
-    """Serial time over makespan."""
-    utilization: NonNegFloat
-    """Mean utilisation of the compute engines (rank 0)."""
     timeline: str
     """Timeline file in the output folder."""
 
