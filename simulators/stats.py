@@ -10,11 +10,11 @@ from pydantic import BaseModel, Field
 
 from opgraph.ir import Scalar
 from opgraph.ir.tensor import FROZEN
+from opgraph.ir.timeline import NonNegFloat
 from simulators.config import HostConfig
 from simulators.kernel import KernelResult
 from simulators.problem import SchedulingProblem
 
-NonNegFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1.0000001)]
 
 
@@ -152,9 +152,7 @@ class SweepPoint(BaseModel):
     model_config = FROZEN
 
     engines: int
-    """Compute engines."""
     makespan_us: NonNegFloat
-    """Simulated makespan."""
     speedup: NonNegFloat
     """Serial time over makespan."""
     utilization: Fraction

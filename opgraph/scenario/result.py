@@ -6,22 +6,17 @@ scenario-summary`` gives its JSON schema).
 
 from __future__ import annotations
 
-from typing import Annotated
+from pydantic import BaseModel, Field
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from opgraph.ir.tensor import FROZEN
+from opgraph.ir.timeline import NonNegFloat
 from simulators.serving.result import ServingSummary
-from simulators.stats import SweepPoint
-
-_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-NonNegFloat = Annotated[float, Field(ge=0)]
 
 
 class ExpectationResult(BaseModel):
     """The outcome of one expectation on one phase (or of the whole run)."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     id: str
     """Stable id: ``<phase>/<check>`` (``prefill/makespan_us``) or ``replay/replay_failures``."""
@@ -39,11 +34,19 @@ class ExpectationResult(BaseModel):
     """One line saying what was checked and what was found."""
 
 
-class SweepRow(SweepPoint):
-    """One simulated engine count of a phase: the sweep's point, and where its timeline went."""
+class SweepRow(BaseModel):
+    """One simulated engine count of a phase."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
+    engines: int
+    """Compute engines."""
+    makespan_us: NonNegFloat
+    """Simulated makespan."""
+    speedup: NonNegFloat
+    """Serial time over makespan."""
+    utilization: NonNegFloat
+    """Mean utilisation of the compute engines (rank 0)."""
     timeline: str
     """Timeline file in the output folder."""
 
@@ -51,7 +54,7 @@ class SweepRow(SweepPoint):
 class CoverageSummary(BaseModel):
     """Operator coverage of a phase's graph."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     family: str
     """Expectation family (or ``scenario`` for an explicit list)."""
@@ -66,7 +69,7 @@ class CoverageSummary(BaseModel):
 class ComparisonSummary(BaseModel):
     """A phase's simulation against its measured timeline."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     measured: str
     """The measured timeline or trace (as given, resolved)."""
@@ -89,7 +92,7 @@ class ComparisonSummary(BaseModel):
 class PhaseResult(BaseModel):
     """What one phase produced."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     name: str
     """Phase label."""
@@ -128,7 +131,7 @@ class PhaseResult(BaseModel):
 class ReplaySummary(BaseModel):
     """The replay of the graphs' unique op configs."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     device: str
     """Torch device replayed on."""
@@ -147,7 +150,7 @@ class ReplaySummary(BaseModel):
 class ScenarioSummary(BaseModel):
     """Everything a scenario run decided: written to ``summary.json``."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     name: str
     """Scenario name."""

@@ -244,7 +244,7 @@ def run_serving_section(ctx: RunContext, resolved: Resolved) -> ServingResult:
             max_batch=section.max_batch,
             token_budget=section.token_budget,
             utilisation=section.memory_utilisation,
-            cost_model_name=s.hardware.cost_model,
+            cost_model_name=s.hardware.cost_model or type(resolved.cost_model).__name__,
         )
     except OpgraphError as exc:
         raise ctx.err(exc, "serving") from None
