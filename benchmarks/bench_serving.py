@@ -24,23 +24,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, machine
+from _common import RESULTS, TINY_LLAMA, machine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 TARGET_S = 30.0
 FULL = {"model": "llama-3.1-8b", "requests": 1000, "rate": 10.0, "prompt": "128..2048", "output": "16..512"}
-TINY = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-    "max_position_embeddings": 4096,
-}
+TINY = {**TINY_LLAMA, "max_position_embeddings": 4096}
+"""The tiny llama, with room for the smoke workload's prompts and outputs."""
 SMOKE = {"model": "", "requests": 30, "rate": 50.0, "prompt": "16..256", "output": "4..64"}
 
 

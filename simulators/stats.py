@@ -10,11 +10,11 @@ from pydantic import BaseModel, Field
 
 from opgraph.ir import Scalar
 from opgraph.ir.tensor import FROZEN
+from opgraph.ir.timeline import NonNegFloat
 from simulators.config import HostConfig
 from simulators.kernel import KernelResult
 from simulators.problem import SchedulingProblem
 
-NonNegFloat = Annotated[float, Field(ge=0)]
 Fraction = Annotated[float, Field(ge=0, le=1.0000001)]
 
 
@@ -139,6 +139,11 @@ class SimulationStats(BaseModel):
     """Settings of the run (as in the timeline's source)."""
     notes: tuple[str, ...] = ()
     """Adjustments the simulator made (engine caps, assumed ranks)."""
+
+    def mean_utilization(self, group: str, rank: int = 0) -> float:
+        """Mean utilisation of the engines of ``group`` (``compute``) on ``rank``; 0 when it has none."""
+        engines = [e for e in self.engines if e.group == group and e.rank == rank]
+        return sum(e.utilization for e in engines) / len(engines) if engines else 0.0
 
 
 class SweepPoint(BaseModel):

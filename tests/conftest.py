@@ -8,6 +8,9 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from typer.testing import CliRunner
+
+from benchmarks._common import TINY_LLAMA
 
 REPO = Path(__file__).resolve().parents[1]
 TRACES = (REPO / ".." / "shared" / "data" / "traces").resolve()
@@ -40,24 +43,18 @@ def check_golden(relpath: str, actual: str | dict[str, object] | list[object]) -
     assert text == expected, f"output differs from golden {path}; rerun with OPGRAPH_UPDATE_GOLDEN=1 if intended"
 
 
+def cli_runner() -> CliRunner:
+    """A Typer test runner that keeps stderr apart from stdout, on any click version."""
+    try:
+        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
+    except TypeError:  # click >= 8.2 keeps stderr apart already
+        return CliRunner()
+
+
 @pytest.fixture
 def golden() -> object:
     """The :func:`check_golden` function, as a fixture: ``golden("area/name.json", data)``."""
     return check_golden
-
-
-TINY_LLAMA: dict[str, object] = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 128,
-    "max_position_embeddings": 64,
-}
-"""A two-layer llama config small enough to capture (and run on the CPU) in well under a second."""
 
 
 @pytest.fixture

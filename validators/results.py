@@ -19,11 +19,8 @@ from typing import IO, Annotated, Literal
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from opgraph.ir import DType, LoadError, Op, OpKind
-from opgraph.ir.tensor import FROZEN
-
-NonNegFloat = Annotated[float, Field(ge=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
-"""A float of zero or more."""
+from opgraph.ir.tensor import FROZEN, NonNegInt
+from opgraph.ir.timeline import NonNegFloat
 
 RESULT_VERSION = 1
 """Version of the replay record; bumped on incompatible changes."""

@@ -70,6 +70,7 @@ from opgraph.ir.ops import (
     TopK,
     View,
     attended_pairs,
+    collective_definition,
     parse_op,
 )
 from opgraph.ir.registry import Registry, import_object
@@ -140,6 +141,7 @@ __all__ = [
     "atomic_write",
     "attended_pairs",
     "capture_settings",
+    "collective_definition",
     "critical_path",
     "dtype_from_torch_name",
     "find_cycle",

@@ -507,6 +507,12 @@ class CollectiveKind(str, Enum):
     BROADCAST = "broadcast"
 
 
+def collective_definition(collective: CollectiveKind, group_size: int, nbytes: int) -> str:
+    """The definition name of a collective (``all_reduce_g4_b65536``): the one spelling shared by the
+    graph's :class:`Collective` ops and the collective sweeps and tables that match them."""
+    return f"{collective.value}_g{group_size}_b{nbytes}"
+
+
 class Collective(OpBase):
     """A multi-device collective over ``group_size`` ranks moving ``bytes`` per rank."""
 
@@ -525,7 +531,7 @@ class Collective(OpBase):
         return (self.bytes, self.bytes)
 
     def default_definition(self) -> str:
-        return f"{self.collective.value}_g{self.group_size}_b{self.bytes}"
+        return collective_definition(self.collective, self.group_size, self.bytes)
 
 
 class Memory(OpBase):

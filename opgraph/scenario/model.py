@@ -23,6 +23,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from opgraph.ir import OpgraphError, OpKind
+from opgraph.ir.tensor import FROZEN
+from opgraph.ir.timeline import NonNegFloat
 
 SCENARIO_SUFFIX = ".scenario.toml"
 """File names that ``opgraph run`` and the pytest plugin recognise as scenarios."""
@@ -33,13 +35,9 @@ MAX_ENGINES = 4096
 MAX_SWEEP = 64
 """Most engine counts in one sweep."""
 
-_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 PositiveInt = Annotated[int, Field(ge=1)]
 """An integer of one or more."""
-
-NonNegFloat = Annotated[float, Field(ge=0)]
-"""A float of zero or more."""
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", max_length=64)]
 """A name usable in file names: letters, digits, ``_``, ``.``, ``-``."""
@@ -53,7 +51,7 @@ class ScenarioError(OpgraphError):
 class ModelSpec(BaseModel):
     """The model to capture (meta device by default: no weights, no GPU)."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     source: str
     """A preset (``llama-3.1-8b``; ``opgraph capture --list``), a ``config.json`` or model folder
@@ -73,7 +71,7 @@ class ModelSpec(BaseModel):
 class PhaseSpec(BaseModel):
     """One captured phase (or a saved graph) that is simulated, and optionally compared and checked."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     name: Name | None = None
     """Label of the phase in file names and reports; defaults to ``phase`` (or the graph's file stem)."""
@@ -113,7 +111,7 @@ class PhaseSpec(BaseModel):
 class HardwareSection(BaseModel):
     """The device and how op times are estimated on it."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     name: str = "h100"
     """A catalog name (``opgraph hardware list``), a hardware ``.toml``/``.json`` file, or a
@@ -129,7 +127,7 @@ class HardwareSection(BaseModel):
 class SimulationSection(BaseModel):
     """How the graph is scheduled: engines, policy, host thread, tensor parallelism."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     engines: int | list[int] | str = 1
     """Compute engines: a count, a list of counts, or a range ``"1..8"``; several counts sweep them
@@ -204,7 +202,7 @@ def parse_engines(value: int | list[int] | str) -> tuple[int, ...]:
 class ReplaySection(BaseModel):
     """Replay each unique op config of the captured graphs on a real device (optional)."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     device: str = "cpu"
     """``cpu``, ``cuda`` or ``cuda:N``."""
@@ -223,7 +221,7 @@ class ReplaySection(BaseModel):
 class CompareSection(BaseModel):
     """How a phase's simulation is compared with its ``measured`` timeline."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     engines: PositiveInt | None = None
     """The simulated engine count to compare (default: the smallest simulated)."""
@@ -237,7 +235,7 @@ class CompareSection(BaseModel):
 class Bound(BaseModel):
     """A closed interval ``[min, max]``; either end may be left open."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     min: float | None = None
     """Smallest value that passes."""
@@ -259,7 +257,7 @@ class Bound(BaseModel):
 class ErrorLimits(BaseModel):
     """Largest relative errors of the simulation against the measured timeline (fractions: 0.25 is 25%)."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     gpu_time: NonNegFloat | None = None
     """|simulated - measured| / measured of the summed device time."""
@@ -278,7 +276,7 @@ class ErrorLimits(BaseModel):
 class Expectations(BaseModel):
     """What must hold for the scenario to pass; each one is reported, and any failure exits 1."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     operators: str | list[str] | None = None
     """Required operators: a coverage family (``llama``; ``opgraph verify --help``), ``auto`` (the
@@ -307,7 +305,7 @@ class Expectations(BaseModel):
 class Limit(BaseModel):
     """A closed interval ``[min, max]`` on a served-workload number; either end may be left open."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     min: float | None = None
     """Smallest value that passes."""
@@ -359,7 +357,7 @@ class ServingExpectations(BaseModel):
 class PoissonSpec(BaseModel):
     """A synthetic workload: Poisson arrivals and token lengths (``N``, ``LO..HI`` or ``exp:MEAN``)."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     rate: Annotated[float, Field(gt=0)]
     """Requests per second."""
@@ -376,7 +374,7 @@ class PoissonSpec(BaseModel):
 class ServingSection(BaseModel):
     """A served workload of the scenario's model: requests, a batching scheduler, expectations."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     scheduler: str = "continuous"
     """``static``, ``continuous`` or ``chunked``."""
@@ -404,7 +402,7 @@ class ServingSection(BaseModel):
 class Scenario(BaseModel):
     """A declarative study: capture, simulate, replay and compare, with expectations that make it a test."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     name: Name | None = None
     """Scenario name (default: the file name without ``.scenario.toml``)."""

@@ -123,7 +123,7 @@ def simulate_phase(ctx: RunContext, p: PhaseSpec, graph: OpGraph, resolved: Reso
                 engines=n,
                 makespan_us=st.makespan_us,
                 speedup=st.speedup,
-                utilization=compute_utilization(res),
+                utilization=st.mean_utilization(res.config.compute_group.name),
                 timeline=name,
             )
         )
@@ -220,11 +220,3 @@ def phase_result(ctx: RunContext, run: PhaseRun) -> PhaseResult:
         comparison=cmp,
         assumptions=tuple(g.metadata.assumptions),
     )
-
-
-def compute_utilization(res: SimulationResult) -> float:
-    """Mean utilisation of the compute engines of rank 0."""
-    st = res.stats()
-    group = res.config.compute_group.name
-    comp = [e for e in st.engines if e.group == group and e.rank == 0]
-    return sum(e.utilization for e in comp) / len(comp) if comp else 0.0

@@ -6,21 +6,17 @@ scenario-summary`` gives its JSON schema).
 
 from __future__ import annotations
 
-from typing import Annotated
+from pydantic import BaseModel, Field
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from opgraph.ir.tensor import FROZEN
+from opgraph.ir.timeline import NonNegFloat
 from simulators.serving.result import ServingSummary
-
-_CONFIG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
-
-NonNegFloat = Annotated[float, Field(ge=0)]
 
 
 class ExpectationResult(BaseModel):
     """The outcome of one expectation on one phase (or of the whole run)."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     id: str
     """Stable id: ``<phase>/<check>`` (``prefill/makespan_us``) or ``replay/replay_failures``."""
@@ -41,7 +37,7 @@ class ExpectationResult(BaseModel):
 class SweepRow(BaseModel):
     """One simulated engine count of a phase."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     engines: int
     """Compute engines."""
@@ -58,7 +54,7 @@ class SweepRow(BaseModel):
 class CoverageSummary(BaseModel):
     """Operator coverage of a phase's graph."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     family: str
     """Expectation family (or ``scenario`` for an explicit list)."""
@@ -73,7 +69,7 @@ class CoverageSummary(BaseModel):
 class ComparisonSummary(BaseModel):
     """A phase's simulation against its measured timeline."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     measured: str
     """The measured timeline or trace (as given, resolved)."""
@@ -96,7 +92,7 @@ class ComparisonSummary(BaseModel):
 class PhaseResult(BaseModel):
     """What one phase produced."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     name: str
     """Phase label."""
@@ -135,7 +131,7 @@ class PhaseResult(BaseModel):
 class ReplaySummary(BaseModel):
     """The replay of the graphs' unique op configs."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     device: str
     """Torch device replayed on."""
@@ -154,7 +150,7 @@ class ReplaySummary(BaseModel):
 class ScenarioSummary(BaseModel):
     """Everything a scenario run decided: written to ``summary.json``."""
 
-    model_config = _CONFIG
+    model_config = FROZEN
 
     name: str
     """Scenario name."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from opgraph.ir import OpgraphError
+from opgraph.ir.tensor import FROZEN
 
 __all__ = ["KvCacheError", "KvCacheSpec"]
 
@@ -27,7 +28,7 @@ class KvCacheError(OpgraphError):
 class KvCacheSpec(BaseModel):
     """What the KV cache of one rank holds."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+    model_config = FROZEN
 
     bytes_per_token: Annotated[int, Field(ge=1)]
     """Bytes one token's keys and values take on one rank, all layers."""

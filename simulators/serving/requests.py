@@ -19,13 +19,12 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from opgraph.ir import OpgraphError
+from opgraph.ir.tensor import FROZEN
 
 __all__ = ["LengthDist", "Request", "WorkloadError", "load_trace", "poisson_workload"]
-
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class WorkloadError(OpgraphError):

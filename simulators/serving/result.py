@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from opgraph.ir.tensor import FROZEN
 
 __all__ = [
     "DroppedRequest",
@@ -16,8 +18,6 @@ __all__ = [
     "StepRecord",
     "percentiles",
 ]
-
-FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class Percentiles(BaseModel):

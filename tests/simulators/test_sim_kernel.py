@@ -72,6 +72,22 @@ def test_engine_sweep_finds_three_engines_for_a_decoder_layer() -> None:
     assert set(results) == set(range(1, 7))
 
 
+def test_mean_utilization_is_the_sweeps_figure_per_engine_count() -> None:
+    # The scenario's sweep rows and the simulator's sweep points read utilisation from one place.
+    graph = decoder_layers(2)
+    costs = cost_graph(graph, PerOpCost(), hw())
+    problem = SchedulingProblem.from_costs(graph, costs.costs, costs.uncosted)
+    config = SimulationConfig(host=NO_HOST)
+    sweep, results = sweep_engines(problem, config, range(1, 4))
+    group = config.compute_group.name
+    for point in sweep.points:
+        st = results[point.engines].stats()
+        assert st.mean_utilization(group) == pytest.approx(point.utilization)
+        busy = [e.busy_us for e in st.engines if e.group == group]
+        assert st.mean_utilization(group) == pytest.approx(sum(busy) / (len(busy) * st.makespan_us))
+    assert results[1].stats().mean_utilization("no-such-group") == 0.0
+
+
 def test_eager_decode_is_launch_bound_and_cuda_graph_is_not() -> None:
     graph = decoder_layers(4)
     eager = simulate(graph, hw(eager_us=10.0), PerOpCost(), SimulationConfig.standard(1))

@@ -12,21 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
-from typer.testing import CliRunner
+from conftest import REPO, cli_runner
 
 from opgraph.cli import common
 from opgraph.cli.app import app
 from opgraph.ir import Edge, Gemm, GraphMetadata, Norm, OpGraph, Stage, save_graph
 
 SCENARIO = '[[phases]]\ngraph = "g.json"\n'
-
-
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:  # click >= 8.2 keeps stderr apart already
-        return CliRunner()
 
 
 @pytest.fixture
@@ -44,7 +36,7 @@ def graph_file(tmp_path: Path) -> Path:
 @pytest.fixture
 def timeline_file(graph_file: Path, tmp_path: Path) -> Path:
     out = tmp_path / "t.json"
-    res = runner().invoke(app, ["simulate", str(graph_file), "-o", str(out)])
+    res = cli_runner().invoke(app, ["simulate", str(graph_file), "-o", str(out)])
     assert res.exit_code == 0, res.output
     return out
 
@@ -86,19 +78,19 @@ def test_unwritable_output_is_one_line_exit_2(
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     bad = blocker / "x.json"  # its folder is a file: nobody can write there, root included
-    res = runner().invoke(app, _commands(graph_file, timeline_file, bad)[command])
+    res = cli_runner().invoke(app, _commands(graph_file, timeline_file, bad)[command])
     _one_line_exit_2(res, "a-file")
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
 @pytest.mark.parametrize("command", ["capture", "simulate", "simulate --stats", "export", "import", "compare --html"])
 def test_proc_is_refused_before_any_work(graph_file: Path, timeline_file: Path, command: str) -> None:
-    res = runner().invoke(app, _commands(graph_file, timeline_file, Path("/proc/x.json"))[command])
+    res = cli_runner().invoke(app, _commands(graph_file, timeline_file, Path("/proc/x.json"))[command])
     _one_line_exit_2(res, "/proc")
 
 
 def test_output_folder_for_a_file_is_refused(graph_file: Path, tmp_path: Path) -> None:
-    res = runner().invoke(app, ["simulate", str(graph_file), "-o", str(tmp_path)])
+    res = cli_runner().invoke(app, ["simulate", str(graph_file), "-o", str(tmp_path)])
     _one_line_exit_2(res, "is a folder")
 
 
@@ -107,7 +99,7 @@ def test_run_into_an_existing_file_is_exit_2(graph_file: Path, tmp_path: Path) -
     scenario.write_text(SCENARIO)
     existing = tmp_path / "results.txt"
     existing.write_text("keep me")
-    res = runner().invoke(app, ["run", str(scenario), "-o", str(existing)])
+    res = cli_runner().invoke(app, ["run", str(scenario), "-o", str(existing)])
     _one_line_exit_2(res, "is a file, not a folder")
     assert existing.read_text() == "keep me"
 
@@ -115,7 +107,7 @@ def test_run_into_an_existing_file_is_exit_2(graph_file: Path, tmp_path: Path) -
 @pytest.mark.parametrize("flag", ["-o", "--stats"])
 def test_simulate_refuses_to_overwrite_its_input(graph_file: Path, flag: str) -> None:
     before = graph_file.read_bytes()
-    res = runner().invoke(app, ["simulate", str(graph_file), flag, str(graph_file.parent / "." / graph_file.name)])
+    res = cli_runner().invoke(app, ["simulate", str(graph_file), flag, str(graph_file.parent / "." / graph_file.name)])
     _one_line_exit_2(res, "would be overwritten")
     assert graph_file.read_bytes() == before
 
@@ -142,7 +134,7 @@ class _ClosedPipe:
 
 def test_closed_stdout_is_a_quiet_exit_0(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common.console, "_file", _ClosedPipe())
-    res = runner().invoke(app, ["capture", "--list"])
+    res = cli_runner().invoke(app, ["capture", "--list"])
     assert res.exit_code == 0, res.output
     assert res.stderr == ""
 
@@ -150,7 +142,7 @@ def test_closed_stdout_is_a_quiet_exit_0(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_compare_writes_its_files_before_a_closed_stdout(timeline_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     html, js = timeline_file.with_name("r.html"), timeline_file.with_name("r.json")
     monkeypatch.setattr(common.console, "_file", _ClosedPipe())
-    res = runner().invoke(
+    res = cli_runner().invoke(
         app, ["compare", str(timeline_file), str(timeline_file), "--html", str(html), "--json", str(js)]
     )
     assert res.exit_code == 0, res.output
@@ -173,12 +165,12 @@ def test_pipe_into_head_exits_0_without_a_traceback() -> None:
 
 
 def test_engine_range_error_names_the_real_limit(graph_file: Path) -> None:
-    res = runner().invoke(app, ["simulate", str(graph_file), "-e", "1..100000"])
+    res = cli_runner().invoke(app, ["simulate", str(graph_file), "-e", "1..100000"])
     _one_line_exit_2(res, "--engines", "1..4096")
 
 
 def test_sweep_summary_names_the_engine_count_shown(graph_file: Path) -> None:
-    res = runner().invoke(app, ["simulate", str(graph_file), "-e", "1..8", "--host", "none"])
+    res = cli_runner().invoke(app, ["simulate", str(graph_file), "-e", "1..8", "--host", "none"])
     assert res.exit_code == 0, res.output
     recommended = re.search(r"recommended: (\d+) engine\(s\)", res.stdout)
     header = re.search(r"tiny on \S+ .* engines (\d+)", res.stdout)
@@ -189,12 +181,12 @@ def test_sweep_summary_names_the_engine_count_shown(graph_file: Path) -> None:
 
 
 def test_a_timeline_where_a_graph_is_expected(timeline_file: Path) -> None:
-    res = runner().invoke(app, ["simulate", str(timeline_file)])
+    res = cli_runner().invoke(app, ["simulate", str(timeline_file)])
     _one_line_exit_2(res, "is a Timeline, not an OpGraph", "opgraph capture")
 
 
 def test_a_graph_where_a_timeline_is_expected(graph_file: Path) -> None:
-    res = runner().invoke(app, ["export", str(graph_file), "-o", str(graph_file.with_name("x.json"))])
+    res = cli_runner().invoke(app, ["export", str(graph_file), "-o", str(graph_file.with_name("x.json"))])
     _one_line_exit_2(res, "is an OpGraph, not a Timeline")
 
 
@@ -209,7 +201,7 @@ def test_a_graph_where_a_timeline_is_expected(graph_file: Path) -> None:
 def test_other_kinds_of_file_are_named(tmp_path: Path, name: str, content: str, said: str) -> None:
     path = tmp_path / name
     path.write_text(content)
-    res = runner().invoke(app, ["info", str(path)])
+    res = cli_runner().invoke(app, ["info", str(path)])
     _one_line_exit_2(res, said, "not an OpGraph")
 
 

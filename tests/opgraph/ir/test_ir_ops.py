@@ -12,6 +12,8 @@ from opgraph.ir import (
     OP_TYPES,
     Attention,
     AttentionVariant,
+    Collective,
+    CollectiveKind,
     DType,
     Gemm,
     Memory,
@@ -20,6 +22,7 @@ from opgraph.ir import (
     OpKind,
     TensorSpec,
     attended_pairs,
+    collective_definition,
     parse_op,
 )
 
@@ -70,6 +73,12 @@ def test_attention_definitions() -> None:
 def test_norm_definitions() -> None:
     assert Norm(id=0, rows=4, hidden=4096).definition == "rmsnorm_h4096"
     assert Norm(id=0, rows=4, hidden=1024, variant=NormVariant.LAYER).definition == "layernorm_h1024"
+
+
+def test_collective_definitions() -> None:
+    op = Collective(id=0, collective=CollectiveKind.ALL_GATHER, bytes=65536, group_size=4)
+    assert op.definition == "all_gather_g4_b65536"
+    assert collective_definition(CollectiveKind.ALL_GATHER, 4, 65536) == op.definition
 
 
 def test_attention_rejects_bad_heads() -> None:

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from conftest import cli_runner
 
 from opgraph.cli.app import app
 
@@ -15,13 +15,6 @@ REPO = Path(__file__).resolve().parents[3]
 DEFAULT = REPO / "examples" / "scenarios" / "default.scenario.toml"
 DATA = REPO / "tests" / "data" / "h100"
 GRAPH = "llama-3.2-1b-l2-prefill256.graph.json.gz"
-
-
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:  # click >= 8.2 keeps stderr apart already
-        return CliRunner()
 
 
 def graph_scenario(tmp_path: Path, expect: str) -> Path:
@@ -39,7 +32,7 @@ def graph_scenario(tmp_path: Path, expect: str) -> Path:
 def test_default_scenario_end_to_end(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "out"
-    res = runner().invoke(app, ["run", str(DEFAULT), "-o", str(out)])
+    res = cli_runner().invoke(app, ["run", str(DEFAULT), "-o", str(out)])
     assert res.exit_code == 0, res.output + (res.stderr if res.stderr_bytes else "")
     assert "PASSED" in res.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -59,7 +52,7 @@ def test_failed_expectation_exits_1_with_a_list(tmp_path: Path) -> None:
     path = graph_scenario(
         tmp_path, 'operators = ["linear", "softmax"]\nmakespan_us = { max = 10 }\nspeedup = { min = 0.5 }'
     )
-    res = runner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out"), "--no-report"])
+    res = cli_runner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out"), "--no-report"])
     assert res.exit_code == 1
     assert "2 of 3 expectation(s) failed:" in res.stderr
     assert "  - llama-3.2-1b-l2-prefill256 operators: missing required operators: softmax" in res.stderr
@@ -70,7 +63,7 @@ def test_failed_expectation_exits_1_with_a_list(tmp_path: Path) -> None:
 
 def test_json_output(tmp_path: Path) -> None:
     path = graph_scenario(tmp_path, "speedup = { min = 0.5 }")
-    res = runner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out"), "--json"])
+    res = cli_runner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out"), "--json"])
     assert res.exit_code == 0, res.stderr
     payload = json.loads(res.stdout)
     assert payload["passed"] is True and payload["expectations"][0]["id"].endswith("/speedup")
@@ -87,13 +80,13 @@ def test_json_output(tmp_path: Path) -> None:
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "bad.scenario.toml"
     path.write_text(text)
-    res = runner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out")])
+    res = cli_runner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out")])
     assert res.exit_code == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {path}") and message in lines[0]
 
 
 def test_help_lists_exit_codes() -> None:
-    res = runner().invoke(app, ["run", "--help"])
+    res = cli_runner().invoke(app, ["run", "--help"])
     assert res.exit_code == 0
     assert "SCENARIO" in res.stdout and "--output" in res.stdout and "exit" in res.stdout.lower()
