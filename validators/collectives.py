@@ -63,7 +63,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from opgraph.ir import Collective, CollectiveKind, DType, OpGraph, OpgraphError, OpKind
+from opgraph.ir import Collective, CollectiveKind, DType, OpGraph, OpgraphError, OpKind, collective_definition
 from opgraph.ir.tensor import FROZEN
 
 __all__ = [
@@ -146,7 +146,7 @@ class CollectiveCase(BaseModel):
     @property
     def definition(self) -> str:
         """The graph's definition name of this collective (``all_reduce_g4_b65536``)."""
-        return f"{self.collective.value}_g{self.group_size}_b{self.bytes}"
+        return collective_definition(self.collective, self.group_size, self.bytes)
 
 
 class CollectiveMeasurement(BaseModel):
@@ -202,7 +202,7 @@ class CollectiveMeasurement(BaseModel):
     @property
     def definition(self) -> str:
         """The graph's definition name of this collective."""
-        return f"{self.collective.value}_g{self.group_size}_b{self.bytes}"
+        return collective_definition(self.collective, self.group_size, self.bytes)
 
     @property
     def algbw_gbps(self) -> float:

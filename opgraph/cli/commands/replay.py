@@ -84,7 +84,13 @@ def replay(
     energy_window: float = typer.Option(
         0.3, "--energy-window", help="Seconds of back-to-back calls per config for energy."
     ),
-    cold_l2: bool = typer.Option(False, "--cold-l2", help="Flush the L2 cache before each timed call."),
+    cold_l2: bool = typer.Option(
+        True,
+        "--cold-l2/--warm-l2",
+        help="Flush the L2 cache before each timed call (the default, as a model run leaves weights and the "
+        "KV cache in DRAM, and as `opgraph profile` and `opgraph validate` time ops); --warm-l2 times back-to-back "
+        "calls with the L2 hot.",
+    ),
     warm_activations: bool = typer.Option(
         True,
         "--warm-activations/--cold-activations",
