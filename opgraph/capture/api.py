@@ -119,10 +119,9 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
         prepared.assumptions.append(
             f"{name} has no {opts.attn_impl} attention in this transformers; captured with {used_impl} attention"
         )
-    if moe_model.install(model, opts.moe_skew or 0.0):
-        prepared.assumptions.append(
-            moe_model.skew_assumption(opts.moe_skew) if opts.moe_skew else moe_model.BALANCED_ASSUMPTION
-        )
+    routing = moe_model.install(model, opts.moe_skew, opts.device)
+    if routing:
+        prepared.assumptions.append(routing)
     return prepared
 
 

@@ -1,41 +1,78 @@
-"""Modelled expert routing: which experts get how many tokens, on any device, with no data dependence.
+"""Expert routing as the model runs it: observed on a real device, modelled (balanced or skewed) on ``meta``.
 
-Real routing depends on the weights (random on meta/cpu) and is not computable on ``meta``. The
-experts modules of transformers (``gate_up_proj``/``down_proj`` stacked per expert) are therefore run
-by :func:`modelled_experts_forward`: the router still runs as written, but the token-to-expert counts
-come from :func:`expert_counts` — balanced by default (every token-expert pair spread evenly), or
-Zipf-skewed with ``skew`` > 0. Balanced counts that divide evenly run as one ``bmm`` over the active
-experts; uneven counts run one ``mm`` per active expert (as the eager HF loop does). The values are
-not those of the model; the shapes, FLOPs and bytes are those of the chosen routing.
+transformers (5.x) runs a stacked-experts module (``gate_up_proj``/``down_proj`` of rank 3, under
+``@use_experts_implementation``) through its configured experts implementation, by default
+``grouped_mm``: sort the token-expert pairs by expert, gather the tokens, ``histc``/``cumsum`` the
+loads into offsets, one ``_grouped_mm`` per projection (a bf16 kernel on CUDA; for fp16/fp32 the
+aten fallback launches one ``mm`` per expert that received tokens), the gate, the routing weights,
+the inverse permutation and a ``sum`` over the top-k. :func:`install` keeps that forward:
+
+- on a real device (cpu, cuda) without ``moe_skew``, the module runs **unmodified**; the routing
+  indices it was given are kept and, after the run, become the observed tokens per expert of each call
+  (:func:`resolve_plan`);
+- with ``moe_skew`` (``0``: balanced), or on ``meta`` (where routing cannot be computed; balanced by
+  default), the routing indices are replaced by indices that realise the modelled loads
+  (:func:`expert_counts`) and the module's own forward runs with them. On ``meta``, a ``_grouped_mm``
+  the device would not run as one kernel (a dtype other than bf16) is emitted as torch's fallback runs
+  it: one ``mm`` per expert that received tokens, at its own rows. An experts implementation whose
+  control flow depends on the data (``eager``: a Python loop over the experts hit) runs as
+  :func:`modelled_experts_forward` on ``meta``, one ``mm`` pair per expert at its modelled rows.
+
+The values are not those of the model when routing is modelled; shapes, FLOPs and bytes are those of
+the chosen routing, and the graph states which routing it holds (the assumption texts below).
 """
 
 from __future__ import annotations
 
+import contextlib
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 PLAN_ATTR = "_opgraph_plan"
 """Attribute an experts module sets during its forward; the recorder keeps it on the module call."""
 
+Routing = Literal["balanced", "skewed", "observed"]
+
 
 @dataclass(frozen=True)
 class ExpertPlan:
-    """How one call of a stacked-experts module ran its modelled routing (read by the ``moe`` pass)."""
+    """How one call of a stacked-experts module routed its tokens (read by the ``moe`` pass)."""
 
     tokens: int
     """Tokens routed."""
     top_k: int
     """Experts per token."""
-    active: int
-    """Experts that received at least one token."""
-    impl: Literal["bmm", "loop"]
-    """One ``bmm`` over equal loads, or one ``mm`` per expert."""
+    counts: tuple[int, ...]
+    """Rows of each expert that received tokens, in expert order (idle experts left out)."""
+    routing: Routing
+    """Where the counts come from: modelled (balanced, skewed) or observed in the run."""
+    impl: str
+    """The experts implementation that ran (``grouped_mm``, ``batched_mm``, ``eager``, ``modelled``)."""
+
+    @property
+    def active(self) -> int:
+        """Experts that received at least one token."""
+        return len(self.counts)
+
+
+@dataclass(frozen=True)
+class _Observed:
+    """The routing indices one call was given; turned into an :class:`ExpertPlan` after the run."""
+
+    top_k_index: Any
+    experts: int
+    impl: str
 
 
 BALANCED_ASSUMPTION = (
     "MoE routing is modelled, not computed: token-expert pairs are spread evenly over the experts "
     "(balanced); expert outputs are not numerically those of the model"
+)
+OBSERVED_ASSUMPTION = (
+    "MoE routing is the model's own (unmodified router): the tokens per expert of each call are those "
+    "observed in the captured run"
 )
 
 
@@ -54,6 +91,13 @@ def skew_assumption(skew: float) -> str:
         f"MoE routing is modelled, not computed: expert loads follow a Zipf law of exponent {skew:g} "
         "(the busiest expert first); expert outputs are not numerically those of the model"
     )
+
+
+def routing_assumption(skew: float | None, device: str) -> str:
+    """What a capture on ``device`` with ``moe_skew=skew`` assumes about MoE routing."""
+    if skew is None and device != "meta":
+        return OBSERVED_ASSUMPTION
+    return skew_assumption(skew) if skew else BALANCED_ASSUMPTION
 
 
 def expert_counts(pairs: int, experts: int, tokens: int, skew: float = 0.0) -> list[int]:
@@ -90,8 +134,133 @@ def expert_counts(pairs: int, experts: int, tokens: int, skew: float = 0.0) -> l
     return sorted((c for c in counts if c > 0), reverse=True)
 
 
+def counts_by_expert(counts: list[int], experts: int) -> list[int]:
+    """Modelled loads (busiest first) laid over experts ``0..active-1``; idle experts get 0.
+
+    >>> counts_by_expert([3, 1], 4)
+    [3, 1, 0, 0]
+    """
+    return [*counts, *([0] * (experts - len(counts)))][:experts]
+
+
+def routing_indices(loads: list[int], tokens: int, top_k: int) -> list[list[int]]:
+    """Top-k expert indices per token that realise ``loads`` (rows per expert, in expert order).
+
+    Pair ``p`` of the expert-sorted sequence goes to token ``p % tokens``: no load exceeds ``tokens``,
+    so a token never picks the same expert twice.
+
+    >>> routing_indices([2, 1, 1], 2, 2)
+    [[0, 1], [0, 2]]
+    """
+    seq = [e for e, c in enumerate(loads) for _ in range(c)]
+    return [[seq[t + j * tokens] for j in range(top_k)] for t in range(tokens)]
+
+
+@contextlib.contextmanager
+def _unrecorded() -> Iterator[None]:
+    """Run torch calls that are no part of the model outside any dispatch mode (the recorder's)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
+
+
+def _impl(module: Any) -> str:
+    config = getattr(module, "config", None)
+    return str(getattr(config, "_experts_implementation", None) or "eager")
+
+
+def _per_expert_grouped_mm(loads: list[int]) -> Any:
+    """``_grouped_mm`` as torch's fallback runs it for dtypes without a grouped kernel: one ``mm`` per
+    expert that received rows, into one output (``loads``: rows per expert, the offsets' values)."""
+    import torch
+
+    def grouped_mm(input: Any, weight: Any, offs: Any) -> Any:
+        x = input.to(weight.dtype)
+        out = x.new_empty((x.shape[0], weight.shape[-1]))
+        start = 0
+        for e, c in enumerate(loads):
+            if c:
+                torch.mm(x[start : start + c], weight[e], out=out[start : start + c])
+                start += c
+        return out
+
+    return grouped_mm
+
+
+@contextlib.contextmanager
+def _grouped_mm_as_device_runs(module: Any, dtype: Any, loads: list[int]) -> Iterator[None]:
+    """On ``meta``, swap transformers' ``_grouped_mm`` for the per-expert fallback unless the dtype has
+    a grouped kernel (bf16); elsewhere the module runs as written."""
+    import torch
+
+    try:
+        from transformers.integrations import moe as hf_moe
+    except ImportError:  # pragma: no cover - transformers without experts implementations
+        yield
+        return
+    original = getattr(hf_moe, "_grouped_mm", None)
+    if original is None or dtype == torch.bfloat16 or _impl(module) != "grouped_mm":
+        yield
+        return
+    hf_moe._grouped_mm = _per_expert_grouped_mm(loads)
+    try:
+        yield
+    finally:
+        hf_moe._grouped_mm = original
+
+
+def routed_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    """The module's own forward with modelled routing: indices that realise the modelled loads."""
+    import torch
+
+    tokens, top_k = hidden_states.shape[0], top_k_index.shape[-1]
+    experts = int(self.num_experts)
+    skew = float(getattr(self, "_opgraph_skew", 0.0))
+    loads = counts_by_expert(expert_counts(tokens * top_k, experts, tokens, skew), experts)
+    routing: Routing = "skewed" if skew else "balanced"
+    impl = _impl(self)
+    meta = hidden_states.device.type == "meta"
+    if meta and impl not in ("grouped_mm", "batched_mm"):
+        return modelled_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    if not meta:
+        # The router's own index tensor takes the modelled values (unrecorded: the model keeps its
+        # data flow, and the run launches nothing the model does not).
+        with _unrecorded():
+            top_k_index.copy_(torch.tensor(routing_indices(loads, tokens, top_k), dtype=top_k_index.dtype))
+    setattr(self, PLAN_ATTR, ExpertPlan(tokens, top_k, tuple(c for c in loads if c), routing, impl))
+    weight = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
+    with _grouped_mm_as_device_runs(self, weight.dtype, loads) if meta else contextlib.nullcontext():
+        return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def observed_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+    """The module's own forward, unmodified; the routing indices are kept for :func:`resolve_plan`."""
+    setattr(self, PLAN_ATTR, _Observed(top_k_index, int(self.num_experts), _impl(self)))
+    return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def resolve_plan(state: object) -> ExpertPlan | None:
+    """The :class:`ExpertPlan` of one experts call from what its module left (observed counts are
+    counted here, after the run, so the run itself launches nothing extra)."""
+    if isinstance(state, ExpertPlan):
+        return state
+    if not isinstance(state, _Observed) or state.top_k_index.device.type == "meta":
+        return None
+    import torch
+
+    with _unrecorded():
+        flat = state.top_k_index.reshape(-1).to("cpu")
+        flat = flat[(flat >= 0) & (flat < state.experts)]
+        loads = torch.bincount(flat, minlength=state.experts).tolist()
+    idx = state.top_k_index
+    tokens = int(idx.shape[0]) if idx.ndim > 1 else int(idx.numel())
+    return ExpertPlan(tokens, int(idx.shape[-1]), tuple(c for c in loads if c), "observed", state.impl)
+
+
 def modelled_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-    """Forward of a stacked-experts module with modelled routing (see the module docstring)."""
+    """A per-expert loop with modelled loads, for ``meta`` where the module's own loop cannot run (its
+    trip count depends on the data): one ``mm`` pair per expert that receives tokens, at its rows."""
     import torch
 
     tokens, hidden = hidden_states.shape[0], hidden_states.shape[-1]
@@ -100,9 +269,7 @@ def modelled_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, to
     skew = float(getattr(self, "_opgraph_skew", 0.0))
     counts = expert_counts(tokens * top_k, experts, tokens, skew)
     pairs = sum(counts)
-    active = len(counts)
-    even = bool(counts) and all(c == counts[0] for c in counts)
-    setattr(self, PLAN_ATTR, ExpertPlan(tokens, top_k, active, "bmm" if even else "loop"))
+    setattr(self, PLAN_ATTR, ExpertPlan(tokens, top_k, tuple(counts), "skewed" if skew else "balanced", "modelled"))
     device = hidden_states.device
     has_gate = getattr(self, "has_gate", True)
     transposed = getattr(self, "is_transposed", False)
@@ -117,36 +284,22 @@ def modelled_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, to
     def gate(h: Any) -> Any:
         return self._apply_gate(h) if has_gate else self.act_fn(h)
 
-    if even:
-        c = counts[0]
-        xg = x.view(active, c, hidden)
-        w1 = up_w[:active] if transposed else up_w[:active].transpose(1, 2)
-        h = torch.bmm(xg, w1)
+    outs = []
+    start = 0
+    for e, c in enumerate(counts):
+        xe = x[start : start + c]
+        start += c
+        w1 = up_w[e] if transposed else up_w[e].t()
+        h = torch.mm(xe, w1)
         if up_b is not None:
-            h = h + up_b[:active].unsqueeze(1)
+            h = h + up_b[e]
         h = gate(h)
-        w2 = self.down_proj[:active] if transposed else self.down_proj[:active].transpose(1, 2)
-        y = torch.bmm(h, w2)
+        w2 = self.down_proj[e] if transposed else self.down_proj[e].t()
+        ye = torch.mm(h, w2)
         if down_b is not None:
-            y = y + down_b[:active].unsqueeze(1)
-        y = y.reshape(pairs, hidden)
-    else:
-        outs = []
-        start = 0
-        for e, c in enumerate(counts):
-            xe = x[start : start + c]
-            start += c
-            w1 = up_w[e] if transposed else up_w[e].t()
-            h = torch.mm(xe, w1)
-            if up_b is not None:
-                h = h + up_b[e]
-            h = gate(h)
-            w2 = self.down_proj[e] if transposed else self.down_proj[e].t()
-            ye = torch.mm(h, w2)
-            if down_b is not None:
-                ye = ye + down_b[e]
-            outs.append(ye)
-        y = torch.cat(outs, dim=0)
+            ye = ye + down_b[e]
+        outs.append(ye)
+    y = torch.cat(outs, dim=0)
     # Combine: weight each expert output by its routing weight and sum the top-k per token.
     if pairs < tokens * top_k:
         y = torch.cat([y, y.new_zeros(tokens * top_k - pairs, hidden)], dim=0)
@@ -155,13 +308,19 @@ def modelled_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, to
     return out.to(hidden_states.dtype)
 
 
-def install(model: Any, skew: float = 0.0) -> int:
-    """Run every stacked-experts module of ``model`` with modelled routing; returns how many."""
+def install(model: Any, skew: float | None = None, device: str = "meta") -> str | None:
+    """Prepare every stacked-experts module of ``model`` for capture; returns the routing assumption.
 
+    On a real ``device`` with ``skew`` unset the modules run unmodified and their observed routing is
+    kept; otherwise they run with modelled routing (balanced, or Zipf-skewed with ``skew`` > 0).
+    ``None`` when the model has no such module.
+    """
+    observed = skew is None and device != "meta"
     n = 0
     for module in model.modules():
         if is_experts_module(module) and hasattr(module, "num_experts") and hasattr(module, "down_proj"):
-            module.forward = types.MethodType(modelled_experts_forward, module)
-            module._opgraph_skew = skew
+            forward = observed_experts_forward if observed else routed_experts_forward
+            module.forward = types.MethodType(forward, module)
+            module._opgraph_skew = skew or 0.0
             n += 1
-    return n
+    return routing_assumption(skew, device) if n else None

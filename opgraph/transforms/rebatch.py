@@ -354,11 +354,14 @@ class _Rewriter:
         fixed = None
         if op.kind is OpKind.ACTIVATION:
             fixed, self.act_index = self.act_index, self.act_index + 1
-        ins = self._expert_tensors(op.inputs, self.dims, fixed)
-        outs = self._expert_tensors(op.outputs, self.dims, fixed)
+        pairs_old = sum(self.old_rows)
+        pairs_new = sum(self.new_rows)
+        dims = self.dims
+        if pairs_old not in self.old_rows:  # a grouped kernel (and its gate) over all token-expert pairs
+            dims = {**self.dims, pairs_old: pairs_new}
+        ins = self._expert_tensors(op.inputs, dims, fixed)
+        outs = self._expert_tensors(op.outputs, dims, fixed)
         if isinstance(op, Gemm):
-            pairs_old = sum(self.old_rows)
-            pairs_new = sum(self.new_rows)
             active = max(1, sum(1 for r in self.new_rows if r > 0))
             updates: dict[str, Any] = {"inputs": ins, "outputs": outs, "m": pairs_new // active, "groups": active}
             updates["flops"] = self._scaled(op.flops, pairs_old, pairs_new)

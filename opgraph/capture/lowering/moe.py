@@ -1,9 +1,12 @@
-"""``moe``: routers become ``MoeRouting(route)``; an experts call becomes dispatch, grouped expert
-GEMMs (``moe_grouped_e{E}_h{H}_i{I}_topk{K}_gate_up`` / ``_down``), the gated activation, and combine.
+"""``moe``: routers become ``MoeRouting(route)``; an experts call becomes dispatch, its expert GEMMs
+(``moe_{impl}_e{E}_h{H}_i{I}_topk{K}_gate_up`` / ``_down``), the gated activation, and combine.
 
-Expert computation on every device is the balanced (or skewed) stand-in of
-:mod:`opgraph.capture.moe_model`, so the ops inside an experts call are known: index ops dispatch,
-``bmm``/``mm`` are expert GEMMs, and the weighting and sum combine.
+An experts call runs the model's own experts implementation (:mod:`opgraph.capture.moe_model`):
+the ops before its first GEMM dispatch, those after its last combine. A ``_grouped_mm`` becomes one
+grouped GEMM whose groups are the experts that received rows (``m`` their mean rows, from the call's
+:class:`~opgraph.capture.moe_model.ExpertPlan`: observed on a real device, modelled on ``meta``); a
+per-expert ``mm`` (the eager loop, torch's fallback for dtypes without a grouped kernel) becomes one
+GEMM at its own rows, so each small product is costed at its real ``m``.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from opgraph.capture.lowering.base import Lowering, float_inputs, last_dim, numel
-from opgraph.capture.moe_model import ExpertPlan, is_experts_module
+from opgraph.capture.moe_model import ExpertPlan, is_experts_module, resolve_plan
+from opgraph.capture.recorder import Event
 from opgraph.ir.ops import OpKind
 
 _ROUTER_CLASS = re.compile(r"Router|TopkRouter|TopKRouter|MoeGate|MoEGate")
-_GEMM = frozenset({"bmm", "mm", "_grouped_mm", "addmm", "baddbmm"})
+_GEMM = frozenset({"bmm", "mm", "_grouped_mm", "grouped_mm", "addmm", "baddbmm"})
+_GROUPED = frozenset({"_grouped_mm", "grouped_mm"})
 _DISPATCH = frozenset(
     {
         "index_select",
@@ -94,27 +99,28 @@ class LowerMoe:
 
     def _experts(self, lw: Lowering, call: int, evs: list[int]) -> None:
         module = lw.calls[call].module
-        state = lw.calls[call].state
-        plan = state if isinstance(state, ExpertPlan) else ExpertPlan(tokens=0, top_k=1, active=1, impl="loop")
+        plan = resolve_plan(lw.calls[call].state)
         experts = int(getattr(module, "num_experts", 0) or 1)
-        top_k, tokens, active, impl = plan.top_k, plan.tokens, plan.active, plan.impl
         free = [i for i in evs if lw.free(i)]
         gemms = [i for i in free if lw.events[i].fn in _GEMM]
         if not gemms:
             return
-        # Expert GEMMs: one grouped op per (n, k) shape family, in order (gate_up, then down).
+        shapes = {i: _gemm_shape(lw.events[i]) for i in gemms}
+        if plan is None:  # no routing known (an experts module run outside install): even loads
+            rows = shapes[gemms[0]][0]
+            plan = ExpertPlan(rows, 1, tuple([max(1, rows // experts)] * experts), "balanced", "unknown")
+        top_k, tokens, impl = plan.top_k, plan.tokens, plan.impl
+        # Expert GEMMs by (n, k) shape family, in order: gate_up (or up), then down.
         families: dict[tuple[int, int], list[int]] = {}
         for i in gemms:
-            a, b = lw.events[i].inputs[-2], lw.events[i].inputs[-1]
-            families.setdefault((b.shape[-1], a.shape[-1]), []).append(i)
-        hidden = lw.events[gemms[0]].inputs[-2].shape[-1]
-        first_n = next(iter(families))[0]
+            _, n, k = shapes[i]
+            families.setdefault((n, k), []).append(i)
+        first_n, h = next(iter(families))
         inter = first_n // 2 if getattr(module, "has_gate", True) else first_n
         first_gemm = min(gemms)
         last_gemm = max(gemms)
         disp = [i for i in free if i < first_gemm and lw.events[i].fn not in _GEMM]
         comb = [i for i in free if i > last_gemm and lw.events[i].fn not in _GEMM]
-        h = hidden
 
         def routing(events: list[int], fn: str) -> None:
             if events:
@@ -123,19 +129,46 @@ class LowerMoe:
 
         routing(disp, "dispatch")
         for pos, ((n, k), fam) in enumerate(families.items()):
-            rows = 0
-            for i in fam:
-                a = lw.events[i].inputs[-2]
-                rows += numel(a) // a.shape[-1]
-            groups = max(1, active)
             part = "gate_up" if pos == 0 else "down"
-            lw.claim(
-                fam,
-                OpKind.GEMM,
-                {"m": rows // groups, "n": n, "k": k, "groups": groups},
-                target=f"moe_experts_{part}",
-                call=call,
-                flops=2 * rows * n * k,
-                definition=f"moe_{impl}_e{experts}_h{h}_i{inter}_topk{top_k}_{part}",
-            )
+            definition = f"moe_{impl}_e{experts}_h{h}_i{inter}_topk{top_k}_{part}"
+            grouped = [i for i in fam if lw.events[i].fn in _GROUPED]
+            if grouped:
+                # One grouped kernel per call: its groups are the experts that received rows.
+                active = max(1, plan.active)
+                for i in grouped:
+                    rows = shapes[i][0]
+                    lw.claim(
+                        [i],
+                        OpKind.GEMM,
+                        {"m": sum(plan.counts) // active, "n": n, "k": k, "groups": active},
+                        target=f"moe_experts_{part}",
+                        call=call,
+                        flops=2 * min(rows, sum(plan.counts)) * n * k,
+                        definition=definition,
+                    )
+            # Per-expert products (the eager loop, torch's fallback): one op per call, at its own rows.
+            for i in fam:
+                if i in grouped:
+                    continue
+                rows = shapes[i][0]
+                lw.claim(
+                    [i],
+                    OpKind.GEMM,
+                    {"m": rows, "n": n, "k": k},
+                    target=f"moe_experts_{part}",
+                    call=call,
+                    flops=2 * rows * n * k,
+                    definition=definition,
+                )
         routing(comb, "combine")
+
+
+def _gemm_shape(ev: Event) -> tuple[int, int, int]:
+    """Rows, output columns and reduction size of an expert GEMM event (all rows of all groups)."""
+    if ev.fn in _GROUPED:  # (S, k) @ (E, k, n) with offsets
+        a, w = ev.inputs[0], ev.inputs[1]
+        return numel(a) // a.shape[-1], w.shape[-1], w.shape[-2]
+    a, b = ev.inputs[0], ev.inputs[1]
+    if ev.fn in ("addmm", "baddbmm"):
+        a, b = ev.inputs[1], ev.inputs[2]
+    return numel(a) // a.shape[-1], b.shape[-1], a.shape[-1]

@@ -1,0 +1,110 @@
+"""MoE as the model runs it: what the experts modules launch on meta equals what transformers' own
+forward launches on real tensors under the same routing, a real device keeps the model's own router
+(unmodified outputs) and the graph carries the tokens per expert it observed."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from opgraph.capture import capture  # noqa: E402
+from opgraph.capture.api import record  # noqa: E402
+from opgraph.capture.moe_model import OBSERVED_ASSUMPTION, is_experts_module  # noqa: E402
+from opgraph.capture.phase import CaptureOptions  # noqa: E402
+from opgraph.ir.ops import OpKind  # noqa: E402
+from tests.opgraph.capture.test_capture_architectures import tiny_config  # noqa: E402
+
+MOE = ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"]
+
+
+def _expert_events(path: str, **options: Any) -> list[tuple[str, tuple[tuple[int, ...], ...]]]:
+    """The aten calls inside every experts module call, in order, with their input shapes."""
+    rec = record(path, CaptureOptions(**options)).recorder
+    calls = {i for i, c in enumerate(rec.calls) if c.module is not None and is_experts_module(c.module)}
+    inside = set(calls)
+    for i, c in enumerate(rec.calls):  # submodules of an experts module (its activation)
+        if c.parent in inside:
+            inside.add(i)
+    return [(e.fn, tuple(t.shape for t in e.inputs)) for e in rec.events if e.call in inside]
+
+
+@pytest.mark.parametrize("model_type", MOE)
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_meta_launches_what_the_model_runs_under_the_same_routing(tmp_path: Path, model_type: str, phase: str) -> None:
+    path = tiny_config(tmp_path, model_type)
+    size = {"seq_len": 12} if phase == "prefill" else {"kv_len": 12, "batch": 3}
+    meta = _expert_events(path, phase=phase, device="meta", **size)
+    # On cpu the model's own experts forward runs on real tensors; moe_skew=0 only sets its router's
+    # indices to the balanced loads, so both runs route the same tokens per expert.
+    cpu = _expert_events(path, phase=phase, device="cpu", moe_skew=0.0, **size)
+    assert meta == cpu
+    assert any(fn in ("_grouped_mm", "grouped_mm") for fn, _ in meta)
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_launch_counts_do_not_depend_on_the_routing(tmp_path: Path, model_type: str) -> None:
+    # transformers' grouped_mm experts launch a fixed sequence; only the rows per group vary.
+    path = tiny_config(tmp_path, model_type)
+    meta = Counter(fn for fn, _ in _expert_events(path, device="meta", seq_len=12))
+    own = Counter(fn for fn, _ in _expert_events(path, device="cpu", seq_len=12))
+    assert meta == own
+
+
+def _tiny_model(tmp_path: Path, model_type: str) -> Any:
+    config = transformers.AutoConfig.from_pretrained(tiny_config(tmp_path, model_type))
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_real_device_runs_the_unmodified_model_and_records_its_routing(tmp_path: Path, model_type: str) -> None:
+    model = _tiny_model(tmp_path, model_type)
+    routed: list[Any] = []
+    for m in model.modules():
+        if is_experts_module(m):
+            m.register_forward_pre_hook(lambda _m, args: routed.append(args[1].clone()))
+    ids = torch.arange(10).reshape(1, 10)
+    with torch.no_grad():
+        before = model(ids).logits
+    routed.clear()
+    g = capture(model, device="cpu", seq_len=10, dtype="fp32")
+    seen = list(routed)
+    with torch.no_grad():
+        after = model(ids).logits
+    # The capture left the model as it was: its own router and experts (no balanced stand-in).
+    assert torch.equal(before, after)
+    assert OBSERVED_ASSUMPTION in g.metadata.assumptions
+    # The recorded call's routing is the graph's: one grouped GEMM per projection whose groups are
+    # the experts the router picked, and FLOPs of the rows they got.
+    gate_up = [o for o in g.ops_of(OpKind.GEMM) if o.target == "moe_experts_gate_up"]
+    assert len(gate_up) == len(seen) > 0
+    for op, idx in zip(gate_up, seen, strict=True):
+        loads = [c for c in torch.bincount(idx.reshape(-1)).tolist() if c]
+        assert op.groups == len(loads)  # type: ignore[attr-defined]
+        assert op.flops == 2 * sum(loads) * op.n * op.k  # type: ignore[attr-defined]
+
+
+def test_meta_without_a_grouped_kernel_emits_one_product_per_expert(tmp_path: Path) -> None:
+    # fp16 has no grouped kernel: torch runs one mm per expert that received rows, at its own rows.
+    path = tiny_config(tmp_path, "qwen3_moe")
+    events = _expert_events(path, device="meta", seq_len=12, dtype="fp16", moe_skew=1.0)
+    assert not any(fn in ("_grouped_mm", "grouped_mm") for fn, _ in events)
+    g = capture(path, device="meta", seq_len=12, dtype="fp16", moe_skew=1.0)
+    experts = [o for o in g.ops_of(OpKind.GEMM) if o.target == "moe_experts_gate_up" and o.layer == 0]
+    rows = [o.m for o in experts]  # type: ignore[attr-defined]
+    assert sum(rows) == 12 * 2  # every token-expert pair once
+    assert len(set(rows)) > 1  # skewed: the busiest expert has the most rows
+    mm_rows = [shapes[0][0] for fn, shapes in events if fn == "mm"]
+    assert sorted(rows) == sorted(mm_rows[: len(rows)])
+
+
+def test_explicit_balanced_routing_is_stated_on_a_real_device(tmp_path: Path) -> None:
+    g = capture(tiny_config(tmp_path, "mixtral"), device="cpu", seq_len=8, moe_skew=0.0)
+    assert any("balanced" in a for a in g.metadata.assumptions)
+    assert OBSERVED_ASSUMPTION not in g.metadata.assumptions
