@@ -42,6 +42,7 @@ from hardware.profile import (
 )
 from opgraph.ir import (
     Activation,
+    AtenCall,
     Attention,
     DType,
     Elementwise,
@@ -187,6 +188,24 @@ def _experts(name: str, part: str, tokens: int, experts: int, top_k: int, n: int
     dt = DType.bf16
     ins: tuple[TensorSpec, ...]
     out: tuple[TensorSpec, ...]
+    if impl == "grouped_mm":
+        # As capture records transformers' default experts (``_grouped_mm``): the routed token-expert
+        # pairs [T*top_k, k] against the stacked weights [E, k, n] (a transposed view), with offsets.
+        rows = tokens * top_k
+        ins = (
+            TensorSpec(shape=(rows, k), dtype=dt),
+            TensorSpec(shape=(experts, k, n), dtype=dt, strides=(n * k, 1, k)),
+            TensorSpec(shape=(experts,), dtype=DType.int32),
+        )
+        out = (TensorSpec(shape=(rows, n), dtype=dt),)
+        h = k if part == "gate_up" else n
+        definition = f"moe_grouped_mm_e{experts}_h{h}_topk{top_k}_{part}_t{tokens}"
+        target = f"moe_experts_{part}"
+        call = AtenCall(args=({"tensor": 0}, {"tensor": 1}, {"tensor": 2}))
+        return Gemm(
+            id=0, m=m, n=n, k=k, groups=experts, dtype=dt, inputs=ins, outputs=out, target=target,
+            definition=definition, call=call,
+        )  # fmt: skip
     if impl == "bmm":
         # As capture records transformers' batched experts: [E, m, k] @ [E, k, n] (a transposed weight view).
         ins = (
@@ -246,6 +265,12 @@ def _gpu_sweep() -> list[SweepPoint]:
             )
             pts += _series(
                 f"moe.{name}.{part}.loop", (_experts(name, part, t, e, top, n, k, "loop") for t in toks[::2]), base=2
+            )
+            pts += _series(
+                f"moe.{name}.{part}.grouped",
+                (_experts(name, part, t, e, top, n, k, "grouped_mm") for t in toks),
+                base=0,
+                warm=(0,),
             )
         for fn in ("route", "dispatch", "combine"):
             ops = (

@@ -98,6 +98,13 @@ class Features:
         return ",".join(f"{n}={2**v:.4g}" for n, v in zip(self.shape_names, self.shape, strict=True))
 
 
+_NEAREST_REGIME: dict[str, tuple[str, ...]] = {
+    "gemm:grouped:grouped_mm": ("gemm:grouped:bmm",),
+    "gemm:grouped:bmm": ("gemm:grouped:grouped_mm",),
+}
+"""Regimes to try, in order, before any other of the same kind when a profile lacks one."""
+
+
 def _lg(x: float) -> float:
     return math.log2(max(float(x), 1.0))
 
@@ -281,6 +288,13 @@ class _Index:
             hit = self.regimes.get((f.regime, dt))
             if hit is not None:
                 return hit, f.regime, dt
+        # A grouped GEMM implementation the profile did not measure: the nearest implementation first
+        # (a grouped kernel reads like the batched one, not like a loop of per-expert GEMMs).
+        for name in _NEAREST_REGIME.get(f.regime, ()):
+            for dt in dtypes:
+                hit = self.regimes.get((name, dt))
+                if hit is not None:
+                    return hit, name, dt
         for dt in dtypes:
             siblings = [
                 (len(r.groups), name)
