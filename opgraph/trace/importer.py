@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import ast
 import bisect
-import gc
 import json
 import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.timeline import SpanCategory, Timeline, TimelineKind
 from opgraph.trace.events import GPU_KINDS, HOST_KINDS, GpuEvent, HostEvent, TraceData
 from opgraph.trace.reader import NoTraceEventsError, TraceFile, TraceFormatError, discover, read_trace
@@ -96,13 +96,8 @@ def collect(file: TraceFile, *, python: bool = False) -> TraceData:
     """Read one trace file into linked :class:`TraceData` (events sorted by start; times from 0)."""
     # Cyclic GC passes over millions of freshly decoded dicts cost more than the parse itself;
     # nothing decoded here forms cycles, so collection is paused while importing.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         return _collect(file, python)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _collect(file: TraceFile, python: bool) -> TraceData:
