@@ -345,6 +345,7 @@ class Analyzer:
                 if p.source == "propagated":
                     p.source = "vote"
         self._timing_outliers(gpu, passes, notes)
+        self._graph_replays(gpu, passes, notes)
         undecided = [p for p in passes if p.layers and p.stage == "unknown"]
         if undecided and len(undecided) >= 2:
             per_layer = [sum(gpu[i].dur for i in p.events) / max(len(p.layers), 1) for p in undecided]
@@ -383,6 +384,59 @@ class Analyzer:
                 f"{changed} pass(es) taking over {_OUTLIER:g}x the median pass read as prefill "
                 "(timing outweighs decode votes of kernels that also run in prefill)"
             )
+
+    def _graph_replays(self, gpu: list[GpuEvent], passes: list[_Pass], notes: list[str]) -> None:
+        """Undecided passes whose layers replay a CUDA graph, after an eager pass, are decode steps.
+
+        A CUDA graph replays fixed shapes, so frameworks capture the step whose shape does not change
+        (one new token per sequence: decode; HF's static cache, SGLang, TensorRT-LLM) and run the prefill,
+        whose length follows the prompt, eagerly. Replayed kernels carry no CPU op shapes and often no
+        stage-specific name, so the graph itself is the evidence, checked against timing: a pass counts
+        as decode when all its layers' attention kernels came from a ``cudaGraphLaunch`` and its layers
+        took less kernel time than those of an earlier pass launched eagerly (that pass, if undecided, is
+        the prefill). Annotations, shapes and votes already given are not overruled."""
+
+        def replayed(p: _Pass) -> bool | None:
+            attn = [
+                gpu[p.events[k]]
+                for layer in p.layers
+                for k in range(layer.lo, layer.attn_end)
+                if gpu[p.events[k]].ktype == "attention"
+            ]
+            if not attn:
+                return None
+            return all(g.launch_name is not None and "GraphLaunch" in g.launch_name for g in attn)
+
+        def per_layer(p: _Pass) -> float:
+            t = sum(
+                gpu[p.events[k]].dur
+                for layer in p.layers
+                for k in range(layer.lo, layer.hi)
+                if gpu[p.events[k]].kind == "kernel"
+            )
+            return t / len(p.layers)
+
+        eager: _Pass | None = None
+        found: list[_Pass] = []
+        for p in passes:
+            if not p.layers:
+                continue
+            graph = replayed(p)
+            if graph is False and eager is None and p.stage in ("prefill", "unknown"):
+                eager = p
+            elif graph and eager is not None and p.stage == "unknown" and per_layer(p) < per_layer(eager):
+                found.append(p)
+        if not found or eager is None:
+            return
+        for p, stage in ((eager, "prefill"), *((q, "decode") for q in found)):
+            if p.stage == "unknown":
+                p.stage, p.source = stage, "timing"
+                for layer in p.layers:
+                    layer.stage, layer.source = stage, "timing"
+        notes.append(
+            f"{len(found)} pass(es) replaying CUDA graphs with shorter layers than the eager first pass read as "
+            "decode (graphs replay the fixed-shape decode step; replayed kernels carry no shapes to vote with)"
+        )
 
     # ---- the whole analysis -----------------------------------------------------------------------
     def run(self, data: TraceData, *, split_half_layers: bool = False) -> tuple[AnalysisResult, list[Label]]:
