@@ -12,13 +12,17 @@ from __future__ import annotations
 import ast
 import bisect
 import json
+import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 from opgraph.ir.gcpause import paused_gc
-from opgraph.ir.timeline import SpanCategory, Timeline, TimelineKind
+from opgraph.ir.graph import Scalar
+from opgraph.ir.ops import OpKind, Stage
+from opgraph.ir.timeline import Bound, Span, SpanCategory, Timeline, TimelineKind
 from opgraph.trace.events import GPU_KINDS, HOST_KINDS, GpuEvent, HostEvent, TraceData
 from opgraph.trace.reader import NoTraceEventsError, TraceFile, TraceFormatError, discover, read_trace
 
@@ -447,6 +451,69 @@ _OURS = ("op_id", "definition", "layer", "stage", "step", "bound")
 """Span fields opgraph's exporter writes into a kernel's args, read back on import."""
 
 
+_SPAN_DEFAULTS: dict[str, Any] = {k: f.get_default(call_default_factory=True) for k, f in Span.model_fields.items()}
+
+
+def _unchecked_span(fields: dict[str, Any]) -> Span:
+    """A ``Span`` of fields that are valid by construction, without pydantic's per-field checks.
+
+    The importer builds every field from its validated stream (str names and tracks, float times,
+    non-negative durations, enum members, scalar args); validating each span again costs more than the
+    rest of the import. ``fields`` must hold every field, in declaration order; checked against
+    validation at import time (:func:`_pick_span_factory`) and by ``test_to_timeline_spans_equal_validated_spans``."""
+    span = object.__new__(Span)
+    object.__setattr__(span, "__dict__", fields)
+    object.__setattr__(span, "__pydantic_fields_set__", set(fields))
+    object.__setattr__(span, "__pydantic_extra__", None)
+    object.__setattr__(span, "__pydantic_private__", None)
+    return span
+
+
+def _validated_span(fields: dict[str, Any]) -> Span:
+    return Span.model_validate(fields)
+
+
+def _pick_span_factory() -> Callable[[dict[str, Any]], Span]:
+    """The unchecked factory when it gives what validation gives on this pydantic, else validation."""
+    probe = {
+        **_SPAN_DEFAULTS,
+        "name": "k",
+        "track": "gpu0/stream7",
+        "start_us": 1.5,
+        "dur_us": 2.0,
+        "category": SpanCategory.GEMM,
+        "kind": OpKind.GEMM,
+        "stage": Stage.DECODE,
+        "layer": 3,
+        "args": {"type": "kernel", "device": 0},
+    }
+    try:
+        fast = _unchecked_span(dict(probe))
+        ref = Span.model_validate(probe)
+        if fast == ref and fast.model_dump_json() == ref.model_dump_json():
+            return _unchecked_span
+    except Exception:  # a pydantic without these attributes: validate instead
+        pass
+    return _validated_span
+
+
+_make_span = _pick_span_factory()
+_JSON = json.JSONEncoder(separators=(",", ":")).encode
+"""Compact JSON (one encoder for all spans: ``json.dumps`` builds one per call)."""
+_NUMERIC_LISTS = re.compile(r"[\[\],0-9.e+\-]*")
+
+
+def _dims_json(dims: Any) -> str:
+    """Compact JSON of a shape list: its repr without spaces when that is nested lists of numbers (the
+    same text, several times faster than the encoder), else the JSON encoder's."""
+    text = repr(dims).replace(" ", "")
+    return text if _NUMERIC_LISTS.fullmatch(text) else _JSON(dims)
+
+
+_CATEGORY = {c.value: c for c in SpanCategory}
+_STAGE = {v: Stage(v) for v in _STAGE_VALUES}
+
+
 def to_timeline(
     data: TraceData,
     *,
@@ -456,10 +523,21 @@ def to_timeline(
     offset_us: float = 0.0,
 ) -> Timeline:
     """A measured ``Timeline`` of ``data``: device spans (with ``labels`` (layer, stage, pass) per device
-    event when given by the analyzer) and, with ``cpu``, host spans."""
-    spans: list[dict[str, Any]] = []
+    event when given by the analyzer) and, with ``cpu``, host spans.
+
+    The spans are built unchecked (:func:`_unchecked_span`): every field comes from the already
+    validated import, so validating each of a few hundred thousand spans again would only repeat those
+    checks at a large share of the import's cost."""
+    make = _make_span
+    category = _CATEGORY
+    opkind = _OPKIND
+    stages = _STAGE
+    kernel = SpanCategory.KERNEL
+    gpu_tracks: dict[tuple[int, int], str] = {}
+    host_tracks: dict[tuple[SpanCategory, int | str, int | str], str] = {}
+    spans: list[Span] = []
     for i, g in enumerate(data.gpu):
-        args: dict[str, Any] = {"type": g.kind.value, "device": g.device, "stream": g.stream}
+        args: dict[str, Scalar] = {"type": g.kind.value, "device": g.device, "stream": g.stream}
         if g.correlation is not None:
             args["correlation"] = g.correlation
         if g.external_id is not None:
@@ -478,26 +556,33 @@ def to_timeline(
             if len(g.launch_stack) > 1:
                 args["launch_stack"] = _STACK_SEP.join(g.launch_stack)
             if g.launch_dims and g.ktype == "attention":
-                args["launch_dims"] = json.dumps(g.launch_dims, separators=(",", ":"))
-        span: dict[str, Any] = {
-            "name": g.name,
-            "track": f"{track_prefix}gpu{g.device}/stream{g.stream}",
-            "start_us": g.ts + offset_us,
-            "dur_us": g.dur,
-            "category": g.ktype if g.kind == "kernel" else g.kind,
-            "args": args,
-        }
-        kind = _OPKIND.get(g.ktype)
-        if kind is not None:
-            span["kind"] = kind
+                args["launch_dims"] = _dims_json(g.launch_dims)
+        tkey = (g.device, g.stream)
+        track = gpu_tracks.get(tkey)
+        if track is None:
+            track = gpu_tracks[tkey] = f"{track_prefix}gpu{g.device}/stream{g.stream}"
+        layer = step = stage_member = None
         if labels is not None:
             layer, stage, step = labels[i]
-            span["layer"] = layer
-            span["step"] = step
-            if stage in _STAGE_VALUES:
-                span["stage"] = stage
-            elif stage is not None:
+            stage_member = stages.get(stage) if stage is not None else None
+            if stage is not None and stage_member is None:
                 args["stage"] = stage
+        ktype = g.ktype
+        span: dict[str, Any] = {
+            "name": g.name,
+            "track": track,
+            "start_us": g.ts + offset_us,
+            "dur_us": g.dur,
+            "op_id": None,
+            "kind": opkind.get(ktype),
+            "category": category[ktype.value if g.kind is kernel else g.kind.value],
+            "layer": layer,
+            "stage": stage_member,
+            "step": step,
+            "definition": None,
+            "bound": None,
+            "args": args,
+        }
         if g.ours:  # our own export: its attribution wins over the analyzer's guesses
             for key, value in g.ours.items():
                 if key == "stage" and value not in _STAGE_VALUES:
@@ -506,32 +591,52 @@ def to_timeline(
                     continue
                 if key in ("definition", "bound") and not isinstance(value, str):
                     continue
+                if key == "stage":
+                    value = _STAGE[value]
+                elif key == "bound":
+                    try:
+                        value = Bound(value)
+                    except ValueError:
+                        continue
                 span[key] = value
-        spans.append(span)
+        spans.append(make(span))
     if cpu:
         for h in data.host:
-            hargs: dict[str, Any] = {"type": h.kind.value}
+            hargs: dict[str, Scalar] = {"type": h.kind.value}
             if h.external_id is not None:
                 hargs["external_id"] = h.external_id
             if h.correlation is not None:
                 hargs["correlation"] = h.correlation
             if h.input_dims:
-                hargs["input_dims"] = json.dumps(h.input_dims, separators=(",", ":"))
-            if h.kind == "gpu_annotation":
-                track = f"{track_prefix}gpu{h.pid}/annotations"
-            else:
-                track = f"{track_prefix}cpu/{h.tid}"
+                hargs["input_dims"] = _dims_json(h.input_dims)
+            hkey = (h.kind, h.pid, h.tid)
+            track = host_tracks.get(hkey)
+            if track is None:
+                if h.kind == "gpu_annotation":
+                    track = f"{track_prefix}gpu{h.pid}/annotations"
+                else:
+                    track = f"{track_prefix}cpu/{h.tid}"
+                host_tracks[hkey] = track
             spans.append(
-                {
-                    "name": h.name,
-                    "track": track,
-                    "start_us": h.ts + offset_us,
-                    "dur_us": h.dur,
-                    "category": h.kind,
-                    "args": hargs,
-                }
+                make(
+                    {
+                        "name": h.name,
+                        "track": track,
+                        "start_us": h.ts + offset_us,
+                        "dur_us": h.dur,
+                        "op_id": None,
+                        "kind": None,
+                        "category": category[h.kind.value],
+                        "layer": None,
+                        "stage": None,
+                        "step": None,
+                        "definition": None,
+                        "bound": None,
+                        "args": hargs,
+                    }
+                )
             )
-    spans.sort(key=lambda s: (s["start_us"], s["track"]))
+    spans.sort(key=_span_order)
     config: dict[str, Any] = {"origin_us": data.origin_us, "events": data.events_total}
     if data.rank is not None:
         config["rank"] = data.rank
@@ -554,26 +659,32 @@ def to_timeline(
                 "trace_file": data.file,
                 "config": config,
             },
-            "spans": spans,
+            "spans": spans,  # Span instances: pydantic takes them as they are
             "notes": notes,
         }
     )
 
 
-_OPKIND = {
-    "attention": "attention",
-    "gemm": "gemm",
-    "norm": "norm",
-    "activation": "activation",
-    "rope": "rope",
-    "elementwise": "elementwise",
-    "reduction": "reduction",
-    "memory": "memory",
-    "communication": "collective",
-    "sampling": "topk",
-    "embedding": "embedding",
-    "other": "other",
-    "unknown": "other",
+_span_order = attrgetter("start_us", "track")
+
+
+_OPKIND: dict[str, OpKind] = {
+    k: OpKind(v)
+    for k, v in {
+        "attention": "attention",
+        "gemm": "gemm",
+        "norm": "norm",
+        "activation": "activation",
+        "rope": "rope",
+        "elementwise": "elementwise",
+        "reduction": "reduction",
+        "memory": "memory",
+        "communication": "collective",
+        "sampling": "topk",
+        "embedding": "embedding",
+        "other": "other",
+        "unknown": "other",
+    }.items()
 }
 
 
@@ -589,55 +700,70 @@ def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
     cfg = tl.source.config
     rank = cfg.get("rank")
     data.rank = rank if isinstance(rank, int) else None
+    gpu_kinds = _GPU_KIND_OF
+    host_kinds = _HOST_KIND_OF
+    gpu_track: dict[str, bool] = {}
+    gpu_append = data.gpu.append
+    host_append = data.host.append
     for s in tl.spans:
         a = s.args
         typ = a.get("type")
-        gpu_track = "gpu" in s.track.split("/")[0] and not s.track.endswith("/annotations")
-        device = s.category is not None and SpanCategory(s.category).is_device
-        if typ in GPU_KINDS or (typ is None and (gpu_track or device)):
-            kind = SpanCategory(typ) if isinstance(typ, str) else SpanCategory.KERNEL
+        kind = gpu_kinds.get(typ) if type(typ) is str else None
+        if kind is None and typ is None:
+            on_gpu = gpu_track.get(s.track)
+            if on_gpu is None:
+                on_gpu = gpu_track[s.track] = "gpu" in s.track.split("/")[0] and not s.track.endswith("/annotations")
+            if on_gpu or (s.category is not None and SpanCategory(s.category).is_device):
+                kind = SpanCategory.KERNEL
+        if kind is not None:
             dev = a.get("device")
             st = a.get("stream")
             launch = a.get("launch_us")
-            data.gpu.append(
-                GpuEvent(
-                    s.name,
-                    kind,
-                    s.start_us,
-                    s.dur_us,
-                    dev if isinstance(dev, int) else 0,
-                    st if isinstance(st, int) else _track_stream(s.track),
-                    _int(a.get("correlation")),
-                    _int(a.get("external_id")),
-                    a.get("grid") if isinstance(a.get("grid"), str) else None,  # type: ignore[arg-type]
-                    a.get("block") if isinstance(a.get("block"), str) else None,  # type: ignore[arg-type]
-                    _int(a.get("bytes")),
-                    float(launch) if isinstance(launch, (int, float)) else None,
-                    a.get("launch") if isinstance(a.get("launch"), str) else None,  # type: ignore[arg-type]
-                    a.get("launch_op") if isinstance(a.get("launch_op"), str) else None,  # type: ignore[arg-type]
-                    json.loads(a["launch_dims"]) if isinstance(a.get("launch_dims"), str) else None,  # type: ignore[arg-type]
-                )
+            grid = a.get("grid")
+            block = a.get("block")
+            lname = a.get("launch")
+            op = a.get("launch_op")
+            dims = a.get("launch_dims")
+            ev = GpuEvent(
+                s.name,
+                kind,
+                s.start_us,
+                s.dur_us,
+                dev if type(dev) is int else 0,
+                st if type(st) is int else _track_stream(s.track),
+                _id(a.get("correlation")),
+                _id(a.get("external_id")),
+                grid if type(grid) is str else None,
+                block if type(block) is str else None,
+                _id(a.get("bytes")),
+                float(launch) if isinstance(launch, (int, float)) else None,
+                lname if type(lname) is str else None,
+                op if type(op) is str else None,
+                json.loads(dims) if type(dims) is str else None,
             )
             stack = a.get("launch_stack")
-            if isinstance(stack, str):
-                data.gpu[-1].launch_stack = tuple(stack.split(_STACK_SEP))
-            elif data.gpu[-1].launch_op:
-                data.gpu[-1].launch_stack = (data.gpu[-1].launch_op,)
-        elif isinstance(typ, str) and typ in HOST_KINDS:
-            dims = a.get("input_dims")
-            data.host.append(
-                HostEvent(
-                    s.name,
-                    SpanCategory(typ),
-                    s.start_us,
-                    s.dur_us,
-                    0,
-                    s.track,
-                    _int(a.get("external_id")),
-                    _int(a.get("correlation")),
-                    json.loads(dims) if link and isinstance(dims, str) else None,  # shapes matter to links only
+            if type(stack) is str:
+                ev.launch_stack = tuple(stack.split(_STACK_SEP))
+            elif ev.launch_op:
+                ev.launch_stack = (ev.launch_op,)
+            gpu_append(ev)
+        else:
+            hkind = host_kinds.get(typ) if type(typ) is str else None
+            if hkind is not None:
+                dims = a.get("input_dims")
+                host_append(
+                    HostEvent(
+                        s.name,
+                        hkind,
+                        s.start_us,
+                        s.dur_us,
+                        0,
+                        s.track,
+                        _id(a.get("external_id")),
+                        _id(a.get("correlation")),
+                        json.loads(dims) if link and type(dims) is str else None,  # shapes matter to links only
+                    )
                 )
-            )
     if link and data.gpu and data.host:
         # rebuild the launch links (launching CPU op, its stack and input dims) from the host spans
         notes = data.notes
@@ -645,6 +771,15 @@ def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
         _link(data, data.gpu, data.host, {}, {})
         data.notes = notes
     return data
+
+
+_GPU_KIND_OF = {k.value: k for k in GPU_KINDS}
+_HOST_KIND_OF = {k.value: k for k in HOST_KINDS}
+
+
+def _id(v: Any) -> int | None:
+    """:func:`_int` with a fast path for the ints :func:`to_timeline` writes."""
+    return v if type(v) is int else (None if v is None else _int(v))
 
 
 def _track_stream(track: str) -> int:
