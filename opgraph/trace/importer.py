@@ -454,18 +454,27 @@ _OURS = ("op_id", "definition", "layer", "stage", "step", "bound")
 _SPAN_DEFAULTS: dict[str, Any] = {k: f.get_default(call_default_factory=True) for k, f in Span.model_fields.items()}
 
 
-def _unchecked_span(fields: dict[str, Any]) -> Span:
+_ALL_FIELDS = set(Span.model_fields)
+
+
+def _unchecked_span(
+    fields: dict[str, Any],
+    _new: Callable[[type[Span]], Span] = object.__new__,
+    _set: Callable[[object, str, object], None] = object.__setattr__,
+    _all: set[str] = _ALL_FIELDS,
+) -> Span:
     """A ``Span`` of fields that are valid by construction, without pydantic's per-field checks.
 
     The importer builds every field from its validated stream (str names and tracks, float times,
     non-negative durations, enum members, scalar args); validating each span again costs more than the
     rest of the import. ``fields`` must hold every field, in declaration order; checked against
     validation at import time (:func:`_pick_span_factory`) and by ``test_to_timeline_spans_equal_validated_spans``."""
-    span = object.__new__(Span)
-    object.__setattr__(span, "__dict__", fields)
-    object.__setattr__(span, "__pydantic_fields_set__", set(fields))
-    object.__setattr__(span, "__pydantic_extra__", None)
-    object.__setattr__(span, "__pydantic_private__", None)
+    span = _new(Span)
+    _set(span, "__dict__", fields)
+    # one set shared by all: a frozen span never adds to it, and model_copy copies it before updating
+    _set(span, "__pydantic_fields_set__", _all)
+    _set(span, "__pydantic_extra__", None)
+    _set(span, "__pydantic_private__", None)
     return span
 
 
@@ -688,11 +697,12 @@ _OPKIND: dict[str, OpKind] = {
 }
 
 
-def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
+def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> TraceData:
     """Rebuild :class:`TraceData` from a measured ``Timeline`` (as written by :func:`to_timeline`, or any
     timeline whose device spans sit on ``gpu*`` tracks). ``link`` rebuilds each kernel's launching CPU op
     (``launch_host``, with its parents and input dims) from the host spans, as attribution and comparison
-    need; the analysis needs only the op names the spans carry."""
+    need; the analysis needs only the op names the spans carry. Without ``cpu_ops`` (and ``link``) only
+    the host spans the analysis reads are kept: annotations (steps) and runtime calls (graph launches)."""
     data = TraceData(file=tl.source.trace_file or tl.source.name or "timeline")
     data.device_name = tl.source.device
     data.notes = [n for n in tl.notes if not n.startswith("incomplete: ")]
@@ -701,7 +711,7 @@ def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
     rank = cfg.get("rank")
     data.rank = rank if isinstance(rank, int) else None
     gpu_kinds = _GPU_KIND_OF
-    host_kinds = _HOST_KIND_OF
+    host_kinds = _HOST_KIND_OF if cpu_ops or link else _ANALYSIS_HOST_KIND_OF
     gpu_track: dict[str, bool] = {}
     gpu_append = data.gpu.append
     host_append = data.host.append
@@ -775,6 +785,9 @@ def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
 
 _GPU_KIND_OF = {k.value: k for k in GPU_KINDS}
 _HOST_KIND_OF = {k.value: k for k in HOST_KINDS}
+_ANALYSIS_HOST_KIND_OF = {
+    k.value: k for k in HOST_KINDS if k in (SpanCategory.ANNOTATION, SpanCategory.GPU_ANNOTATION, SpanCategory.RUNTIME)
+}
 
 
 def _id(v: Any) -> int | None:

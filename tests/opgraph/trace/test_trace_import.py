@@ -465,6 +465,16 @@ def test_to_timeline_spans_equal_validated_spans(name: str) -> None:
     assert analyze(tl).layers_per_pass == analyze(HELDOUT / f"{name}.json.gz").layers_per_pass
 
 
+@pytest.mark.parametrize("name", ["llama8b_static_cache_generate", "qwen3moe_generate_p128_d3"])
+def test_analyze_of_a_timeline_without_its_cpu_ops_is_the_full_analysis(name: str) -> None:
+    # analyze() leaves a timeline's CPU ops out of the rebuilt ranks (it does not return them);
+    # annotations and runtime calls (steps, graph launches) stay, so the result is the same
+    from opgraph.trace import analyze_full
+
+    tl = load_trace(HELDOUT / f"{name}.json.gz")
+    assert analyze(tl) == analyze_full(tl)[0]
+
+
 _DIMS = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=3),
     lambda inner: st.lists(inner, max_size=4),
