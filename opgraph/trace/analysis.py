@@ -439,11 +439,10 @@ class Analyzer:
         )
 
     # ---- the whole analysis -----------------------------------------------------------------------
-    def run(self, data: TraceData, *, split_half_layers: bool = False) -> tuple[AnalysisResult, list[Label]]:
-        """The analysis of ``data`` and the (layer, stage, pass) label of every device event."""
+    def _structure(self, data: TraceData, notes: list[str]) -> tuple[list[_Pass], int]:
+        """Kernel types, then passes with their layers and stages; the count of window leftovers."""
         gpu = data.gpu
         self.clf.classify(gpu)
-        notes = list(data.notes)
         skip = window_leftovers(gpu, data.host)
         if skip:
             notes.append(
@@ -459,6 +458,40 @@ class Analyzer:
         if found and not passes:
             notes.append("no transformer layers found (no attention kernels): 0 passes")
         self.stages(gpu, passes, notes)
+        return passes, skip
+
+    def _outside_types(self, gpu: list[GpuEvent], in_layer: list[bool]) -> None:
+        # kernels outside layers may take another type (topk after the LM head is sampling, not MoE)
+        for j, g in enumerate(gpu):
+            if not in_layer[j] and g.kind == "kernel":
+                out = self.clf.outside_type(g.name)
+                if out is not None:
+                    g.ktype = out
+
+    def labels(self, data: TraceData) -> list[Label]:
+        """The (layer, stage, pass) label of every device event (and its final kernel type), as :meth:`run`
+        gives them without splitting half layers, without building the summary."""
+        gpu = data.gpu
+        passes, _ = self._structure(data, [])
+        labels: list[Label] = [(None, None, None)] * len(gpu)
+        in_layer = [False] * len(gpu)
+        gindex = 0
+        for pi, p in enumerate(passes):
+            for j in p.events:
+                labels[j] = (None, p.stage, pi)
+            for layer in p.layers:
+                for j in p.events[layer.lo : layer.hi]:
+                    labels[j] = (gindex, layer.stage, pi)
+                    in_layer[j] = True
+                gindex += 1
+        self._outside_types(gpu, in_layer)
+        return labels
+
+    def run(self, data: TraceData, *, split_half_layers: bool = False) -> tuple[AnalysisResult, list[Label]]:
+        """The analysis of ``data`` and the (layer, stage, pass) label of every device event."""
+        gpu = data.gpu
+        notes = list(data.notes)
+        passes, skip = self._structure(data, notes)
         labels: list[Label] = [(None, None, None)] * len(gpu)
         in_layer = [False] * len(gpu)
         layer_infos: list[LayerInfo] = []
@@ -533,12 +566,7 @@ class Analyzer:
                     tokens=p.tokens,
                 )
             )
-        # kernels outside layers may take another type (topk after the LM head is sampling, not MoE)
-        for j, g in enumerate(gpu):
-            if not in_layer[j] and g.kind == "kernel":
-                out = self.clf.outside_type(g.name)
-                if out is not None:
-                    g.ktype = out
+        self._outside_types(gpu, in_layer)
         for j in range(skip):
             in_layer[j] = True  # not an orphan: set apart
         result = self._summarize(data, passes, pass_infos, layer_infos, labels, in_layer, notes, split_half_layers)

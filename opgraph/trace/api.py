@@ -100,7 +100,7 @@ def load_traces(
     for d in collect_all(path):
         labels: list[Label] | None = None
         if analyzed:
-            _, labels = Analyzer(ps, clf).run(d)
+            labels = Analyzer(ps, clf).labels(d)
         else:
             clf.classify(d.gpu)
         out.append(to_timeline(d, cpu=cpu, labels=labels))
@@ -117,7 +117,7 @@ def load_trace(
     ps = _patterns(patterns)
     clf = KernelClassifier(ps)
     datas = collect_all(path)
-    labels = [Analyzer(ps, clf).run(d)[1] for d in datas]
+    labels = [Analyzer(ps, clf).labels(d) for d in datas]
     if len(datas) == 1:
         return to_timeline(datas[0], cpu=cpu, labels=labels[0])
     if rank is not None:

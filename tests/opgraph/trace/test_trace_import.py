@@ -491,3 +491,16 @@ def test_shape_lists_are_saved_as_compact_json(dims: Any) -> None:
     text = _dims_json(dims)
     assert json.loads(text) == dims
     assert text == json.dumps(dims, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("name", ["llama8b_static_cache_generate", "gptoss20b_prefill128", "llama1b_generate_p64_d5"])
+def test_labels_only_equal_the_full_runs_labels_and_types(name: str) -> None:
+    # load_trace asks the analyzer for labels only (no summary); they and the final kernel types
+    # must be what the full run gives
+    from opgraph.trace.analysis import Analyzer
+
+    ps = load_patterns(user_dirs=False)
+    (full,) = load_trace_data(HELDOUT / f"{name}.json.gz")
+    (lean,) = load_trace_data(HELDOUT / f"{name}.json.gz")
+    assert Analyzer(ps).labels(lean) == Analyzer(ps).run(full)[1]
+    assert [g.ktype for g in lean.gpu] == [g.ktype for g in full.gpu]
