@@ -166,7 +166,8 @@ def analyze(
     A multi-rank path is analyzed rank by rank: the top-level fields describe rank 0 and ``ranks``
     summarizes every rank, with its clock offset from matching collectives.
     """
-    # the ranks are not returned, so a timeline's CPU ops (which the analysis does not read) stay out
+    # the ranks are not returned, so a timeline's CPU ops and kernel launches (which the analysis does
+    # not read) stay out
     return _analyze(trace, patterns, split_half_layers, cpu_ops=False)[0]
 
 

@@ -72,8 +72,8 @@ def _int(v: Any) -> int | None:
 
 
 def _dim3(v: Any) -> str | None:
-    if isinstance(v, list) and v:
-        return ",".join(str(x) for x in v)
+    if type(v) is list and v:
+        return ",".join(map(str, v))
     return None
 
 
@@ -172,6 +172,7 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
                         strm = _int(ev.get("tid")) or 0
                 corr = args.get("correlation")
                 ext = args.get("External id")
+                nbytes = args.get("bytes")
                 gpu_append(
                     GpuEvent(
                         name,
@@ -184,7 +185,7 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
                         ext if type(ext) is int else _int(ext),
                         _dim3(args.get("grid")),
                         _dim3(args.get("block")),
-                        _int(args.get("bytes")),
+                        nbytes if type(nbytes) is int else (None if nbytes is None else _int(nbytes)),
                     )
                 )
                 if "op_id" in args:  # a trace opgraph exported: keep its op attribution
@@ -702,7 +703,8 @@ def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> 
     timeline whose device spans sit on ``gpu*`` tracks). ``link`` rebuilds each kernel's launching CPU op
     (``launch_host``, with its parents and input dims) from the host spans, as attribution and comparison
     need; the analysis needs only the op names the spans carry. Without ``cpu_ops`` (and ``link``) only
-    the host spans the analysis reads are kept: annotations (steps) and runtime calls (graph launches)."""
+    the host spans the analysis reads are kept: annotations (steps) and CUDA-graph launches (the start
+    of graph replays)."""
     data = TraceData(file=tl.source.trace_file or tl.source.name or "timeline")
     data.device_name = tl.source.device
     data.notes = [n for n in tl.notes if not n.startswith("incomplete: ")]
@@ -711,7 +713,9 @@ def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> 
     rank = cfg.get("rank")
     data.rank = rank if isinstance(rank, int) else None
     gpu_kinds = _GPU_KIND_OF
-    host_kinds = _HOST_KIND_OF if cpu_ops or link else _ANALYSIS_HOST_KIND_OF
+    all_host = cpu_ops or link
+    host_kinds = _HOST_KIND_OF if all_host else _ANALYSIS_HOST_KIND_OF
+    runtime = SpanCategory.RUNTIME
     gpu_track: dict[str, bool] = {}
     gpu_append = data.gpu.append
     host_append = data.host.append
@@ -759,7 +763,7 @@ def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> 
             gpu_append(ev)
         else:
             hkind = host_kinds.get(typ) if type(typ) is str else None
-            if hkind is not None:
+            if hkind is not None and (all_host or hkind is not runtime or "GraphLaunch" in s.name):
                 dims = a.get("input_dims")
                 host_append(
                     HostEvent(

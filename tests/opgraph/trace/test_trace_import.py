@@ -467,8 +467,8 @@ def test_to_timeline_spans_equal_validated_spans(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["llama8b_static_cache_generate", "qwen3moe_generate_p128_d3"])
 def test_analyze_of_a_timeline_without_its_cpu_ops_is_the_full_analysis(name: str) -> None:
-    # analyze() leaves a timeline's CPU ops out of the rebuilt ranks (it does not return them);
-    # annotations and runtime calls (steps, graph launches) stay, so the result is the same
+    # analyze() leaves a timeline's CPU ops and kernel launches out of the rebuilt ranks (it does not
+    # return them); annotations and CUDA-graph launches (steps, window leftovers) stay: the same result
     from opgraph.trace import analyze_full
 
     tl = load_trace(HELDOUT / f"{name}.json.gz")
