@@ -6,8 +6,8 @@ attention blocks: a layer starts at the first layer-start marker (a norm) after 
 feed-forward part began, so blocks whose norm fires two (or four, with q/k norms) times merge into one
 layer, and norms after an all-reduce fall out naturally. Stages come from the annotation, else from
 votes of stage-specific kernel names and attention input shapes (query length 1 is decode), then
-propagate to undecided layers; a last fallback reads a long first pass before short similar ones as
-prefill.
+propagate to undecided layers; passes replaying CUDA graphs with shorter layers than an earlier eager
+pass are decode; a last fallback reads a long first pass before short similar ones as prefill.
 """
 
 from __future__ import annotations
