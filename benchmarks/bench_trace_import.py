@@ -22,6 +22,7 @@ import gzip
 import io
 import json
 import logging
+import os
 import platform
 import statistics
 import subprocess
@@ -158,7 +159,7 @@ def main() -> int:
     lines = [
         "# Trace import + analysis vs HolisticTraceAnalysis",
         "",
-        f"Machine: {machine} (2 cores shared with other jobs; runs interleaved). "
+        f"Machine: {machine} ({os.cpu_count()} cores shared with other jobs; runs interleaved). "
         f"Trace: {n_events} events, {size_mb:.0f} MB JSON (Llama-like H200 trace replicated {copies}x).",
         "",
         "| what | median (s) | runs (s) | vs HTA load |",
@@ -167,7 +168,8 @@ def main() -> int:
     for k, v in med.items():
         sp = f"{med['hta load'] / v:.2f}x" if "hta load" in med else "-"
         lines.append(f"| {k} | {v:.2f} | {', '.join(f'{x:.2f}' for x in rows[k])} | {sp} |")
-    lines += ["", "Command: `python benchmarks/bench_trace_import.py`", ""]
+    command = "python benchmarks/bench_trace_import.py" + (f" --repeats {repeats}" if repeats != 3 else "")
+    lines += ["", f"Command: `{command}`", ""]
     (res_dir / "trace_import.md").write_text("\n".join(lines))
     return 0
 

@@ -1,6 +1,8 @@
 """Compare two timelines (simulated, measured, replayed) op by op and end to end."""
 
-from opgraph.compare.compare import (
+from opgraph.compare.compare import compare_timelines, comparison_tables, device_spans
+from opgraph.compare.measured import compare_measured
+from opgraph.compare.result import (
     CompareError,
     Comparison,
     ErrorRow,
@@ -8,11 +10,7 @@ from opgraph.compare.compare import (
     JoinMode,
     OpError,
     StepError,
-    compare_timelines,
-    comparison_tables,
-    device_spans,
 )
-from opgraph.compare.measured import compare_measured
 
 __all__ = [
     "CompareError",

@@ -17,149 +17,20 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from enum import Enum
+from collections.abc import Iterable
 
-from pydantic import BaseModel, Field
-
-from opgraph.ir import OpGraph, OpgraphError, Span, Timeline
-from opgraph.ir.tensor import FROZEN
+from opgraph.compare.result import (
+    MIN_OP_US,
+    CompareError,
+    Comparison,
+    ErrorRow,
+    JoinMode,
+    OpError,
+    _group,
+    _rel,
+)
+from opgraph.ir import OpGraph, Span, Timeline
 from opgraph.ir.timeline import SpanCategory, TimelineKind
-
-MIN_OP_US = 5.0
-"""Ops shorter than this (in the reference) are left out of the median per-op error, as in the targets."""
-
-
-class CompareError(OpgraphError):
-    """The two timelines cannot be compared (nothing to join, different models, empty)."""
-
-
-class JoinMode(str, Enum):
-    """How spans of the two timelines are matched."""
-
-    AUTO = "auto"
-    OP_ID = "op_id"
-    DEFINITION = "definition"
-    TRACE = "trace"
-    """A measured trace without op ids: steps by stage and order, layers, then ops by aten call or kinds."""
-
-
-class OpError(BaseModel):
-    """One matched op (or kernel group): predicted versus reference device time."""
-
-    model_config = FROZEN
-
-    key: str
-    """Op id (``op 12``) or ``definition#occurrence``."""
-    op_id: int | None = None
-    definition: str = ""
-    kind: str = ""
-    layer: int | None = None
-    stage: str = ""
-    step: int | None = None
-    """Forward pass (simulated step) the op or group belongs to, when known."""
-    predicted_us: float
-    reference_us: float
-
-    @property
-    def error_us(self) -> float:
-        """Predicted minus reference."""
-        return self.predicted_us - self.reference_us
-
-    @property
-    def rel_error(self) -> float:
-        """Relative error against the reference (``inf`` when the reference is 0)."""
-        return self.error_us / self.reference_us if self.reference_us else math.inf
-
-
-class GroupError(BaseModel):
-    """Totals of one group (a kind, a layer, a stage)."""
-
-    model_config = FROZEN
-
-    group: str
-    ops: int
-    predicted_us: float
-    reference_us: float
-    rel_error: float
-    """(predicted - reference) / reference."""
-
-
-class ErrorRow(BaseModel):
-    """An end-to-end figure."""
-
-    model_config = FROZEN
-
-    metric: str
-    predicted_us: float
-    reference_us: float
-    rel_error: float
-
-
-class StepError(BaseModel):
-    """One simulated step (forward pass) against the trace pass matched to it by stage and order."""
-
-    model_config = FROZEN
-
-    step: int
-    stage: str
-    pass_index: int | None
-    """The trace's pass (None: no pass of that stage left to match)."""
-    predicted_us: float
-    """Device time of the step."""
-    reference_us: float
-    predicted_wall_us: float
-    """From the step's first to its last device span."""
-    reference_wall_us: float
-    rel_error: float
-
-
-class Comparison(BaseModel):
-    """The result of comparing a predicted timeline with a reference timeline."""
-
-    model_config = FROZEN
-
-    predicted: str
-    """Label of the predicted timeline."""
-    reference: str
-    """Label of the reference timeline."""
-    join: JoinMode
-    matched: int
-    """Ops (or kernel groups) matched."""
-    unmatched_predicted: int
-    unmatched_reference: int
-    unmatched_predicted_us: float
-    """Device time of predicted spans with no partner."""
-    unmatched_reference_us: float
-    """Device time of reference spans with no partner."""
-    end_to_end: tuple[ErrorRow, ...]
-    """GPU busy time and wall time, each predicted vs reference."""
-    median_abs_rel_error: float | None
-    """Median |relative error| over matched ops of at least ``MIN_OP_US`` in the reference."""
-    by_kind: tuple[GroupError, ...] = ()
-    by_layer: tuple[GroupError, ...] = ()
-    by_stage: tuple[GroupError, ...] = ()
-    top_gaps: tuple[OpError, ...] = ()
-    """Matched ops that explain most of the absolute gap, largest first."""
-    ops: tuple[OpError, ...] = Field(default=(), repr=False)
-    """Every matched op."""
-    by_step: tuple[StepError, ...] = ()
-    """Per simulated step, against its trace pass (measured traces)."""
-    level: str = ""
-    """Finest level matched against a measured trace: ``op`` (aten calls) or ``layer`` (step, layer, kind)."""
-    matched_share: float | None = None
-    """Share of the reference's device time that matched a predicted op or group (measured traces)."""
-    rank: int | None = None
-    """Rank compared when either side has several."""
-    notes: tuple[str, ...] = ()
-    """How the comparison was made: ranks, steps and what could not be matched."""
-
-    def row(self, metric: str) -> ErrorRow:
-        """The end-to-end row named ``metric`` (``gpu_time`` or ``wall_time``)."""
-        for r in self.end_to_end:
-            if r.metric == metric:
-                return r
-        raise KeyError(metric)
 
 
 def device_spans(timeline: Timeline) -> list[Span]:
@@ -170,10 +41,6 @@ def device_spans(timeline: Timeline) -> list[Span]:
 
 def _category(s: Span) -> str:
     return SpanCategory(s.category).value if s.category is not None else ""
-
-
-def _rel(pred: float, ref: float) -> float:
-    return (pred - ref) / ref if ref else (0.0 if pred == 0 else math.inf)
 
 
 def _wall_us(t: Timeline) -> float:
@@ -227,26 +94,6 @@ def _by_definition(spans: Iterable[Span]) -> dict[str, _Acc]:
         groups.setdefault(key, _Acc()).add(s)
         last_op, last_key = s.op_id, key
     return groups
-
-
-def _group(errors: Sequence[OpError], attr: str) -> tuple[GroupError, ...]:
-    acc: dict[str, list[float]] = {}
-    for e in errors:
-        value = getattr(e, attr)
-        name = "-" if value in (None, "") else str(value)
-        row = acc.setdefault(name, [0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += e.predicted_us
-        row[2] += e.reference_us
-
-    def order(item: tuple[str, list[float]]) -> tuple[int, float, str]:
-        name, row = item
-        return (0, float(name), "") if name.lstrip("-").isdigit() else (1, -row[2], name)
-
-    return tuple(
-        GroupError(group=name, ops=int(r[0]), predicted_us=r[1], reference_us=r[2], rel_error=_rel(r[1], r[2]))
-        for name, r in sorted(acc.items(), key=order)
-    )
 
 
 def compare_timelines(

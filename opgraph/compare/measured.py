@@ -26,7 +26,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from opgraph.compare.compare import (
+from opgraph.compare.result import (
     MIN_OP_US,
     CompareError,
     Comparison,

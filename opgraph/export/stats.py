@@ -11,7 +11,6 @@ work at all (a CPU-only profile) is summarised over all its spans.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,39 +26,17 @@ from opgraph.export.common import (
     span_op,
     timeline_label,
 )
+
+# The formatters live in opgraph.fmt (their one home); re-exported for the report template and callers.
+from opgraph.fmt import fmt_count as fmt_count
+from opgraph.fmt import fmt_pct as fmt_pct
+from opgraph.fmt import fmt_us as fmt_us
 from opgraph.ir import OpGraph, Span, Timeline, TimelineKind, critical_path
 
 TOP_OPS = 20
 """Rows in the top-ops table."""
 CRITICAL_PATH_ROWS = 25
 """Rows of the critical-path op table (longest ops on the path)."""
-
-
-def fmt_us(value_us: float) -> str:
-    """A duration given in microseconds, in the unit that reads best (``1.234 ms``)."""
-    v = float(value_us)
-    if not math.isfinite(v):
-        return str(v)
-    if abs(v) >= 1e6:
-        return f"{v / 1e6:.3f} s"
-    if abs(v) >= 1e3:
-        return f"{v / 1e3:.3f} ms"
-    return f"{v:.2f} us"
-
-
-def fmt_count(value: float, unit: str = "") -> str:
-    """``1.23 G``-style engineering format."""
-    v = float(value)
-    for prefix in ("", "k", "M", "G", "T", "P"):
-        if abs(v) < 1000 or prefix == "P":
-            return f"{v:.3g} {prefix}{unit}".rstrip()
-        v /= 1000
-    return f"{v:.3g}"
-
-
-def fmt_pct(fraction: float) -> str:
-    """A fraction as a percentage with one decimal."""
-    return f"{fraction * 100:.1f}%"
 
 
 def fmt_err(pred: float, ref: float) -> str:

@@ -6,8 +6,8 @@ attention blocks: a layer starts at the first layer-start marker (a norm) after 
 feed-forward part began, so blocks whose norm fires two (or four, with q/k norms) times merge into one
 layer, and norms after an all-reduce fall out naturally. Stages come from the annotation, else from
 votes of stage-specific kernel names and attention input shapes (query length 1 is decode), then
-propagate to undecided layers; a last fallback reads a long first pass before short similar ones as
-prefill.
+propagate to undecided layers; passes replaying CUDA graphs with shorter layers than an earlier eager
+pass are decode; a last fallback reads a long first pass before short similar ones as prefill.
 """
 
 from __future__ import annotations
@@ -345,6 +345,7 @@ class Analyzer:
                 if p.source == "propagated":
                     p.source = "vote"
         self._timing_outliers(gpu, passes, notes)
+        self._graph_replays(gpu, passes, notes)
         undecided = [p for p in passes if p.layers and p.stage == "unknown"]
         if undecided and len(undecided) >= 2:
             per_layer = [sum(gpu[i].dur for i in p.events) / max(len(p.layers), 1) for p in undecided]
@@ -384,12 +385,64 @@ class Analyzer:
                 "(timing outweighs decode votes of kernels that also run in prefill)"
             )
 
+    def _graph_replays(self, gpu: list[GpuEvent], passes: list[_Pass], notes: list[str]) -> None:
+        """Undecided passes whose layers replay a CUDA graph, after an eager pass, are decode steps.
+
+        A CUDA graph replays fixed shapes, so frameworks capture the step whose shape does not change
+        (one new token per sequence: decode; HF's static cache, SGLang, TensorRT-LLM) and run the prefill,
+        whose length follows the prompt, eagerly. Replayed kernels carry no CPU op shapes and often no
+        stage-specific name, so the graph itself is the evidence, checked against timing: a pass counts
+        as decode when all its layers' attention kernels came from a ``cudaGraphLaunch`` and its layers
+        took less kernel time than those of an earlier pass launched eagerly (that pass, if undecided, is
+        the prefill). Annotations, shapes and votes already given are not overruled."""
+
+        def replayed(p: _Pass) -> bool | None:
+            attn = [
+                gpu[p.events[k]]
+                for layer in p.layers
+                for k in range(layer.lo, layer.attn_end)
+                if gpu[p.events[k]].ktype == "attention"
+            ]
+            if not attn:
+                return None
+            return all(g.launch_name is not None and "GraphLaunch" in g.launch_name for g in attn)
+
+        def per_layer(p: _Pass) -> float:
+            t = sum(
+                gpu[p.events[k]].dur
+                for layer in p.layers
+                for k in range(layer.lo, layer.hi)
+                if gpu[p.events[k]].kind == "kernel"
+            )
+            return t / len(p.layers)
+
+        eager: _Pass | None = None
+        found: list[_Pass] = []
+        for p in passes:
+            if not p.layers:
+                continue
+            graph = replayed(p)
+            if graph is False and eager is None and p.stage in ("prefill", "unknown"):
+                eager = p
+            elif graph and eager is not None and p.stage == "unknown" and per_layer(p) < per_layer(eager):
+                found.append(p)
+        if not found or eager is None:
+            return
+        for p, stage in ((eager, "prefill"), *((q, "decode") for q in found)):
+            if p.stage == "unknown":
+                p.stage, p.source = stage, "timing"
+                for layer in p.layers:
+                    layer.stage, layer.source = stage, "timing"
+        notes.append(
+            f"{len(found)} pass(es) replaying CUDA graphs with shorter layers than the eager first pass read as "
+            "decode (graphs replay the fixed-shape decode step; replayed kernels carry no shapes to vote with)"
+        )
+
     # ---- the whole analysis -----------------------------------------------------------------------
-    def run(self, data: TraceData, *, split_half_layers: bool = False) -> tuple[AnalysisResult, list[Label]]:
-        """The analysis of ``data`` and the (layer, stage, pass) label of every device event."""
+    def _structure(self, data: TraceData, notes: list[str]) -> tuple[list[_Pass], int]:
+        """Kernel types, then passes with their layers and stages; the count of window leftovers."""
         gpu = data.gpu
         self.clf.classify(gpu)
-        notes = list(data.notes)
         skip = window_leftovers(gpu, data.host)
         if skip:
             notes.append(
@@ -405,6 +458,40 @@ class Analyzer:
         if found and not passes:
             notes.append("no transformer layers found (no attention kernels): 0 passes")
         self.stages(gpu, passes, notes)
+        return passes, skip
+
+    def _outside_types(self, gpu: list[GpuEvent], in_layer: list[bool]) -> None:
+        # kernels outside layers may take another type (topk after the LM head is sampling, not MoE)
+        for j, g in enumerate(gpu):
+            if not in_layer[j] and g.kind == "kernel":
+                out = self.clf.outside_type(g.name)
+                if out is not None:
+                    g.ktype = out
+
+    def labels(self, data: TraceData) -> list[Label]:
+        """The (layer, stage, pass) label of every device event (and its final kernel type), as :meth:`run`
+        gives them without splitting half layers, without building the summary."""
+        gpu = data.gpu
+        passes, _ = self._structure(data, [])
+        labels: list[Label] = [(None, None, None)] * len(gpu)
+        in_layer = [False] * len(gpu)
+        gindex = 0
+        for pi, p in enumerate(passes):
+            for j in p.events:
+                labels[j] = (None, p.stage, pi)
+            for layer in p.layers:
+                for j in p.events[layer.lo : layer.hi]:
+                    labels[j] = (gindex, layer.stage, pi)
+                    in_layer[j] = True
+                gindex += 1
+        self._outside_types(gpu, in_layer)
+        return labels
+
+    def run(self, data: TraceData, *, split_half_layers: bool = False) -> tuple[AnalysisResult, list[Label]]:
+        """The analysis of ``data`` and the (layer, stage, pass) label of every device event."""
+        gpu = data.gpu
+        notes = list(data.notes)
+        passes, skip = self._structure(data, notes)
         labels: list[Label] = [(None, None, None)] * len(gpu)
         in_layer = [False] * len(gpu)
         layer_infos: list[LayerInfo] = []
@@ -479,12 +566,7 @@ class Analyzer:
                     tokens=p.tokens,
                 )
             )
-        # kernels outside layers may take another type (topk after the LM head is sampling, not MoE)
-        for j, g in enumerate(gpu):
-            if not in_layer[j] and g.kind == "kernel":
-                out = self.clf.outside_type(g.name)
-                if out is not None:
-                    g.ktype = out
+        self._outside_types(gpu, in_layer)
         for j in range(skip):
             in_layer[j] = True  # not an orphan: set apart
         result = self._summarize(data, passes, pass_infos, layer_infos, labels, in_layer, notes, split_half_layers)

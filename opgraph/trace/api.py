@@ -100,7 +100,7 @@ def load_traces(
     for d in collect_all(path):
         labels: list[Label] | None = None
         if analyzed:
-            _, labels = Analyzer(ps, clf).run(d)
+            labels = Analyzer(ps, clf).labels(d)
         else:
             clf.classify(d.gpu)
         out.append(to_timeline(d, cpu=cpu, labels=labels))
@@ -117,7 +117,7 @@ def load_trace(
     ps = _patterns(patterns)
     clf = KernelClassifier(ps)
     datas = collect_all(path)
-    labels = [Analyzer(ps, clf).run(d)[1] for d in datas]
+    labels = [Analyzer(ps, clf).labels(d) for d in datas]
     if len(datas) == 1:
         return to_timeline(datas[0], cpu=cpu, labels=labels[0])
     if rank is not None:
@@ -166,10 +166,11 @@ def analyze(
     A multi-rank path is analyzed rank by rank: the top-level fields describe rank 0 and ``ranks``
     summarizes every rank, with its clock offset from matching collectives.
     """
-    return analyze_full(trace, patterns=patterns, split_half_layers=split_half_layers)[0]
+    # the ranks are not returned, so a timeline's CPU ops and kernel launches (which the analysis does
+    # not read) stay out
+    return _analyze(trace, patterns, split_half_layers, cpu_ops=False)[0]
 
 
-@_paused
 def analyze_full(
     trace: Timeline | str | Path,
     *,
@@ -177,9 +178,16 @@ def analyze_full(
     split_half_layers: bool = False,
 ) -> tuple[AnalysisResult, list[TraceData], list[list[Label]]]:
     """:func:`analyze`, also returning the imported ranks and every device event's (layer, stage, pass)."""
+    return _analyze(trace, patterns, split_half_layers, cpu_ops=True)
+
+
+@_paused
+def _analyze(
+    trace: Timeline | str | Path, patterns: PatternsArg, split_half_layers: bool, *, cpu_ops: bool
+) -> tuple[AnalysisResult, list[TraceData], list[list[Label]]]:
     ps = _patterns(patterns)
     clf = KernelClassifier(ps)
-    datas = [from_timeline(trace)] if isinstance(trace, Timeline) else collect_all(trace)
+    datas = [from_timeline(trace, cpu_ops=cpu_ops)] if isinstance(trace, Timeline) else collect_all(trace)
     results = []
     labels = []
     for d in datas:

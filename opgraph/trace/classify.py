@@ -19,6 +19,13 @@ _BETWEEN = frozenset(
 """Kernel types that may sit between the GEMMs and the softmax of eager attention (scale, mask, cast,
 dropout); a router's top-k (MoE, sampling, reduction) may not."""
 _REACH = 4
+"""Kernels after the softmax (cast, dropout, slicing copies) before the value GEMM."""
+_REACH_BEFORE = 6
+"""Kernels between the score GEMM and the softmax: scale, mask, soft-cap, and the attention-sink steps
+(``cat`` of the sink logits, their row ``max``, ``sub``) that gpt-oss's eager attention adds."""
+_ROW_MAX_OPS = frozenset({"aten::max", "aten::amax", "aten::logsumexp"})
+"""Row reductions that may sit before the softmax: the stabilising max a hand-written (sink) softmax takes
+first. Only these reductions: a router's top-k is not attention."""
 
 
 _UNKNOWN = KernelType.UNKNOWN
@@ -101,19 +108,22 @@ def _batched(ev: GpuEvent) -> bool:
 
 
 def eager_attention(kernels: list[GpuEvent]) -> None:
-    """Type eager attention as attention: a batched GEMM (scores), at most a few scale/mask/cast kernels,
-    a softmax, at most a few more, and a batched GEMM (weighted values), in one stream's kernel order."""
+    """Type eager attention as attention, in one stream's kernel order: a batched GEMM (scores); at most
+    :data:`_REACH_BEFORE` scale/mask/cast/concat kernels and row maxima (a sink softmax: ``cat`` the sink
+    logits, take the row ``max``, subtract it); a softmax; at most :data:`_REACH` more (cast, dropout,
+    slice); a batched GEMM (weighted values). Any other kernel in between (a router's top-k, a norm, an
+    unbatched GEMM) means it is not attention."""
     n = len(kernels)
     for i, ev in enumerate(kernels):
         if not _is_softmax(ev):
             continue
         lo = hi = None
-        for j in range(i - 1, max(i - 1 - _REACH, -1), -1):
+        for j in range(i - 1, max(i - 1 - _REACH_BEFORE, -1), -1):
             k = kernels[j]
             if _batched(k):
                 lo = j
                 break
-            if k.ktype not in _BETWEEN:
+            if k.ktype not in _BETWEEN and not (k.ktype is KernelType.REDUCTION and k.launch_op in _ROW_MAX_OPS):
                 break
         if lo is None:
             continue

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import ast
 import bisect
-import gc
 import json
+import re
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
-from opgraph.ir.timeline import SpanCategory, Timeline, TimelineKind
+from opgraph.ir.gcpause import paused_gc
+from opgraph.ir.graph import Scalar
+from opgraph.ir.ops import OpKind, Stage
+from opgraph.ir.timeline import Bound, Span, SpanCategory, Timeline, TimelineKind
 from opgraph.trace.events import GPU_KINDS, HOST_KINDS, GpuEvent, HostEvent, TraceData
 from opgraph.trace.reader import NoTraceEventsError, TraceFile, TraceFormatError, discover, read_trace
 
@@ -68,8 +72,8 @@ def _int(v: Any) -> int | None:
 
 
 def _dim3(v: Any) -> str | None:
-    if isinstance(v, list) and v:
-        return ",".join(str(x) for x in v)
+    if type(v) is list and v:
+        return ",".join(map(str, v))
     return None
 
 
@@ -96,13 +100,8 @@ def collect(file: TraceFile, *, python: bool = False) -> TraceData:
     """Read one trace file into linked :class:`TraceData` (events sorted by start; times from 0)."""
     # Cyclic GC passes over millions of freshly decoded dicts cost more than the parse itself;
     # nothing decoded here forms cycles, so collection is paused while importing.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         return _collect(file, python)
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _collect(file: TraceFile, python: bool) -> TraceData:
@@ -173,6 +172,7 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
                         strm = _int(ev.get("tid")) or 0
                 corr = args.get("correlation")
                 ext = args.get("External id")
+                nbytes = args.get("bytes")
                 gpu_append(
                     GpuEvent(
                         name,
@@ -185,7 +185,7 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
                         ext if type(ext) is int else _int(ext),
                         _dim3(args.get("grid")),
                         _dim3(args.get("block")),
-                        _int(args.get("bytes")),
+                        nbytes if type(nbytes) is int else (None if nbytes is None else _int(nbytes)),
                     )
                 )
                 if "op_id" in args:  # a trace opgraph exported: keep its op attribution
@@ -452,6 +452,78 @@ _OURS = ("op_id", "definition", "layer", "stage", "step", "bound")
 """Span fields opgraph's exporter writes into a kernel's args, read back on import."""
 
 
+_SPAN_DEFAULTS: dict[str, Any] = {k: f.get_default(call_default_factory=True) for k, f in Span.model_fields.items()}
+
+
+_ALL_FIELDS = set(Span.model_fields)
+
+
+def _unchecked_span(
+    fields: dict[str, Any],
+    _new: Callable[[type[Span]], Span] = object.__new__,
+    _set: Callable[[object, str, object], None] = object.__setattr__,
+    _all: set[str] = _ALL_FIELDS,
+) -> Span:
+    """A ``Span`` of fields that are valid by construction, without pydantic's per-field checks.
+
+    The importer builds every field from its validated stream (str names and tracks, float times,
+    non-negative durations, enum members, scalar args); validating each span again costs more than the
+    rest of the import. ``fields`` must hold every field, in declaration order; checked against
+    validation at import time (:func:`_pick_span_factory`) and by ``test_to_timeline_spans_equal_validated_spans``."""
+    span = _new(Span)
+    _set(span, "__dict__", fields)
+    # one set shared by all: a frozen span never adds to it, and model_copy copies it before updating
+    _set(span, "__pydantic_fields_set__", _all)
+    _set(span, "__pydantic_extra__", None)
+    _set(span, "__pydantic_private__", None)
+    return span
+
+
+def _validated_span(fields: dict[str, Any]) -> Span:
+    return Span.model_validate(fields)
+
+
+def _pick_span_factory() -> Callable[[dict[str, Any]], Span]:
+    """The unchecked factory when it gives what validation gives on this pydantic, else validation."""
+    probe = {
+        **_SPAN_DEFAULTS,
+        "name": "k",
+        "track": "gpu0/stream7",
+        "start_us": 1.5,
+        "dur_us": 2.0,
+        "category": SpanCategory.GEMM,
+        "kind": OpKind.GEMM,
+        "stage": Stage.DECODE,
+        "layer": 3,
+        "args": {"type": "kernel", "device": 0},
+    }
+    try:
+        fast = _unchecked_span(dict(probe))
+        ref = Span.model_validate(probe)
+        if fast == ref and fast.model_dump_json() == ref.model_dump_json():
+            return _unchecked_span
+    except Exception:  # a pydantic without these attributes: validate instead
+        pass
+    return _validated_span
+
+
+_make_span = _pick_span_factory()
+_JSON = json.JSONEncoder(separators=(",", ":")).encode
+"""Compact JSON (one encoder for all spans: ``json.dumps`` builds one per call)."""
+_NUMERIC_LISTS = re.compile(r"[\[\],0-9.e+\-]*")
+
+
+def _dims_json(dims: Any) -> str:
+    """Compact JSON of a shape list: its repr without spaces when that is nested lists of numbers (the
+    same text, several times faster than the encoder), else the JSON encoder's."""
+    text = repr(dims).replace(" ", "")
+    return text if _NUMERIC_LISTS.fullmatch(text) else _JSON(dims)
+
+
+_CATEGORY = {c.value: c for c in SpanCategory}
+_STAGE = {v: Stage(v) for v in _STAGE_VALUES}
+
+
 def to_timeline(
     data: TraceData,
     *,
@@ -461,10 +533,21 @@ def to_timeline(
     offset_us: float = 0.0,
 ) -> Timeline:
     """A measured ``Timeline`` of ``data``: device spans (with ``labels`` (layer, stage, pass) per device
-    event when given by the analyzer) and, with ``cpu``, host spans."""
-    spans: list[dict[str, Any]] = []
+    event when given by the analyzer) and, with ``cpu``, host spans.
+
+    The spans are built unchecked (:func:`_unchecked_span`): every field comes from the already
+    validated import, so validating each of a few hundred thousand spans again would only repeat those
+    checks at a large share of the import's cost."""
+    make = _make_span
+    category = _CATEGORY
+    opkind = _OPKIND
+    stages = _STAGE
+    kernel = SpanCategory.KERNEL
+    gpu_tracks: dict[tuple[int, int], str] = {}
+    host_tracks: dict[tuple[SpanCategory, int | str, int | str], str] = {}
+    spans: list[Span] = []
     for i, g in enumerate(data.gpu):
-        args: dict[str, Any] = {"type": g.kind.value, "device": g.device, "stream": g.stream}
+        args: dict[str, Scalar] = {"type": g.kind.value, "device": g.device, "stream": g.stream}
         if g.correlation is not None:
             args["correlation"] = g.correlation
         if g.external_id is not None:
@@ -483,26 +566,33 @@ def to_timeline(
             if len(g.launch_stack) > 1:
                 args["launch_stack"] = _STACK_SEP.join(g.launch_stack)
             if g.launch_dims and g.ktype == "attention":
-                args["launch_dims"] = json.dumps(g.launch_dims, separators=(",", ":"))
-        span: dict[str, Any] = {
-            "name": g.name,
-            "track": f"{track_prefix}gpu{g.device}/stream{g.stream}",
-            "start_us": g.ts + offset_us,
-            "dur_us": g.dur,
-            "category": g.ktype if g.kind == "kernel" else g.kind,
-            "args": args,
-        }
-        kind = _OPKIND.get(g.ktype)
-        if kind is not None:
-            span["kind"] = kind
+                args["launch_dims"] = _dims_json(g.launch_dims)
+        tkey = (g.device, g.stream)
+        track = gpu_tracks.get(tkey)
+        if track is None:
+            track = gpu_tracks[tkey] = f"{track_prefix}gpu{g.device}/stream{g.stream}"
+        layer = step = stage_member = None
         if labels is not None:
             layer, stage, step = labels[i]
-            span["layer"] = layer
-            span["step"] = step
-            if stage in _STAGE_VALUES:
-                span["stage"] = stage
-            elif stage is not None:
+            stage_member = stages.get(stage) if stage is not None else None
+            if stage is not None and stage_member is None:
                 args["stage"] = stage
+        ktype = g.ktype
+        span: dict[str, Any] = {
+            "name": g.name,
+            "track": track,
+            "start_us": g.ts + offset_us,
+            "dur_us": g.dur,
+            "op_id": None,
+            "kind": opkind.get(ktype),
+            "category": category[ktype.value if g.kind is kernel else g.kind.value],
+            "layer": layer,
+            "stage": stage_member,
+            "step": step,
+            "definition": None,
+            "bound": None,
+            "args": args,
+        }
         if g.ours:  # our own export: its attribution wins over the analyzer's guesses
             for key, value in g.ours.items():
                 if key == "stage" and value not in _STAGE_VALUES:
@@ -511,32 +601,52 @@ def to_timeline(
                     continue
                 if key in ("definition", "bound") and not isinstance(value, str):
                     continue
+                if key == "stage":
+                    value = _STAGE[value]
+                elif key == "bound":
+                    try:
+                        value = Bound(value)
+                    except ValueError:
+                        continue
                 span[key] = value
-        spans.append(span)
+        spans.append(make(span))
     if cpu:
         for h in data.host:
-            hargs: dict[str, Any] = {"type": h.kind.value}
+            hargs: dict[str, Scalar] = {"type": h.kind.value}
             if h.external_id is not None:
                 hargs["external_id"] = h.external_id
             if h.correlation is not None:
                 hargs["correlation"] = h.correlation
             if h.input_dims:
-                hargs["input_dims"] = json.dumps(h.input_dims, separators=(",", ":"))
-            if h.kind == "gpu_annotation":
-                track = f"{track_prefix}gpu{h.pid}/annotations"
-            else:
-                track = f"{track_prefix}cpu/{h.tid}"
+                hargs["input_dims"] = _dims_json(h.input_dims)
+            hkey = (h.kind, h.pid, h.tid)
+            track = host_tracks.get(hkey)
+            if track is None:
+                if h.kind == "gpu_annotation":
+                    track = f"{track_prefix}gpu{h.pid}/annotations"
+                else:
+                    track = f"{track_prefix}cpu/{h.tid}"
+                host_tracks[hkey] = track
             spans.append(
-                {
-                    "name": h.name,
-                    "track": track,
-                    "start_us": h.ts + offset_us,
-                    "dur_us": h.dur,
-                    "category": h.kind,
-                    "args": hargs,
-                }
+                make(
+                    {
+                        "name": h.name,
+                        "track": track,
+                        "start_us": h.ts + offset_us,
+                        "dur_us": h.dur,
+                        "op_id": None,
+                        "kind": None,
+                        "category": category[h.kind.value],
+                        "layer": None,
+                        "stage": None,
+                        "step": None,
+                        "definition": None,
+                        "bound": None,
+                        "args": hargs,
+                    }
+                )
             )
-    spans.sort(key=lambda s: (s["start_us"], s["track"]))
+    spans.sort(key=_span_order)
     config: dict[str, Any] = {"origin_us": data.origin_us, "events": data.events_total}
     if data.rank is not None:
         config["rank"] = data.rank
@@ -559,34 +669,42 @@ def to_timeline(
                 "trace_file": data.file,
                 "config": config,
             },
-            "spans": spans,
+            "spans": spans,  # Span instances: pydantic takes them as they are
             "notes": notes,
         }
     )
 
 
-_OPKIND = {
-    "attention": "attention",
-    "gemm": "gemm",
-    "norm": "norm",
-    "activation": "activation",
-    "rope": "rope",
-    "elementwise": "elementwise",
-    "reduction": "reduction",
-    "memory": "memory",
-    "communication": "collective",
-    "sampling": "topk",
-    "embedding": "embedding",
-    "other": "other",
-    "unknown": "other",
+_span_order = attrgetter("start_us", "track")
+
+
+_OPKIND: dict[str, OpKind] = {
+    k: OpKind(v)
+    for k, v in {
+        "attention": "attention",
+        "gemm": "gemm",
+        "norm": "norm",
+        "activation": "activation",
+        "rope": "rope",
+        "elementwise": "elementwise",
+        "reduction": "reduction",
+        "memory": "memory",
+        "communication": "collective",
+        "sampling": "topk",
+        "embedding": "embedding",
+        "other": "other",
+        "unknown": "other",
+    }.items()
 }
 
 
-def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
+def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> TraceData:
     """Rebuild :class:`TraceData` from a measured ``Timeline`` (as written by :func:`to_timeline`, or any
     timeline whose device spans sit on ``gpu*`` tracks). ``link`` rebuilds each kernel's launching CPU op
     (``launch_host``, with its parents and input dims) from the host spans, as attribution and comparison
-    need; the analysis needs only the op names the spans carry."""
+    need; the analysis needs only the op names the spans carry. Without ``cpu_ops`` (and ``link``) only
+    the host spans the analysis reads are kept: annotations (steps) and CUDA-graph launches (the start
+    of graph replays)."""
     data = TraceData(file=tl.source.trace_file or tl.source.name or "timeline")
     data.device_name = tl.source.device
     data.notes = [n for n in tl.notes if not n.startswith("incomplete: ")]
@@ -594,55 +712,72 @@ def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
     cfg = tl.source.config
     rank = cfg.get("rank")
     data.rank = rank if isinstance(rank, int) else None
+    gpu_kinds = _GPU_KIND_OF
+    all_host = cpu_ops or link
+    host_kinds = _HOST_KIND_OF if all_host else _ANALYSIS_HOST_KIND_OF
+    runtime = SpanCategory.RUNTIME
+    gpu_track: dict[str, bool] = {}
+    gpu_append = data.gpu.append
+    host_append = data.host.append
     for s in tl.spans:
         a = s.args
         typ = a.get("type")
-        gpu_track = "gpu" in s.track.split("/")[0] and not s.track.endswith("/annotations")
-        device = s.category is not None and SpanCategory(s.category).is_device
-        if typ in GPU_KINDS or (typ is None and (gpu_track or device)):
-            kind = SpanCategory(typ) if isinstance(typ, str) else SpanCategory.KERNEL
+        kind = gpu_kinds.get(typ) if type(typ) is str else None
+        if kind is None and typ is None:
+            on_gpu = gpu_track.get(s.track)
+            if on_gpu is None:
+                on_gpu = gpu_track[s.track] = "gpu" in s.track.split("/")[0] and not s.track.endswith("/annotations")
+            if on_gpu or (s.category is not None and SpanCategory(s.category).is_device):
+                kind = SpanCategory.KERNEL
+        if kind is not None:
             dev = a.get("device")
             st = a.get("stream")
             launch = a.get("launch_us")
-            data.gpu.append(
-                GpuEvent(
-                    s.name,
-                    kind,
-                    s.start_us,
-                    s.dur_us,
-                    dev if isinstance(dev, int) else 0,
-                    st if isinstance(st, int) else _track_stream(s.track),
-                    _int(a.get("correlation")),
-                    _int(a.get("external_id")),
-                    a.get("grid") if isinstance(a.get("grid"), str) else None,  # type: ignore[arg-type]
-                    a.get("block") if isinstance(a.get("block"), str) else None,  # type: ignore[arg-type]
-                    _int(a.get("bytes")),
-                    float(launch) if isinstance(launch, (int, float)) else None,
-                    a.get("launch") if isinstance(a.get("launch"), str) else None,  # type: ignore[arg-type]
-                    a.get("launch_op") if isinstance(a.get("launch_op"), str) else None,  # type: ignore[arg-type]
-                    json.loads(a["launch_dims"]) if isinstance(a.get("launch_dims"), str) else None,  # type: ignore[arg-type]
-                )
+            grid = a.get("grid")
+            block = a.get("block")
+            lname = a.get("launch")
+            op = a.get("launch_op")
+            dims = a.get("launch_dims")
+            ev = GpuEvent(
+                s.name,
+                kind,
+                s.start_us,
+                s.dur_us,
+                dev if type(dev) is int else 0,
+                st if type(st) is int else _track_stream(s.track),
+                _id(a.get("correlation")),
+                _id(a.get("external_id")),
+                grid if type(grid) is str else None,
+                block if type(block) is str else None,
+                _id(a.get("bytes")),
+                float(launch) if isinstance(launch, (int, float)) else None,
+                lname if type(lname) is str else None,
+                op if type(op) is str else None,
+                json.loads(dims) if type(dims) is str else None,
             )
             stack = a.get("launch_stack")
-            if isinstance(stack, str):
-                data.gpu[-1].launch_stack = tuple(stack.split(_STACK_SEP))
-            elif data.gpu[-1].launch_op:
-                data.gpu[-1].launch_stack = (data.gpu[-1].launch_op,)
-        elif isinstance(typ, str) and typ in HOST_KINDS:
-            dims = a.get("input_dims")
-            data.host.append(
-                HostEvent(
-                    s.name,
-                    SpanCategory(typ),
-                    s.start_us,
-                    s.dur_us,
-                    0,
-                    s.track,
-                    _int(a.get("external_id")),
-                    _int(a.get("correlation")),
-                    json.loads(dims) if link and isinstance(dims, str) else None,  # shapes matter to links only
+            if type(stack) is str:
+                ev.launch_stack = tuple(stack.split(_STACK_SEP))
+            elif ev.launch_op:
+                ev.launch_stack = (ev.launch_op,)
+            gpu_append(ev)
+        else:
+            hkind = host_kinds.get(typ) if type(typ) is str else None
+            if hkind is not None and (all_host or hkind is not runtime or "GraphLaunch" in s.name):
+                dims = a.get("input_dims")
+                host_append(
+                    HostEvent(
+                        s.name,
+                        hkind,
+                        s.start_us,
+                        s.dur_us,
+                        0,
+                        s.track,
+                        _id(a.get("external_id")),
+                        _id(a.get("correlation")),
+                        json.loads(dims) if link and type(dims) is str else None,  # shapes matter to links only
+                    )
                 )
-            )
     if link and data.gpu and data.host:
         # rebuild the launch links (launching CPU op, its stack and input dims) from the host spans
         notes = data.notes
@@ -650,6 +785,18 @@ def from_timeline(tl: Timeline, *, link: bool = False) -> TraceData:
         _link(data, data.gpu, data.host, {}, {})
         data.notes = notes
     return data
+
+
+_GPU_KIND_OF = {k.value: k for k in GPU_KINDS}
+_HOST_KIND_OF = {k.value: k for k in HOST_KINDS}
+_ANALYSIS_HOST_KIND_OF = {
+    k.value: k for k in HOST_KINDS if k in (SpanCategory.ANNOTATION, SpanCategory.GPU_ANNOTATION, SpanCategory.RUNTIME)
+}
+
+
+def _id(v: Any) -> int | None:
+    """:func:`_int` with a fast path for the ints :func:`to_timeline` writes."""
+    return v if type(v) is int else (None if v is None else _int(v))
 
 
 def _track_stream(track: str) -> int:

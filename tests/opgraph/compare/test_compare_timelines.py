@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from opgraph.cli.app import app
-from opgraph.compare import JoinMode, compare_timelines
-from opgraph.compare.compare import CompareError
+from opgraph.compare import CompareError, JoinMode, compare_timelines
 from opgraph.ir import OpKind, Span, Stage, Timeline, TimelineKind, TimelineSource, save_timeline
 
 

@@ -100,8 +100,15 @@ class _Builder:
         self.t = 1000.0
         self.corr = 1
 
-    def kernel(self, name: str, ops: tuple[str, ...] = (), dur: float = 3.0, dims: list[Any] | None = None) -> None:
-        """A kernel launched inside ``ops`` (outermost first; the innermost takes ``dims``)."""
+    def kernel(
+        self,
+        name: str,
+        ops: tuple[str, ...] = (),
+        dur: float = 3.0,
+        dims: list[Any] | None = None,
+        launch: str = "cudaLaunchKernel",
+    ) -> None:
+        """A kernel launched (by ``launch``) inside ``ops`` (outermost first; the innermost takes ``dims``)."""
         c = self.corr
         self.corr += 1
         t = self.t
@@ -110,7 +117,7 @@ class _Builder:
             if dims is not None and depth == len(ops) - 1:
                 args["Input Dims"] = dims
             self.events.append(_ev("cpu_op", op, t + depth * 0.1, 5 - depth * 0.2, **args))
-        self.events.append(_ev("cuda_runtime", "cudaLaunchKernel", t + 1, 1, correlation=c, **{"External id": c}))
+        self.events.append(_ev("cuda_runtime", launch, t + 1, 1, correlation=c, **{"External id": c}))
         self.events.append(_ev("kernel", name, t + 3, dur, correlation=c, device=0, stream=7))
         self.t += max(10.0, dur + 5)
 
@@ -218,7 +225,19 @@ def test_unknown_kernels_take_a_type_from_their_aten_op(tmp_path: Path, op: str,
     assert data.gpu[0].ktype is expected
 
 
-def _eager_layer(b: _Builder, q: int, k: int) -> None:
+_SCALE = ("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float>>", "aten::mul")
+_REDUCE = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, MaxOps<float>>>(float*)"
+# gpt-oss's eager attention with sinks: scale, mask, concatenate the sink logits, row max, subtract, softmax
+_SINK_STEPS = (
+    _SCALE,
+    ("void at::native::elementwise_kernel<128, 4, at::native::AddFunctor<float>>(int)", "aten::add"),
+    ("void at::native::CatArrayBatchedCopy<float>(float*)", "aten::cat"),
+    (_REDUCE, "aten::max"),
+    ("void at::native::elementwise_kernel<128, 4, at::native::SubFunctor<float>>(int)", "aten::sub"),
+)
+
+
+def _eager_layer(b: _Builder, q: int, k: int, between: tuple[tuple[str, str], ...] = (_SCALE,)) -> None:
     b.kernel("void at::native::vectorized_layer_norm_kernel<float>(int, float*)", ("aten::native_layer_norm",))
     b.kernel(GEMM, ("aten::linear", "aten::addmm"))
     b.kernel(
@@ -226,7 +245,8 @@ def _eager_layer(b: _Builder, q: int, k: int) -> None:
         ("aten::matmul", "aten::bmm"),
         dims=[[32, q, 64], [32, 64, k]],
     )
-    b.kernel("void at::native::vectorized_elementwise_kernel<4, at::native::AUnaryFunctor<float>>", ("aten::mul",))
+    for name, op in between:
+        b.kernel(name, (op,))
     b.kernel("void (anonymous namespace)::softmax_warp_forward<float>(float*)", ("aten::softmax", "aten::_softmax"))
     b.kernel(
         "cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_64x1_nn_align8",
@@ -252,6 +272,57 @@ def test_eager_attention_layers_and_their_stage_from_bmm_shapes(tmp_path: Path) 
     assert r.layers_per_pass == (3, 3)
     assert [(p.stage, p.stage_source) for p in r.passes] == [("prefill", "shape"), ("decode", "shape")]
     assert {b.name: b.count for b in r.by_type}["attention"] == 6 * 4  # bmm, scale, softmax, bmm
+
+
+def test_eager_attention_with_sinks_is_attention(tmp_path: Path) -> None:
+    # issue 19's held-out gpt-oss trace: the sink steps sit between the score GEMM and the softmax
+    b = _Builder()
+    for _ in range(2):
+        _eager_layer(b, 128, 128, _SINK_STEPS)
+    r = analyze(b.write(tmp_path))
+    assert r.layers_per_pass == (2,)
+    assert {b.name: b.count for b in r.by_type}["attention"] == 2 * (len(_SINK_STEPS) + 3)
+
+
+def test_a_reduction_other_than_a_row_max_before_the_softmax_is_no_attention(tmp_path: Path) -> None:
+    # a router's top-k between a batched GEMM and a softmax: no attention there, so no layer
+    topk = ("void at::native::sbtopk::gatherTopK<float>(float*)", "aten::topk")
+    b = _Builder()
+    for _ in range(2):
+        _eager_layer(b, 128, 128, (_SCALE, topk))
+    r = analyze(b.write(tmp_path))
+    assert r.layers_per_pass == () and "attention" not in {b.name for b in r.by_type}
+
+
+def _graph_layer(b: _Builder, dur: float) -> None:
+    """A decoder layer replayed from a CUDA graph: no CPU op, so no shapes; a prefill-style attention name."""
+    for name in ("triton_red_fused_add_mean_mul_rsqrt_0", GEMM, "flash_fwd_kernel", GEMM):
+        b.kernel(name, dur=dur, launch="cudaGraphLaunch")
+    for name in ("triton_red_fused_add_mean_mul_rsqrt_1", GEMM, "triton_poi_fused_mul_silu_2", GEMM):
+        b.kernel(name, dur=dur, launch="cudaGraphLaunch")
+
+
+@pytest.mark.parametrize(("graph_dur", "decode"), [(2.0, True), (9.0, False)])
+def test_passes_replaying_cuda_graphs_after_an_eager_pass_are_decode_when_shorter(
+    tmp_path: Path, graph_dur: float, decode: bool
+) -> None:
+    # issue 19's held-out static-cache generate: an eager prefill, then decode steps replayed from CUDA graphs
+    argmax = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ArgMaxOps<float>>>"
+    b = _Builder()
+    for _ in range(2):
+        _layer(b, "flash_fwd_kernel", attn_dur=5.0)
+    b.kernel(argmax, ("aten::argmax",))
+    for _ in range(3):
+        for _ in range(2):
+            _graph_layer(b, graph_dur)
+        b.kernel(argmax, ("aten::argmax",))
+    r = analyze(b.write(tmp_path))
+    assert r.layers_per_pass == (2, 2, 2, 2)
+    if decode:
+        assert [p.stage for p in r.passes] == ["prefill", "decode", "decode", "decode"]
+        assert any("replaying CUDA graphs" in n for n in r.notes)
+    else:  # replayed layers as long as the eager ones: no evidence of decode
+        assert [p.stage for p in r.passes] == ["unknown"] * 4
 
 
 def test_a_profiler_step_around_a_generate_is_split_into_its_passes(tmp_path: Path) -> None:

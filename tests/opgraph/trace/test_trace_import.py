@@ -445,3 +445,62 @@ def test_python_note_names_the_api_argument(tmp_path: Path) -> None:
     assert "opgraph.trace.load_trace_data(path, python=True)" in note
     (kept,) = load_trace_data(path, python=True)
     assert [h.name for h in kept.host] == ["forward"]
+
+
+HELDOUT = Path(__file__).resolve().parents[2] / "data" / "traces" / "heldout"
+
+
+@pytest.mark.parametrize("name", ["llama8b_static_cache_generate", "qwen3moe_generate_p128_d3"])
+def test_to_timeline_spans_equal_validated_spans(name: str) -> None:
+    # load_trace builds its spans without pydantic's per-span checks (their fields come from the
+    # validated import); validating the same data must give the same timeline, field for field.
+    from opgraph.ir import Timeline
+
+    tl = load_trace(HELDOUT / f"{name}.json.gz")
+    checked = Timeline.model_validate_json(tl.model_dump_json())
+    assert checked == tl
+    assert [s.model_dump() for s in checked.spans] == [s.model_dump() for s in tl.spans]
+    assert {type(s.category) for s in tl.spans} == {type(s.category) for s in checked.spans}
+    # and the analysis through the timeline still finds what the path analysis finds
+    assert analyze(tl).layers_per_pass == analyze(HELDOUT / f"{name}.json.gz").layers_per_pass
+
+
+@pytest.mark.parametrize("name", ["llama8b_static_cache_generate", "qwen3moe_generate_p128_d3"])
+def test_analyze_of_a_timeline_without_its_cpu_ops_is_the_full_analysis(name: str) -> None:
+    # analyze() leaves a timeline's CPU ops and kernel launches out of the rebuilt ranks (it does not
+    # return them); annotations and CUDA-graph launches (steps, window leftovers) stay: the same result
+    from opgraph.trace import analyze_full
+
+    tl = load_trace(HELDOUT / f"{name}.json.gz")
+    assert analyze(tl) == analyze_full(tl)[0]
+
+
+_DIMS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_DIMS)
+def test_shape_lists_are_saved_as_compact_json(dims: Any) -> None:
+    # the fast path writes a shape list's repr; anything that is not plain nested numbers goes through JSON
+    from opgraph.trace.importer import _dims_json
+
+    text = _dims_json(dims)
+    assert json.loads(text) == dims
+    assert text == json.dumps(dims, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("name", ["llama8b_static_cache_generate", "gptoss20b_prefill128", "llama1b_generate_p64_d5"])
+def test_labels_only_equal_the_full_runs_labels_and_types(name: str) -> None:
+    # load_trace asks the analyzer for labels only (no summary); they and the final kernel types
+    # must be what the full run gives
+    from opgraph.trace.analysis import Analyzer
+
+    ps = load_patterns(user_dirs=False)
+    (full,) = load_trace_data(HELDOUT / f"{name}.json.gz")
+    (lean,) = load_trace_data(HELDOUT / f"{name}.json.gz")
+    assert Analyzer(ps).labels(lean) == Analyzer(ps).run(full)[1]
+    assert [g.ktype for g in lean.gpu] == [g.ktype for g in full.gpu]
