@@ -14,7 +14,7 @@ import bisect
 import json
 import re
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from typing import Any
 from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.graph import Scalar
 from opgraph.ir.ops import OpKind, Stage
-from opgraph.ir.timeline import Bound, Span, SpanCategory, Timeline, TimelineKind
+from opgraph.ir.timeline import Bound, Span, SpanCategory, Timeline, TimelineKind, span_factory
 from opgraph.trace.events import GPU_KINDS, HOST_KINDS, GpuEvent, HostEvent, TraceData
 from opgraph.trace.reader import NoTraceEventsError, TraceFile, TraceFormatError, discover, read_trace
 
@@ -452,62 +452,8 @@ _OURS = ("op_id", "definition", "layer", "stage", "step", "bound")
 """Span fields opgraph's exporter writes into a kernel's args, read back on import."""
 
 
-_SPAN_DEFAULTS: dict[str, Any] = {k: f.get_default(call_default_factory=True) for k, f in Span.model_fields.items()}
-
-
-_ALL_FIELDS = set(Span.model_fields)
-
-
-def _unchecked_span(
-    fields: dict[str, Any],
-    _new: Callable[[type[Span]], Span] = object.__new__,
-    _set: Callable[[object, str, object], None] = object.__setattr__,
-    _all: set[str] = _ALL_FIELDS,
-) -> Span:
-    """A ``Span`` of fields that are valid by construction, without pydantic's per-field checks.
-
-    The importer builds every field from its validated stream (str names and tracks, float times,
-    non-negative durations, enum members, scalar args); validating each span again costs more than the
-    rest of the import. ``fields`` must hold every field, in declaration order; checked against
-    validation at import time (:func:`_pick_span_factory`) and by ``test_to_timeline_spans_equal_validated_spans``."""
-    span = _new(Span)
-    _set(span, "__dict__", fields)
-    # one set shared by all: a frozen span never adds to it, and model_copy copies it before updating
-    _set(span, "__pydantic_fields_set__", _all)
-    _set(span, "__pydantic_extra__", None)
-    _set(span, "__pydantic_private__", None)
-    return span
-
-
-def _validated_span(fields: dict[str, Any]) -> Span:
-    return Span.model_validate(fields)
-
-
-def _pick_span_factory() -> Callable[[dict[str, Any]], Span]:
-    """The unchecked factory when it gives what validation gives on this pydantic, else validation."""
-    probe = {
-        **_SPAN_DEFAULTS,
-        "name": "k",
-        "track": "gpu0/stream7",
-        "start_us": 1.5,
-        "dur_us": 2.0,
-        "category": SpanCategory.GEMM,
-        "kind": OpKind.GEMM,
-        "stage": Stage.DECODE,
-        "layer": 3,
-        "args": {"type": "kernel", "device": 0},
-    }
-    try:
-        fast = _unchecked_span(dict(probe))
-        ref = Span.model_validate(probe)
-        if fast == ref and fast.model_dump_json() == ref.model_dump_json():
-            return _unchecked_span
-    except Exception:  # a pydantic without these attributes: validate instead
-        pass
-    return _validated_span
-
-
-_make_span = _pick_span_factory()
+_make_span = span_factory()
+"""Spans from the validated stream, without validating each again (:func:`opgraph.ir.timeline.span_factory`)."""
 _JSON = json.JSONEncoder(separators=(",", ":")).encode
 """Compact JSON (one encoder for all spans: ``json.dumps`` builds one per call)."""
 _NUMERIC_LISTS = re.compile(r"[\[\],0-9.e+\-]*")
@@ -535,7 +481,7 @@ def to_timeline(
     """A measured ``Timeline`` of ``data``: device spans (with ``labels`` (layer, stage, pass) per device
     event when given by the analyzer) and, with ``cpu``, host spans.
 
-    The spans are built unchecked (:func:`_unchecked_span`): every field comes from the already
+    The spans are built unchecked (:func:`opgraph.ir.timeline.span_factory`): every field comes from the already
     validated import, so validating each of a few hundred thousand spans again would only repeat those
     checks at a large share of the import's cost."""
     make = _make_span
