@@ -104,3 +104,21 @@ def test_simulate_cli_bad_host_profile_is_one_line(tmp_path: Path) -> None:
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2
     assert "truncated or not valid JSON" in r.output and "Traceback" not in r.output
+
+
+def test_simulate_cli_uses_the_catalog_host_profile_of_the_device(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The catalog entry names its host profile (``host_profile = ...`` in h100-sxm.toml): stand one in,
+    # measured on the CPU that measured the device profile, so no warning.
+    from hardware import loader
+    from hardware.hostprofile import device_host_cpu
+
+    cpu = device_host_cpu("h100-sxm")
+    assert cpu
+    path = toy_profile(host=HostInfo(cpu=cpu)).save(tmp_path / "h100-sxm.host.json")
+    loader.list_hardware()
+    monkeypatch.setitem(loader._HOST_PROFILES, "h100-sxm", path)
+    graph = save_graph(toy_graph(2, timed=False), tmp_path / "g.json")
+    r = CliRunner().invoke(app, ["simulate", str(graph), "-H", "h100", "-c", "sim_graphs:PerOpCost", "-e", "1"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "predicted by the host profile h100-sxm.host.json" in text and "warning" not in text
