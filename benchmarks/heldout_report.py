@@ -25,12 +25,14 @@ module (the profiled runs mark every module call). A module whose calls differ f
 experts) is left out of the per-op errors, and the report says which and how much device time the
 per-op errors cover; its time still counts in the GPU and wall totals.
 
-Host: every prediction runs the eager host as the CLI does by default: the issue time per aten call
-and, for a graph captured without ``--host-timing`` (these are), the framework's time between ops
-predicted by the host profile the device's catalog entry names (``host_profile = ...``, fitted by
-``benchmarks/gpu/host_profile.sh`` from other shapes, on the GPU machine's CPU), or ``--host-profile
-FILE``. Where ``host_graphs.tar.gz`` lies beside ``DATA`` (or ``--host-graphs`` names it: the held-out
-cases captured with ``--host-timing`` on the GPU machine, never given to the fit), one more column
+Host: every prediction runs the eager host as the CLI does by default. With the device's profile (the
+CLI default) that is the issue time per aten call and, for a graph captured without ``--host-timing``
+(these are), the framework's time between ops predicted by the host profile the device's catalog entry
+names (``host_profile = ...``, fitted by ``benchmarks/gpu/host_profile.sh`` from other shapes, on the
+GPU machine's CPU); the datasheet roofline keeps the spec's time per op. ``--host-profile FILE`` gives
+every cost model that file's framework time instead. Where ``host_graphs.tar.gz`` lies beside ``DATA``
+(or ``--host-graphs`` names it: the held-out cases captured with ``--host-timing`` on the GPU machine,
+never given to the fit), one more column
 shows the CLI's default cost model with each graph's own measured framework time, what a user who
 captures with ``--host-timing`` on the target host gets.
 

@@ -24,6 +24,12 @@ from simulators.stats import EngineSweep, SweepPoint
 
 Progress = Callable[[int, int], None]
 
+HOST_PROFILE_COST_MODELS = frozenset({"ProfileModel"})
+"""Cost models (by class name) whose eager runs take the framework time of the host profile the
+device's catalog entry names (``host_profile = ...``) by default: the measured device profile it ships
+beside. Others (the datasheet roofline, calibrated tables, users' models) take it only when
+``HostConfig.host_profile`` names a file."""
+
 
 def default_host_us(config: SimulationConfig, hardware: HardwareSpec | None) -> float:
     """Host time per op: the configured value, else the spec's for the host mode (0 for ``none``)."""
@@ -76,7 +82,9 @@ def run_problem(
         host_us = [h if (m is None or h == 0.0) else m for h, m in zip(host_us, problem.host_us, strict=True)]
     notes: list[str] = []
     if config.host.mode is HostMode.EAGER and config.host.framework:
-        host_us, host_per_op_us = _add_framework_time(problem, config, host_us, host_per_op_us, hardware_name, notes)
+        host_us, host_per_op_us = _add_framework_time(
+            problem, config, host_us, host_per_op_us, hardware_name, cost_model_name, notes
+        )
     with paused_gc():
         sim = Simulator(problem, config, policy, host_us, progress=progress)
         kernel = sim.run()
@@ -98,12 +106,14 @@ def _add_framework_time(
     host_us: list[float],
     per_op_us: float,
     hardware_name: str,
+    cost_model_name: str,
     notes: list[str],
 ) -> tuple[list[float], float]:
     """Eager host time per op plus the framework's time before it, by precedence: the graph's own
     (captured with ``--host-timing``), else the host profile's prediction (``config.host.host_profile``,
-    else the one the hardware names), else none; and the default issue time per op (the host
-    profile's, unless ``config.host.per_op_us`` is set). Says which in ``notes``."""
+    else, when the cost model is one of :data:`HOST_PROFILE_COST_MODELS`, the host profile the hardware
+    names), else none; and the default issue time per op (the host profile's, unless
+    ``config.host.per_op_us`` is set). Says which in ``notes``."""
     if any(problem.framework_us):
         timing = problem.graph.metadata.host_timing
         cpu = timing.cpu if timing else "the capture host"
@@ -112,7 +122,10 @@ def _add_framework_time(
             "(the graph's --host-timing)"
         )
         return [h + f for h, f in zip(host_us, problem.framework_us, strict=True)], per_op_us
-    found = host_profile_for(config.host.host_profile, hardware_name)
+    # The device's shipped host profile goes with its shipped device profile; other cost models (the
+    # datasheet roofline, a calibrated table, a user's model) keep the spec's host unless asked.
+    shipped = cost_model_name in HOST_PROFILE_COST_MODELS
+    found = host_profile_for(config.host.host_profile, hardware_name if shipped else "")
     if found is None:
         return host_us, per_op_us
     profile, where = found

@@ -95,7 +95,9 @@ class HostConfig(BaseModel):
     profile's prediction (:attr:`host_profile`); off, neither."""
     host_profile: str | None = None
     """Host profile file (``.host.json``, :mod:`hardware.hostprofile`) for graphs without host timing;
-    ``None``: the one the hardware's catalog entry names (``host_profile = ...``), if any."""
+    ``None``: the one the hardware's catalog entry names (``host_profile = ...``), if any, when the
+    cost model is the device's measured profile (``simulators.api.HOST_PROFILE_COST_MODELS``); other
+    cost models then keep the spec's host time per op and no framework time."""
     sync_each_step: bool = True
     """The host waits for the last op of each forward step (``op.step``) before issuing the next
     step, as a generate loop that reads the sampled token does."""

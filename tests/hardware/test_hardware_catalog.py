@@ -30,6 +30,8 @@ def test_every_catalog_file_validates_with_sources(path: Path) -> None:
     # ``profile`` is the loader's key for a measured profile shipped beside the TOML, not a spec field.
     profile = data.pop("profile", None)
     assert profile is None or (path.parent / profile).is_file()
+    host_profile = data.pop("host_profile", None)  # the host profile of the CPU that measured it
+    assert host_profile is None or (path.parent / host_profile).is_file()
     spec = HardwareSpec.model_validate(data)
     assert spec.name == path.stem, "the file name is the catalog name"
     assert spec.sources, "every catalog entry says where its numbers come from"

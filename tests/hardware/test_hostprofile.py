@@ -154,3 +154,21 @@ def test_json_profile_is_plain_data(tmp_path: Path) -> None:
     raw = json.loads(toy_profile().save(tmp_path / "t.host.json").read_text())
     assert raw["format"] == "opgraph.host_profile" and raw["schema_version"] == 1
     assert set(raw["host"]) >= {"cpu", "cores", "torch", "transformers", "python", "date"}
+
+
+def _devices_with_host_profiles() -> list[str]:
+    from hardware import list_hardware
+    from hardware.hostprofile import hardware_host_profile
+
+    return [hw.name for hw in list_hardware() if hardware_host_profile(hw) is not None]
+
+
+@pytest.mark.parametrize("name", _devices_with_host_profiles())
+def test_shipped_host_profiles_load_and_are_of_the_device_profile_host(name: str) -> None:
+    from hardware.hostprofile import device_host_cpu, hardware_host_profile
+
+    path = hardware_host_profile(name)
+    assert path is not None
+    prof = load_host_profile(path)
+    assert prof.host.cpu == device_host_cpu(name)
+    assert prof.training and prof.issue_us is not None

@@ -81,26 +81,49 @@ def test_a_host_profile_of_another_cpu_than_the_device_host_is_a_named_warning(t
     assert any(n.startswith("warning: host profile") for n in r.notes)
 
 
-def test_simulate_cli_uses_the_host_profile_the_hardware_names(tmp_path: Path) -> None:
+def test_simulate_cli_uses_the_host_profile_the_hardware_names_with_its_device_profile(tmp_path: Path) -> None:
     toy_profile().save(tmp_path / "toy.host.json")
     (tmp_path / "dev.toml").write_text(
         'base = "h100"\nname = "dev-host"\nhost_profile = "toy.host.json"\n[host]\neager_us = 1.0\n'
     )
     graph = save_graph(toy_graph(2, timed=False), tmp_path / "g.json")
-    args = ["simulate", str(graph), "-H", str(tmp_path / "dev.toml"), "-c", "sim_graphs:PerOpCost", "-e", "1"]
+    args = ["simulate", str(graph), "-H", str(tmp_path / "dev.toml"), "-c", "host_costs:ProfileModel", "-e", "1"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     assert "predicted by the host profile toy.host.json" in " ".join(r.output.split())
     r = CliRunner().invoke(app, [*args, "--no-framework-time"])
     assert r.exit_code == 0, r.output
     assert "host profile" not in r.output
+    # Other cost models (a datasheet one, a calibrated table's kind) keep the spec's host.
+    for other in ("sim_graphs:PerOpCost", "host_costs:MeasuredCost"):
+        r = CliRunner().invoke(app, [*args[:4], "-c", other, "-e", "1"])
+        assert r.exit_code == 0, r.output
+        assert "host profile" not in r.output and "framework" not in r.output
 
 
 def test_simulate_cli_bad_host_profile_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "toy.host.json").write_text('{"format": "opgraph.host_profile", "schema_version": 1, "ho')
     (tmp_path / "dev.toml").write_text('base = "h100"\nname = "dev-bad-host"\nhost_profile = "toy.host.json"\n')
     graph = save_graph(toy_graph(2, timed=False), tmp_path / "g.json")
-    args = ["simulate", str(graph), "-H", str(tmp_path / "dev.toml"), "-c", "sim_graphs:PerOpCost"]
+    args = ["simulate", str(graph), "-H", str(tmp_path / "dev.toml"), "-c", "host_costs:ProfileModel"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 2
     assert "truncated or not valid JSON" in r.output and "Traceback" not in r.output
+
+
+def test_simulate_cli_uses_the_catalog_host_profile_of_the_device(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The catalog entry names its host profile (``host_profile = ...`` in h100-sxm.toml): stand one in,
+    # measured on the CPU that measured the device profile, so no warning.
+    from hardware import loader
+    from hardware.hostprofile import device_host_cpu
+
+    cpu = device_host_cpu("h100-sxm")
+    assert cpu
+    path = toy_profile(host=HostInfo(cpu=cpu)).save(tmp_path / "h100-sxm.host.json")
+    loader.list_hardware()
+    monkeypatch.setitem(loader._HOST_PROFILES, "h100-sxm", path)
+    graph = save_graph(toy_graph(2, timed=False), tmp_path / "g.json")
+    r = CliRunner().invoke(app, ["simulate", str(graph), "-H", "h100", "-c", "host_costs:ProfileModel", "-e", "1"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "predicted by the host profile h100-sxm.host.json" in text and "warning" not in text
