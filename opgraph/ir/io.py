@@ -152,7 +152,8 @@ def load_model(path: str | Path, cls: type[M]) -> M:
     if wrong is not None:
         raise wrong
     if not isinstance(raw, dict):
-        raise LoadError(f"expected a JSON object for a {cls.__name__}, got {type(raw).__name__}", where=str(path))
+        got = type(raw).__name__
+        raise LoadError(f"expected a JSON object for {_article(cls.__name__)}, got {got}", where=str(path))
     if "schema_version" in cls.model_fields:
         version = raw.get("schema_version")
         readable = GRAPH_SCHEMA_VERSIONS if cls is OpGraph else (SCHEMA_VERSION,)
@@ -162,7 +163,8 @@ def load_model(path: str | Path, cls: type[M]) -> M:
                 raise LoadError(
                     f"not {_article(cls.__name__)} file: schema_version is {version!r}",
                     where=str(path),
-                    hint=f"expected a file written by `opgraph` with schema_version {latest}",
+                    hint="expected a file written by `opgraph` with schema_version "
+                    + " or ".join(str(v) for v in readable),
                 )
             newer = version > latest
             raise SchemaVersionError(
