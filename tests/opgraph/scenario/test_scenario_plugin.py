@@ -37,7 +37,10 @@ def plugin_args() -> list[str]:
 def scenario(pytester: pytest.Pytester, name: str, expect: str) -> None:
     shutil.copy(DATA / GRAPH, pytester.path / GRAPH)
     shutil.copy(DATA / MEASURED, pytester.path / MEASURED)
+    # The roofline, named: these tests are about how the plugin reports expectations (one passing, one
+    # failing), not about the default cost model, whose measured profiles meet the wall-time bound here.
     (pytester.path / f"{name}.scenario.toml").write_text(
+        '[hardware]\ncost_model = "roofline"\n'
         f'[simulation]\nengines = [1, 2]\n[[phases]]\nname = "p"\ngraph = "{GRAPH}"\nmeasured = "{MEASURED}"\n'
         f"[expect]\n{expect}\n"
     )
