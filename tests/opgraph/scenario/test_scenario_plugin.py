@@ -102,7 +102,7 @@ def test_bad_scenario_is_a_one_line_collection_error(pytester: pytest.Pytester) 
 def test_run_time_error_fails_every_item(pytester: pytest.Pytester) -> None:
     scenario(pytester, "hw", "speedup = { min = 0.1 }\nmakespan_us = { max = 1e9 }")
     path = pytester.path / "hw.scenario.toml"
-    path.write_text(path.read_text() + '[hardware]\nname = "h900"\n')
+    path.write_text(path.read_text().replace("[hardware]\n", '[hardware]\nname = "h900"\n'))
     result = pytester.runpytest(*plugin_args(), str(pytester.path), "-p", "no:cacheprovider")
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["scenario could not run: *hw.scenario.toml: hardware.name: *h900*"])
