@@ -67,6 +67,23 @@ CASES = [
     Case("qwen25_7b_generate_eager_attn", "qwen2.5-7b", 2, "generate", batch=2, seq_len=32, new_tokens=4, attn="eager"),
 ]
 
+SECOND_SET = [
+    # Recorded after the analyzer's fixes for the first set: other families and ways of running.
+    Case("phi3_prefill256", "hf:phi3", 2, "forward", seq_len=256),
+    Case("mistral_generate_p64_n5", "hf:mistral", 2, "generate", batch=2, seq_len=64, new_tokens=5),
+    Case("opt_prefill256_eager", "hf:opt", 3, "forward", seq_len=256, attn="eager"),
+    Case("gptneox_prefill256", "hf:gpt_neox", 2, "forward", seq_len=256),
+    Case("olmo_prefill256", "hf:olmo", 2, "forward", seq_len=256),
+    Case("deepseekv3_mla_prefill128", "deepseek-v3", 2, "forward", seq_len=128),
+    Case("qwen25coder32b_generate_p32_n4", "qwen2.5-coder-32b", 2, "generate", seq_len=32, new_tokens=4),
+    Case("vicuna7b_compile_prefill256", "vicuna-7b", 2, "compile", seq_len=256),
+    Case("mixtral_generate_p32_n4", "mixtral-8x7b", 2, "generate", seq_len=32, new_tokens=4),
+    Case("gemma3_generate_p32_n4", "gemma-3-27b", 2, "generate", seq_len=32, new_tokens=4),
+    Case("llama1b_static_cache_b1", "llama-3.2-1b", 2, "static", seq_len=32, new_tokens=5),
+    Case("stablelm_prefill256_eager", "hf:stablelm", 2, "forward", seq_len=256, attn="eager"),
+]
+"""A second held-out set (issue 19): ``--set 2``."""
+
 
 def build_config(case: Case) -> Any:
     from transformers import AutoConfig
@@ -165,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--only", nargs="*", default=None, help="case names to run")
+    parser.add_argument("--set", type=int, default=1, choices=(1, 2), help="which held-out set to record")
     parser.add_argument("--device", default="cuda", help="cuda (the real run) or cpu (a smoke test of the script)")
     args = parser.parse_args(argv)
     import torch
@@ -179,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "made_by": "benchmarks/gpu/make_traces.py",
         "cases": [],
     }
-    for case in CASES:
+    for case in CASES if args.set == 1 else SECOND_SET:
         if args.only and case.name not in args.only:
             continue
         t0 = time.perf_counter()
