@@ -23,7 +23,6 @@ CPU of the machine that measured the device profile); :func:`hardware_host_profi
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from collections import Counter
@@ -33,10 +32,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from hardware.spec import HardwareSpec, NonNegFloat
-from opgraph.ir import LoadError, OpGraph, OpgraphError, SchemaVersionError, read_json_bytes, save_model
+from hardware.versioned import FileKind
+from opgraph.ir import OpGraph, OpgraphError, save_model
 from opgraph.ir.ops import OpBase
 from opgraph.ir.tensor import FROZEN
 
@@ -223,51 +223,25 @@ def predict_gaps(graph: OpGraph, profile: HostProfile) -> GapPrediction:
 # -- files -------------------------------------------------------------------------------------------
 
 
+HOST_PROFILE_FILE = FileKind(
+    "host profile",
+    HOST_PROFILE_FORMAT,
+    HOST_PROFILE_SCHEMA_VERSION,
+    "python -m hardware.hostfit",
+    "rebuild it with `python -m hardware.hostfit`",
+)
+"""How a host profile file is checked and read."""
+
+
 def check_host_schema(raw: dict[str, object], where: str) -> None:
     """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is a host profile of this schema."""
-    if raw.get("format") != HOST_PROFILE_FORMAT:
-        raise LoadError(
-            f"not a host profile (format is {raw.get('format')!r}, expected {HOST_PROFILE_FORMAT!r})",
-            where=where,
-            hint="give a file written by `python -m hardware.hostfit`",
-        )
-    version = raw.get("schema_version")
-    if version != HOST_PROFILE_SCHEMA_VERSION:
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise LoadError(f"host profile with a bad schema_version {version!r}", where=where)
-        newer = version > HOST_PROFILE_SCHEMA_VERSION
-        raise SchemaVersionError(
-            f"host profile schema_version {version} is {'newer' if newer else 'older'} than this opgraph's "
-            f"{HOST_PROFILE_SCHEMA_VERSION}",
-            where=where,
-            hint="upgrade opgraph to read it" if newer else "rebuild it with `python -m hardware.hostfit`",
-        )
+    HOST_PROFILE_FILE.check(raw, where)
 
 
 def load_host_profile(path: str | Path) -> HostProfile:
     """Read a :class:`HostProfile`; a missing, truncated, foreign or other-version file is a one-line
     :class:`~opgraph.ir.LoadError` naming it (:class:`~opgraph.ir.SchemaVersionError` for the version)."""
-    where = str(path)
-    data = read_json_bytes(path)
-    try:
-        raw = json.loads(data)
-    except json.JSONDecodeError as exc:
-        raise LoadError(
-            f"truncated or not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
-            where=where,
-            hint="rebuild it with `python -m hardware.hostfit`",
-        ) from None
-    except UnicodeDecodeError:
-        raise LoadError("not valid JSON: the file is binary, not UTF-8 text", where=where) from None
-    if not isinstance(raw, dict):
-        raise LoadError(f"expected a JSON object for a host profile, got {type(raw).__name__}", where=where)
-    check_host_schema(raw, where)
-    try:
-        return HostProfile.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        raise LoadError(f"invalid host profile: {loc}: {err['msg']}", where=where) from None
+    return HOST_PROFILE_FILE.load(path, HostProfile)
 
 
 def hardware_host_profile(hw: HardwareSpec | str) -> Path | None:

@@ -18,10 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from hardware.spec import HardwareSpec, NonNegFloat
-from opgraph.ir import LoadError, Op, Scalar, SchemaVersionError, read_json_bytes, save_model
+from hardware.versioned import FileKind
+from opgraph.ir import LoadError, Op, Scalar, save_model
 from opgraph.ir.tensor import FROZEN
 
 PROFILE_FORMAT = "opgraph.device_profile"
@@ -122,55 +123,31 @@ class DeviceProfile(BaseModel):
         return load_profile(path)
 
 
+PROFILE_FILE = FileKind(
+    "device profile",
+    PROFILE_FORMAT,
+    PROFILE_SCHEMA_VERSION,
+    "opgraph profile",
+    "re-measure it with `opgraph profile` of this opgraph",
+)
+"""How a device profile file is checked and read."""
+
+
 def check_schema(raw: dict[str, object], where: str) -> None:
     """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is a profile of this schema version."""
-    if raw.get("format") != PROFILE_FORMAT:
-        raise LoadError(
-            f"not a device profile (format is {raw.get('format')!r}, expected {PROFILE_FORMAT!r})",
-            where=where,
-            hint="give a file written by `opgraph profile`",
-        )
-    version = raw.get("schema_version")
-    if version != PROFILE_SCHEMA_VERSION:
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise LoadError(f"device profile with a bad schema_version {version!r}", where=where)
-        newer = version > PROFILE_SCHEMA_VERSION
-        raise SchemaVersionError(
-            f"device profile schema_version {version} is {'newer' if newer else 'older'} than this opgraph's "
-            f"{PROFILE_SCHEMA_VERSION}",
-            where=where,
-            hint="upgrade opgraph to read it" if newer else "re-measure it with `opgraph profile` of this opgraph",
-        )
+    PROFILE_FILE.check(raw, where)
 
 
 def load_profile(path: str | Path) -> DeviceProfile:
     """Read a :class:`DeviceProfile`; a missing, truncated, foreign or other-version file is a one-line
     :class:`~opgraph.ir.LoadError` naming it (:class:`~opgraph.ir.SchemaVersionError` for the version)."""
-    where = str(path)
-    data = read_json_bytes(path)
-    try:
-        raw = json.loads(data)
-    except json.JSONDecodeError as exc:
-        parts = Path(f"{path}.parts.jsonl")
-        hint = (
-            f"the sweep's points are in {parts}: rerun `opgraph profile --resume` to rewrite the profile"
-            if parts.exists()
-            else "re-measure it with `opgraph profile`"
-        )
-        raise LoadError(
-            f"truncated or not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})", where=where, hint=hint
-        ) from None
-    except UnicodeDecodeError:
-        raise LoadError("not valid JSON: the file is binary, not UTF-8 text", where=where) from None
-    if not isinstance(raw, dict):
-        raise LoadError(f"expected a JSON object for a device profile, got {type(raw).__name__}", where=where)
-    check_schema(raw, where)
-    try:
-        return DeviceProfile.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        raise LoadError(f"invalid device profile: {loc}: {err['msg']}", where=where) from None
+    parts = Path(f"{path}.parts.jsonl")
+    hint = (
+        f"the sweep's points are in {parts}: rerun `opgraph profile --resume` to rewrite the profile"
+        if parts.exists()
+        else "re-measure it with `opgraph profile`"
+    )
+    return PROFILE_FILE.load(path, DeviceProfile, unreadable_hint=hint)
 
 
 def parts_path(profile_path: str | Path) -> Path:
