@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_traces import Case, build_config  # noqa: E402
+from make_traces import Case, build_config
 
 CASES = [
     # (name, preset, layers, batch, prompt tokens, new tokens)
@@ -85,7 +85,6 @@ def measure(name: str, preset: str, layers: int, batch: int, prompt: int, new: i
     device_us = [a.elapsed_time(b) * 1e3 for a, b in events]
     # Wall per forward: from one forward's start to the next one's (the last: to its end).
     host_us = [(starts[i + 1] - starts[i]) * 1e6 for i in range(len(starts) - 1)] + [(ends[-1] - starts[-1]) * 1e6]
-    del model
     torch.cuda.empty_cache()
     return {
         "case": name,
