@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import cached_property
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from pydantic import BaseModel, model_validator
 
@@ -385,6 +385,7 @@ class GenerationPlan(BaseModel):
 
 
 M = TypeVar("M", bound=BaseModel)
+_T = TypeVar("_T")
 
 
 def _copy(obj: M, changes: dict[str, Any]) -> M:
@@ -427,7 +428,24 @@ def _add_at(data: dict[str, Any], path: Path, amount: int) -> None:
     node[last] = node[last] + amount
 
 
-class LazyOps(Sequence[OpBase]):
+class _Planned(Generic[_T]):
+    """What the lazy views share: the recorded part and the plan, which together decide equality."""
+
+    __slots__ = ()
+    explicit: tuple[_T, ...]
+    plan: GenerationPlan
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is type(self):
+            assert isinstance(other, _Planned)  # for mypy: same class
+            return self.explicit == other.explicit and self.plan == other.plan
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((len(self.explicit), self.plan.last_step))
+
+
+class LazyOps(_Planned[OpBase], Sequence[OpBase]):
     """``graph.ops`` of a planned graph: the explicit ops, then each planned step's ops built on demand.
 
     Reading builds ops (a step at a time, the last one kept); iterate rather than index at random.
@@ -476,19 +494,11 @@ class LazyOps(Sequence[OpBase]):
         for step in self.plan.steps:
             yield from self.plan.step_ops(step)
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyOps):
-            return self.explicit == other.explicit and self.plan == other.plan
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((len(self.explicit), self.plan.last_step))
-
     def __repr__(self) -> str:
         return f"LazyOps({len(self.explicit)} recorded + {self.plan.num_ops} planned)"
 
 
-class LazyEdges(Sequence[Any]):
+class LazyEdges(_Planned[Any], Sequence[Any]):
     """``graph.edges`` of a planned graph: the explicit edges, then each planned step's, built on demand."""
 
     __slots__ = ("explicit", "make", "plan")
@@ -526,14 +536,6 @@ class LazyEdges(Sequence[Any]):
         per = len(self.plan.edges)
         step = self.plan.first_step + off // per if per else self.plan.last_step
         return self.make(*self.plan.step_edges(step)[off % per])
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, LazyEdges):
-            return self.explicit == other.explicit and self.plan == other.plan
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash((len(self.explicit), self.plan.last_step))
 
     def __repr__(self) -> str:
         return f"LazyEdges({len(self.explicit)} recorded + {self.plan.num_edges} planned)"
