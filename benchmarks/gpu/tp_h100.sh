@@ -113,11 +113,14 @@ fi
 MEAS=("$OUT/collectives.jsonl"); [ -s "$OUT/collectives_graph.jsonl" ] && MEAS+=("$OUT/collectives_graph.jsonl")
 step fit 20 $PY -m hardware.collective_fit "${MEAS[@]}" --hardware "$HW" --heldout --out "$OUT/collective_fit.json"
 
-# 5. Prediction and comparison (CPU). Cost models: the roofline, and on H100 the tables calibrated from
-# single-GPU replay (benchmarks/results/gpu/h100; fitted on TP=1 configs, so TP shapes are out of their sample).
+# 5. Prediction and comparison (CPU). Cost models: the device's shipped profile (the CLI's default, when
+# the catalog has one), the roofline, and on H100 the tables calibrated from single-GPU replay
+# (benchmarks/results/gpu/h100; fitted on TP=1 configs, so TP shapes are out of their sample).
 FIT_ARG=()
 [ -s "$OUT/collective_fit.json" ] && FIT_ARG=(--collective-fit "$OUT/collective_fit.json")
 COST=(--cost-model roofline)
+$PY -c 'import sys; from hardware import load_hardware, hardware_profile; sys.exit(hardware_profile(load_hardware(sys.argv[1])) is None)' "$HW" \
+  && COST=(--cost-model profile "${COST[@]}")
 if [ "$HW" = h100 ]; then
   for t in benchmarks/results/gpu/h100/llama8b_prefill2048.calibrated.json benchmarks/results/gpu/h100/llama8b_decode_b8_kv2048.calibrated.json; do
     [ -f "$t" ] && COST+=(--cost-model "$t")

@@ -387,11 +387,32 @@ def trace_times(path: str | Path, steps: int) -> TraceTimes:
 
 
 # ---------------------------------------------------------------- the run
+def _contiguous_cache(cache: Any) -> None:
+    """Make every key/value tensor of ``cache`` contiguous, in place.
+
+    A cropped cache holds slices of the longer tensors, and a cache filled by a prefill can hold
+    transposed views; ``torch.cat`` on such inputs takes its slow non-vectorised kernel (measured:
+    5-10x slower for the KV-cache append), which a real generation loop never meets: there every
+    cache tensor is the output of the previous step's ``cat``. Called outside the timed region.
+    """
+    for layer in getattr(cache, "layers", None) or ():  # transformers 5.x DynamicCache
+        for attr in ("keys", "values"):
+            t = getattr(layer, attr, None)
+            if t is not None and hasattr(t, "is_contiguous") and not t.is_contiguous():
+                setattr(layer, attr, t.contiguous())
+    for attr in ("key_cache", "value_cache"):  # transformers 4.x
+        tensors = getattr(cache, attr, None)
+        if isinstance(tensors, list):
+            tensors[:] = [t.contiguous() if hasattr(t, "contiguous") else t for t in tensors]
+
+
 def _decode_cache_reset(cache: Any, kv_len: int) -> Callable[[], bool]:
-    """A function that crops the decode cache back to ``kv_len`` tokens; False when it could not."""
+    """A function that crops the decode cache back to ``kv_len`` tokens (contiguous, as in a real
+    generation loop); False when it could not."""
     crop = getattr(cache, "crop", None)
     if crop is None:
         return lambda: False
+    _contiguous_cache(cache)
 
     def reset() -> bool:
         extra = cache.get_seq_length() - kv_len
@@ -400,6 +421,7 @@ def _decode_cache_reset(cache: Any, kv_len: int) -> Callable[[], bool]:
         # A negative argument removes that many tokens in every transformers version (the
         # argument was a length before it became a count of tokens to remove).
         crop(-extra)
+        _contiguous_cache(cache)
         return bool(cache.get_seq_length() == kv_len)
 
     return reset

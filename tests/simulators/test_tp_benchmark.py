@@ -246,3 +246,20 @@ def test_readme_comparison_tables_are_recomputed_from_the_committed_run(tmp_path
     readme = _readme_rows()
     assert len(readme) == 12 + 6  # every run under the roofline; under its phase's own table
     assert readme <= _recompute(tmp_path, None, models)
+
+
+def test_decode_cache_reset_leaves_contiguous_keys_and_values() -> None:
+    """A cropped DynamicCache holds slices of longer tensors; the reset makes them contiguous again,
+    as a real generation loop's cache is (a non-contiguous ``cat`` input takes torch's slow kernel)."""
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    keys, values = torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
+    cache.update(keys, values, 0)
+    reset = tp_run._decode_cache_reset(cache, 5)
+    assert reset()
+    assert cache.get_seq_length() == 5
+    layer = cache.layers[0]
+    assert layer.keys.is_contiguous() and layer.values.is_contiguous()
+    assert torch.equal(layer.values, values[:, :, :5])
