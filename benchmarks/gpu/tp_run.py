@@ -337,6 +337,29 @@ def c10d_kind(name: str) -> str | None:
     return None
 
 
+def _step_correlations(events: Sequence[Any]) -> set[object] | None:
+    """Correlation ids of the device work launched inside the :data:`STEP_RANGE` ranges of a trace;
+    None when the trace has no such range (every device event then counts)."""
+    steps = sorted(
+        (float(e.get("ts", 0.0)), float(e.get("ts", 0.0)) + float(e.get("dur", 0.0)))
+        for e in events
+        if isinstance(e, dict)
+        and e.get("ph") == "X"
+        and e.get("cat") == "user_annotation"
+        and e.get("name") == STEP_RANGE
+    )
+    if not steps:
+        return None
+    ids: set[object] = set()
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X" or e.get("cat") not in ("cuda_runtime", "cuda_driver"):
+            continue
+        ts = float(e.get("ts", 0.0))
+        if any(a <= ts <= b for a, b in steps):
+            ids.add((e.get("args") or {}).get("correlation"))
+    return ids
+
+
 def trace_times(path: str | Path, steps: int) -> TraceTimes:
     """Device times per step of a torch.profiler Chrome trace (``.json`` or ``.json.gz``)."""
     from opgraph.ir.timeline import union_length
@@ -346,6 +369,7 @@ def trace_times(path: str | Path, steps: int) -> TraceTimes:
     with opener(p, "rt", encoding="utf-8") as fh:
         data = json.load(fh)
     events = data.get("traceEvents", data) if isinstance(data, dict) else data
+    launched = _step_correlations(events)
     dev: list[tuple[float, float]] = []
     nccl: list[tuple[float, float]] = []
     other: list[tuple[float, float]] = []
@@ -361,6 +385,8 @@ def trace_times(path: str | Path, steps: int) -> TraceTimes:
             continue
         if e.get("cat") not in DEVICE_CATEGORIES:
             continue
+        if launched is not None and (e.get("args") or {}).get("correlation") not in launched:
+            continue  # launched between the steps (the decode cache's reset), not by a step
         ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
         iv = (ts, ts + dur)
         dev.append(iv)

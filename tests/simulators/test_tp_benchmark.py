@@ -96,6 +96,30 @@ def test_trace_times_of_a_synthetic_trace(tmp_path: Path) -> None:
     assert tp_run.trace_times(path, steps=1).collective_calls == {"all_gather": 1, "all_reduce": 1}
 
 
+def test_trace_times_count_only_device_work_launched_by_a_step(tmp_path: Path) -> None:
+    """Kernels launched between the profiled steps (the decode cache's reset) are not step time."""
+    step = {"ph": "X", "cat": "user_annotation", "name": tp_run.STEP_RANGE, "dur": 50}
+    events = [
+        {**step, "ts": 0},
+        {**step, "ts": 100},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 5, "dur": 1, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernelEx", "ts": 105, "dur": 1, "args": {"correlation": 2}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 70, "dur": 1, "args": {"correlation": 3}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 10, "dur": 20, "args": {"correlation": 1}},
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 110, "dur": 20, "args": {"correlation": 2}},
+        {"ph": "X", "cat": "kernel", "name": "copy_between_steps", "ts": 75, "dur": 30, "args": {"correlation": 3}},
+    ]
+    path = tmp_path / "rank0.json.gz"
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    t = tp_run.trace_times(path, steps=2)
+    assert t.compute_busy_us == pytest.approx(20.0) and t.kernels == 1
+    without_ranges = [e for e in events if e.get("cat") != "user_annotation"]
+    with gzip.open(path, "wt") as fh:
+        json.dump({"traceEvents": without_ranges}, fh)
+    assert tp_run.trace_times(path, steps=2).compute_busy_us == pytest.approx(35.0)  # older traces: every kernel
+
+
 def test_nccl_transfer_takes_the_shortest_rank_per_collective() -> None:
     def rank(r: int, ks: tuple[float, ...]) -> tp_run.RankResult:
         trace = tp_run.TraceTimes(
