@@ -69,7 +69,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hardware.base import Bound, Cost, CostModel, UncostedOpError
 from hardware.calibrate import CalibrationError
-from hardware.spec import HardwareSpec
+from hardware.spec import HardwareSpec, NonNegFloat, PosFloat
 from opgraph.ir import Collective, CollectiveKind, DType, OpBase
 from opgraph.ir.tensor import FROZEN
 
@@ -93,9 +93,6 @@ __all__ = [
     "lower_envelope",
     "main",
 ]
-
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
 
 LATENCY_BOUND_BYTES = 256 * 1024
 """Sizes up to this many bytes per rank are latency-bound on NVLink: their time is the floor."""
