@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from hardware.collective_fit import measurement_lines
 from opgraph.ir import Collective, CollectiveKind, DType, OpGraph, OpgraphError, OpKind, collective_definition
 from opgraph.ir.ops import PosInt
 from opgraph.ir.tensor import FROZEN
@@ -320,10 +321,7 @@ def graph_cases(graph: OpGraph) -> tuple[list[CollectiveCase], list[str]]:
 def load_measurements(path: str | Path) -> list[CollectiveMeasurement]:
     """Measurements of a JSONL file (a torn last line is ignored; the newest record of a case wins)."""
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CollectiveBenchError(f"cannot read the measurements: {exc.strerror}", where=str(p)) from None
+    lines = measurement_lines(p, CollectiveBenchError)
     out: dict[tuple[str, int, int, str], CollectiveMeasurement] = {}
     for i, line in enumerate(lines):
         if not line.strip():
