@@ -69,8 +69,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hardware.base import Bound, Cost, CostModel, UncostedOpError
 from hardware.calibrate import CalibrationError
-from hardware.spec import HardwareSpec
-from opgraph.ir import Collective, CollectiveKind, DType, OpBase
+from hardware.spec import HardwareSpec, NonNegFloat, PosFloat
+from opgraph.ir import Collective, CollectiveKind, DType, OpBase, OpgraphError
 from opgraph.ir.tensor import FROZEN
 
 __all__ = [
@@ -92,10 +92,8 @@ __all__ = [
     "load_collective_samples",
     "lower_envelope",
     "main",
+    "measurement_lines",
 ]
-
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
 
 LATENCY_BOUND_BYTES = 256 * 1024
 """Sizes up to this many bytes per rank are latency-bound on NVLink: their time is the floor."""
@@ -577,13 +575,23 @@ def _as_sample(s: object) -> CollectiveSample:
         raise CollectiveFitError(f"not a collective measurement: {loc}: {err['msg']}") from None
 
 
+def measurement_lines(path: str | Path, error: type[OpgraphError] = CollectiveFitError) -> list[str]:
+    """The lines of a JSONL file of collective measurements; a file that cannot be read raises ``error``.
+
+    (Bytes that are not UTF-8 raise :class:`UnicodeDecodeError`, for the caller to name.)
+    """
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise error(f"cannot read the measurements: {exc.strerror}", where=str(p)) from None
+
+
 def load_collective_samples(path: str | Path) -> list[CollectiveSample]:
     """The samples of a JSONL file of collective measurements (a torn last line is ignored)."""
     p = Path(path)
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CollectiveFitError(f"cannot read the measurements: {exc.strerror}", where=str(p)) from None
+        lines = measurement_lines(p)
     except UnicodeDecodeError:
         raise CollectiveFitError("not collective measurements (not text)", where=str(p)) from None
     out: list[CollectiveSample] = []

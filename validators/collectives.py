@@ -59,12 +59,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from hardware.collective_fit import measurement_lines
 from opgraph.ir import Collective, CollectiveKind, DType, OpGraph, OpgraphError, OpKind, collective_definition
+from opgraph.ir.ops import PosInt
 from opgraph.ir.tensor import FROZEN
+from opgraph.ir.timeline import NonNegFloat
 
 __all__ = [
     "BENCHMARKED",
@@ -90,8 +93,6 @@ __all__ = [
     "sweep_cases",
 ]
 
-PosInt = Annotated[int, Field(ge=1)]
-NonNegFloat = Annotated[float, Field(ge=0)]
 
 BENCHMARKED: tuple[CollectiveKind, ...] = (
     CollectiveKind.ALL_REDUCE,
@@ -124,7 +125,27 @@ class CollectiveTimer(str, Enum):
     """Host wall-clock time of the blocking call (gloo on the CPU)."""
 
 
-class CollectiveCase(BaseModel):
+class _CollectiveIdentity:
+    """What a case and its measurement share: the key that pairs them and the graph's definition name."""
+
+    if TYPE_CHECKING:
+        collective: CollectiveKind
+        bytes: int
+        group_size: int
+        dtype: DType
+
+    @property
+    def key(self) -> tuple[str, int, int, str]:
+        """Identity of the (measured) case: (collective, bytes, group size, dtype)."""
+        return (self.collective.value, self.bytes, self.group_size, self.dtype.value)
+
+    @property
+    def definition(self) -> str:
+        """The graph's definition name of this collective (``all_reduce_g4_b65536``)."""
+        return collective_definition(self.collective, self.group_size, self.bytes)
+
+
+class CollectiveCase(_CollectiveIdentity, BaseModel):
     """One collective to time: what, how many bytes per rank, over how many ranks, in which dtype."""
 
     model_config = FROZEN
@@ -138,18 +159,8 @@ class CollectiveCase(BaseModel):
     uses: PosInt = 1
     """How often the replayed graph runs this case (1 for a sweep)."""
 
-    @property
-    def key(self) -> tuple[str, int, int, str]:
-        """Identity of the case: (collective, bytes, group size, dtype)."""
-        return (self.collective.value, self.bytes, self.group_size, self.dtype.value)
 
-    @property
-    def definition(self) -> str:
-        """The graph's definition name of this collective (``all_reduce_g4_b65536``)."""
-        return collective_definition(self.collective, self.group_size, self.bytes)
-
-
-class CollectiveMeasurement(BaseModel):
+class CollectiveMeasurement(_CollectiveIdentity, BaseModel):
     """The measured time of one :class:`CollectiveCase` on one job (written by rank 0)."""
 
     model_config = FROZEN
@@ -193,16 +204,6 @@ class CollectiveMeasurement(BaseModel):
     nccl_version: str = ""
     created: str
     """UTC time of the measurement, ISO 8601."""
-
-    @property
-    def key(self) -> tuple[str, int, int, str]:
-        """Identity of the measured case: (collective, bytes, group size, dtype)."""
-        return (self.collective.value, self.bytes, self.group_size, self.dtype.value)
-
-    @property
-    def definition(self) -> str:
-        """The graph's definition name of this collective."""
-        return collective_definition(self.collective, self.group_size, self.bytes)
 
     @property
     def algbw_gbps(self) -> float:
@@ -320,10 +321,7 @@ def graph_cases(graph: OpGraph) -> tuple[list[CollectiveCase], list[str]]:
 def load_measurements(path: str | Path) -> list[CollectiveMeasurement]:
     """Measurements of a JSONL file (a torn last line is ignored; the newest record of a case wins)."""
     p = Path(path)
-    try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise CollectiveBenchError(f"cannot read the measurements: {exc.strerror}", where=str(p)) from None
+    lines = measurement_lines(p, CollectiveBenchError)
     out: dict[tuple[str, int, int, str], CollectiveMeasurement] = {}
     for i, line in enumerate(lines):
         if not line.strip():

@@ -16,7 +16,7 @@ import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError
 
@@ -170,24 +170,28 @@ class IssueSequence:
         self.close()
 
 
+class SequenceOptions(TypedDict, total=False):
+    """The keyword options of :class:`IssueSequence` (defaults there), as :func:`issue_in_sequence` takes them."""
+
+    sync_every: int
+    memory_fraction: float
+    moe_skew: float
+
+
 def issue_in_sequence(
     graphs: Iterable[OpGraph],
     configs: Sequence[OpConfig],
     replayer: Replayer,
     *,
     rounds: int = 5,
-    sync_every: int = 64,
-    memory_fraction: float = 0.5,
-    moe_skew: float = 0.0,
+    **options: Unpack[SequenceOptions],
 ) -> SequenceIssue:
     """Time the issue of every use of ``configs`` in the op order of ``graphs``: one warm-up round,
-    then ``rounds`` timed ones (see :class:`IssueSequence`).
+    then ``rounds`` timed ones (see :class:`IssueSequence`, whose options ``options`` are).
 
     On a CPU device the call is the whole op (there is no queue), so replay uses this on CUDA only.
     """
-    with IssueSequence(
-        graphs, configs, replayer, sync_every=sync_every, memory_fraction=memory_fraction, moe_skew=moe_skew
-    ) as seq:
+    with IssueSequence(graphs, configs, replayer, **options) as seq:
         if not seq.calls:
             return SequenceIssue(note=seq.note)
         seq.round()

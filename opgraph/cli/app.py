@@ -8,6 +8,7 @@ import pkgutil
 import typer
 
 from opgraph.cli import commands
+from opgraph.cli.common import add_commands
 
 app = typer.Typer(
     name="opgraph",
@@ -58,12 +59,16 @@ def _wide_help_off_a_terminal() -> None:
 
 
 def _register_all() -> None:
-    # Each module under opgraph/cli/commands defines register(app); heavy imports stay inside commands.
+    # Each module under opgraph/cli/commands declares its commands with @command("name"), or adds a
+    # command group with register(app); heavy imports stay inside commands.
     for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        module.register(app)
+        register = getattr(module, "register", None)
+        if register is not None:
+            register(app)
+        add_commands(app, module.__name__)
 
 
 _register_all()

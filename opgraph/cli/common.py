@@ -1,4 +1,4 @@
-"""Helpers shared by subcommands: consoles, tables, one-line errors, output paths, number formatting.
+"""Helpers shared by subcommands: declaring one, consoles, tables, one-line errors, output paths, number formatting.
 
 Output never depends on the terminal when it is not one: piped or redirected output (and test
 runners) get whole lines, never wrapped, folded or cropped with ``…``, whatever ``COLUMNS`` says.
@@ -15,19 +15,22 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console, ConsoleDimensions
 from rich.table import Column, Table
 
 from opgraph.fmt import fmt_bytes, fmt_count, fmt_us
-from opgraph.ir.errors import OpgraphError
+from opgraph.ir.errors import OpgraphError, RegistryError
 
 __all__ = [
+    "KindsOption",
     "OutputPathError",
+    "add_commands",
     "check_output_path",
     "cli_notes",
+    "command",
     "console",
     "err_console",
     "fail",
@@ -37,6 +40,7 @@ __all__ = [
     "handle_errors",
     "is_tty",
     "new_table",
+    "parse_kinds",
 ]
 
 P = ParamSpec("P")
@@ -229,3 +233,47 @@ def handle_errors(func: Callable[P, R]) -> Callable[P, R]:
             ) from None
 
     return wrapper
+
+
+_COMMANDS: dict[str, tuple[str, Callable[..., Any]]] = {}
+"""Subcommand name -> (the module that declares it, the command function), in declaration order."""
+
+
+def command(name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Declare the decorated function as the subcommand ``name``, its errors as one line (:func:`handle_errors`).
+
+    :func:`add_commands` adds it to the app (:mod:`opgraph.cli.app` does, for every module of
+    :mod:`opgraph.cli.commands`); a name declared twice raises :class:`~opgraph.ir.RegistryError`.
+    """
+
+    def declare(func: Callable[P, R]) -> Callable[P, R]:
+        if name in _COMMANDS:
+            raise RegistryError(f"command {name!r} is already registered")
+        wrapped = handle_errors(func)
+        _COMMANDS[name] = (func.__module__, wrapped)
+        return wrapped
+
+    return declare
+
+
+def add_commands(app: typer.Typer, module: str) -> None:
+    """Add the subcommands that ``module`` declared with :func:`command` to ``app``, in declaration order."""
+    for name, (declared_in, func) in _COMMANDS.items():
+        if declared_in == module:
+            app.command(name)(func)
+
+
+KindsOption = Annotated[str, typer.Option("--kinds", help="Only these op kinds, comma-separated (gemm,attention,...).")]
+"""The ``--kinds`` option of the commands that measure ops (``replay``, ``profile``): read by :func:`parse_kinds`."""
+
+
+def parse_kinds(text: str) -> list[str]:
+    """The op kinds a ``--kinds`` value names, in its order; an unknown kind is an error naming the known ones."""
+    from opgraph.ir import OpKind
+
+    wanted = [k.strip() for k in text.split(",") if k.strip()]
+    valid = {k.value for k in OpKind}
+    bad = [k for k in wanted if k not in valid]
+    if bad:
+        raise OpgraphError(f"unknown op kind {bad[0]!r}", where="--kinds", hint=f"known: {', '.join(sorted(valid))}")
+    return wanted

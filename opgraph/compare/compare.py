@@ -15,20 +15,11 @@ spans; wall time is the timeline's ``wall_us`` when set, else its extent.
 from __future__ import annotations
 
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable
 
-from opgraph.compare.result import (
-    MIN_OP_US,
-    CompareError,
-    Comparison,
-    ErrorRow,
-    JoinMode,
-    OpError,
-    _group,
-    _rel,
-)
+from opgraph.compare.measured import compare_measured, comparison_of, end_to_end, median, wall_us
+from opgraph.compare.result import MIN_OP_US, CompareError, Comparison, JoinMode, OpError
 from opgraph.ir import OpGraph, Span, Timeline
 from opgraph.ir.timeline import SpanCategory, TimelineKind
 
@@ -41,10 +32,6 @@ def device_spans(timeline: Timeline) -> list[Span]:
 
 def _category(s: Span) -> str:
     return SpanCategory(s.category).value if s.category is not None else ""
-
-
-def _wall_us(t: Timeline) -> float:
-    return t.wall_us if t.wall_us is not None else t.makespan_us
 
 
 class _Acc:
@@ -135,8 +122,6 @@ def compare_timelines(
         else:
             join = JoinMode.DEFINITION
     if join is JoinMode.TRACE:
-        from opgraph.compare.measured import compare_measured
-
         return compare_measured(predicted, reference, graph=graph, top=top, rank=rank)
     if join is JoinMode.OP_ID:
         pg, p_loose = _by_op_id(pred_dev)
@@ -177,34 +162,19 @@ def compare_timelines(
         )
     unmatched_p = [k for k in pg if k not in rg]
     unmatched_r = [k for k in rg if k not in pg]
-    gpu_p = sum(s.dur_us for s in pred_dev)
-    gpu_r = sum(s.dur_us for s in ref_dev)
-    end = (
-        ErrorRow(metric="gpu_time", predicted_us=gpu_p, reference_us=gpu_r, rel_error=_rel(gpu_p, gpu_r)),
-        ErrorRow(
-            metric="wall_time",
-            predicted_us=_wall_us(predicted),
-            reference_us=_wall_us(reference),
-            rel_error=_rel(_wall_us(predicted), _wall_us(reference)),
-        ),
-    )
     big = [abs(e.rel_error) for e in errors if e.reference_us >= MIN_OP_US]
-    return Comparison(
-        predicted=predicted.source.name or predicted.source.kind.value,
-        reference=reference.source.name or reference.source.kind.value,
+    return comparison_of(
+        predicted,
+        reference,
+        errors,
+        top=top,
         join=join,
-        matched=len(errors),
         unmatched_predicted=len(unmatched_p),
         unmatched_reference=len(unmatched_r),
         unmatched_predicted_us=sum(pg[k].dur for k in unmatched_p) + p_loose,
         unmatched_reference_us=sum(rg[k].dur for k in unmatched_r) + r_loose,
-        end_to_end=end,
-        median_abs_rel_error=statistics.median(big) if big else None,
-        by_kind=_group(errors, "kind"),
-        by_layer=_group(errors, "layer"),
-        by_stage=_group(errors, "stage"),
-        top_gaps=tuple(sorted(errors, key=lambda e: -abs(e.error_us))[:top]),
-        ops=tuple(errors),
+        end_to_end=tuple(end_to_end(predicted, sum(s.dur_us for s in ref_dev), wall_us(reference))),
+        median_abs_rel_error=median(big),
     )
 
 

@@ -25,6 +25,7 @@ import statistics
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from opgraph.compare.result import (
     MIN_OP_US,
@@ -379,6 +380,48 @@ def median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+# ---------------------------------------------------------------- rows of both joins (compare.py too)
+def wall_us(timeline: Timeline) -> float:
+    """The wall time of ``timeline``: its ``wall_us`` when set, else its extent."""
+    return timeline.wall_us if timeline.wall_us is not None else timeline.makespan_us
+
+
+def error_row(metric: str, predicted_us: float, reference_us: float) -> ErrorRow:
+    """The end-to-end row ``metric``: predicted against reference, with the relative error."""
+    return ErrorRow(
+        metric=metric, predicted_us=predicted_us, reference_us=reference_us, rel_error=_rel(predicted_us, reference_us)
+    )
+
+
+def end_to_end(
+    predicted: Timeline, reference_device_us: float, reference_wall_us: float, suffix: str = ""
+) -> list[ErrorRow]:
+    """The ``gpu_time`` and ``wall_time`` rows of ``predicted`` against the reference's (``suffix``: `` rank1``)."""
+    device_us = sum(s.dur_us for s in predicted.device_spans())
+    return [
+        error_row(f"gpu_time{suffix}", device_us, reference_device_us),
+        error_row(f"wall_time{suffix}", wall_us(predicted), reference_wall_us),
+    ]
+
+
+def comparison_of(
+    predicted: Timeline, reference: Timeline, errors: Sequence[OpError], *, top: int, **fields: Any
+) -> Comparison:
+    """The :class:`Comparison` of the matched ``errors``: the labels, the groups by kind, layer and stage,
+    the ``top`` largest gaps and every op; ``fields`` are the join's own (end to end, unmatched, median)."""
+    return Comparison(
+        predicted=predicted.source.name or predicted.source.kind.value,
+        reference=reference.source.name or reference.source.kind.value,
+        matched=len(errors),
+        by_kind=_group(errors, "kind"),
+        by_layer=_group(errors, "layer"),
+        by_stage=_group(errors, "stage"),
+        top_gaps=tuple(sorted(errors, key=lambda e: -abs(e.error_us))[:top]),
+        ops=tuple(errors),
+        **fields,
+    )
+
+
 def _pair(
     pred: Timeline, ref: Timeline, graph: OpGraph | None
 ) -> tuple[list[OpError], list[StepMatch], float, float, float, str, list[str], MeasuredRank]:
@@ -520,50 +563,17 @@ def compare_measured(
     if len(pairs) > 1:
         for r_i, pv, rv in pairs:
             m = MeasuredRank.of(rv)
-            pred_us = sum(s.dur_us for s in pv.device_spans())
-            pw = pv.wall_us if pv.wall_us is not None else pv.makespan_us
-            end.append(
-                ErrorRow(
-                    metric=f"gpu_time rank{r_i}",
-                    predicted_us=pred_us,
-                    reference_us=m.device_us,
-                    rel_error=_rel(pred_us, m.device_us),
-                )
-            )
-            end.append(
-                ErrorRow(
-                    metric=f"wall_time rank{r_i}",
-                    predicted_us=pw,
-                    reference_us=m.wall_us,
-                    rel_error=_rel(pw, m.wall_us),
-                )
-            )
+            end += end_to_end(pv, m.device_us, m.wall_us, suffix=f" rank{r_i}")
     detail_rank, pv, rv = detail
     errors, matches, matched_ref, unmatched_ref, unmatched_pred, level, more, measured = _pair(pv, rv, graph)
     notes += more
     notes += [f"trace: {n}" for n in measured.analysis.notes if "python_function" not in n]
-    pred_dev_us = sum(s.dur_us for s in pv.device_spans())
-    pw = pv.wall_us if pv.wall_us is not None else pv.makespan_us
-    head = [
-        ErrorRow(
-            metric="gpu_time",
-            predicted_us=pred_dev_us,
-            reference_us=measured.device_us,
-            rel_error=_rel(pred_dev_us, measured.device_us),
-        ),
-        ErrorRow(
-            metric="wall_time", predicted_us=pw, reference_us=measured.wall_us, rel_error=_rel(pw, measured.wall_us)
-        ),
-    ]
+    head = end_to_end(pv, measured.device_us, measured.wall_us)
     matched = [m for m in matches if m.pass_index is not None]
     if len(matched) < len(measured.analysis.passes) or len(matched) < len(matches):
         p_us = sum(m.predicted_us for m in matched)
         r_us = sum(m.reference_us for m in matched)
-        head.append(
-            ErrorRow(
-                metric="gpu_time (matched steps)", predicted_us=p_us, reference_us=r_us, rel_error=_rel(p_us, r_us)
-            )
-        )
+        head.append(error_row("gpu_time (matched steps)", p_us, r_us))
     share = matched_ref / measured.device_us if measured.device_us else 0.0
     if share < 0.5:
         notes.append(f"only {100 * share:.0f}% of the trace's device time matched: read the end-to-end rows")
@@ -581,22 +591,18 @@ def compare_measured(
         )
         for m in matches
     )
-    return Comparison(
-        predicted=predicted.source.name or predicted.source.kind.value,
-        reference=reference.source.name or reference.source.kind.value,
+    return comparison_of(
+        predicted,
+        reference,
+        errors,
+        top=top,
         join=JoinMode.TRACE,
-        matched=len(errors),
         unmatched_predicted=0,
         unmatched_reference=0,
         unmatched_predicted_us=unmatched_pred,
         unmatched_reference_us=unmatched_ref,
         end_to_end=tuple(head + end),
-        median_abs_rel_error=statistics.median(big) if big else None,
-        by_kind=_group(errors, "kind"),
-        by_layer=_group(errors, "layer"),
-        by_stage=_group(errors, "stage"),
-        top_gaps=tuple(sorted(errors, key=lambda e: -abs(e.error_us))[:top]),
-        ops=tuple(errors),
+        median_abs_rel_error=median(big),
         by_step=steps,
         level=level,
         matched_share=share,

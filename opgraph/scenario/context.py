@@ -9,9 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from opgraph.ir import OpgraphError
 from opgraph.scenario.model import Scenario, ScenarioError
+
+
+class ScenarioPaths(TypedDict, total=False):
+    """Where a scenario came from, as :meth:`RunContext.create` and :class:`~opgraph.scenario.ScenarioRun` take it."""
+
+    path: str | Path | None
+    """The scenario file (default: none)."""
+    base_dir: str | Path | None
+    """The folder the scenario's paths are relative to (default: the file's folder, else the current one)."""
 
 
 @dataclass

@@ -24,10 +24,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Unpack
 
 from opgraph.ir import save_graph, save_model
 from opgraph.scenario.checks import check_phase, check_replay, failure_lines, planned_checks
-from opgraph.scenario.context import RunContext
+from opgraph.scenario.context import RunContext, ScenarioPaths
 from opgraph.scenario.folder import SUMMARY_FILE, check_run_folder, staged_folder
 from opgraph.scenario.model import Scenario, load_scenario, scenario_name
 from opgraph.scenario.phases import PhaseRun, check_coverage, compare_phase, phase_graph, phase_result, simulate_phase
@@ -56,7 +57,8 @@ Progress = Callable[[str, int, int], None]
 class ScenarioRun:
     """One run of a scenario into an output folder; :meth:`run` returns the :class:`ScenarioSummary`.
 
-    ``progress`` (settable until :meth:`run`) is told each step as it starts.
+    ``progress`` (settable until :meth:`run`) is told each step as it starts; ``paths`` (the
+    scenario's file, the folder its paths are relative to) are :class:`~opgraph.scenario.context.ScenarioPaths`.
     """
 
     def __init__(
@@ -64,12 +66,11 @@ class ScenarioRun:
         scenario: Scenario,
         out_dir: str | Path,
         *,
-        path: str | Path | None = None,
-        base_dir: str | Path | None = None,
         progress: Progress | None = None,
         reports: bool = True,
+        **paths: Unpack[ScenarioPaths],
     ) -> None:
-        self.ctx = RunContext.create(scenario, out_dir, path=path, base_dir=base_dir)
+        self.ctx = RunContext.create(scenario, out_dir, **paths)
         self.scenario = scenario
         self.path = self.ctx.path
         self.file = self.ctx.file

@@ -337,3 +337,13 @@ def test_leave_one_out_error_of_the_h100_sweep_is_within_5pct() -> None:
     loo = [f.loo_median_rel_err for f in cal.fits]
     assert all(x is not None for x in loo)
     assert statistics.median(x for x in loo if x is not None) <= 0.05
+
+
+def test_unreadable_or_binary_samples_are_one_error_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(cf.CollectiveFitError, match="cannot read the measurements") as info:
+        cf.load_collective_samples(tmp_path)  # a folder, not a file
+    assert info.value.where == str(tmp_path)
+    binary = tmp_path / "samples.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(cf.CollectiveFitError, match="not collective measurements"):
+        cf.load_collective_samples(binary)

@@ -249,3 +249,9 @@ def test_a_graph_without_collectives_is_refused_in_one_line(
     assert vc.main(["--out", str(tmp_path / "x.jsonl"), "--graph", str(path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no collective" in err[0] and "unsharded.json.gz" in err[0]
+
+
+def test_an_unreadable_measurements_file_is_one_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(vc.CollectiveBenchError, match="cannot read the measurements") as info:
+        vc.load_measurements(tmp_path)  # a folder, not a file
+    assert info.value.where == str(tmp_path)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from replay_helpers import FAST, mm, tiny_graph
 
-from opgraph.ir import Attention, DType, Gemm, Norm, OpBase, OpKind, Other, RegistryError
+from opgraph.ir import Attention, DType, Elementwise, Gemm, Norm, OpBase, OpKind, Other, Reduction, RegistryError
 from validators import RECIPES, Case, Recipe, ReplayStatus, register_recipe, replay_graph, replay_op
 from validators.recipes import BuildContext, RecipeSelector
 from validators.replay import ReplayOptions
@@ -208,3 +208,16 @@ def test_typed_divisions_get_a_divisor_and_match(fn: str) -> None:
     assert r.status is ReplayStatus.OK, r.reason
     case = RecipeSelector().select(op).recipe.build(op, BuildContext(torch.device("cpu"), torch.Generator()))  # type: ignore[union-attr]
     assert len(case.inputs) == 2 and bool((case.inputs[1] > 0).all())
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        Elementwise(id=0, fn="no_such_fn", numel=8, hidden=8),
+        Reduction(id=0, fn="no_such_fn", numel_in=8, numel_out=1, reduced=8),
+    ],
+    ids=["elementwise", "reduction"],
+)
+def test_torch_function_recipes_refuse_a_function_torch_lacks(op: OpBase) -> None:
+    sel = RecipeSelector().select(op)
+    assert sel.recipe is None and "no torch function 'no_such_fn' to replay" in sel.reason

@@ -4,7 +4,7 @@ else from its fields (``numel`` elements as rows of ``hidden``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from opgraph.ir import Activation, Elementwise, Embedding, OpBase, Reduction, Softmax, TensorSpec, TopK
 from validators.inputs import NORMAL, POSITIVE, Domain, DomainKind, index, make_tensor
@@ -26,13 +26,19 @@ BINARY = frozenset({"add", "sub", "mul", "maximum", "minimum", "pow", "where"}) 
 """Elementwise ops of two tensors (divisions: the second is a non-zero divisor)."""
 
 
-def _no_torch_fn(op: Elementwise | Reduction) -> str | None:
-    """Why ``torch.<op.fn>`` cannot replay ``op`` (``None`` when it exists)."""
-    import torch
+TorchFnOp = TypeVar("TorchFnOp", Elementwise, Reduction)
 
-    if not callable(getattr(torch, op.fn, None)):
-        return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
-    return None
+
+class _TorchFnRecipe(Recipe[TorchFnOp]):
+    """A recipe that replays an op by calling ``torch.<op.fn>``: it cannot where torch has no such function."""
+
+    def unsupported(self, op: TorchFnOp) -> str | None:
+        """Why ``torch.<op.fn>`` cannot replay ``op`` (``None`` when it exists)."""
+        import torch
+
+        if not callable(getattr(torch, op.fn, None)):
+            return f"{op.target or op.fn}: no torch function {op.fn!r} to replay"
+        return None
 
 
 def _rows_spec(op: OpBase, numel: int, hidden: int) -> TensorSpec:
@@ -88,13 +94,10 @@ class ActivationRecipe(Recipe[Activation]):
 
 
 @register_recipe(Elementwise)
-class ElementwiseRecipe(Recipe[Elementwise]):
+class ElementwiseRecipe(_TorchFnRecipe[Elementwise]):
     """``torch.<fn>`` over the op's tensors (binary ops get two same-shaped inputs when none are recorded)."""
 
     name = "elementwise"
-
-    def unsupported(self, op: Elementwise) -> str | None:
-        return _no_torch_fn(op)
 
     def build(self, op: Elementwise, ctx: BuildContext) -> Case:
         import torch
@@ -149,13 +152,10 @@ class SoftmaxRecipe(Recipe[Softmax]):
 
 
 @register_recipe(Reduction)
-class ReductionRecipe(Recipe[Reduction]):
+class ReductionRecipe(_TorchFnRecipe[Reduction]):
     """``torch.<fn>(x, dim=-1)`` over ``reduced`` elements per output."""
 
     name = "reduction"
-
-    def unsupported(self, op: Reduction) -> str | None:
-        return _no_torch_fn(op)
 
     def build(self, op: Reduction, ctx: BuildContext) -> Case:
         import torch

@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from pydantic import ValidationError
 
@@ -340,22 +340,23 @@ def to_params(cases: Iterable[SweepCase]) -> list[ParameterSet]:
     return [pytest.param(c.op, id=c.id) for c in cases]
 
 
-def sweep_params(
-    catalog: Catalog | str | Path,
-    op: str,
-    *,
-    all_cases: bool = False,
-    model: str | None = None,
-    phase: str | None = None,
-    limit: int | None = None,
-    max_cases: int = DEFAULT_MAX_CASES,
-) -> list[ParameterSet]:
+class CaseOptions(TypedDict, total=False):
+    """The keyword options of :meth:`SweepLoader.cases` (defaults there), as :func:`sweep_params` takes them."""
+
+    all_cases: bool
+    model: str | None
+    phase: str | None
+    limit: int | None
+    max_cases: int
+
+
+def sweep_params(catalog: Catalog | str | Path, op: str, **options: Unpack[CaseOptions]) -> list[ParameterSet]:
     """pytest parametrisation of the configs of ``op`` in ``catalog``: ``pytest.param(op, id=...)``.
 
-    Use as ``@pytest.mark.parametrize("op", sweep_params("catalog.json", "gemm"))``.
+    ``options`` are those of :meth:`SweepLoader.cases`. Use as
+    ``@pytest.mark.parametrize("op", sweep_params("catalog.json", "gemm"))``.
     """
-    loader = SweepLoader(catalog)
-    return to_params(loader.cases(op, all_cases=all_cases, model=model, phase=phase, limit=limit, max_cases=max_cases))
+    return to_params(SweepLoader(catalog).cases(op, **options))
 
 
 def params_from_json(text: str) -> list[ParameterSet]:
@@ -365,6 +366,7 @@ def params_from_json(text: str) -> list[ParameterSet]:
 
 __all__ = [
     "DEFAULT_MAX_CASES",
+    "CaseOptions",
     "SweepCase",
     "SweepError",
     "SweepLoader",

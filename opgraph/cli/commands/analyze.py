@@ -7,13 +7,8 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import check_output_path, cli_notes, console, handle_errors, new_table
+from opgraph.cli.common import check_output_path, cli_notes, command, console, new_table
 from opgraph.fmt import fmt_us
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``analyze`` to the app."""
-    app.command("analyze")(analyze)
 
 
 def _parse_layers(text: str | None) -> list[int]:
@@ -29,7 +24,7 @@ def _parse_layers(text: str | None) -> list[int]:
         ) from None
 
 
-@handle_errors
+@command("analyze")
 def analyze(
     trace: Path = typer.Argument(
         ...,

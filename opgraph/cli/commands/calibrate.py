@@ -7,18 +7,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, handle_errors, new_table
+from opgraph.cli.common import check_output_path, command, console, new_table
 
 if TYPE_CHECKING:
     from hardware import Measurement
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``calibrate`` to the app."""
-    app.command("calibrate")(calibrate)
-
-
-@handle_errors
+@command("calibrate")
 def calibrate(
     replays: list[Path] = typer.Argument(
         ...,

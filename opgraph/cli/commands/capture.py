@@ -7,13 +7,8 @@ from typing import Any
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, handle_errors
+from opgraph.cli.common import check_output_path, command, console
 from opgraph.fmt import fmt_bytes, fmt_count, fmt_us
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``capture`` to the app."""
-    app.command("capture")(capture)
 
 
 def _list_presets() -> None:
@@ -32,7 +27,7 @@ def _list_presets() -> None:
     console.print("MODEL may also be a config.json, a model folder, or a hub id in the local Hugging Face cache.")
 
 
-@handle_errors
+@command("capture")
 def capture(
     model: str = typer.Argument(
         None,

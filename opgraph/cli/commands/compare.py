@@ -6,15 +6,10 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, handle_errors, new_table
+from opgraph.cli.common import check_output_path, command, console, new_table
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``compare`` to the app."""
-    app.command("compare")(compare)
-
-
-@handle_errors
+@command("compare")
 def compare(
     predicted: Path = typer.Argument(
         ..., help="Predicted timeline (e.g. from `opgraph simulate`), or a profiler trace."

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, err_console, handle_errors
+from opgraph.cli.common import check_output_path, command, console, err_console
 
 
 class ExportFormat(str, Enum):
@@ -21,11 +21,6 @@ class ExportFormat(str, Enum):
 
 _SUFFIXES = {".json": ExportFormat.PERFETTO, ".gz": ExportFormat.PERFETTO, ".png": ExportFormat.PNG}
 _SUFFIXES.update({".html": ExportFormat.HTML, ".htm": ExportFormat.HTML})
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``export`` to the app."""
-    app.command("export")(export)
 
 
 def _format_for(output: Path, given: ExportFormat | None) -> ExportFormat:
@@ -66,7 +61,7 @@ def _load_timelines(paths: list[Path]) -> list[object]:
     return out
 
 
-@handle_errors
+@command("export")
 def export(
     timelines: list[Path] = typer.Argument(
         ...,

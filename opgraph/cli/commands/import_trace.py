@@ -7,15 +7,10 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import check_output_path, cli_notes, console, handle_errors
+from opgraph.cli.common import check_output_path, cli_notes, command, console
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``import`` to the app."""
-    app.command("import")(import_trace)
-
-
-@handle_errors
+@command("import")
 def import_trace(
     trace: Path = typer.Argument(
         ..., metavar="TRACE", help="torch-profiler trace: .json, .json.gz, a folder of ranks, or a .tar.gz."

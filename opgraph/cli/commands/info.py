@@ -7,16 +7,11 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import console, handle_errors, new_table
+from opgraph.cli.common import command, console, new_table
 from opgraph.fmt import fmt_bytes, fmt_count
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``info`` to the app."""
-    app.command("info")(info)
-
-
-@handle_errors
+@command("info")
 def info(
     graph_path: Path = typer.Argument(
         ..., metavar="GRAPH", help="A graph saved by `opgraph capture` (.json or .json.gz)."

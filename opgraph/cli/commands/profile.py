@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.common import console, err_console, fmt_us, handle_errors
+from opgraph.cli.common import KindsOption, command, console, err_console, fmt_us, parse_kinds
 
 if TYPE_CHECKING:
     from hardware import DeviceProfile
@@ -15,12 +15,7 @@ if TYPE_CHECKING:
     from validators.results import ReplayResult
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``profile`` to the app."""
-    app.command("profile")(profile)
-
-
-@handle_errors
+@command("profile")
 def profile(
     out: Path = typer.Option(..., "--out", "-o", help="The profile JSON to write (points stream to OUT.parts.jsonl)."),
     device: str = typer.Option("cpu", "--device", "-d", help="cuda, cuda:N, or cpu (a tiny sweep, for tests)."),
@@ -33,7 +28,7 @@ def profile(
     ),
     sessions: int = typer.Option(3, "--sessions", help="Fewest profiler sessions per point (kernels timer)."),
     max_sessions: int = typer.Option(5, "--max-sessions", help="Most profiler sessions per point."),
-    kinds: str = typer.Option("", "--kinds", help="Only these op kinds, comma-separated (gemm,attention,...)."),
+    kinds: KindsOption = "",
     max_points: int | None = typer.Option(None, "--max-points", help="Only the first N points of the sweep."),
     plan: bool = typer.Option(False, "--plan", help="Print the sweep's points and exit without measuring."),
     from_parts: bool = typer.Option(
@@ -52,14 +47,10 @@ def profile(
     Predict from it with `opgraph simulate -H HW -c OUT`.
     """
     from hardware import load_hardware
-    from opgraph.ir import OpgraphError, OpKind
+    from opgraph.ir import OpgraphError
     from validators.profile import profile_from_parts, run_profile, sweep_points, sweep_timing
 
-    wanted = [k.strip() for k in kinds.split(",") if k.strip()]
-    valid = {k.value for k in OpKind}
-    bad = [k for k in wanted if k not in valid]
-    if bad:
-        raise OpgraphError(f"unknown op kind {bad[0]!r}", where="--kinds", hint=f"known: {', '.join(sorted(valid))}")
+    wanted = parse_kinds(kinds)
     if budget_s is not None and budget_s <= 0:
         raise OpgraphError(f"{budget_s:g} is not a positive number of seconds", where="--budget-s")
     if max_points is not None and max_points < 1:

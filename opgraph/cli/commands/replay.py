@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, err_console, handle_errors
+from opgraph.cli.common import KindsOption, check_output_path, command, console, err_console, parse_kinds
 from opgraph.fmt import fmt_us
 
 if TYPE_CHECKING:
@@ -16,11 +16,6 @@ if TYPE_CHECKING:
     from validators.configs import Estimator
     from validators.results import ReplayResult
     from validators.timing import CudaTimerKind
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``replay`` to the app."""
-    app.command("replay")(replay)
 
 
 def _parse_recipes(items: list[str]) -> dict[str, str]:
@@ -60,7 +55,7 @@ def _line(r: ReplayResult, i: int, n: int) -> str:
     return head
 
 
-@handle_errors
+@command("replay")
 def replay(
     graphs: list[Path] = typer.Argument(
         None,
@@ -125,7 +120,7 @@ def replay(
     target_ci: float = typer.Option(
         0.005, "--target-ci", help="Stop when the median's 95% confidence half-width is below this fraction."
     ),
-    kinds: str = typer.Option("", "--kinds", help="Only these op kinds, comma-separated (gemm,attention,...)."),
+    kinds: KindsOption = "",
     limit: int | None = typer.Option(None, "--limit", help="Only the N most expensive configs."),
     seed: int = typer.Option(0, "--seed", help="Seed of the synthetic inputs."),
     moe_skew: float | None = typer.Option(
@@ -171,7 +166,7 @@ def replay(
 
     Under `torchrun --nproc-per-node N` the configs are sharded over ranks and rank 0 writes OUT.
     """
-    from opgraph.ir import OpgraphError, OpKind
+    from opgraph.ir import OpgraphError
     from validators.replay import ReplayOptions
     from validators.results import load_results, run_to_run
     from validators.runner import run_replay
@@ -186,11 +181,7 @@ def replay(
     if not graphs:
         raise OpgraphError("missing GRAPH", hint="give graphs saved by `opgraph capture`, or --collectives")
     recipes = _parse_recipes(recipe)
-    wanted = [k.strip() for k in kinds.split(",") if k.strip()]
-    valid = {k.value for k in OpKind}
-    bad = [k for k in wanted if k not in valid]
-    if bad:
-        raise OpgraphError(f"unknown op kind {bad[0]!r}", where="--kinds", hint=f"known: {', '.join(sorted(valid))}")
+    wanted = parse_kinds(kinds)
     if baseline is not None and not baseline.exists():
         raise OpgraphError(
             "no such file", where=str(baseline), hint="give results written by an earlier `opgraph replay`"

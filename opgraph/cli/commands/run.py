@@ -9,19 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, err_console, handle_errors, new_table
+from opgraph.cli.common import check_output_path, command, console, err_console, new_table
 from opgraph.fmt import fmt_us
 
 if TYPE_CHECKING:
     from opgraph.scenario import ScenarioSummary
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``run`` to the app."""
-    app.command("run")(run)
-
-
-@handle_errors
+@command("run")
 def run(
     scenario_path: Path = typer.Argument(..., metavar="SCENARIO", help="A scenario file (.scenario.toml)."),
     output: Path | None = typer.Option(

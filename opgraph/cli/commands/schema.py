@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from opgraph.cli.common import fail, handle_errors
+from opgraph.cli.common import command, fail
 
 #: Saved types by name -> ``module:Class``. Each package adds its saved types here.
 SAVED_TYPES: dict[str, str] = {
@@ -42,12 +42,7 @@ def schemas() -> dict[str, Any]:
     return out
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``schema`` to the app."""
-    app.command("schema")(schema)
-
-
-@handle_errors
+@command("schema")
 def schema(
     name: str = typer.Argument(None, help=f"One type ({', '.join(SAVED_TYPES)}); all when omitted."),
 ) -> None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, fmt_bytes, fmt_us, handle_errors, new_table
+from opgraph.cli.common import check_output_path, command, console, fmt_bytes, fmt_us, new_table
 from opgraph.ir import OpgraphError
 
 if TYPE_CHECKING:
@@ -18,11 +18,6 @@ if TYPE_CHECKING:
 
 class ServeSimOptionError(OpgraphError):
     """A ``serve-sim`` option is missing, conflicting or out of range."""
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``serve-sim`` to the app."""
-    app.command("serve-sim")(serve_sim)
 
 
 def _requests(
@@ -46,7 +41,7 @@ def _requests(
     )
 
 
-@handle_errors
+@command("serve-sim")
 def serve_sim(
     model: str = typer.Argument(..., metavar="MODEL", help="A preset, config.json or model folder (captured on meta)."),
     hardware: str = typer.Option("h100", "--hardware", "-H", help="Catalog name or a hardware .toml/.json file."),

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, handle_errors, is_tty, new_table
+from opgraph.cli.common import check_output_path, command, console, is_tty, new_table
 from opgraph.fmt import fmt_us
 from opgraph.ir import OpgraphError
 
@@ -25,11 +25,6 @@ MAX_ENGINES = 4096
 
 class SimulateOptionError(OpgraphError):
     """A ``simulate`` option is out of range or malformed."""
-
-
-def register(app: typer.Typer) -> None:
-    """Add ``simulate`` to the app."""
-    app.command("simulate")(simulate)
 
 
 def parse_engines(text: str) -> list[int]:
@@ -69,7 +64,7 @@ def _host_mode(text: str) -> str:
     return mode
 
 
-@handle_errors
+@command("simulate")
 def simulate(
     graph_path: Path = typer.Argument(
         ..., metavar="GRAPH", help="A graph saved by `opgraph capture` (.json/.json.gz)."

@@ -6,15 +6,10 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import check_output_path, console, handle_errors
+from opgraph.cli.common import check_output_path, command, console
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``sweep`` to the app."""
-    app.command("sweep")(sweep)
-
-
-@handle_errors
+@command("sweep")
 def sweep(
     catalog_path: Path = typer.Argument(..., metavar="CATALOG", help="Catalog made by `opgraph ops add`."),
     op: str = typer.Option(

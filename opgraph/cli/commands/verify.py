@@ -7,15 +7,10 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import fail, handle_errors
+from opgraph.cli.common import command, fail
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``verify`` to the app."""
-    app.command("verify")(verify)
-
-
-@handle_errors
+@command("verify")
 def verify(
     graph_path: Path = typer.Argument(None, metavar="GRAPH", help="A graph saved by `opgraph capture`."),
     expect: str = typer.Option(
