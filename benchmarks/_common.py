@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import platform
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 # OPGRAPH_BENCH_RESULTS redirects results (benchmarks/run_smoke.py sends smoke runs to a temporary folder).
 RESULTS = Path(os.environ.get("OPGRAPH_BENCH_RESULTS") or Path(__file__).resolve().parent / "results")
@@ -25,6 +29,7 @@ TINY_LLAMA: dict[str, object] = {
 smoke runs' model, and the test suite's (``tests/conftest.py`` takes it from here)."""
 
 
+@functools.cache
 def machine() -> str:
     """CPU model name (as lscpu prints it)."""
     try:
@@ -34,3 +39,14 @@ def machine() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def write_results(stem: str, rows: Sequence[dict[str, Any]], lines: Sequence[str], load_note: str) -> None:
+    """``RESULTS/<stem>.json`` (the rows and the machine) and ``RESULTS/<stem>.md`` (``lines``, then the
+    1-, 5- and 15-minute load averages at the end of the run, followed by ``load_note`` in parentheses)."""
+    meta = {"machine": machine(), "cores": 2, "python": platform.python_version()}
+    (RESULTS / f"{stem}.json").write_text(json.dumps({"meta": meta, "rows": list(rows)}, indent=2) + "\n")
+    loadavg = Path("/proc/loadavg")
+    load = loadavg.read_text().split()[:3] if loadavg.exists() else []
+    footer = f"\nLoad average at the end of the run: {' '.join(load)} ({load_note})."
+    (RESULTS / f"{stem}.md").write_text("\n".join([*lines, footer]) + "\n")

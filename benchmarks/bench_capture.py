@@ -12,8 +12,6 @@ fresh process: wall time (<= 10 s) and peak RSS (<= 1.5 GB), imports included.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import resource
 import subprocess
 import sys
@@ -22,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, machine
+from _common import machine, write_results
 
 FULL = [("llama-3.1-70b", None), ("llama-3.1-405b", None), ("qwen3-30b-a3b", None)]
 SMOKE = [("llama-3.2-1b", 2)]
@@ -125,11 +123,8 @@ def main() -> int:
             f"(target <= {TARGET_RATIO})  command={wall:.1f}s (cpu {cpu_s:.1f}s) rss={rss:.0f}MB"
         )
     if not args.smoke and not args.no_write:
-        cpu = machine()
-        meta = {"machine": cpu, "cores": 2, "python": platform.python_version()}
-        (RESULTS / "capture.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
         lines = [
-            f"# Capture benchmark\n\nMachine: {cpu} (2 cores, shared). Prefill, batch 1, {seq_len} tokens, "
+            f"# Capture benchmark\n\nMachine: {machine()} (2 cores, shared). Prefill, batch 1, {seq_len} tokens, "
             f"meta device, bf16. Best of {repeat} in one process; the command in a fresh process.\n",
             "| model | ops | bare build+forward (s) | capture (s) | ratio (<= 1.5) | `opgraph capture` wall (s, <= 10) "
             "| command CPU (s) | peak RSS (MB, <= 1536) |",
@@ -140,12 +135,13 @@ def main() -> int:
                 f"| {r['model']} | {r['ops']} | {r['bare_s']} | {r['capture_s']} | {r['ratio']} | "
                 f"{r['command_wall_s']} | {r['command_cpu_s']} | {r['command_peak_rss_mb']} |"
             )
-        load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-        lines.append(
-            f"\nLoad average at the end of the run: {' '.join(load)} (other work shared the 2 cores; "
-            "wall times are inflated by it, the CPU column is the command's own user+sys time)."
+        write_results(
+            "capture",
+            rows,
+            lines,
+            "other work shared the 2 cores; wall times are inflated by it, the CPU column is the command's own "
+            "user+sys time",
         )
-        (RESULTS / "capture.md").write_text("\n".join(lines) + "\n")
     return 0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import RESULTS, machine
+from _common import machine, write_results
 
 # (model, layers, seq_len, new_tokens, mode)
 FULL: list[tuple[str, int | None, int, int, str]] = [
@@ -178,12 +177,8 @@ def main() -> int:
             flush=True,
         )
     if not args.smoke and not args.no_write:
-        cpu = machine()
-        meta = {"machine": cpu, "cores": 2, "python": platform.python_version()}
-        (RESULTS / "generate.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-        load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
         lines = [
-            f"# Generate capture benchmark\n\nMachine: {cpu} (2 cores, shared by other work). Batch 1, meta "
+            f"# Generate capture benchmark\n\nMachine: {machine()} (2 cores, shared by other work). Batch 1, meta "
             "device, bf16. Each row is a fresh process doing what `opgraph capture --phase generate` does "
             "(capture, save as .json.gz, summary, list of `other` ops), imports included. `planned`: prefill and "
             "decode steps 1-2 recorded, later steps built from step 2 and checked against a recording of the "
@@ -198,21 +193,16 @@ def main() -> int:
                 f"{r['process_wall_s']} | {r['cpu_s']} | {r['peak_rss_mb']} | {r['capture_s']} | "
                 f"{r['save_summary_s']} | {r['file_kb']} |"
             )
-        lines.append(
-            f"\nLoad average at the end of the run: {' '.join(load)} (wall times are inflated by other work on "
-            "the 2 cores; the CPU column is the process's own user+sys time)."
-        )
-        (RESULTS / "generate.md").write_text("\n".join(lines) + "\n")
+        note = "wall times are inflated by other work on the 2 cores; the CPU column is the process's own user+sys time"
+        write_results("generate", rows, lines, note)
     return 0
 
 
 def write_sim(rows: list[dict[str, Any]]) -> None:
     """benchmarks/results/generate_sim.{json,md}."""
-    cpu = machine()
-    meta = {"machine": cpu, "cores": 2, "python": platform.python_version()}
-    (RESULTS / "generate_sim.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [
-        f"# Generation simulation benchmark\n\nMachine: {cpu} (2 cores, shared by other work). H100 SXM, roofline, "
+        f"# Generation simulation benchmark\n\nMachine: {machine()} (2 cores, shared by other work). H100 SXM, "
+        "roofline, "
         "`opgraph simulate` defaults (eager host, one compute engine). `windows`: `simulators.simulate_generation` "
         "(recorded part + a few two-step windows, other steps interpolated); `op by op`: `simulators.simulate` "
         "of the expanded graph.\n",
@@ -228,12 +218,8 @@ def write_sim(rows: list[dict[str, Any]]) -> None:
             f"{r['sim_cpu_s']} | {r.get('full_sim_s', '-')} | {r.get('full_sim_cpu_s', '-')} | "
             f"{r['makespan_us'] / 1e3:.3f} | {full_ms} | {err} | {r['peak_rss_mb']} |"
         )
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else []
-    lines.append(
-        f"\nLoad average at the end of the run: {' '.join(load)} (wall times are inflated by other work on the "
-        "2 cores; the CPU columns are the simulation's own process time)."
-    )
-    (RESULTS / "generate_sim.md").write_text("\n".join(lines) + "\n")
+    note = "wall times are inflated by other work on the 2 cores; the CPU columns are the simulation's own process time"
+    write_results("generate_sim", rows, lines, note)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,12 @@ import math
 import os
 import platform
 import random
-import subprocess
 import time
 import tracemalloc
 from typing import Any
 
 import simpy
-from _common import RESULTS
+from _common import RESULTS, machine
 
 from hardware.spec import HardwareSpec, HostOverhead
 from opgraph.ir import Edge, Elementwise, OpGraph
@@ -46,8 +45,6 @@ _clock_name = ["cpu"]
 def clock() -> float:
     """The benchmark clock: CPU time of this process (default; robust on a shared machine) or wall time."""
     return _CLOCKS[_clock_name[0]]()
-
-
 
 
 def random_graph(n: int, seed: int = SEED) -> OpGraph:
@@ -167,18 +164,6 @@ def memory(n: int) -> dict[str, float]:
     return {"ops": n, "peak_bytes": float(peak), "bytes_per_op": peak / n}
 
 
-def cpu_name() -> str:
-    """The CPU model (``lscpu``)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in text.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="2,000 ops, a few seconds")
@@ -195,7 +180,7 @@ def main() -> None:
     sizes = [n // 4, n // 2, n]
     mem = [memory(s) for s in sizes]
     report = {
-        "machine": f"{cpu_name()}, {os.cpu_count()} cores (shared)",
+        "machine": f"{machine()}, {os.cpu_count()} cores (shared)",
         "load_average": load,
         "python": platform.python_version(),
         "simpy": simpy.__version__,

@@ -25,12 +25,13 @@ import logging
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _common import machine
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = REPO.parent / "shared" / "data" / "traces" / "hf-llama-1b-like-h200-prefill512-decode8.json.gz"
@@ -95,17 +96,6 @@ def time_hta(trace_dir: Path) -> float | None:
     return time.perf_counter() - t
 
 
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="one copy, one repeat, no result files")
@@ -143,10 +133,10 @@ def main() -> int:
         return 0
     res_dir = REPO / "benchmarks" / "results"
     res_dir.mkdir(parents=True, exist_ok=True)
-    machine = f"{cpu_name()}, {platform.python_implementation()} {platform.python_version()}"
+    host = f"{machine()}, {platform.python_implementation()} {platform.python_version()}"
     payload = {
         "benchmark": "trace_import",
-        "machine": machine,
+        "machine": host,
         "events": n_events,
         "file_mb": round(size_mb, 1),
         "layers_found": layers,
@@ -159,7 +149,7 @@ def main() -> int:
     lines = [
         "# Trace import + analysis vs HolisticTraceAnalysis",
         "",
-        f"Machine: {machine} ({os.cpu_count()} cores shared with other jobs; runs interleaved). "
+        f"Machine: {host} ({os.cpu_count()} cores shared with other jobs; runs interleaved). "
         f"Trace: {n_events} events, {size_mb:.0f} MB JSON (Llama-like H200 trace replicated {copies}x).",
         "",
         "| what | median (s) | runs (s) | vs HTA load |",

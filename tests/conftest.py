@@ -8,6 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from click.testing import Result
 from typer.testing import CliRunner
 
 from benchmarks._common import TINY_LLAMA
@@ -49,6 +50,14 @@ def cli_runner() -> CliRunner:
         return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
     except TypeError:  # click >= 8.2 keeps stderr apart already
         return CliRunner()
+
+
+def one_error_line(res: Result) -> str:
+    """The one ``error: ...`` line a bad CLI call writes on stderr (exit code 2, no traceback)."""
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1, (res.exit_code, res.stderr)
+    assert lines[0].startswith("error: ") and "Traceback" not in res.stderr
+    return lines[0]
 
 
 @pytest.fixture

@@ -139,32 +139,18 @@ class CaseComparison(BaseModel):
     @property
     def max_gpu_err(self) -> float | None:
         """Largest |GPU error| over the ranks."""
-        errs = [abs(r.gpu_err) for r in self.ranks if r.gpu_err is not None]
-        return max(errs) if errs else None
-
-    @property
-    def max_collective_err(self) -> float | None:
-        """Largest |collective error| over the ranks (raw NCCL time, waits included)."""
-        errs = [abs(r.collective_err) for r in self.ranks if r.collective_err is not None]
-        return max(errs) if errs else None
-
-    @property
-    def max_gpu_nowait_err(self) -> float | None:
-        """Largest |GPU error| over the ranks, waits removed from the measured time."""
-        errs = [abs(r.gpu_nowait_err) for r in self.ranks if r.gpu_nowait_err is not None]
-        return max(errs) if errs else None
-
-    @property
-    def max_compute_err(self) -> float | None:
-        """Largest |compute error| over the ranks."""
-        errs = [abs(r.compute_err) for r in self.ranks if r.compute_err is not None]
-        return max(errs) if errs else None
+        return _largest_abs(r.gpu_err for r in self.ranks)
 
     @property
     def max_wait_us(self) -> float | None:
-        """Largest measured wait of a rank, microseconds per step."""
-        waits = [r.measured_wait_us for r in self.ranks if r.measured_wait_us is not None]
-        return max(waits) if waits else None
+        """Largest measured wait of a rank, microseconds per step (a wait is never negative)."""
+        return _largest_abs(r.measured_wait_us for r in self.ranks)
+
+
+def _largest_abs(xs: Iterable[float | None]) -> float | None:
+    """The largest absolute value of ``xs`` (``None`` values left out), or ``None`` when none is left."""
+    vals = [abs(x) for x in xs if x is not None]
+    return max(vals) if vals else None
 
 
 class TpComparisonReport(BaseModel):

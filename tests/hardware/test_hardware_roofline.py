@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -12,24 +13,20 @@ from hypothesis import strategies as st
 from hardware import Bound, RooflineModel, RooflineParams, UncostedOpError, load_hardware
 from hardware.base import cost_graph
 from opgraph.ir import (
+    OP_TYPES,
     Activation,
     Attention,
     Collective,
     CollectiveKind,
     DType,
     Elementwise,
-    Embedding,
     Gemm,
     Memory,
-    MoeRouting,
     Norm,
+    OpBase,
     OpGraph,
+    OpKind,
     Other,
-    Reduction,
-    Rope,
-    Softmax,
-    TopK,
-    View,
 )
 
 H100 = load_hardware("h100")
@@ -98,24 +95,29 @@ def test_launch_latency_and_time_scale_options() -> None:
     assert scaled.seconds == pytest.approx(2 * MODEL.estimate(op, H100).seconds)
 
 
-def every_kind() -> list[object]:
-    return [
-        Gemm(id=1, m=64, n=128, k=256),
-        Attention(id=2, batch=2, q_len=1, kv_len=512, heads=8, kv_heads=2, head_dim=64),
-        Norm(id=3, rows=8, hidden=1024),
-        Rope(id=4, tokens=8, heads=8, head_dim=64),
-        Embedding(id=5, tokens=8, vocab=32000, hidden=1024),
-        Activation(id=6, fn="silu", numel=8192, hidden=1024, gated=True),
-        Elementwise(id=7, fn="mul", numel=8192, hidden=1024),
-        Reduction(id=8, fn="sum", numel_in=8192, numel_out=8, reduced=1024),
-        Softmax(id=9, rows=8, cols=32000),
-        TopK(id=10, rows=8, cols=32000, k=50),
-        MoeRouting(id=11, tokens=8, experts=64, top_k=8),
-        Collective(id=12, collective=CollectiveKind.ALL_REDUCE, bytes=2**20, group_size=8),
-        Memory(id=13, fn="kv_cache_write", numel=8192),
-        View(id=14, fn="reshape"),
-        Other(id=15, fn="weird_op", bytes_read=4096, bytes_written=4096),
-    ]
+EVERY_KIND: dict[OpKind, dict[str, Any]] = {
+    OpKind.GEMM: {"m": 64, "n": 128, "k": 256},
+    OpKind.ATTENTION: {"batch": 2, "q_len": 1, "kv_len": 512, "heads": 8, "kv_heads": 2, "head_dim": 64},
+    OpKind.NORM: {"rows": 8, "hidden": 1024},
+    OpKind.ROPE: {"tokens": 8, "heads": 8, "head_dim": 64},
+    OpKind.EMBEDDING: {"tokens": 8, "vocab": 32000, "hidden": 1024},
+    OpKind.ACTIVATION: {"fn": "silu", "numel": 8192, "hidden": 1024, "gated": True},
+    OpKind.ELEMENTWISE: {"fn": "mul", "numel": 8192, "hidden": 1024},
+    OpKind.REDUCTION: {"fn": "sum", "numel_in": 8192, "numel_out": 8, "reduced": 1024},
+    OpKind.SOFTMAX: {"rows": 8, "cols": 32000},
+    OpKind.TOPK: {"rows": 8, "cols": 32000, "k": 50},
+    OpKind.MOE_ROUTING: {"tokens": 8, "experts": 64, "top_k": 8},
+    OpKind.COLLECTIVE: {"collective": CollectiveKind.ALL_REDUCE, "bytes": 2**20, "group_size": 8},
+    OpKind.MEMORY: {"fn": "kv_cache_write", "numel": 8192},
+    OpKind.VIEW: {"fn": "reshape"},
+    OpKind.OTHER: {"fn": "weird_op", "bytes_read": 4096, "bytes_written": 4096},
+}
+"""The fields of one op of each kind, in :class:`OpKind` order."""
+
+
+def every_kind() -> list[OpBase]:
+    """One op of every kind (ids 1, 2, ... in :class:`OpKind` order), built by the IR's kind-to-class table."""
+    return [OP_TYPES[kind](id=i, **fields) for i, (kind, fields) in enumerate(EVERY_KIND.items(), start=1)]
 
 
 @pytest.mark.parametrize("model_name", ["roofline", "formula"])

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from opgraph.ir import (
     Activation,
-    AtenCall,
     Attention,
     Collective,
     CollectiveKind,
@@ -23,42 +20,17 @@ from opgraph.ir import (
     Other,
     Rope,
     Softmax,
-    TensorSpec,
     TopK,
     View,
 )
+from tests.ir_builders import T, call, mm, t
 from validators import TimingConfig
 from validators.replay import ReplayOptions
 
-BF16 = DType.bf16
 FP32 = DType.fp32
 
 FAST = ReplayOptions(timing=TimingConfig(warmup_ms=0.5, min_warmup=1, min_samples=3, max_samples=5, max_time_s=0.02))
 """Replay options that keep unit tests quick (timing values are not asserted)."""
-
-
-def t(*shape: int, dtype: DType = BF16, strides: tuple[int, ...] | None = None) -> TensorSpec:
-    """A tensor spec."""
-    return TensorSpec(shape=shape, dtype=dtype, strides=strides)
-
-
-def call(*args: Any, **kw: Any) -> AtenCall:
-    """An aten call."""
-    return AtenCall(args=args, keywords=kw)
-
-
-def T(i: int) -> dict[str, int]:
-    """The encoding of input ``i``."""
-    return {"tensor": i}
-
-
-def mm(i: int, m: int, n: int, k: int, dtype: DType = BF16) -> Gemm:
-    """``aten.mm`` with a transposed weight, as an ``nn.Linear`` records."""
-    return Gemm(
-        id=i, target="aten.mm.default", m=m, n=n, k=k, dtype=dtype,
-        inputs=(t(m, k, dtype=dtype), t(k, n, dtype=dtype, strides=(1, k))), outputs=(t(m, n, dtype=dtype),),
-        call=call(T(0), T(1)),
-    )  # fmt: skip
 
 
 def tiny_ops(seq: int = 8, hidden: int = 32, heads: int = 4, kv_heads: int = 2, d: int = 8) -> list[OpBase]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from replay_helpers import gemm_graph, mm, t, tiny_graph
+from replay_helpers import gemm_graph, tiny_graph
 
 from opgraph.ir import GraphMetadata, OpGraph
+from tests.ir_builders import mm, t
 from validators import config_key, cost_estimator, unique_configs
 from validators.configs import kinds_filter
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from replay_helpers import T, call, t
 
 from opgraph.ir import DType, TensorSpec
+from tests.ir_builders import T, call, t
 from validators import DeviceError, resolve_device, routing_counts
 from validators.inputs import causal_mask, index, make_generator, make_tensor, routing_skew
 from validators.recipes.aten import input_domains

@@ -6,9 +6,10 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from replay_helpers import FAST, mm, tiny_graph
+from replay_helpers import FAST, tiny_graph
 
 from opgraph.ir import Attention, DType, Elementwise, Gemm, Norm, OpBase, OpKind, Other, Reduction, RegistryError
+from tests.ir_builders import mm
 from validators import RECIPES, Case, Recipe, ReplayStatus, register_recipe, replay_graph, replay_op
 from validators.recipes import BuildContext, RecipeSelector
 from validators.replay import ReplayOptions

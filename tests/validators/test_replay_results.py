@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 from pydantic import ValidationError
-from replay_helpers import FAST, mm
+from replay_helpers import FAST
 
 from opgraph.ir import DType, LoadError, OpgraphError
+from tests.ir_builders import mm
 from validators import (
     ReplayResult,
     ReplayStatus,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from replay_helpers import FAST, T, call
+from replay_helpers import FAST
 from typer.testing import CliRunner
 
 from opgraph.cli.app import app
@@ -14,17 +14,16 @@ from opgraph.ir import (
     DType,
     Elementwise,
     Embedding,
-    Gemm,
     GraphMetadata,
     Memory,
     Norm,
     OpBase,
     OpGraph,
-    TensorSpec,
     View,
     load_graph,
     save_graph,
 )
+from tests.ir_builders import T, call, mm, t
 from validators import load_results, replay_graph, run_to_run, unique_configs
 from validators.configs import OpConfig, config_key
 from validators.inputs import match_inputs
@@ -36,40 +35,29 @@ BF16 = DType.bf16
 DATA = Path(__file__).resolve().parents[1] / "data" / "h100" / "llama-3.2-1b-l2-prefill256.graph.json.gz"
 
 
-def ts(*shape: int, tid: int | None, dtype: DType = BF16, strides: tuple[int, ...] | None = None) -> TensorSpec:
-    return TensorSpec(shape=shape, dtype=dtype, id=tid, strides=strides)
-
-
-def linear(i: int, x: int, w: int, out: int, m: int, n: int, k: int) -> Gemm:
-    return Gemm(
-        id=i, target="aten.mm.default", m=m, n=n, k=k, dtype=BF16,
-        inputs=(ts(m, k, tid=x), ts(k, n, tid=w, strides=(1, k))), outputs=(ts(m, n, tid=out),), call=call(T(0), T(1)),
-    )  # fmt: skip
-
-
 def flow_graph() -> OpGraph:
     s, h, v, big = 8, 32, 64, 4096
     ops: list[OpBase] = [
         Embedding(id=0, target="aten.embedding.default", tokens=s, vocab=v, hidden=h,
-                  inputs=(ts(v, h, tid=1), ts(1, s, tid=2, dtype=DType.int64)), outputs=(ts(1, s, h, tid=3),),
+                  inputs=(t(v, h, tid=1), t(1, s, tid=2, dtype=DType.int64)), outputs=(t(1, s, h, tid=3),),
                   call=call(T(0), T(1))),
-        Norm(id=1, target="LlamaRMSNorm", rows=s, hidden=h, inputs=(ts(1, s, h, tid=3), ts(h, tid=4)),
-             outputs=(ts(1, s, h, tid=5),)),
-        View(id=2, target="aten.t.default", inputs=(ts(h, h, tid=6),), outputs=(ts(h, h, tid=6),)),
-        linear(3, 5, 6, 7, s, h, h),
-        linear(4, 7, 8, 9, s, big, h),  # moves far more bytes than the others
+        Norm(id=1, target="LlamaRMSNorm", rows=s, hidden=h, inputs=(t(1, s, h, tid=3), t(h, tid=4)),
+             outputs=(t(1, s, h, tid=5),)),
+        View(id=2, target="aten.t.default", inputs=(t(h, h, tid=6),), outputs=(t(h, h, tid=6),)),
+        mm(3, s, h, h, tids=(5, 6, 7)),
+        mm(4, s, big, h, tids=(7, 8, 9)),  # moves far more bytes than the others
         Elementwise(id=5, target="aten.add.Tensor", fn="add", numel=s * h, hidden=h,
-                    inputs=(ts(1, s, h, tid=3), ts(1, s, h, tid=7)), outputs=(ts(1, s, h, tid=10),),
+                    inputs=(t(1, s, h, tid=3), t(1, s, h, tid=7)), outputs=(t(1, s, h, tid=10),),
                     call=call(T(0), T(1))),
         # In place into a cache from an earlier forward: the cache stays cold.
         Memory(id=6, target="aten.index_copy_.default", fn="kv_cache_write", numel=s * h,
-               inputs=(ts(4, s, h, tid=20), ts(1, s, h, tid=10)), outputs=(ts(4, s, h, tid=20),)),
+               inputs=(t(4, s, h, tid=20), t(1, s, h, tid=10)), outputs=(t(4, s, h, tid=20),)),
         Elementwise(id=7, target="aten.mul.Tensor", fn="mul", numel=4 * s * h, hidden=h,
-                    inputs=(ts(4, s, h, tid=20), ts(4, s, h, tid=None)), outputs=(ts(4, s, h, tid=21),),
+                    inputs=(t(4, s, h, tid=20), t(4, s, h, tid=None)), outputs=(t(4, s, h, tid=21),),
                     call=call(T(0), T(1))),
         # The same norm config again, now on a tensor of no id: the first use decides.
-        Norm(id=8, target="LlamaRMSNorm", rows=s, hidden=h, inputs=(ts(1, s, h, tid=None), ts(h, tid=4)),
-             outputs=(ts(1, s, h, tid=22),)),
+        Norm(id=8, target="LlamaRMSNorm", rows=s, hidden=h, inputs=(t(1, s, h, tid=None), t(h, tid=4)),
+             outputs=(t(1, s, h, tid=22),)),
     ]  # fmt: skip
     return OpGraph(metadata=GraphMetadata(model="flow", phase="prefill"), ops=tuple(ops))
 
@@ -132,16 +120,16 @@ def test_match_inputs_by_shape_then_size() -> None:
         torch.zeros(1, 1, 8, 16, dtype=bf),
         torch.ones(1, 1, 8, 16, dtype=bf),
     )
-    specs = (ts(1, 4, 8, 16, tid=1), ts(1, 1, 8, 16, tid=2), ts(1, 1, 8, 16, tid=3))
+    specs = (t(1, 4, 8, 16, tid=1), t(1, 1, 8, 16, tid=2), t(1, 1, 8, 16, tid=3))
     assert match_inputs((cos, sin, q), specs) == [2, 0, 1]  # rope builds cos and sin first
     x2d = torch.zeros(8, 32, dtype=torch.bfloat16)
     w = torch.zeros(64, 32, dtype=torch.bfloat16)
-    lin = (ts(1, 8, 32, tid=1), ts(32, 64, tid=2, strides=(1, 32)))
+    lin = (t(1, 8, 32, tid=1), t(32, 64, tid=2, strides=(1, 32)))
     assert match_inputs((x2d, w, None), lin) == [0, 1]  # a 2-D input for a recorded 3-D one
     assert match_inputs((x2d, 3, w), lin[:1]) == [0]
-    assert match_inputs((w,), (ts(1, 8, 32, tid=1, dtype=DType.fp32),)) == [None]
+    assert match_inputs((w,), (t(1, 8, 32, tid=1, dtype=DType.fp32),)) == [None]
     a, b = torch.zeros(4, 4), torch.zeros(4, 4)
-    assert match_inputs((a, b), (ts(4, 4, tid=1, dtype=DType.fp32),) * 2) == [0, 1]
+    assert match_inputs((a, b), (t(4, 4, tid=1, dtype=DType.fp32),) * 2) == [0, 1]
 
 
 def test_replayer_picks_the_warm_tensors_of_a_case() -> None:

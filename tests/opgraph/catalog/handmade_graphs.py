@@ -7,12 +7,10 @@ from __future__ import annotations
 
 from opgraph.ir import (
     Activation,
-    AtenCall,
     Attention,
     DType,
     Elementwise,
     Embedding,
-    Gemm,
     GraphMetadata,
     Norm,
     OpBase,
@@ -20,13 +18,9 @@ from opgraph.ir import (
     Rope,
     Softmax,
     Stage,
-    TensorSpec,
     View,
 )
-
-
-def _t(*shape: int, dtype: DType = DType.bf16, strides: tuple[int, ...] | None = None) -> TensorSpec:
-    return TensorSpec(shape=shape, dtype=dtype, strides=strides)
+from tests.ir_builders import T, call, mm, t
 
 
 def llama_like(
@@ -64,19 +58,8 @@ def llama_like(
         kw.setdefault("dtype", dtype)
         ops.append(op_cls(id=len(ops), **kw))
 
-    def mm(n: int, k: int, layer: int | None, scope: str) -> None:
-        add(
-            Gemm,
-            m=tokens,
-            n=n,
-            k=k,
-            layer=layer,
-            scope=scope,
-            target="aten.mm.default",
-            inputs=(_t(tokens, k, dtype=dtype), _t(k, n, dtype=dtype, strides=(1, k))),
-            outputs=(_t(tokens, n, dtype=dtype),),
-            call=AtenCall(args=({"tensor": 0}, {"tensor": 1})),
-        )
+    def linear(n: int, k: int, layer: int | None, scope: str) -> None:
+        ops.append(mm(len(ops), tokens, n, k, dtype, layer=layer, scope=scope, stage=stage))
 
     add(
         Embedding,
@@ -84,15 +67,15 @@ def llama_like(
         vocab=vocab,
         hidden=hidden,
         scope="model.embed_tokens",
-        inputs=(_t(1, tokens, dtype=DType.int64), _t(vocab, hidden, dtype=dtype)),
-        outputs=(_t(1, tokens, hidden, dtype=dtype),),
+        inputs=(t(1, tokens, dtype=DType.int64), t(vocab, hidden, dtype=dtype)),
+        outputs=(t(1, tokens, hidden, dtype=dtype),),
     )
     for layer in range(layers):
         pre = f"model.layers.{layer}"
         add(Norm, rows=tokens, hidden=hidden, layer=layer, scope=f"{pre}.input_layernorm")
-        mm(hidden, hidden, layer, f"{pre}.self_attn.q_proj")
-        mm(kv_heads * head_dim, hidden, layer, f"{pre}.self_attn.k_proj")
-        mm(kv_heads * head_dim, hidden, layer, f"{pre}.self_attn.v_proj")
+        linear(hidden, hidden, layer, f"{pre}.self_attn.q_proj")
+        linear(kv_heads * head_dim, hidden, layer, f"{pre}.self_attn.k_proj")
+        linear(kv_heads * head_dim, hidden, layer, f"{pre}.self_attn.v_proj")
         add(View, fn="view", layer=layer, scope=f"{pre}.self_attn")
         add(Rope, tokens=tokens, heads=heads, head_dim=head_dim, layer=layer, scope=f"{pre}.self_attn")
         add(
@@ -108,7 +91,7 @@ def llama_like(
         )
         if with_softmax:
             add(Softmax, rows=tokens * heads, cols=kv, layer=layer, scope=f"{pre}.self_attn")
-        mm(hidden, hidden, layer, f"{pre}.self_attn.o_proj")
+        linear(hidden, hidden, layer, f"{pre}.self_attn.o_proj")
         add(
             Elementwise,
             fn="add",
@@ -117,17 +100,17 @@ def llama_like(
             layer=layer,
             scope=pre,
             target="aten.add.Tensor",
-            inputs=(_t(tokens, hidden, dtype=dtype), _t(tokens, hidden, dtype=dtype)),
-            outputs=(_t(tokens, hidden, dtype=dtype),),
-            call=AtenCall(args=({"tensor": 0}, {"tensor": 1}), keywords={"alpha": 1}),
+            inputs=(t(tokens, hidden, dtype=dtype), t(tokens, hidden, dtype=dtype)),
+            outputs=(t(tokens, hidden, dtype=dtype),),
+            call=call(T(0), T(1), alpha=1),
         )
         add(Norm, rows=tokens, hidden=hidden, layer=layer, scope=f"{pre}.post_attention_layernorm")
-        mm(inter, hidden, layer, f"{pre}.mlp.gate_proj")
-        mm(inter, hidden, layer, f"{pre}.mlp.up_proj")
+        linear(inter, hidden, layer, f"{pre}.mlp.gate_proj")
+        linear(inter, hidden, layer, f"{pre}.mlp.up_proj")
         add(Activation, fn="silu", numel=tokens * inter, hidden=inter, gated=True, layer=layer, scope=f"{pre}.mlp")
-        mm(hidden, inter, layer, f"{pre}.mlp.down_proj")
+        linear(hidden, inter, layer, f"{pre}.mlp.down_proj")
     add(Norm, rows=tokens, hidden=hidden, scope="model.norm")
-    mm(vocab, hidden, None, "lm_head")
+    linear(vocab, hidden, None, "lm_head")
     capture: dict[str, str | int | float | bool | None] = {"device": "meta", "batch": 1, "dtype": dtype.value}
     if hardware:
         capture["hardware"] = hardware

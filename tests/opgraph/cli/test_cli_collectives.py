@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TINY_LLAMA
-from typer.testing import CliRunner
+from conftest import REPO, TINY_LLAMA, cli_runner, one_error_line
 
 from hardware.collective_fit import CollectiveCalibration
 from opgraph.cli.app import app
@@ -23,26 +22,12 @@ from opgraph.ir import CollectiveKind, OpKind, load_timeline
 SWEEP = REPO / "benchmarks" / "results" / "gpu" / "h100x4" / "run2" / "collectives.jsonl"
 
 
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:  # click >= 8.2 keeps stderr apart already
-        return CliRunner()
-
-
-def one_error_line(res: object) -> str:
-    lines = res.stderr.strip().splitlines()  # type: ignore[attr-defined]
-    assert res.exit_code == 2 and len(lines) == 1, (res.exit_code, res.stderr)  # type: ignore[attr-defined]
-    assert lines[0].startswith("error: ") and "Traceback" not in res.stderr  # type: ignore[attr-defined]
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
 def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("tiny")
     (d / "config.json").write_text(json.dumps(TINY_LLAMA))
     out = d / "g.json.gz"
-    res = runner().invoke(app, ["capture", str(d / "config.json"), "-o", str(out), "--seq-len", "32"])
+    res = cli_runner().invoke(app, ["capture", str(d / "config.json"), "-o", str(out), "--seq-len", "32"])
     assert res.exit_code == 0, res.output
     return out
 
@@ -50,7 +35,9 @@ def tiny_graph(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def fit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fit") / "fit.json"
-    res = runner().invoke(app, ["calibrate", "--collectives", str(SWEEP), "-H", "h100", "--heldout", "-o", str(out)])
+    res = cli_runner().invoke(
+        app, ["calibrate", "--collectives", str(SWEEP), "-H", "h100", "--heldout", "-o", str(out)]
+    )
     assert res.exit_code == 0, res.stderr
     return out
 
@@ -65,7 +52,9 @@ def test_calibrate_collectives_fits_every_measured_collective_and_group(fit: Pat
 
 
 def test_calibrate_collectives_prints_the_fits_and_the_heldout_line(tmp_path: Path) -> None:
-    res = runner().invoke(app, ["calibrate", "--collectives", str(SWEEP), "--heldout", "-o", str(tmp_path / "f.json")])
+    res = cli_runner().invoke(
+        app, ["calibrate", "--collectives", str(SWEEP), "--heldout", "-o", str(tmp_path / "f.json")]
+    )
     assert res.exit_code == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0].split()[:2] == ["collective", "ranks"]
@@ -79,10 +68,10 @@ def test_max_spread_reaches_the_fit(tmp_path: Path) -> None:
     # The broadcast over 4 ranks keeps 12 of its 15 sizes at the default spread; at a spread of 1
     # (100% of the median) every size is kept.
     wide = tmp_path / "wide.json"
-    res = runner().invoke(app, ["calibrate", "--collectives", str(SWEEP), "--max-spread", "1", "-o", str(wide)])
+    res = cli_runner().invoke(app, ["calibrate", "--collectives", str(SWEEP), "--max-spread", "1", "-o", str(wide)])
     assert res.exit_code == 0, res.stderr
     default = tmp_path / "default.json"
-    assert runner().invoke(app, ["calibrate", "--collectives", str(SWEEP), "-o", str(default)]).exit_code == 0
+    assert cli_runner().invoke(app, ["calibrate", "--collectives", str(SWEEP), "-o", str(default)]).exit_code == 0
     kept = {str(p): {(f.collective, f.group_size): len(f.points) for f in CollectiveCalibration.load(p).fits}
             for p in (wide, default)}  # fmt: skip
     key = (CollectiveKind.BROADCAST, 4)
@@ -94,7 +83,9 @@ def test_simulate_tp_costs_collectives_from_the_fit(tiny_graph: Path, fit: Path,
     timelines = {}
     for label, extra in (("fit", ["--collective-fit", str(fit)]), ("link", [])):
         out = tmp_path / f"{label}.json"
-        res = runner().invoke(app, ["simulate", str(tiny_graph), "--tp", "2", "-c", "roofline", "-o", str(out), *extra])
+        res = cli_runner().invoke(
+            app, ["simulate", str(tiny_graph), "--tp", "2", "-c", "roofline", "-o", str(out), *extra]
+        )
         assert res.exit_code == 0, res.stderr
         timelines[label] = load_timeline(out)
         if label == "fit":
@@ -133,8 +124,8 @@ def test_simulate_names_the_collectives_the_fit_lacks(tiny_graph: Path, tmp_path
     only_g2 = tmp_path / "g2.jsonl"
     only_g2.write_text("".join(line + "\n" for line in SWEEP.read_text().splitlines() if '"group_size":2' in line))
     fit = tmp_path / "g2.json"
-    assert runner().invoke(app, ["calibrate", "--collectives", str(only_g2), "-o", str(fit)]).exit_code == 0
-    res = runner().invoke(
+    assert cli_runner().invoke(app, ["calibrate", "--collectives", str(only_g2), "-o", str(fit)]).exit_code == 0
+    res = cli_runner().invoke(
         app, ["simulate", str(tiny_graph), "--tp", "4", "-c", "roofline", "--collective-fit", str(fit)]
     )
     assert res.exit_code == 0, res.stderr
@@ -143,7 +134,7 @@ def test_simulate_names_the_collectives_the_fit_lacks(tiny_graph: Path, tmp_path
 
 
 def test_bad_collective_input_is_one_line_exit_2(tiny_graph: Path, fit: Path, tmp_path: Path) -> None:
-    r = runner()
+    r = cli_runner()
     err = one_error_line(r.invoke(app, ["simulate", str(tiny_graph), "--collective-fit", str(fit)]))
     assert "--collective-fit" in err and "--tp" in err
     err = one_error_line(r.invoke(app, ["simulate", str(tiny_graph), "--tp", "2", "--collective-fit", str(tiny_graph)]))
@@ -171,18 +162,18 @@ def test_replay_collectives_outside_torchrun_is_one_line(
     tiny_graph: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    err = one_error_line(runner().invoke(app, ["replay", "--collectives", "-o", str(tmp_path / "c.jsonl")]))
+    err = one_error_line(cli_runner().invoke(app, ["replay", "--collectives", "-o", str(tmp_path / "c.jsonl")]))
     assert "torchrun" in err
     monkeypatch.setenv("WORLD_SIZE", "2")  # checked before any process group starts
     err = one_error_line(
-        runner().invoke(app, ["replay", "--collectives", str(tiny_graph), "-o", str(tmp_path / "c.jsonl")])
+        cli_runner().invoke(app, ["replay", "--collectives", str(tiny_graph), "-o", str(tmp_path / "c.jsonl")])
     )
     assert "no collective" in err and "--tp N" in err
     err = one_error_line(
-        runner().invoke(app, ["replay", "--collectives", "--sizes", "4Q", "-o", str(tmp_path / "c.jsonl")])
+        cli_runner().invoke(app, ["replay", "--collectives", "--sizes", "4Q", "-o", str(tmp_path / "c.jsonl")])
     )
     assert "--sizes" in err
-    err = one_error_line(runner().invoke(app, ["replay", "--collectives", "-o", str(tmp_path / "c.json")]))
+    err = one_error_line(cli_runner().invoke(app, ["replay", "--collectives", "-o", str(tmp_path / "c.json")]))
     assert "JSONL" in err
 
 

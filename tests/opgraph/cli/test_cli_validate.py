@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY_LLAMA
-from typer.testing import CliRunner
+from conftest import TINY_LLAMA, cli_runner, one_error_line
 
 from opgraph.cli.app import app
 from opgraph.cli.commands.validate import ValidationSummary, cpu_device_view
@@ -23,20 +22,6 @@ FILES = {
 }  # fmt: skip
 
 
-def runner() -> CliRunner:
-    try:
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:  # click >= 8.2 keeps stderr apart already
-        return CliRunner()
-
-
-def one_error_line(res: object) -> str:
-    lines = res.stderr.strip().splitlines()  # type: ignore[attr-defined]
-    assert res.exit_code == 2 and len(lines) == 1, (res.exit_code, res.stderr)  # type: ignore[attr-defined]
-    assert lines[0].startswith("error: ")
-    return lines[0]
-
-
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("model") / "config.json"
@@ -47,7 +32,9 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def validated(config: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("runs") / "val"
-    res = runner().invoke(app, ["validate", str(config), "--device", "cpu", "--seq-len", "16", "-o", str(out), *FAST])
+    res = cli_runner().invoke(
+        app, ["validate", str(config), "--device", "cpu", "--seq-len", "16", "-o", str(out), *FAST]
+    )
     assert res.exit_code == 0, res.stdout + res.stderr
     return out, res.stdout
 
@@ -87,10 +74,10 @@ def test_the_simulation_is_the_calibrated_replay_op_for_op(validated: tuple[Path
 
 def test_validate_a_graph_takes_its_capture_settings(config: Path, tmp_path: Path) -> None:
     graph = tmp_path / "g.json.gz"
-    res = runner().invoke(app, ["capture", str(config), "-o", str(graph), "--seq-len", "8", "--phase", "prefill"])
+    res = cli_runner().invoke(app, ["capture", str(config), "-o", str(graph), "--seq-len", "8", "--phase", "prefill"])
     assert res.exit_code == 0, res.stderr
     out = tmp_path / "val"
-    res = runner().invoke(app, ["validate", str(graph), "--model", str(config), "-d", "cpu", "-o", str(out), *FAST])
+    res = cli_runner().invoke(app, ["validate", str(graph), "--model", str(config), "-d", "cpu", "-o", str(out), *FAST])
     assert res.exit_code == 0, res.stdout + res.stderr
     summary = ValidationSummary.model_validate_json((out / "summary.json").read_text())
     assert summary.settings["seq_len"] == 8
@@ -102,7 +89,7 @@ def test_validate_a_graph_takes_its_capture_settings(config: Path, tmp_path: Pat
 def test_bad_input_is_one_line_and_leaves_the_folder(
     config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    r = runner()
+    r = cli_runner()
     assert "--device" in one_error_line(
         r.invoke(app, ["validate", str(config), "-d", "tpu", "-o", str(tmp_path / "o")])
     )
@@ -140,7 +127,7 @@ def test_a_failed_run_leaves_an_earlier_folder_as_it_was(
         raise OpgraphError("the profiler broke", where="profile")
 
     monkeypatch.setattr("opgraph.capture.profile.profile_capture", broken)
-    res = runner().invoke(app, ["validate", str(config), "-d", "cpu", "--seq-len", "16", "-o", str(out), *FAST])
+    res = cli_runner().invoke(app, ["validate", str(config), "-d", "cpu", "--seq-len", "16", "-o", str(out), *FAST])
     assert "the profiler broke" in one_error_line(res)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".val.partial-")]
@@ -168,7 +155,7 @@ def test_validate_on_cuda(config: Path, tmp_path: Path) -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU: the issue timing and the cold-L2 replay need one")
     out = tmp_path / "val"
-    res = runner().invoke(app, ["validate", str(config), "--seq-len", "16", "-o", str(out), "--max-time", "0.05"])
+    res = cli_runner().invoke(app, ["validate", str(config), "--seq-len", "16", "-o", str(out), "--max-time", "0.05"])
     assert res.exit_code == 0, res.stdout + res.stderr
     summary = ValidationSummary.model_validate_json((out / "summary.json").read_text())
     assert all(s.done for s in summary.steps)
@@ -187,7 +174,7 @@ def test_the_simulate_command_it_names_reproduces_its_prediction(validated: tupl
     args = shlex.split(command)
     assert args[0] == "opgraph"
     stats = tmp_path / "stats.json"
-    res = runner().invoke(app, [*args[1:], "--stats", str(stats)])
+    res = cli_runner().invoke(app, [*args[1:], "--stats", str(stats)])
     assert res.exit_code == 0, res.stderr
     simulated = load_timeline(out / "simulated.timeline.json.gz")
     assert json.loads(stats.read_text())["makespan_us"] == pytest.approx(simulated.makespan_us, rel=1e-9)
@@ -202,7 +189,7 @@ def test_a_moe_run_says_whether_its_routing_was_the_models_own(tmp_path: Path) -
            "num_local_experts": 4, "num_experts_per_tok": 2}  # fmt: skip
     config.write_text(json.dumps(moe))
     out = tmp_path / "val"
-    res = runner().invoke(app, ["validate", str(config), "-d", "cpu", "--seq-len", "16", "-o", str(out), *FAST])
+    res = cli_runner().invoke(app, ["validate", str(config), "-d", "cpu", "--seq-len", "16", "-o", str(out), *FAST])
     assert res.exit_code == 0, res.stdout + res.stderr
     profiled = load_graph(out / "profiled.graph.json.gz")
     assert any(op.kind.value == "moe_routing" for op in profiled.ops)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from typer.testing import CliRunner
@@ -22,140 +22,22 @@ from opgraph.trace import analyze, load_trace
 
 TRACES = (Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "traces").resolve()
 
-LLAMA_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 2048,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 16,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "vocab_size": 128256,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 500000.0,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-}
-QWEN_MOE_CONFIG = {
-    "architectures": ["Qwen3MoeForCausalLM"],
-    "model_type": "qwen3_moe",
-    "hidden_size": 2048,
-    "intermediate_size": 6144,
-    "moe_intermediate_size": 768,
-    "num_hidden_layers": 8,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 4,
-    "head_dim": 128,
-    "num_experts": 64,
-    "num_experts_per_tok": 8,
-    "vocab_size": 151936,
-    "max_position_embeddings": 4096,
-    "decoder_sparse_step": 1,
-    "norm_topk_prob": True,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-}
-# Qwen1.5-0.5B-Chat is a Qwen2 architecture
-QWEN15_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"],
-    "model_type": "qwen2",
-    "hidden_size": 1024,
-    "intermediate_size": 2816,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 16,
-    "vocab_size": 151936,
-    "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": True,
-    "hidden_act": "silu",
-}
-QWEN3_8B_CONFIG = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 4096,
-    "intermediate_size": 12288,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-}
+MEASURED = json.loads((Path(__file__).resolve().parents[2] / "data" / "measured_traces.json").read_text())
+"""Per trace: the traced model (its ``config.json`` under ``models``), the capture arguments of the workload,
+the hardware and a note (model and workload from the traces' README)."""
 
-GPT_OSS_20B_CONFIG = {
-    "architectures": ["GptOssForCausalLM"],
-    "model_type": "gpt_oss",
-    "hidden_size": 2880,
-    "intermediate_size": 2880,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 8,
-    "head_dim": 64,
-    "num_local_experts": 32,
-    "num_experts_per_tok": 4,
-    "vocab_size": 201088,
-    "max_position_embeddings": 131072,
-    "sliding_window": 128,
-    "layer_types": ["sliding_attention", "full_attention"] * 12,
-    "rope_theta": 150000,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-    "rms_norm_eps": 1e-5,
-}
 
-# trace -> (config, capture arguments, hardware); model and workload from the traces' README
-CASES: dict[str, tuple[dict[str, Any], list[str], str]] = {
-    # generate with max_new_tokens=8: one prefill of 512 tokens and 7 decode passes
-    "hf-llama-1b-like-h200-prefill512-decode8.json.gz": (
-        LLAMA_CONFIG,
-        ["--phase", "generate", "--seq-len", "512", "--new-tokens", "7"],
-        "h200",
-    ),
-    "hf-qwen3-moe-small-h200-prefill256-decode4.json.gz": (
-        QWEN_MOE_CONFIG,
-        ["--phase", "generate", "--seq-len", "256", "--new-tokens", "3"],
-        "h200",
-    ),
-    # one forward of a batch of 16 sequences of 559 tokens (SDPA input [16, 16, 559, 64])
-    "TraceLens__h100_Qwen1.5-0.5B-Chat.json.gz": (
-        QWEN15_CONFIG,
-        ["--phase", "prefill", "--batch", "16", "--seq-len", "559"],
-        "h100",
-    ),
-    # SGLang CUDA-graph decode of a batch of 32 on MI300X (about 1k tokens of context each)
-    "TraceLens__sglang_Qwen3-8B_decode.json.gz": (
-        QWEN3_8B_CONFIG,
-        ["--phase", "decode", "--batch", "32", "--kv-len", "1024"],
-        "mi300x",
-    ),
-    # step[EXTEND bs=15 toks=15360]: a prefill of 15 sequences of 1024 tokens
-    "TraceLens__sglang_Qwen3-8B_prefilldecode.json.gz": (
-        QWEN3_8B_CONFIG,
-        ["--phase", "prefill", "--batch", "15", "--seq-len", "1024"],
-        "mi300x",
-    ),
-    # vLLM full-CUDA-graph decode of 32 requests, 55086 tokens of context in all (about 1.7k each)
-    "TraceLens__vllm_decode_full__graph_execution.json.gz": (
-        GPT_OSS_20B_CONFIG,
-        ["--phase", "decode", "--batch", "32", "--kv-len", "1700"],
-        "mi300x",
-    ),
-    # one mixed step of 8192 tokens (9 prefills, 37 decodes): simulated as a prefill of 8192 tokens
-    "TraceLens__vllm_prefilldecode_piecewise__graph_execution.json.gz": (
-        GPT_OSS_20B_CONFIG,
-        ["--phase", "prefill", "--batch", "1", "--seq-len", "8192"],
-        "mi300x",
-    ),
+class Case(NamedTuple):
+    """How one trace is simulated: the model's config, the ``opgraph capture`` arguments and the hardware."""
+
+    config: dict[str, Any]
+    capture_args: list[str]
+    hardware: str
+
+
+CASES: dict[str, Case] = {
+    trace: Case(MEASURED["models"][case["model"]], case["capture"].split(), case["hardware"])
+    for trace, case in MEASURED["cases"].items()
 }
 OP_LEVEL = (
     "hf-llama-1b-like-h200-prefill512-decode8.json.gz",

@@ -19,41 +19,19 @@ def _tl(kind: TimelineKind, spans: list[Span], name: str, wall: float | None = N
     return Timeline(source=TimelineSource(kind=kind, name=name, graph_model=model), spans=tuple(spans), wall_us=wall)
 
 
+def _op_span(op_id: int, kind: OpKind, definition: str, track: str, start: float, dur: float, layer: int) -> Span:
+    """The simulated span of prefill op ``op_id``, named after its kind."""
+    return Span(
+        name=kind.value, track=track, start_us=start, dur_us=dur, op_id=op_id, kind=kind, layer=layer,
+        stage=Stage.PREFILL, definition=definition,
+    )  # fmt: skip
+
+
 def _sim() -> Timeline:
     spans = [
-        Span(
-            name="gemm",
-            track="engine0",
-            start_us=0,
-            dur_us=10,
-            op_id=0,
-            kind=OpKind.GEMM,
-            layer=0,
-            stage=Stage.PREFILL,
-            definition="gemm_n8_k8",
-        ),
-        Span(
-            name="norm",
-            track="engine0",
-            start_us=10,
-            dur_us=5,
-            op_id=1,
-            kind=OpKind.NORM,
-            layer=0,
-            stage=Stage.PREFILL,
-            definition="rmsnorm_h8",
-        ),
-        Span(
-            name="gemm",
-            track="engine1",
-            start_us=15,
-            dur_us=20,
-            op_id=2,
-            kind=OpKind.GEMM,
-            layer=1,
-            stage=Stage.PREFILL,
-            definition="gemm_n8_k8",
-        ),
+        _op_span(0, OpKind.GEMM, "gemm_n8_k8", "engine0", start=0, dur=10, layer=0),
+        _op_span(1, OpKind.NORM, "rmsnorm_h8", "engine0", start=10, dur=5, layer=0),
+        _op_span(2, OpKind.GEMM, "gemm_n8_k8", "engine1", start=15, dur=20, layer=1),
         Span(name="host", track="host", start_us=0, dur_us=3, category="host"),
     ]
     return _tl(TimelineKind.SIMULATED, spans, "sim", wall=40)

@@ -1,0 +1,341 @@
+"""Host profiles: the framework's host time between ops on one CPU, as a model of the graph's structure.
+
+An eager PyTorch forward spends host time on two things per kernel: issuing the aten call
+(dispatcher and launch, in the device profile as ``aten_issue_us`` and per-regime ``host_s``) and
+the framework's Python before it (module calls, ``forward`` bodies, views and cache bookkeeping:
+``OpBase.host_gap_us`` of a graph captured with ``--host-timing``). A :class:`HostProfile` holds the
+second as medians keyed by where an op sits in the model, fitted from host-timed captures of a
+training set of models (:func:`hardware.hostfit.fit_host_profile`), so a graph captured without host
+timing (on any machine, on ``meta``) still gets the framework time of the profiled CPU.
+
+Each op is looked up by its :func:`structure_keys`, most specific first:
+
+1. ``exact``: stage, op kind, aten target, module role (the scope with layer numbers as ``*``,
+   ``model.layers.*.self_attn.q_proj``) and position (``entry``: the first op of a module call,
+   which pays the module's Python; ``inner``: any later op of the same call);
+2. ``target``: kind, target and position;
+3. ``kind``: kind and position;
+4. ``global``: the median over every training op.
+
+Two terms fitted from measured walls (:func:`hardware.hostfit.fit_wall_terms`) carry what a ``meta``
+capture cannot see: on the real device each op's host time in context (its issue and the framework
+before it) is :attr:`HostProfile.op_scale` times what replay and the ``meta`` timing measure alone, and
+each forward pass pays :attr:`HostProfile.forward_us` more (the call, HF's preamble and output
+wrapping as they run on the device, and what a short forward pays cold) whatever its layer count.
+:func:`in_context` applies both.
+
+Catalog devices name their host profile in their TOML (``host_profile = "h100-sxm.host.json"``, the
+CPU of the machine that measured the device profile); :func:`hardware_host_profile` finds it.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from hardware.spec import HardwareSpec, NonNegFloat
+from hardware.versioned import FileKind
+from opgraph.ir import OpGraph, OpgraphError, save_model
+from opgraph.ir.ops import OpBase
+from opgraph.ir.tensor import FROZEN
+
+HOST_PROFILE_FORMAT = "opgraph.host_profile"
+"""The ``format`` marker of a host profile file."""
+HOST_PROFILE_SCHEMA_VERSION = 1
+"""The host profile file format version this opgraph reads and writes."""
+HOST_PROFILE_SUFFIX = ".host.json"
+"""File names ending so are host profiles."""
+
+LEVELS: tuple[str, ...] = ("exact", "target", "kind", "global")
+"""Lookup levels of :meth:`HostProfile.gap_us`, most specific first."""
+
+_NUMBER = re.compile(r"^\d+$")
+
+
+class HostProfileWarning(UserWarning):
+    """A host profile that may not describe the host being modelled (another CPU than the device
+    profile's host). Front ends print it as one line."""
+
+
+class HostInfo(BaseModel):
+    """Where and with what a host profile was measured."""
+
+    model_config = FROZEN
+
+    cpu: str
+    """CPU model name (``/proc/cpuinfo``) of the machine the training graphs were timed on."""
+    cores: Annotated[int, Field(ge=0)] = 0
+    """Logical CPUs of that machine (0: unknown)."""
+    torch: str = ""
+    """torch version."""
+    transformers: str = ""
+    """transformers version."""
+    python: str = ""
+    """Python version."""
+    platform: str = ""
+    """OS and machine (``platform.platform()``)."""
+    date: str = ""
+    """When the profile was built (ISO 8601, UTC)."""
+
+
+class GapStat(BaseModel):
+    """Framework time before the ops of one key: median and spread over the training ops."""
+
+    model_config = FROZEN
+
+    median_us: NonNegFloat
+    """Median framework host time before an op of this key, microseconds."""
+    p10_us: NonNegFloat = 0.0
+    """10th percentile."""
+    p90_us: NonNegFloat = 0.0
+    """90th percentile."""
+    n: Annotated[int, Field(ge=1)]
+    """Training ops with this key."""
+
+
+class TrainingGraph(BaseModel):
+    """One host-timed capture the profile was fitted from."""
+
+    model_config = FROZEN
+
+    model: str
+    """Model name or preset."""
+    architecture: str = ""
+    """HF architecture class."""
+    phase: str = ""
+    """prefill, decode or generate."""
+    shape: str = ""
+    """Batch, tokens and layers as captured (``b4 kv2048 bf16 3L``)."""
+    ops: Annotated[int, Field(ge=0)]
+    """Ops with a measured gap."""
+    total_us: NonNegFloat
+    """Framework host time of the whole graph, microseconds."""
+
+
+class WallSample(BaseModel):
+    """One measured forward the wall terms were fitted on: the training graph's measured and
+    simulated walls."""
+
+    model_config = FROZEN
+
+    name: str
+    """The training case."""
+    measured_us: NonNegFloat
+    """Median CUDA-synchronised wall of one forward on the device, microseconds."""
+    predicted_us: NonNegFloat
+    """The simulated wall with the fitted terms."""
+    unfitted_us: NonNegFloat = 0.0
+    """The simulated wall without them (op scale 1, no forward time)."""
+
+
+class HostProfile(BaseModel):
+    """The framework's host time between ops on one CPU, keyed by the op's place in the model."""
+
+    model_config = FROZEN
+
+    format: Literal["opgraph.host_profile"] = "opgraph.host_profile"
+    """Marks the file as a host profile."""
+    schema_version: int = HOST_PROFILE_SCHEMA_VERSION
+    """Format version (:data:`HOST_PROFILE_SCHEMA_VERSION`)."""
+    host: HostInfo
+    """Provenance: the CPU and software."""
+    issue_us: NonNegFloat | None = None
+    """Host time to issue one aten call in eager PyTorch on this CPU (dispatcher and launch), when
+    known; the device profile's per-regime issue times take precedence where it has them."""
+    issue_source: str = ""
+    """Where :attr:`issue_us` came from (``device profile h100-sxm.profile.json``)."""
+    exact: dict[str, GapStat] = Field(default_factory=dict)
+    """``stage|kind|target|role|position`` -> framework time."""
+    target: dict[str, GapStat] = Field(default_factory=dict)
+    """``kind|target|position`` -> framework time."""
+    kind: dict[str, GapStat] = Field(default_factory=dict)
+    """``kind|position`` -> framework time."""
+    global_gap: GapStat
+    """Over every training op."""
+    forward_us: NonNegFloat = 0.0
+    """Host time per forward pass that no op's gap holds, on the real device (fitted from measured
+    walls; 0 when the profile was fitted without them)."""
+    op_scale: Annotated[float, Field(gt=0)] = 1.0
+    """Each op's host time in context on the real device over its issue time plus framework time as
+    measured alone (fitted from measured walls; 1 without them)."""
+    walls: tuple[WallSample, ...] = ()
+    """The measured forwards :attr:`forward_us` and :attr:`op_scale` were fitted on."""
+    training: tuple[TrainingGraph, ...] = ()
+    """The captures it was fitted from."""
+    notes: tuple[str, ...] = ()
+    """Remarks (what was left out of the training set, and why)."""
+
+    def gap_us(self, keys: Sequence[str]) -> tuple[float, str]:
+        """The framework time for an op with :func:`structure_keys` ``keys``: (us, level used)."""
+        for level, key in zip(LEVELS, keys, strict=False):
+            table: dict[str, GapStat] = getattr(self, level)
+            hit = table.get(key)
+            if hit is not None:
+                return hit.median_us, level
+        return self.global_gap.median_us, "global"
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile as JSON, atomically."""
+        return save_model(self, path)
+
+
+def module_role(scope: str) -> str:
+    """The scope with numeric path parts (layer, expert indices) as ``*``.
+
+    >>> module_role("model.layers.12.self_attn.q_proj")
+    'model.layers.*.self_attn.q_proj'
+    """
+    return ".".join("*" if _NUMBER.match(part) else part for part in scope.split(".")) if scope else ""
+
+
+def structure_keys(op: OpBase, previous_scope: str | None) -> tuple[str, str, str]:
+    """The (exact, target, kind) lookup keys of ``op``; ``previous_scope`` is the scope of the op
+    issued before it (``None`` for the first op: an entry)."""
+    position = "entry" if previous_scope is None or op.scope != previous_scope else "inner"
+    kind = op.kind.value
+    stage = op.stage.value if op.stage is not None else ""
+    return (
+        f"{stage}|{kind}|{op.target}|{module_role(op.scope)}|{position}",
+        f"{kind}|{op.target}|{position}",
+        f"{kind}|{position}",
+    )
+
+
+def graph_keys(graph: OpGraph) -> list[tuple[str, str, str]]:
+    """:func:`structure_keys` of every op of ``graph``, in program order."""
+    out: list[tuple[str, str, str]] = []
+    previous: str | None = None
+    for op in graph.ops:
+        out.append(structure_keys(op, previous))
+        previous = op.scope
+    return out
+
+
+@dataclass(frozen=True)
+class GapPrediction:
+    """Framework host time per op of a graph, looked up in a host profile."""
+
+    gaps_us: list[float]
+    """Per op, in program order."""
+    levels: Counter[str] = field(default_factory=Counter)
+    """Ops answered at each lookup level."""
+
+    @property
+    def total_us(self) -> float:
+        """Sum over ops."""
+        return sum(self.gaps_us)
+
+    def describe(self) -> str:
+        """``N exact, M kind+target, ...`` in lookup order."""
+        names = {"exact": "exact key", "target": "kind+target", "kind": "kind only", "global": "global median"}
+        return ", ".join(f"{self.levels[lv]} {names[lv]}" for lv in LEVELS if self.levels[lv])
+
+
+def predict_gaps(graph: OpGraph, profile: HostProfile) -> GapPrediction:
+    """The framework time before each op of ``graph`` on the profile's CPU (fallback chain of
+    :data:`LEVELS`)."""
+    gaps: list[float] = []
+    levels: Counter[str] = Counter()
+    for keys in graph_keys(graph):
+        us, level = profile.gap_us(keys)
+        gaps.append(us)
+        levels[level] += 1
+    return GapPrediction(gaps, levels)
+
+
+def forward_starts(graph: OpGraph) -> list[int]:
+    """Indices of the ops that start a forward pass: the first op, and each op whose (stage, step)
+    differs from the op before it (the steps of a generate graph)."""
+    out: list[int] = []
+    previous: tuple[object, object] | None = None
+    for i, op in enumerate(graph.ops):
+        here = (op.stage, op.step)
+        if i == 0 or here != previous:
+            out.append(i)
+        previous = here
+    return out
+
+
+def in_context(host_us: Sequence[float], graph: OpGraph, profile: HostProfile) -> list[float]:
+    """Per-op host times (issue plus framework time, in program order) as the real device runs them:
+    each times :attr:`HostProfile.op_scale`, plus :attr:`HostProfile.forward_us` on the first op of
+    each forward pass (:func:`forward_starts`)."""
+    out = [h * profile.op_scale for h in host_us]
+    if profile.forward_us and out:
+        for i in forward_starts(graph):
+            out[i] += profile.forward_us
+    return out
+
+
+# -- files -------------------------------------------------------------------------------------------
+
+
+HOST_PROFILE_FILE = FileKind(
+    "host profile",
+    HOST_PROFILE_FORMAT,
+    HOST_PROFILE_SCHEMA_VERSION,
+    "python -m hardware.hostfit",
+    "rebuild it with `python -m hardware.hostfit`",
+)
+"""How a host profile file is checked and read."""
+
+
+def check_host_schema(raw: dict[str, object], where: str) -> None:
+    """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is a host profile of this schema."""
+    HOST_PROFILE_FILE.check(raw, where)
+
+
+def load_host_profile(path: str | Path) -> HostProfile:
+    """Read a :class:`HostProfile`; a missing, truncated, foreign or other-version file is a one-line
+    :class:`~opgraph.ir.LoadError` naming it (:class:`~opgraph.ir.SchemaVersionError` for the version)."""
+    return HOST_PROFILE_FILE.load(path, HostProfile)
+
+
+def hardware_host_profile(hw: HardwareSpec | str) -> Path | None:
+    """The host profile file the device's TOML names (``host_profile = ...``), or ``None``.
+
+    >>> hardware_host_profile("a6000") is None
+    True
+    """
+    from hardware.loader import catalog_spec, list_hardware, named_host_profile
+
+    list_hardware()  # the catalog registers its profiles as it loads (once)
+    name = hw.name if isinstance(hw, HardwareSpec) else hw
+    hit = named_host_profile(name)  # a user TOML's own registers under its name as it loads
+    return hit if hit is not None or isinstance(hw, HardwareSpec) else named_host_profile(catalog_spec(hw).name)
+
+
+@lru_cache(maxsize=32)
+def device_host_cpu(hw_name: str) -> str | None:
+    """The host CPU the device's shipped device profile was measured with, when it ships one."""
+    from hardware.profile import hardware_profile, load_profile
+
+    try:
+        path = hardware_profile(hw_name)
+    except OpgraphError:  # not a catalog device: it ships no device profile
+        return None
+    if path is None or not path.exists():
+        return None
+    return load_profile(path).device.host_cpu or None
+
+
+def check_host_cpu(profile: HostProfile, hw_name: str, where: str) -> str | None:
+    """A :class:`HostProfileWarning` (returned as its text too) when the host profile's CPU is not the
+    host CPU of ``hw_name``'s device profile; ``None`` when they agree or either is unknown."""
+    expected = device_host_cpu(hw_name) if hw_name else None
+    if expected is None or not profile.host.cpu or profile.host.cpu == expected:
+        return None
+    text = (
+        f"host profile {where} was measured on {profile.host.cpu!r}, not on {expected!r} (the host of the "
+        f"{hw_name} device profile): the framework times are that CPU's"
+    )
+    warnings.warn(text, HostProfileWarning, stacklevel=3)
+    return text

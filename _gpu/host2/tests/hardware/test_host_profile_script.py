@@ -1,0 +1,58 @@
+"""The host profile's training set (benchmarks/gpu/host_profile.sh) is none of the held-out cases, and
+its measured walls can tell the per-forward time from the per-op scale."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+SCRIPT = REPO / "benchmarks" / "gpu" / "host_profile.sh"
+
+
+def _heldout_cases() -> list[dict[str, object]]:
+    spec = importlib.util.spec_from_file_location("heldout_for_host", REPO / "benchmarks" / "gpu" / "heldout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["heldout_for_host"] = module
+    spec.loader.exec_module(module)
+    return list(module.CASES)
+
+
+def _training(path: Path) -> list[tuple[str, str, int, int, str, int, bool]]:
+    block = re.search(r'^TRAIN="\n(.*?)^"', path.read_text(), re.S | re.M)
+    assert block is not None, 'no TRAIN="..." in the script'
+    rows = []
+    for line in block.group(1).strip().splitlines():
+        _, preset, phase, batch, tokens, dtype, layers, wall = line.split()
+        rows.append((preset, phase, int(batch), int(tokens), dtype, int(layers), wall == "1"))
+    return rows
+
+
+def test_no_training_shape_is_a_held_out_case() -> None:
+    train = _training(SCRIPT)
+    assert len(train) >= 10
+    held = _heldout_cases()
+    held_keys = {
+        (c["preset"], c["phase"], int(c["batch"]), int(c["kv_len"] if c["phase"] == "decode" else c["seq_len"]))  # type: ignore[call-overload]
+        for c in held
+    }
+    overlap = [t for t in train if t[:4] in held_keys]
+    assert overlap == []
+    # not even the layer counts: the fit never sees a graph of a held-out case's depth
+    assert {t[5] for t in train}.isdisjoint({int(c["layers"]) for c in held})  # type: ignore[call-overload]
+    # both phases and every family the held-out set has, but Llama-3.1-70B
+    assert {t[1] for t in train} == {"prefill", "decode"}
+    assert {str(c["preset"]) for c in held} - {t[0] for t in train} == {"llama-3.1-70b"}
+
+
+def test_measured_walls_are_dense_decodes_of_several_layer_counts() -> None:
+    walls = [t for t in _training(SCRIPT) if t[6]]
+    assert len(walls) >= 6
+    assert {t[1] for t in walls} == {"decode"}  # host-bound: their wall is the host's
+    assert not any(t[0] in ("qwen3-30b-a3b", "mixtral-8x7b") for t in walls)  # dense
+    assert len({t[5] for t in walls}) >= 3  # per forward vs per layer
+    assert len({t[2] for t in walls}) >= 3  # light and heavy device work per layer

@@ -1,0 +1,264 @@
+"""Host profiles: the fit recovers the framework gaps it is given, the lookup falls back key by key,
+files fail in one line, and the profile's CPU is checked against the device's host."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from hardware.hostfit import fit_host_profile, fit_wall_terms, main
+from hardware.hostprofile import (
+    GapStat,
+    HostInfo,
+    HostProfile,
+    HostProfileWarning,
+    check_host_cpu,
+    forward_starts,
+    in_context,
+    load_host_profile,
+    predict_gaps,
+)
+from opgraph.ir import (
+    CaptureSettings,
+    Elementwise,
+    Gemm,
+    GraphMetadata,
+    LoadError,
+    Norm,
+    OpBase,
+    OpGraph,
+    OpgraphError,
+    SchemaVersionError,
+    Stage,
+    save_graph,
+)
+from tests.hardware.host_builders import layer_ops, toy_graph, toy_profile
+
+
+def test_fit_recovers_the_known_gaps_of_an_unseen_graph() -> None:
+    # Three timed graphs whose gaps are the truth plus -1, 0 and +1 us: the medians are the truth.
+    prof = toy_profile()
+    target = toy_graph(5, timed=False)  # a longer graph, never timed
+    pred = predict_gaps(target, prof)
+    truth = [op for layer in range(5) for op in layer_ops(layer, 4 * layer, 0.0)]
+    assert pred.gaps_us == [op.host_gap_us for op in truth]
+    assert pred.levels == {"exact": 20}
+    assert prof.exact["decode|norm|LlamaRMSNorm|model.layers.*.input_layernorm|entry"] == GapStat(
+        median_us=40.0, p10_us=39.0, p90_us=41.0, n=7
+    )
+    assert [t.ops for t in prof.training] == [8, 12, 8]
+
+
+def test_the_first_op_of_a_module_call_pays_more_than_the_next() -> None:
+    prof = toy_profile()
+    entry, inner = prof.kind["elementwise|entry"].median_us, prof.kind["elementwise|inner"].median_us
+    assert (entry, inner) == (12.0, 3.0)
+
+
+def test_lookup_falls_back_from_exact_to_target_to_kind_to_global() -> None:
+    prof = toy_profile()
+    s = Stage.DECODE
+    ops: list[OpBase] = [
+        # exact key: known stage, kind, target, role and position
+        Norm(id=0, hidden=64, rows=4, target="LlamaRMSNorm", scope="model.layers.7.input_layernorm", stage=s),
+        # another module, same kind+target+position as the up_proj: kind+target
+        Gemm(id=1, m=4, n=64, k=64, target="aten.mm.default", scope="model.layers.7.self_attn.q_proj", stage=s),
+        # an elementwise target never seen, entering a module: kind
+        Elementwise(id=2, fn="sub", numel=8, target="aten.sub.Tensor", scope="model.layers.7.other", stage=s),
+        # a norm inside a module call, which no training op was: global median
+        Norm(id=3, hidden=64, rows=4, target="LlamaRMSNorm", scope="model.layers.7.other", stage=s),
+    ]
+    pred = predict_gaps(OpGraph(ops=tuple(ops)), prof)
+    assert pred.levels == {"exact": 1, "target": 1, "kind": 1, "global": 1}
+    assert pred.gaps_us == [40.0, 25.0, 12.0, prof.global_gap.median_us]
+    assert pred.describe() == "1 exact key, 1 kind+target, 1 kind only, 1 global median"
+
+
+def test_fit_refuses_untimed_graphs_and_mixed_cpus() -> None:
+    with pytest.raises(OpgraphError, match="no host timing"):
+        fit_host_profile([toy_graph(2), toy_graph(2, timed=False)])
+    with pytest.raises(OpgraphError, match="2 CPUs"):
+        fit_host_profile([toy_graph(2, cpu="A"), toy_graph(2, cpu="B")])
+    with pytest.raises(OpgraphError, match="no training graphs"):
+        fit_host_profile([])
+
+
+def test_saved_profile_round_trips(tmp_path: Path) -> None:
+    prof = toy_profile(issue_us=12.5)
+    path = prof.save(tmp_path / "toy.host.json")
+    assert load_host_profile(path) == prof
+
+
+@pytest.mark.parametrize(
+    ("edit", "error", "match"),
+    [
+        (lambda text: text[: len(text) // 2], LoadError, "truncated or not valid JSON"),
+        (lambda text: text.replace('"schema_version":1', '"schema_version":0'), SchemaVersionError, "older"),
+        (lambda text: text.replace('"schema_version":1', '"schema_version":9'), SchemaVersionError, "newer"),
+        (lambda text: text.replace("opgraph.host_profile", "opgraph.device_profile"), LoadError, "not a host profile"),
+        (lambda text: text.replace('"median_us":40.0', '"median_us":-1'), LoadError, "invalid host profile"),
+    ],
+)
+def test_bad_files_are_one_line_errors(tmp_path: Path, edit, error, match) -> None:  # type: ignore[no-untyped-def]
+    path = toy_profile().save(tmp_path / "toy.host.json")
+    path.write_text(edit(path.read_text()))
+    with pytest.raises(error, match=match) as info:
+        load_host_profile(path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_profile_of_another_cpu_than_the_device_profile_host_warns() -> None:
+    from hardware.profile import hardware_profile, load_profile
+
+    path = hardware_profile("h100")
+    assert path is not None
+    host_cpu = load_profile(path).device.host_cpu
+    same = toy_profile(host=HostInfo(cpu=host_cpu))
+    other = toy_profile(host=HostInfo(cpu=host_cpu + " (another one)"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check_host_cpu(same, "h100-sxm", "same.host.json") is None
+        assert check_host_cpu(other, "a6000", "other.host.json") is None  # a6000 ships no device profile
+    with pytest.warns(HostProfileWarning, match="another one"):
+        assert check_host_cpu(other, "h100-sxm", "other.host.json") is not None
+
+
+def test_hostfit_command_writes_a_profile_and_fails_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from opgraph.ir import save_graph
+
+    files = [save_graph(toy_graph(2, n), tmp_path / f"g{i}.json") for i, n in enumerate((-1.0, 1.0, 0.0))]
+    out = tmp_path / "toy.host.json"
+    assert main([*map(str, files), "-o", str(out), "--note", "toy"]) == 0
+    prof = load_host_profile(out)
+    assert prof.notes == ("toy",) and prof.host.cpu == "Toy CPU" and prof.issue_us is None
+    untimed = save_graph(toy_graph(2, timed=False), tmp_path / "untimed.json")
+    assert main([str(untimed), "-o", str(tmp_path / "x.host.json")]) == 2
+    err = capsys.readouterr().err
+    assert "has no host timing" in err and err.count("\n") == 1
+
+
+def test_catalog_host_profile_key_must_be_a_file_name(tmp_path: Path) -> None:
+    from hardware import load_hardware
+
+    bad = tmp_path / "dev.toml"
+    bad.write_text('base = "h100"\nname = "dev"\nhost_profile = 3\n')
+    with pytest.raises(LoadError, match="host_profile: expected a file name"):
+        load_hardware(bad)
+
+
+def test_a_user_toml_registers_its_host_profile(tmp_path: Path) -> None:
+    from hardware import load_hardware
+    from hardware.hostprofile import hardware_host_profile
+
+    prof_path = toy_profile().save(tmp_path / "toy.host.json")
+    toml = tmp_path / "dev.toml"
+    toml.write_text('base = "h100"\nname = "dev-with-host"\nhost_profile = "toy.host.json"\n')
+    spec = load_hardware(toml)
+    assert hardware_host_profile(spec) == prof_path
+    assert hardware_host_profile("a6000") is None
+
+
+def test_json_profile_is_plain_data(tmp_path: Path) -> None:
+    raw = json.loads(toy_profile().save(tmp_path / "t.host.json").read_text())
+    assert raw["format"] == "opgraph.host_profile" and raw["schema_version"] == 1
+    assert set(raw["host"]) >= {"cpu", "cores", "torch", "transformers", "python", "date"}
+
+
+def _devices_with_host_profiles() -> list[str]:
+    from hardware import list_hardware
+    from hardware.hostprofile import hardware_host_profile
+
+    return [hw.name for hw in list_hardware() if hardware_host_profile(hw) is not None]
+
+
+@pytest.mark.parametrize("name", _devices_with_host_profiles())
+def test_shipped_host_profiles_load_and_are_of_the_device_profile_host(name: str) -> None:
+    from hardware.hostprofile import device_host_cpu, hardware_host_profile
+
+    path = hardware_host_profile(name)
+    assert path is not None
+    prof = load_host_profile(path)
+    assert prof.host.cpu == device_host_cpu(name)
+    assert prof.training and prof.issue_us is not None
+
+
+def _two_step_graph() -> OpGraph:
+    """A toy generate graph: a prefill step (step 0) and a decode step (step 1), two ops each."""
+    ops = [op.model_copy(update={"step": 0, "stage": Stage.PREFILL}) for op in layer_ops(0, 0, 0.0)[:2]]
+    ops += [op.model_copy(update={"step": 1}) for op in layer_ops(0, 2, 0.0)[:2]]
+    md = GraphMetadata(model="toy", phase="generate", capture=CaptureSettings(batch=1))
+    return OpGraph(metadata=md, ops=tuple(ops))
+
+
+def test_in_context_scales_every_op_and_charges_each_forward_once() -> None:
+    g = _two_step_graph()
+    assert forward_starts(g) == [0, 2]
+    prof = toy_profile(op_scale=2.0, forward_us=100.0)
+    assert in_context([1.0, 2.0, 3.0, 4.0], g, prof) == [102.0, 4.0, 106.0, 8.0]
+    assert in_context([1.0, 2.0, 3.0, 4.0], g, toy_profile()) == [1.0, 2.0, 3.0, 4.0]
+
+
+def _toy_wall(host_us: dict[str, float], device_us: dict[str, float]) -> Callable[[OpGraph, HostProfile], float]:
+    """Walls of toy graphs named by their model: host-bound ones pay scale x host + forward time, a
+    device-bound one its device time."""
+
+    def wall(graph: OpGraph, profile: HostProfile) -> float:
+        name = graph.metadata.model
+        return max(profile.op_scale * host_us[name] + profile.forward_us, device_us[name])
+
+    return wall
+
+
+def _named(name: str) -> OpGraph:
+    g = toy_graph(1)
+    return g.model_copy(update={"metadata": g.metadata.model_copy(update={"model": name})})
+
+
+def test_wall_fit_tells_the_per_forward_time_from_the_per_op_scale() -> None:
+    host = {"l1": 900.0, "l3": 2500.0, "l5": 4100.0, "gpu": 1000.0}
+    device = {"l1": 100.0, "l3": 300.0, "l5": 500.0, "gpu": 20000.0}
+    graphs = {n: _named(n) for n in host}
+    true_scale, true_forward = 1.2, 700.0
+    walls = {n: max(true_scale * host[n] + true_forward, device[n]) for n in host}
+    fitted = fit_wall_terms(toy_profile(), graphs, walls, _toy_wall(host, device))
+    assert fitted.op_scale == pytest.approx(true_scale, rel=1e-3)
+    assert fitted.forward_us == pytest.approx(true_forward, abs=2.0)
+    by_name = {w.name: w for w in fitted.walls}
+    assert by_name["l3"].predicted_us == pytest.approx(walls["l3"], rel=1e-3)
+    assert by_name["l3"].unfitted_us == pytest.approx(host["l3"])  # scale 1, no forward time
+    # the gap tables are kept as fitted from the captures
+    assert fitted.exact == toy_profile().exact
+
+
+def test_wall_fit_needs_two_walls_of_different_host_time() -> None:
+    host, device = {"a": 1000.0, "b": 1000.0}, {"a": 0.0, "b": 0.0}
+    graphs = {n: _named(n) for n in host}
+    with pytest.raises(OpgraphError, match="two or more"):
+        fit_wall_terms(toy_profile(), {"a": graphs["a"]}, {"a": 1500.0}, _toy_wall(host, device))
+    with pytest.raises(OpgraphError, match="do not tell"):
+        fit_wall_terms(toy_profile(), graphs, {"a": 1500.0, "b": 1500.0}, _toy_wall(host, device))
+
+
+def test_a_profile_without_wall_terms_loads_as_scale_one_and_no_forward_time(tmp_path: Path) -> None:
+    raw = json.loads(toy_profile().model_dump_json())
+    for key in ("op_scale", "forward_us", "walls"):
+        raw.pop(key)
+    path = tmp_path / "old.host.json"
+    path.write_text(json.dumps(raw))
+    prof = load_host_profile(path)
+    assert (prof.op_scale, prof.forward_us, prof.walls) == (1.0, 0.0, ())
+
+
+def test_hostfit_walls_need_a_device_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    graph = save_graph(toy_graph(2), tmp_path / "g.json.gz")
+    walls = tmp_path / "walls.json"
+    walls.write_text(json.dumps({"g": 1000.0}))
+    assert main([str(graph), "-o", str(tmp_path / "p.host.json"), "--walls", str(walls)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "--device-profile" in err and "\n" not in err

@@ -1,0 +1,148 @@
+"""Framework time in eager simulations: the graph's own host timing, else the host profile the
+hardware names (or the config gives), else none; the run's notes say which."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from sim_graphs import PerOpCost, hw
+from typer.testing import CliRunner
+
+from hardware.hostprofile import HostInfo
+from opgraph.cli.app import app
+from opgraph.ir import save_graph
+from simulators import HostConfig, HostMode, SimulationConfig, simulate
+from tests.hardware.host_builders import toy_graph, toy_profile
+
+EAGER_US = 1.0
+"""Issue time per op of the test device; device time per toy op is 2 us (10 for the GEMM)."""
+
+
+def _config(**host: object) -> SimulationConfig:
+    return SimulationConfig.standard(1, policy="stream", host=HostConfig(mode=HostMode.EAGER, **host))
+
+
+def _host_bound_wall(gaps: list[float], issue_us: float = EAGER_US) -> float:
+    """Wall of a toy graph whose host is the bottleneck: every op's issue and framework time, then the
+    last op (2 us) on the device."""
+    return sum(issue_us + g for g in gaps) + 2.0
+
+
+def test_graph_host_timing_wins_over_the_host_profile_which_wins_over_none(tmp_path: Path) -> None:
+    profile = toy_profile().save(tmp_path / "toy.host.json")
+    timed = toy_graph(2, 5.0)  # its own gaps: the truth + 5 us
+    untimed = toy_graph(2, timed=False)
+    own = [op.host_gap_us or 0.0 for op in timed.ops]
+    truth = [op.host_gap_us or 0.0 for op in toy_graph(2).ops]
+
+    r = simulate(timed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(profile)))
+    assert r.stats().makespan_us == pytest.approx(_host_bound_wall(own))
+    assert any("the graph's --host-timing" in n for n in r.notes)
+
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(profile)))
+    assert r.stats().makespan_us == pytest.approx(_host_bound_wall(truth))
+    assert any("predicted by the host profile" in n and "8 exact key" in n for n in r.notes)
+
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(profile), framework=False))
+    assert not any("framework" in n for n in r.notes)
+    r0 = simulate(untimed, hw(EAGER_US), PerOpCost(), _config())  # testdev names no host profile
+    assert r.stats().makespan_us == r0.stats().makespan_us < _host_bound_wall(truth)
+    assert not any("framework" in n for n in r0.notes)
+
+
+def test_host_profile_issue_time_replaces_the_spec_default_unless_per_op_is_set(tmp_path: Path) -> None:
+    profile = toy_profile(issue_us=4.0).save(tmp_path / "toy.host.json")
+    untimed = toy_graph(2, timed=False)
+    truth = [op.host_gap_us or 0.0 for op in toy_graph(2).ops]
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(profile)))
+    assert r.host_per_op_us == 4.0
+    assert r.stats().makespan_us == pytest.approx(_host_bound_wall(truth, 4.0))
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(profile), per_op_us=2.0))
+    assert r.stats().makespan_us == pytest.approx(_host_bound_wall(truth, 2.0))
+
+
+def test_cuda_graph_host_mode_takes_no_framework_time(tmp_path: Path) -> None:
+    profile = toy_profile().save(tmp_path / "toy.host.json")
+    cfg = SimulationConfig.standard(
+        1, policy="stream", host=HostConfig(mode=HostMode.CUDA_GRAPH, host_profile=str(profile))
+    )
+    r = simulate(toy_graph(2, timed=False), hw(EAGER_US), PerOpCost(), cfg)
+    assert not any("framework" in n for n in r.notes)
+
+
+def test_a_host_profile_of_another_cpu_than_the_device_host_is_a_named_warning(tmp_path: Path) -> None:
+    from hardware import load_hardware
+    from hardware.hostprofile import HostProfileWarning
+
+    profile = toy_profile(host=HostInfo(cpu="Some Other CPU")).save(tmp_path / "toy.host.json")
+    with pytest.warns(HostProfileWarning, match="Some Other CPU"):
+        r = simulate(toy_graph(2, timed=False), load_hardware("h100"), PerOpCost(), _config(host_profile=str(profile)))
+    assert any(n.startswith("warning: host profile") for n in r.notes)
+
+
+def test_simulate_cli_uses_the_host_profile_the_hardware_names_with_its_device_profile(tmp_path: Path) -> None:
+    toy_profile().save(tmp_path / "toy.host.json")
+    (tmp_path / "dev.toml").write_text(
+        'base = "h100"\nname = "dev-host"\nhost_profile = "toy.host.json"\n[host]\neager_us = 1.0\n'
+    )
+    graph = save_graph(toy_graph(2, timed=False), tmp_path / "g.json")
+    args = ["simulate", str(graph), "-H", str(tmp_path / "dev.toml"), "-c", "host_costs:ProfileModel", "-e", "1"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "predicted by the host profile toy.host.json" in " ".join(r.output.split())
+    r = CliRunner().invoke(app, [*args, "--no-framework-time"])
+    assert r.exit_code == 0, r.output
+    assert "host profile" not in r.output
+    # Other cost models (a datasheet one, a calibrated table's kind) keep the spec's host.
+    for other in ("sim_graphs:PerOpCost", "host_costs:MeasuredCost"):
+        r = CliRunner().invoke(app, [*args[:4], "-c", other, "-e", "1"])
+        assert r.exit_code == 0, r.output
+        assert "host profile" not in r.output and "framework" not in r.output
+
+
+def test_simulate_cli_bad_host_profile_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "toy.host.json").write_text('{"format": "opgraph.host_profile", "schema_version": 1, "ho')
+    (tmp_path / "dev.toml").write_text('base = "h100"\nname = "dev-bad-host"\nhost_profile = "toy.host.json"\n')
+    graph = save_graph(toy_graph(2, timed=False), tmp_path / "g.json")
+    args = ["simulate", str(graph), "-H", str(tmp_path / "dev.toml"), "-c", "host_costs:ProfileModel"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 2
+    assert "truncated or not valid JSON" in r.output and "Traceback" not in r.output
+
+
+def test_simulate_cli_uses_the_catalog_host_profile_of_the_device(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The catalog entry names its host profile (``host_profile = ...`` in h100-sxm.toml): stand one in,
+    # measured on the CPU that measured the device profile, so no warning.
+    from hardware import loader
+    from hardware.hostprofile import device_host_cpu
+
+    cpu = device_host_cpu("h100-sxm")
+    assert cpu
+    path = toy_profile(host=HostInfo(cpu=cpu)).save(tmp_path / "h100-sxm.host.json")
+    loader.list_hardware()
+    monkeypatch.setitem(loader._HOST_PROFILES, "h100-sxm", path)
+    graph = save_graph(toy_graph(2, timed=False), tmp_path / "g.json")
+    r = CliRunner().invoke(app, ["simulate", str(graph), "-H", "h100", "-c", "host_costs:ProfileModel", "-e", "1"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "predicted by the host profile h100-sxm.host.json" in text and "warning" not in text
+
+
+def test_fitted_in_context_terms_scale_each_op_and_add_a_time_per_forward(tmp_path: Path) -> None:
+    untimed = toy_graph(2, timed=False)
+    truth = [op.host_gap_us or 0.0 for op in toy_graph(2).ops]
+    plain = toy_profile(issue_us=4.0).save(tmp_path / "plain.host.json")
+    fitted = toy_profile(issue_us=4.0, op_scale=1.5, forward_us=30.0).save(tmp_path / "fitted.host.json")
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(plain)))
+    assert r.stats().makespan_us == pytest.approx(_host_bound_wall(truth, 4.0))
+    assert not any("in context" in n for n in r.notes)
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(fitted)))
+    # host-bound: every op's issue and framework time x1.5, 30 us once (one forward), the last op on the device
+    assert r.stats().makespan_us == pytest.approx(1.5 * sum(4.0 + g for g in truth) + 30.0 + 2.0)
+    assert any("in context" in n and "x1.500" in n for n in r.notes)
+    # a graph carrying its own --host-timing keeps its measured gaps as they are
+    timed = toy_graph(2)
+    r_own = simulate(timed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(fitted)))
+    r_own_plain = simulate(timed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(plain)))
+    assert r_own.stats().makespan_us == r_own_plain.stats().makespan_us
