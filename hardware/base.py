@@ -8,23 +8,14 @@ import warnings
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Protocol, runtime_checkable
 
 from hardware.spec import HardwareSpec
 from opgraph.ir import IDENTITY_FIELDS, OpBase, OpCategory, OpGraph, OpgraphError
 
-
-class Bound(str, Enum):
-    """What limits an op's time."""
-
-    COMPUTE = "compute"
-    MEMORY = "memory"
-    LAUNCH = "launch"
-    HOST = "host"
-    LINK = "link"
-    FREE = "free"
-    """No kernel: views and other metadata ops."""
+# What limits an op's time: the IR's enum, so a cost's verdict is the value saved on simulated spans.
+# Re-exported for the cost models (``from hardware.base import Bound``).
+from opgraph.ir import Bound as Bound
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,22 +7,16 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from opgraph.ir import Op, OpBase
+from opgraph.ir import GraphIdentity, Op, OpBase
 from opgraph.ir.configs import CONFIG_HASH_VERSION, config_dict, hash_config_dict
 from opgraph.ir.tensor import FROZEN, NonNegInt
 
 
-class ConfigSource(BaseModel):
+class ConfigSource(GraphIdentity):
     """Where a config was seen and how often: one model, phase, op stage and device."""
 
     model_config = FROZEN
 
-    model: str
-    """Model name, preset or path, from the graph's metadata."""
-    architecture: str = ""
-    """transformers architecture class (``LlamaForCausalLM``)."""
-    phase: str = ""
-    """Phase of the graph: ``prefill``, ``decode``, ``generate`` or ``trace``."""
     stage: str = ""
     """Stage of the ops themselves (``prefill`` or ``decode``), empty when unknown."""
     device: str = ""

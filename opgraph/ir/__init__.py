@@ -32,6 +32,7 @@ from opgraph.ir.graph import (
     capture_settings,
     find_cycle,
 )
+from opgraph.ir.identity import GraphIdentity
 from opgraph.ir.io import (
     atomic_write,
     load_graph,
@@ -104,6 +105,7 @@ __all__ = [
     "FieldDelta",
     "Gemm",
     "GenerationPlan",
+    "GraphIdentity",
     "GraphLintError",
     "GraphMetadata",
     "HostTimingSummary",

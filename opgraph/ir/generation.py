@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import cached_property
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Any, ClassVar, Generic, Literal, TypeVar, overload
 
 from pydantic import BaseModel, model_validator
 
@@ -429,11 +429,38 @@ def _add_at(data: dict[str, Any], path: Path, amount: int) -> None:
 
 
 class _Planned(Generic[_T]):
-    """What the lazy views share: the recorded part and the plan, which together decide equality."""
+    """What the lazy views share: the recorded part and the plan, which together decide equality, and
+    indexing (the recorded items first, then the planned part's, which each view builds its own way)."""
 
     __slots__ = ()
     explicit: tuple[_T, ...]
     plan: GenerationPlan
+    _item: ClassVar[str]
+    """What an item is, for the out-of-range message (``op``, ``edge``)."""
+
+    def __len__(self) -> int:
+        """Recorded plus planned items (each view counts its planned part)."""
+        raise NotImplementedError
+
+    def _planned(self, off: int) -> _T:
+        """Item ``off`` of the planned part (the items after the explicit ones)."""
+        raise NotImplementedError
+
+    @overload
+    def __getitem__(self, i: int) -> _T: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[_T]: ...
+    def __getitem__(self, i: int | slice) -> _T | list[_T]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"{self._item} index out of range")
+        if i < len(self.explicit):
+            return self.explicit[i]
+        return self._planned(i - len(self.explicit))
 
     def __eq__(self, other: object) -> bool:
         if type(other) is type(self):
@@ -452,6 +479,7 @@ class LazyOps(_Planned[OpBase], Sequence[OpBase]):
     """
 
     __slots__ = ("_cache", "explicit", "plan")
+    _item = "op"
 
     def __init__(self, explicit: tuple[OpBase, ...], plan: GenerationPlan) -> None:
         self.explicit = explicit
@@ -466,28 +494,9 @@ class LazyOps(_Planned[OpBase], Sequence[OpBase]):
             self._cache = (step, self.plan.step_ops(step))
         return self._cache[1]
 
-    def _locate(self, i: int) -> tuple[int, int]:
+    def _planned(self, off: int) -> OpBase:
         plan = self.plan
-        off = i - len(self.explicit)
-        step = plan.first_step + off // plan.op_shift
-        return step, off % plan.op_shift
-
-    @overload
-    def __getitem__(self, i: int) -> OpBase: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[OpBase]: ...
-    def __getitem__(self, i: int | slice) -> OpBase | list[OpBase]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("op index out of range")
-        if i < len(self.explicit):
-            return self.explicit[i]
-        step, j = self._locate(i)
-        return self._step(step)[j]
+        return self._step(plan.first_step + off // plan.op_shift)[off % plan.op_shift]
 
     def __iter__(self) -> Iterator[OpBase]:
         yield from self.explicit
@@ -502,6 +511,7 @@ class LazyEdges(_Planned[Any], Sequence[Any]):
     """``graph.edges`` of a planned graph: the explicit edges, then each planned step's, built on demand."""
 
     __slots__ = ("explicit", "make", "plan")
+    _item = "edge"
 
     def __init__(self, explicit: tuple[Any, ...], plan: GenerationPlan, make: Any) -> None:
         self.explicit = explicit
@@ -518,21 +528,7 @@ class LazyEdges(_Planned[Any], Sequence[Any]):
             for e in self.plan.step_edges(step):
                 yield self.make(*e)
 
-    @overload
-    def __getitem__(self, i: int) -> Any: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Any]: ...
-    def __getitem__(self, i: int | slice) -> Any:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("edge index out of range")
-        if i < len(self.explicit):
-            return self.explicit[i]
-        off = i - len(self.explicit)
+    def _planned(self, off: int) -> Any:
         per = len(self.plan.edges)
         step = self.plan.first_step + off // per if per else self.plan.last_step
         return self.make(*self.plan.step_edges(step)[off % per])

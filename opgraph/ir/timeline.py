@@ -24,19 +24,9 @@ class TimelineKind(str, Enum):
     REPLAY = "replay"
 
 
-class SpanCategory(str, Enum):
-    """What a span is: device work (a kernel of some type, a copy, a simulated op) or host activity.
+class KernelType(str, Enum):
+    """What a GPU kernel does, at the granularity of a performance breakdown."""
 
-    Values are the strings saved in timeline files. Measured kernels carry their kernel type (``gemm``,
-    ``attention``, ... as :class:`opgraph.trace.KernelType`), simulated timelines may carry the op kind;
-    :attr:`is_device` is the one rule for what counts as device time, used by every report.
-    """
-
-    # Device work: generic kinds of device activity.
-    KERNEL = "kernel"
-    MEMCPY = "memcpy"
-    MEMSET = "memset"
-    # Device work: kernel types of measured kernels (the values of opgraph.trace.KernelType).
     ATTENTION = "attention"
     GEMM = "gemm"
     MOE = "moe"
@@ -52,6 +42,37 @@ class SpanCategory(str, Enum):
     EMBEDDING = "embedding"
     OTHER = "other"
     UNKNOWN = "unknown"
+
+
+class SpanCategory(str, Enum):
+    """What a span is: device work (a kernel of some type, a copy, a simulated op) or host activity.
+
+    Values are the strings saved in timeline files. Measured kernels carry their kernel type (``gemm``,
+    ``attention``, ... as :class:`opgraph.trace.KernelType`), simulated timelines may carry the op kind;
+    :attr:`is_device` is the one rule for what counts as device time, used by every report.
+    """
+
+    # Device work: generic kinds of device activity.
+    KERNEL = "kernel"
+    MEMCPY = "memcpy"
+    MEMSET = "memset"
+    # Device work: every kernel type of measured kernels, under its own name and value (an enum cannot
+    # extend another, so the names stand here again; the values are KernelType's).
+    ATTENTION = KernelType.ATTENTION.value
+    GEMM = KernelType.GEMM.value
+    MOE = KernelType.MOE.value
+    NORM = KernelType.NORM.value
+    ACTIVATION = KernelType.ACTIVATION.value
+    ROPE = KernelType.ROPE.value
+    ELEMENTWISE = KernelType.ELEMENTWISE.value
+    REDUCTION = KernelType.REDUCTION.value
+    MEMORY = KernelType.MEMORY.value
+    COMMUNICATION = KernelType.COMMUNICATION.value
+    QUANTIZATION = KernelType.QUANTIZATION.value
+    SAMPLING = KernelType.SAMPLING.value
+    EMBEDDING = KernelType.EMBEDDING.value
+    OTHER = KernelType.OTHER.value
+    UNKNOWN = KernelType.UNKNOWN.value
     # Device work: op kinds of simulated ops that are no kernel type (the other op kinds are above).
     SOFTMAX = "softmax"
     TOPK = "topk"

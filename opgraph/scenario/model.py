@@ -232,8 +232,8 @@ class CompareSection(BaseModel):
 
 
 # ---------------------------------------------------------------- expectations
-class Bound(BaseModel):
-    """A closed interval ``[min, max]``; either end may be left open."""
+class Limit(BaseModel):
+    """A closed interval ``[min, max]`` on a served-workload number; either end may be left open."""
 
     model_config = FROZEN
 
@@ -241,17 +241,22 @@ class Bound(BaseModel):
     """Smallest value that passes."""
     max: float | None = None
     """Largest value that passes."""
-    engines: PositiveInt | None = None
-    """The simulated engine count the bound applies to (default: the recommended count of a sweep,
-    else the only count)."""
 
     @model_validator(mode="after")
-    def _one_end(self) -> Bound:
+    def _one_end(self) -> Limit:
         if self.min is None and self.max is None:
             raise ValueError("give min, max or both")
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"min {self.min:g} is above max {self.max:g}")
         return self
+
+
+class Bound(Limit):
+    """A closed interval ``[min, max]``; either end may be left open."""
+
+    engines: PositiveInt | None = None
+    """The simulated engine count the bound applies to (default: the recommended count of a sweep,
+    else the only count)."""
 
 
 class ErrorLimits(BaseModel):
@@ -302,25 +307,6 @@ class Expectations(BaseModel):
 
 
 # ---------------------------------------------------------------- served workloads
-class Limit(BaseModel):
-    """A closed interval ``[min, max]`` on a served-workload number; either end may be left open."""
-
-    model_config = FROZEN
-
-    min: float | None = None
-    """Smallest value that passes."""
-    max: float | None = None
-    """Largest value that passes."""
-
-    @model_validator(mode="after")
-    def _one_end(self) -> Limit:
-        if self.min is None and self.max is None:
-            raise ValueError("give min, max or both")
-        if self.min is not None and self.max is not None and self.min > self.max:
-            raise ValueError(f"min {self.min:g} is above max {self.max:g}")
-        return self
-
-
 SERVING_METRICS: tuple[str, ...] = (
     *(f"{what}_{p}_ms" for what in ("ttft", "tpot", "e2e") for p in ("p50", "p90", "p99", "mean")),
     "output_tokens_per_s",

@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from opgraph.ir.timeline import SpanCategory
-from opgraph.trace.patterns import KernelType
+from opgraph.ir.timeline import KernelType, SpanCategory
 
 GPU_KINDS = (SpanCategory.KERNEL, SpanCategory.MEMCPY, SpanCategory.MEMSET)
 """Kinds of device activity."""

@@ -13,32 +13,15 @@ import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from opgraph.ir.errors import OpgraphError
 
-
-class KernelType(str, Enum):
-    """What a GPU kernel does, at the granularity of a performance breakdown."""
-
-    ATTENTION = "attention"
-    GEMM = "gemm"
-    MOE = "moe"
-    NORM = "norm"
-    ACTIVATION = "activation"
-    ROPE = "rope"
-    ELEMENTWISE = "elementwise"
-    REDUCTION = "reduction"
-    MEMORY = "memory"
-    COMMUNICATION = "communication"
-    QUANTIZATION = "quantization"
-    SAMPLING = "sampling"
-    EMBEDDING = "embedding"
-    OTHER = "other"
-    UNKNOWN = "unknown"
+# The kernel types are span categories of the IR (a measured kernel's span carries its type); the
+# classifier's rules name them. Re-exported here, where the pattern tables and the trace facade use it.
+from opgraph.ir.timeline import KernelType as KernelType
 
 
 class PatternError(OpgraphError):

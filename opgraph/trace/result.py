@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from opgraph.trace.patterns import KernelType
-
-_CFG = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+from opgraph.ir.tensor import FROZEN
+from opgraph.ir.timeline import KernelType
 
 StageLabel = Literal["prefill", "decode", "mixed", "idle", "unknown"]
 """Stage of a pass or layer; ``mixed`` is a step that batches prefill and decode requests."""
@@ -22,7 +21,7 @@ LayerKind = Literal["MHA_FC", "MHA_MOE", "MLA_FC", "MLA_MOE", "ATTN", "MOE", "FC
 class Bucket(BaseModel):
     """Count and time of the kernels in one group (a type, a stage)."""
 
-    model_config = _CFG
+    model_config = FROZEN
 
     name: str
     """Group name."""
@@ -37,7 +36,7 @@ class Bucket(BaseModel):
 class StageTypeRow(BaseModel):
     """Kernels of one type within one stage."""
 
-    model_config = _CFG
+    model_config = FROZEN
 
     stage: StageLabel
     type: KernelType
@@ -48,7 +47,7 @@ class StageTypeRow(BaseModel):
 class UniqueKernel(BaseModel):
     """One distinct kernel name with its statistics (as ``extract_unique_kernels``)."""
 
-    model_config = _CFG
+    model_config = FROZEN
 
     name: str
     """Full kernel name."""
@@ -74,7 +73,7 @@ class UniqueKernel(BaseModel):
 class LayerInfo(BaseModel):
     """One detected transformer layer (or half-layer with ``--split-half-layers``)."""
 
-    model_config = _CFG
+    model_config = FROZEN
 
     index: int
     """Global index over the trace."""
@@ -103,7 +102,7 @@ class LayerInfo(BaseModel):
 class PassInfo(BaseModel):
     """One forward pass (an engine step or a ``generate`` iteration)."""
 
-    model_config = _CFG
+    model_config = FROZEN
 
     index: int
     stage: StageLabel
@@ -124,7 +123,7 @@ class PassInfo(BaseModel):
 class CollectiveInfo(BaseModel):
     """Communication kernels of one name."""
 
-    model_config = _CFG
+    model_config = FROZEN
 
     name: str
     count: int
@@ -134,7 +133,7 @@ class CollectiveInfo(BaseModel):
 class RankSummary(BaseModel):
     """One rank of a multi-rank trace."""
 
-    model_config = _CFG
+    model_config = FROZEN
 
     rank: int
     file: str
@@ -152,7 +151,7 @@ class RankSummary(BaseModel):
 class AnalysisResult(BaseModel):
     """What the analyzer found in a measured trace: kernels by type, stage and layer, passes, unknowns."""
 
-    model_config = _CFG
+    model_config = FROZEN
 
     schema_version: Literal[1] = 1
     source: str

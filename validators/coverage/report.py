@@ -6,7 +6,7 @@ from collections import Counter
 
 from pydantic import BaseModel
 
-from opgraph.ir import OpGraph, OpKind
+from opgraph.ir import GraphIdentity, OpGraph, OpKind
 from opgraph.ir.tensor import FROZEN
 from validators.coverage.families import Expectation
 
@@ -36,17 +36,11 @@ class OperatorCoverage(BaseModel):
         return self.count > 0
 
 
-class CoverageReport(BaseModel):
+class CoverageReport(GraphIdentity):
     """The result of checking a graph against a family's expectations."""
 
     model_config = FROZEN
 
-    model: str
-    """Model of the graph."""
-    architecture: str = ""
-    """Its transformers architecture."""
-    phase: str = ""
-    """Phase of the graph."""
     source: str = ""
     """The graph file."""
     family: str
@@ -97,11 +91,8 @@ def verify_graph(graph: OpGraph, expectation: Expectation, *, source: str = "", 
             )
         )
     unmatched: Counter[str] = Counter(operation_name(o) for o in kernel_ops if o.id not in matched_ids)
-    md = graph.metadata
-    return CoverageReport(
-        model=md.model,
-        architecture=md.architecture,
-        phase=md.phase,
+    return CoverageReport.from_metadata(
+        graph.metadata,
         source=source,
         family=expectation.family,
         auto=auto,

@@ -15,6 +15,7 @@ from opgraph.catalog import (
     Catalog,
     CatalogBuilder,
     CatalogError,
+    ConfigSource,
     add_graph_files,
     build_catalog,
     config_hash,
@@ -141,6 +142,19 @@ def test_save_load_round_trip(tmp_path: Path, graphs: ModuleType) -> None:
         assert load_catalog(path) == cat
         assert Catalog.model_validate_json(cat.model_dump_json()) == cat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cat.json", "cat.json.gz"]  # no temp files left
+
+
+OLD_CONFIG_SOURCE = (
+    '{"model":"tiny-llama","architecture":"LlamaForCausalLM","phase":"decode","stage":"decode",'
+    '"device":"meta","hardware":"H100","count":3}'
+)
+"""A config source as catalogs saved it before its first three fields came from ``GraphIdentity``."""
+
+
+def test_an_older_saved_config_source_round_trips_identically() -> None:
+    source = ConfigSource.model_validate_json(OLD_CONFIG_SOURCE)
+    assert source.model_dump_json() == OLD_CONFIG_SOURCE  # same fields, same order, same values
+    assert source.key() == ("tiny-llama", "LlamaForCausalLM", "decode", "decode", "meta", "H100")
 
 
 def test_load_rejects_an_edited_entry(tmp_path: Path, graphs: ModuleType) -> None:

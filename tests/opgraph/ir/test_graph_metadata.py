@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from opgraph.ir import CaptureSettings, GraphMetadata, HostTimingSummary, OpGraph, load_graph, save_graph
+from opgraph.ir import CaptureSettings, GraphIdentity, GraphMetadata, HostTimingSummary, OpGraph, load_graph, save_graph
 
 OLD_CAPTURE = {
     "batch": 2,
@@ -69,3 +69,26 @@ def test_the_mapping_view_reads_as_the_old_dict() -> None:
 def test_a_bad_setting_is_a_validation_error(capture: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         OpGraph.model_validate({"metadata": {"capture": capture}})
+
+
+class _Record(GraphIdentity):
+    """A record about a graph with fields of its own after the identity."""
+
+    rows: int
+
+
+def test_graph_identity_from_metadata_fills_the_three_fields_first() -> None:
+    md = GraphMetadata(model="org/Tiny", architecture="LlamaForCausalLM", phase="decode", config_hash="abc")
+    assert GraphIdentity.from_metadata(md) == GraphIdentity(
+        model="org/Tiny", architecture="LlamaForCausalLM", phase="decode"
+    )
+    record = _Record.from_metadata(md, rows=3)
+    assert list(record.model_dump().items()) == [  # in this order: saved files keep their field order
+        ("model", "org/Tiny"),
+        ("architecture", "LlamaForCausalLM"),
+        ("phase", "decode"),
+        ("rows", 3),
+    ]
+    assert _Record.from_metadata(GraphMetadata(), model="g.json", rows=0).model == "g.json"  # an override wins
+    with pytest.raises(ValidationError):
+        _Record.from_metadata(md, rows=1, phse="prefill")  # a typo is an error, not a silent extra field

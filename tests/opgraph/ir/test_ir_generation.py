@@ -80,6 +80,18 @@ def test_planned_steps_equal_the_ops_written_out() -> None:
     g.lint()
 
 
+@pytest.mark.parametrize("view", ["ops", "edges"])
+def test_lazy_views_index_like_the_lists_written_out(view: str) -> None:
+    # Every index and slice of a lazy view, recorded part and planned part, reads as the full list does.
+    full = dict(zip(("ops", "edges"), _recorded(6), strict=True))[view]
+    lazy = getattr(_planned(6), view)
+    assert [lazy[i] for i in range(-len(full), len(full))] == [full[i] for i in range(-len(full), len(full))]
+    assert lazy[1:-1:3] == full[1:-1:3] and lazy[::-2] == full[::-2]
+    for bad in (len(full), -len(full) - 1):
+        with pytest.raises(IndexError, match=f"^{view[:-1]} index out of range$"):
+            lazy[bad]
+
+
 def test_planned_graph_round_trips_compactly() -> None:
     g = _planned(40)
     text = g.model_dump_json()

@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opgraph.scenario import (
+    Bound,
+    Limit,
     Scenario,
     ScenarioError,
     load_scenario,
@@ -169,3 +171,17 @@ def test_json_schema_golden() -> None:
     # Attribute docstrings land in the schema: a user reading it learns what each field means.
     assert "preset" in schema["$defs"]["ModelSpec"]["properties"]["source"]["description"]
     check_golden("scenario/scenario.schema.json", json.loads(json.dumps(schema)))
+
+
+@pytest.mark.parametrize("cls", [Bound, Limit])
+def test_interval_bounds_share_one_rule(cls: type[Limit]) -> None:
+    # A phase's Bound is a served workload's Limit plus the engine count it applies to: one rule for both.
+    with pytest.raises(ValueError, match="give min, max or both"):
+        cls()
+    with pytest.raises(ValueError, match="min 3 is above max 2"):
+        cls(min=3, max=2)
+    assert cls(max=2).model_dump() == {"min": None, "max": 2.0, **({"engines": None} if cls is Bound else {})}
+
+
+def test_bound_saves_its_interval_before_its_engine_count() -> None:
+    assert Bound(min=1, engines=4).model_dump_json() == '{"min":1.0,"max":null,"engines":4}'

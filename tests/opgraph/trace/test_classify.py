@@ -344,3 +344,10 @@ def test_upsample_is_no_sampling_kernel() -> None:
     name = "void at::native::(anonymous namespace)::upsample_nearest1d_out_frame<c10::BFloat16>(int, float)"
     assert PS.kernel_type(name)[0] is KernelType.ELEMENTWISE
     assert PS.kernel_type("void vllm::sample_tokens_kernel<float>(float*)")[0] is KernelType.SAMPLING
+
+
+def test_each_kernel_type_is_the_span_category_of_its_name() -> None:
+    # A measured kernel's span carries its type as its category: the same name and the same saved string.
+    for ktype in KernelType:
+        category = SpanCategory[ktype.name]
+        assert category == ktype and SpanCategory(ktype.value) is category and category.is_device

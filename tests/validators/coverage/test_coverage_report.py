@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from opgraph.cli.app import app
 from opgraph.ir import GraphMetadata, OpGraph, OpKind, save_graph
 from validators.coverage import (
+    CoverageReport,
     ExpectationError,
     auto_expectation,
     available_families,
@@ -150,3 +151,25 @@ def test_gemma_3_preset_verifies_with_auto_expectations(tmp_path: Path) -> None:
     res = runner.invoke(app, ["verify", str(out), "--expect", "auto"])
     assert res.exit_code == 0, res.output
     assert "STATUS: ✓ ALL REQUIRED OPERATORS COVERED" in res.output
+
+
+OLD_REPORT = (
+    '{"model":"tiny-llama","architecture":"LlamaForCausalLM","phase":"prefill","source":"g.json",'
+    '"family":"llama","auto":true,"total_definitions":2,"total_ops":5,"operators":[{"operator":"rmsnorm",'
+    '"required":true,"count":3,"definitions":{"rmsnorm_h64":3},"description":"RMS norm"}],"unmatched":{"add":2}}'
+)
+"""A coverage report as ``verify --json`` saved it before its first three fields came from ``GraphIdentity``."""
+
+
+def test_an_older_saved_report_round_trips_identically() -> None:
+    report = CoverageReport.model_validate_json(OLD_REPORT)
+    assert report.model_dump_json() == OLD_REPORT  # same fields, same order, same values
+    assert report.ok and report.operators[0].covered
+
+
+def test_report_names_the_graph_as_its_metadata_does(graphs: ModuleType) -> None:
+    g = graphs.llama_like("org/Some-Llama", phase="decode")
+    report = verify_graph(g, load_expectation("llama"), source="g.json")
+    md = g.metadata
+    assert (report.model, report.architecture, report.phase) == (md.model, md.architecture, "decode")
+    assert report.source == "g.json"
