@@ -151,7 +151,7 @@ KNOWN_MISSES: dict[str, str | set[tuple[str, str]]] = {
         ("llama1b_decode_b1_kv512_fp16_l4", "wall_err"),
         ("llama70b_decode_b8_kv4096_bf16_l2", "wall_err"),
         ("llama8b_decode_b32_kv1024_fp16_l4", "wall_err"),
-        ("mixtral_decode_b16_kv2048_fp16_l2", "median_op_err"),
+        ("mixtral_decode_b16_kv2048_fp16_l2", "gpu_err"),
         ("mixtral_decode_b16_kv2048_fp16_l2", "wall_err"),
         ("mixtral_prefill_b1_s2048_bf16_l2", "gpu_err"),
         ("mixtral_prefill_b1_s2048_bf16_l2", "wall_err"),
@@ -160,7 +160,6 @@ KNOWN_MISSES: dict[str, str | set[tuple[str, str]]] = {
         ("qwen25_7b_prefill_b4_s512_fp16_l4", "median_op_err"),
         ("qwen3moe_decode_b8_kv1024_bf16_l2", "wall_err"),
         ("qwen3moe_prefill_b2_s1024_fp16_l2", "gpu_err"),
-        ("qwen3moe_prefill_b2_s1024_fp16_l2", "median_op_err"),
     },
 }
 
