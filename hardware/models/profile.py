@@ -150,7 +150,7 @@ def _issued_as(op: OpBase, f: Features | None) -> Features | None:
 def profile_features(op: OpBase) -> Features | None:
     """The :class:`Features` of ``op``, or ``None`` for kinds a profile does not hold (views,
     collectives, unrecognised ops)."""
-    nbytes = _lg(op.total_bytes)
+    nbytes = _lg(roofline_bytes(op))
     if isinstance(op, Gemm):
         nk = (_lg(op.n), _lg(op.k))
         experts = _expert_product(op)
@@ -217,7 +217,25 @@ def roofline_terms(op: OpBase, hw: HardwareSpec) -> tuple[float, float]:
             peak = hw.peak_flops(op.dtype, tensor=True)
     else:
         peak = hw.peak_flops(op.dtype, tensor=False)
-    return op.flops / peak, op.total_bytes / hw.memory_bandwidth
+    return op.flops / peak, roofline_bytes(op) / hw.memory_bandwidth
+
+
+FIELD_DEFINED: tuple[type[OpBase], ...] = (Activation, Elementwise, MoeRouting, Norm, Rope, Softmax)
+"""Kinds whose profile points are measured from their fields alone (no recorded tensors: the replay
+recipe builds its own), so their roofline counts the bytes the fields imply, for a captured op too."""
+
+
+def roofline_bytes(op: OpBase) -> float:
+    """The bytes the roofline charges ``op``: those its fields imply for :data:`FIELD_DEFINED` kinds, so
+    an op and the profile points it is predicted from share one definition (a captured op's tensors can
+    say otherwise: an MoE block's gated activation reads both halves of one chunked tensor, recorded
+    once; its routing steps move fp32 and index tensors the kind's fields do not name); else the
+    recorded bytes."""
+    if isinstance(op, FIELD_DEFINED):
+        read, written = op.field_bytes()
+        if read + written > 0:
+            return float(read + written)
+    return float(op.total_bytes)
 
 
 def roofline_seconds(op: OpBase, hw: HardwareSpec) -> float:

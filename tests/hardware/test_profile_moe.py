@@ -56,3 +56,19 @@ def test_a_per_expert_product_pays_the_issue_time_of_one_call() -> None:
         definition="moe_grouped_mm_e128_h2048_i768_topk8_gate_up",
     )  # fmt: skip
     assert model.estimate(product, H100).host_s == 30e-6
+
+
+def test_an_op_of_a_field_defined_kind_is_priced_on_the_bytes_its_fields_imply() -> None:
+    # The profile's routing points have no tensors (the recipe builds its own): an op of the same
+    # fields is predicted at the measured time, whatever bytes its recorded tensors add up to.
+    from opgraph.ir import MoeRouting, TensorSpec
+
+    fields = {"fn": "combine", "tokens": 2048, "experts": 8, "top_k": 2, "hidden": 4096}
+    measured = point(MoeRouting(id=0, **fields), 0.25, H100)
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), measured]))
+    recorded = MoeRouting(
+        id=0, **fields, inputs=(TensorSpec(shape=(4096, 4096), dtype=DType.bf16),),
+        outputs=(TensorSpec(shape=(2048, 4096), dtype=DType.bf16),),
+    )  # fmt: skip
+    assert recorded.total_bytes != MoeRouting(id=0, **fields).total_bytes
+    assert math.isclose(model.estimate(recorded, H100).seconds, measured.seconds, rel_tol=1e-9)
