@@ -692,7 +692,8 @@ def build_report(
             evaluate_case(folder, c, hw, models, notes, host_timing, host_profile, timed.get(c["case"]), default)
             for c in cases
         ]
-    notes = list(dict.fromkeys(notes))
+    version_note = library_mismatch(summary.get("transformers"))
+    notes = list(dict.fromkeys([*([version_note] if version_note else []), *notes]))
     within: dict[str, dict[str, int]] = {}
     extra = [MEASURED_HOST] if any(MEASURED_HOST in r["predicted"] for r in rows) else []
     for label in list(models):  # a model that could cost no case is no column
@@ -741,6 +742,27 @@ def build_report(
         "notes": notes,
         "cases": rows,
     }
+
+
+def library_mismatch(measured: str | None, captured: str | None = None) -> str | None:
+    """A note when the GPU run's transformers is not the one capturing here (``captured``: the
+    installed one): the meta graph holds what this version runs, the trace what the other ran (for
+    example 5.17 masks sentinel rows around every grouped expert GEMM, 5.24 only under expert
+    parallelism), so ops the other version adds are no part of the prediction."""
+    if captured is None:
+        try:
+            import transformers
+
+            captured = str(transformers.__version__)
+        except ImportError:
+            return None
+    if not measured or measured == captured:
+        return None
+    return (
+        f"measured with transformers {measured}, captured here with {captured}: calls one version makes and "
+        "the other does not are missing from the prediction (and from the per-op errors); capture with the "
+        "measured version for a like-for-like comparison"
+    )
 
 
 # ---------------------------------------------------------------- output

@@ -44,3 +44,10 @@ def test_sequence_matching_marks_the_calls_it_pairs() -> None:
     owners, found, missing = report_mod.owners_by_diff(calls, names, [1, 2, 3])
     assert (owners, found, missing) == ([None, 2], 2, 1)
     assert report_mod.launched_by(calls[1], 5.5) == 3
+
+
+def test_a_transformers_version_other_than_the_measured_one_is_noted() -> None:
+    # The MoE experts code differs between versions (5.17 masks sentinel rows around every grouped GEMM).
+    note = report_mod.library_mismatch("5.17.0", "5.24.0")
+    assert note is not None and "5.17.0" in note and "5.24.0" in note
+    assert report_mod.library_mismatch("5.24.0", "5.24.0") is None
