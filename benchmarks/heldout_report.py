@@ -153,6 +153,7 @@ def owners_of_calls(
         nonlocal k
         if k < n and e["name"] == names[k]:
             k += 1
+            e[MATCHED] = event_op[k - 1]
             return event_op[k - 1]
         owner = None
         for c in e["children"]:
@@ -160,8 +161,37 @@ def owners_of_calls(
             owner = o if owner is None else owner
         return owner
 
+    _unmatch(calls)
     owners = [walk(c) for c in calls]
     return owners, k, n - k
+
+
+MATCHED = "op"
+"""Key a trace call node gets when it is lined up with a recorded call: that call's op (``None`` for a
+recorded call that became no op)."""
+
+
+def _unmatch(calls: Sequence[dict[str, Any]]) -> None:
+    """Forget earlier line-ups of these call trees."""
+    stack = list(calls)
+    while stack:
+        e = stack.pop()
+        e.pop(MATCHED, None)
+        stack.extend(e["children"])
+
+
+def launched_by(call: dict[str, Any], t: float) -> int | None:
+    """The op of the lined-up call inside ``call`` (itself included) that was running at ``t``, the
+    launch time of a kernel: a top-level call that holds several recorded calls (torch's per-expert
+    fallback of ``_grouped_mm``: one ``mm`` per expert inside one call) gives each kernel to the
+    recorded call that launched it. ``None`` when no lined-up call inside was running then."""
+    e: dict[str, Any] | None = call
+    while e is not None:
+        if MATCHED in e:
+            op: int | None = e[MATCHED]
+            return op
+        e = next((c for c in e["children"] if c["start"] <= t <= c["end"]), None)
+    return None
 
 
 def recorded_calls(
@@ -207,11 +237,15 @@ def _segments(keys: Sequence[str | None]) -> list[tuple[str | None, int, int]]:
 def flat_names(calls: Sequence[dict[str, Any]], known: set[str]) -> list[tuple[int, str]]:
     """(top-level call index, name) of every call with a recorded name, outermost first, not looking
     inside one (the rule of :func:`owners_of_calls`), in order."""
-    out: list[tuple[int, str]] = []
+    return [(i, e["name"]) for i, e in _flat_nodes(calls, known)]
+
+
+def _flat_nodes(calls: Sequence[dict[str, Any]], known: set[str]) -> list[tuple[int, dict[str, Any]]]:
+    out: list[tuple[int, dict[str, Any]]] = []
 
     def walk(i: int, e: dict[str, Any]) -> None:
         if e["name"] in known:
-            out.append((i, e["name"]))
+            out.append((i, e))
             return
         for c in e["children"]:
             walk(i, c)
@@ -227,13 +261,15 @@ def owners_by_diff(
     """As :func:`owners_of_calls`, when the trace and the recording differ here and there (another
     transformers version, a device-only path, the caller's own ops): the trace's recorded-name calls
     and the recorded calls are matched as sequences (``difflib``); unmatched ones own nothing."""
-    flat = flat_names(calls, set(names))
-    matcher = difflib.SequenceMatcher(None, [n for _, n in flat], list(names), autojunk=False)
+    _unmatch(calls)
+    flat = _flat_nodes(calls, set(names))
+    matcher = difflib.SequenceMatcher(None, [e["name"] for _, e in flat], list(names), autojunk=False)
     owners: list[int | None] = [None] * len(calls)
     found = 0
     for a, b, size in matcher.get_matching_blocks():
         for t in range(size):
-            call = flat[a + t][0]
+            call, node = flat[a + t]
+            node[MATCHED] = ops[b + t]
             if owners[call] is None:
                 owners[call] = ops[b + t]
         found += size
@@ -365,8 +401,9 @@ def attribute(
         op: int | None = None
         if t is not None:
             i = bisect.bisect_right(starts, t) - 1
-            if i >= 0 and t <= calls[i]["end"]:
-                op = owners[i]
+            if i >= 0 and t <= calls[i]["end"] and owners[i] is not None:
+                inner = launched_by(calls[i], t)
+                op = owners[i] if inner is None else inner
         device.append({"name": e.get("name", ""), "cat": DEVICE_CATS[e["cat"]], "ts": float(e["ts"]),
                        "dur": float(e.get("dur", 0)), "stream": e.get("args", {}).get("stream"), "op": op})  # fmt: skip
     total = sum(d["dur"] for d in device)
@@ -655,7 +692,8 @@ def build_report(
             evaluate_case(folder, c, hw, models, notes, host_timing, host_profile, timed.get(c["case"]), default)
             for c in cases
         ]
-    notes = list(dict.fromkeys(notes))
+    version_note = library_mismatch(summary.get("transformers"))
+    notes = list(dict.fromkeys([*([version_note] if version_note else []), *notes]))
     within: dict[str, dict[str, int]] = {}
     extra = [MEASURED_HOST] if any(MEASURED_HOST in r["predicted"] for r in rows) else []
     for label in list(models):  # a model that could cost no case is no column
@@ -704,6 +742,27 @@ def build_report(
         "notes": notes,
         "cases": rows,
     }
+
+
+def library_mismatch(measured: str | None, captured: str | None = None) -> str | None:
+    """A note when the GPU run's transformers is not the one capturing here (``captured``: the
+    installed one): the meta graph holds what this version runs, the trace what the other ran (for
+    example 5.17 masks sentinel rows around every grouped expert GEMM, 5.24 only under expert
+    parallelism), so ops the other version adds are no part of the prediction."""
+    if captured is None:
+        try:
+            import transformers
+
+            captured = str(transformers.__version__)
+        except ImportError:
+            return None
+    if not measured or measured == captured:
+        return None
+    return (
+        f"measured with transformers {measured}, captured here with {captured}: calls one version makes and "
+        "the other does not are missing from the prediction (and from the per-op errors); capture with the "
+        "measured version for a like-for-like comparison"
+    )
 
 
 # ---------------------------------------------------------------- output

@@ -5,7 +5,8 @@ datasheet roofline time of its op (``max(FLOPs / peak, bytes / bandwidth)`` on t
 peak for GEMMs and attention) over its measured time, the fraction of the roofline it achieved.
 An op is predicted as ``roofline / efficiency``, the efficiency found among the points of its
 *regime* (:func:`profile_features`: GEMM, grouped expert GEMM, attention decode or prefill, a norm,
-a copy...) and dtype:
+a copy...) and dtype (a single expert product of an experts loop is in the expert-loop regime, not
+the dense GEMM one):
 
 - along the regime's size axis (``log2 m`` for GEMMs, ``log2 kv_len`` for a decode,
   ``log2 q_len`` for a prefill, ``log2 bytes`` for memory-bound kinds) piecewise-linear in
@@ -28,6 +29,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import re
 import statistics
 import warnings
 from dataclasses import dataclass, field
@@ -119,12 +121,41 @@ def _grouped_impl(op: Gemm) -> str:
     return "loop"
 
 
+_LOOP_EXPERTS = re.compile(r"_e(\d+)_")
+"""The expert count in an expert GEMM's definition (``moe_grouped_mm_e128_h2048_i768_topk8_down``)."""
+
+
+def _expert_product(op: Gemm) -> int | None:
+    """The experts of the loop a single expert product belongs to (``None``: not an expert product).
+
+    One product per expert that received rows is how the eager experts loop and torch's fallback of
+    ``_grouped_mm`` (dtypes without a grouped kernel) run the experts: such a product is as efficient
+    as the profile's expert-loop points (``gemm:grouped:loop``, measured as that loop runs: small
+    per-expert GEMMs back to back, each expert's weights cold), not as a dense GEMM of its shape.
+    """
+    if op.groups > 1 or op.batch > 1 or not op.target.startswith("moe_experts"):
+        return None
+    hit = _LOOP_EXPERTS.search(op.definition)
+    return int(hit.group(1)) if hit else 1
+
+
+def _issued_as(op: OpBase, f: Features | None) -> Features | None:
+    """The features whose host time ``op`` pays: an expert product is one ``mm`` call (a dense GEMM's
+    issue time), not the whole expert loop the regime's points issued."""
+    if f is not None and isinstance(op, Gemm) and _expert_product(op) is not None:
+        return dataclasses.replace(f, regime="gemm")
+    return f
+
+
 def profile_features(op: OpBase) -> Features | None:
     """The :class:`Features` of ``op``, or ``None`` for kinds a profile does not hold (views,
     collectives, unrecognised ops)."""
-    nbytes = _lg(op.total_bytes)
+    nbytes = _lg(roofline_bytes(op))
     if isinstance(op, Gemm):
         nk = (_lg(op.n), _lg(op.k))
+        experts = _expert_product(op)
+        if experts is not None:
+            return Features("gemm:grouped:loop", "m", _lg(op.m), (*nk, _lg(experts)), ("n", "k", "experts"))
         if op.groups > 1:
             return Features(
                 f"gemm:grouped:{_grouped_impl(op)}", "m", _lg(op.m), (*nk, _lg(op.groups)), ("n", "k", "experts")
@@ -186,7 +217,25 @@ def roofline_terms(op: OpBase, hw: HardwareSpec) -> tuple[float, float]:
             peak = hw.peak_flops(op.dtype, tensor=True)
     else:
         peak = hw.peak_flops(op.dtype, tensor=False)
-    return op.flops / peak, op.total_bytes / hw.memory_bandwidth
+    return op.flops / peak, roofline_bytes(op) / hw.memory_bandwidth
+
+
+FIELD_DEFINED: tuple[type[OpBase], ...] = (Activation, Elementwise, MoeRouting, Norm, Rope, Softmax)
+"""Kinds whose profile points are measured from their fields alone (no recorded tensors: the replay
+recipe builds its own), so their roofline counts the bytes the fields imply, for a captured op too."""
+
+
+def roofline_bytes(op: OpBase) -> float:
+    """The bytes the roofline charges ``op``: those its fields imply for :data:`FIELD_DEFINED` kinds, so
+    an op and the profile points it is predicted from share one definition (a captured op's tensors can
+    say otherwise: an MoE block's gated activation reads both halves of one chunked tensor, recorded
+    once; its routing steps move fp32 and index tensors the kind's fields do not name); else the
+    recorded bytes."""
+    if isinstance(op, FIELD_DEFINED):
+        read, written = op.field_bytes()
+        if read + written > 0:
+            return float(read + written)
+    return float(op.total_bytes)
 
 
 def roofline_seconds(op: OpBase, hw: HardwareSpec) -> float:
@@ -419,7 +468,7 @@ class ProfileModel:
         if f is None or found is None or roof <= 0:
             why = "no roofline time" if roof <= 0 else f"not in the profile ({f.regime if f else kind})"
             cost = self._fallback(op, hw, f"profile: {why}, datasheet roofline")
-            return dataclasses.replace(cost, host_s=self._host_s(profile, idx, f))
+            return dataclasses.replace(cost, host_s=self._host_s(profile, idx, _issued_as(op, f)))
         regime, regime_name, dtype = found
         log_eff, used, outside = self._interpolate(regime, f)
         eff = math.exp(log_eff)
@@ -467,7 +516,7 @@ class ProfileModel:
             memory_s=memory_s,
             efficiency=eff,
             detail=detail,
-            host_s=self._host_s(profile, idx, f),
+            host_s=self._host_s(profile, idx, _issued_as(op, f)),
         )
 
     @staticmethod

@@ -171,18 +171,22 @@ def _impl(module: Any) -> str:
 
 
 def _per_expert_grouped_mm(loads: list[int]) -> Any:
-    """``_grouped_mm`` as torch's fallback runs it for dtypes without a grouped kernel: one ``mm`` per
-    expert that received rows, into one output (``loads``: rows per expert, the offsets' values)."""
+    """``_grouped_mm`` as torch's fallback runs it for dtypes without a grouped kernel
+    (``_grouped_mm_fallback`` of ATen): an output allocated once, the offsets copied to the host, then
+    one ``mm`` into the output per expert in expert order, idle experts included (zero rows: a call,
+    no kernel). ``loads``: rows per expert, the offsets' values."""
     import torch
 
     def grouped_mm(input: Any, weight: Any, offs: Any) -> Any:
         x = input.to(weight.dtype)
-        out = x.new_empty((x.shape[0], weight.shape[-1]))
+        rows, n = x.shape[0], weight.shape[-1]
+        out = torch.empty_strided((rows, n), (n, 1), dtype=x.dtype, device=x.device)
+        offs.to(offs.device, copy=True)  # the device-to-host copy of the offsets (a sync on a GPU)
         start = 0
-        for e, c in enumerate(loads):
-            if c:
-                torch.mm(x[start : start + c], weight[e], out=out[start : start + c])
-                start += c
+        for e in range(weight.shape[0]):
+            c = loads[e] if e < len(loads) else 0
+            torch.mm(x[start : start + c], weight[e], out=out[start : start + c])
+            start += c
         return out
 
     return grouped_mm

@@ -1,4 +1,6 @@
-"""MoE routing replayed as the captured model runs it: softmax in float32, top-k, renormalise; dispatch; combine.
+"""MoE routing replayed as the captured model runs it: softmax in float32, top-k, renormalise; dispatch
+(sort the token-expert pairs by expert, gather, count rows into offsets); combine (weight, undo the
+sort, sum the top-k rows) as transformers' ``grouped_mm`` experts implementation runs them.
 
 Routing follows the graph's assumption: router logits are built so that the top-k experts of each
 token are the ones balanced routing (or the recorded skew) assigns, so dispatch and combine see
@@ -7,9 +9,10 @@ the expert loads the graph was captured with.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from opgraph.ir import MoeRouting, TensorSpec
+from opgraph.ir import DType, MoeRouting, TensorSpec
 from validators.inputs import make_tensor, routing_counts, torch_dtype
 from validators.recipes.base import BuildContext, Case, Compare, Recipe
 from validators.recipes.registry import register_recipe
@@ -32,6 +35,16 @@ def assignment(tokens: int, experts: int, top_k: int, skew: float) -> list[list[
             picks[t].append(e)
             t = (t + 1) % tokens
     return picks
+
+
+def _weights_dtype(op: MoeRouting) -> DType:
+    """The routing weights' dtype: the recorded one (Mixtral keeps them float32, so its combine
+    weights, sums and casts in float32; Qwen3-MoE casts them to the hidden dtype), else the op's."""
+    pairs = op.tokens * op.top_k
+    for t in op.inputs:
+        if t.dtype.is_float and t.dtype is not op.dtype and math.prod(t.shape) == pairs:
+            return t.dtype
+    return op.dtype
 
 
 @register_recipe(MoeRouting)
@@ -66,23 +79,42 @@ class MoeRoutingRecipe(Recipe[MoeRouting]):
                 return top.to(lg.dtype), idx
 
             return Case(inputs=(logits,), run=run, compare=Compare.FLOAT_ONLY, note=f"router, {skew} routing")
-        pairs = sum(len(ps) for ps in picks)
+        pairs = tokens * top_k
+        index = torch.tensor(picks, device=ctx.device, dtype=torch.long)  # (tokens, top_k)
+        weights = torch.rand(tokens, top_k, device=ctx.device, generator=ctx.gen).to(torch_dtype(_weights_dtype(op)))
         if op.fn == "dispatch":
             hidden = make_tensor(TensorSpec(shape=(tokens, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
 
             def run_dispatch(inputs: tuple[Any, ...], reference: bool) -> Any:
-                # The calls the captured experts make (arange, floor_divide, index_select): each
-                # token's row once per chosen expert.
-                (hs,) = inputs
-                return hs.index_select(0, torch.arange(pairs, device=hs.device) // top_k)
+                # As transformers' grouped_mm experts: sort the token-expert pairs by expert, gather
+                # each pair's token row and routing weight, count the rows per expert into offsets.
+                hs, idx, w = inputs
+                expert_ids, perm = torch.sort(idx.reshape(-1))
+                rows = hs[perm // top_k]
+                w_g = w.reshape(-1)[perm]
+                counts_in = expert_ids.int() if hs.device.type == "cuda" else expert_ids.float()
+                per_expert = torch.histc(counts_in, bins=experts, min=0, max=experts - 1)
+                return rows, w_g, torch.cumsum(per_expert, dim=0, dtype=torch.int32)
 
-            return Case(inputs=(hidden,), run=run_dispatch, note=f"gather, {skew} routing")
-        # Combine as the captured experts do: weight each expert row, then sum the top-k rows per token.
+            return Case(
+                inputs=(hidden, index, weights),
+                run=run_dispatch,
+                compare=Compare.NONE,
+                note=f"sort, gather, histc, cumsum ({skew} routing; equal experts may sort in any order)",
+            )
+        # Combine as transformers' grouped_mm experts: weight each expert row, undo the sort (inverse
+        # permutation, gathered), sum the top-k rows per token, cast back.
         expert_out = make_tensor(TensorSpec(shape=(pairs, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
-        weights = torch.rand(pairs, 1, device=ctx.device, generator=ctx.gen).to(torch_dtype(op.dtype))
+        perm = torch.sort(index.reshape(-1), stable=True).indices
+        weights_g = weights.reshape(-1)[perm]
 
         def run_combine(inputs: tuple[Any, ...], reference: bool) -> Any:
-            eo, w = inputs
-            return (eo * w).view(tokens, top_k, -1).sum(dim=1)
+            eo, w, order = inputs
+            weighted = eo * w.unsqueeze(-1)
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(order.numel(), device=order.device)
+            return weighted[inverse].view(tokens, top_k, -1).sum(dim=1).to(eo.dtype)
 
-        return Case(inputs=(expert_out, weights), run=run_combine, note=f"weighted top-k sum, {skew} routing")
+        return Case(
+            inputs=(expert_out, weights_g, perm), run=run_combine, note=f"weighted, unsorted top-k sum, {skew} routing"
+        )

@@ -6,7 +6,9 @@ the ops before its first GEMM dispatch, those after its last combine. A ``_group
 grouped GEMM whose groups are the experts that received rows (``m`` their mean rows, from the call's
 :class:`~opgraph.capture.moe_model.ExpertPlan`: observed on a real device, modelled on ``meta``); a
 per-expert ``mm`` (the eager loop, torch's fallback for dtypes without a grouped kernel) becomes one
-GEMM at its own rows, so each small product is costed at its real ``m``.
+GEMM at its own rows, so each small product is costed at its real ``m`` (an idle expert's product,
+zero rows, launches nothing and folds away). A grouped GEMM moves the weights of the experts that
+received rows only: its bytes count those, not the whole stacked weight tensor it was handed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import ClassVar
 from opgraph.capture.lowering.base import Lowering, float_inputs, last_dim, numel
 from opgraph.capture.moe_model import ExpertPlan, is_experts_module, resolve_plan
 from opgraph.capture.recorder import Event
+from opgraph.ir.dtypes import DType
 from opgraph.ir.ops import OpKind
 
 _ROUTER_CLASS = re.compile(r"Router|TopkRouter|TopKRouter|MoeGate|MoEGate")
@@ -136,14 +139,20 @@ class LowerMoe:
                 # One grouped kernel per call: its groups are the experts that received rows.
                 active = max(1, plan.active)
                 for i in grouped:
-                    rows = shapes[i][0]
+                    rows = min(shapes[i][0], sum(plan.counts))
                     lw.claim(
                         [i],
                         OpKind.GEMM,
-                        {"m": sum(plan.counts) // active, "n": n, "k": k, "groups": active},
+                        {
+                            "m": sum(plan.counts) // active,
+                            "n": n,
+                            "k": k,
+                            "groups": active,
+                            **_grouped_bytes(lw.events[i], rows, active, n, k),
+                        },
                         target=f"moe_experts_{part}",
                         call=call,
-                        flops=2 * min(rows, sum(plan.counts)) * n * k,
+                        flops=2 * rows * n * k,
                         definition=definition,
                     )
             # Per-expert products (the eager loop, torch's fallback): one op per call, at its own rows.
@@ -151,6 +160,9 @@ class LowerMoe:
                 if i in grouped:
                     continue
                 rows = shapes[i][0]
+                if rows == 0:  # an idle expert's product in torch's fallback: a call, no kernel
+                    lw.fold(i)
+                    continue
                 lw.claim(
                     [i],
                     OpKind.GEMM,
@@ -161,6 +173,27 @@ class LowerMoe:
                     definition=definition,
                 )
         routing(comb, "combine")
+
+
+def _grouped_bytes(ev: Event, rows: int, active: int, n: int, k: int) -> dict[str, int]:
+    """Bytes a grouped expert GEMM moves: the routed rows in and out, and the weights of the experts
+    that received rows only. The recorded weight operand holds every expert, but the kernel reads
+    none of an idle expert's (no rows, no tiles): a decode that routes 64 token-expert pairs to 64
+    of 128 experts reads half the weights the whole tensor holds."""
+    a, w, *rest = ev.inputs
+    out = ev.outputs[0] if ev.outputs else a
+    offsets = sum(numel(r) * _itemsize(r.dtype) for r in rest)
+    return {
+        "bytes_read": int(rows * k * _itemsize(a.dtype) + active * k * n * _itemsize(w.dtype) + offsets),
+        "bytes_written": int(rows * n * _itemsize(out.dtype)),
+    }
+
+
+def _itemsize(name: str) -> float:
+    try:
+        return DType(name).itemsize
+    except ValueError:  # a type the IR lacks: count it as fp32
+        return 4.0
 
 
 def _gemm_shape(ev: Event) -> tuple[int, int, int]:

@@ -108,3 +108,41 @@ def test_explicit_balanced_routing_is_stated_on_a_real_device(tmp_path: Path) ->
     g = capture(tiny_config(tmp_path, "mixtral"), device="cpu", seq_len=8, moe_skew=0.0)
     assert any("balanced" in a for a in g.metadata.assumptions)
     assert OBSERVED_ASSUMPTION not in g.metadata.assumptions
+
+
+def _experts_of(g: Any, part: str) -> list[Any]:
+    return [o for o in g.ops_of(OpKind.GEMM) if o.target == f"moe_experts_{part}" and o.layer == 0]
+
+
+def test_a_grouped_gemm_moves_the_weights_of_the_experts_that_got_rows_only(tmp_path: Path) -> None:
+    # A decode of one token routes top_k pairs: the grouped kernel reads the weights of top_k experts,
+    # not of every expert the stacked weight tensor holds (a 128-expert decode would read 2x-16x less).
+    path = tiny_config(tmp_path, "qwen3_moe")
+    g = capture(path, phase="decode", batch=1, kv_len=8, device="meta")
+    (op,) = _experts_of(g, "gate_up")
+    weight = next(t for t in op.inputs if len(t.shape) == 3)
+    experts = weight.shape[0]
+    assert op.groups < experts  # type: ignore[attr-defined]
+    per_expert = weight.nbytes // experts
+    rows_in = op.m * op.groups * op.k * 2  # type: ignore[attr-defined]
+    offsets = sum(t.nbytes for t in op.inputs if len(t.shape) == 1)
+    assert op.bytes_read == rows_in + op.groups * per_expert + offsets  # type: ignore[attr-defined]
+    assert op.bytes_read < weight.nbytes
+
+
+def test_meta_runs_torch_fallback_as_torch_does(tmp_path: Path) -> None:
+    # fp16 has no grouped kernel: ATen's fallback allocates the output, copies the offsets to the host
+    # and calls mm once per expert, idle ones included (zero rows, no kernel: no op).
+    path = tiny_config(tmp_path, "qwen3_moe")
+    events = _expert_events(path, phase="decode", batch=1, kv_len=8, device="meta", dtype="fp16")
+    fns = [fn for fn, _ in events]
+    g = capture(path, phase="decode", batch=1, kv_len=8, device="meta", dtype="fp16")
+    experts = next(o.experts for o in g.ops_of(OpKind.MOE_ROUTING))  # type: ignore[attr-defined]
+    calls = fns.count("empty_strided")  # one output per grouped call
+    assert calls > 0 and fns.count("_to_copy") >= calls
+    assert fns.count("mm") == calls * experts
+    zero_rows = [shapes for fn, shapes in events if fn == "mm" and shapes[0][0] == 0]
+    assert zero_rows  # one token, top_k < experts: idle experts are still called
+    gate_up = _experts_of(g, "gate_up")
+    assert 0 < len(gate_up) < experts
+    assert all(o.m > 0 for o in gate_up)  # type: ignore[attr-defined]

@@ -1,0 +1,74 @@
+"""MoE expert products in the profile model: one GEMM per expert (the eager loop, torch's fallback of
+``_grouped_mm`` for fp16/fp32) is costed from the profile's expert-loop points, measured as that loop
+runs, not from dense GEMMs of a larger shape."""
+
+from __future__ import annotations
+
+import math
+
+from hardware import ProfileModel, load_hardware
+from hardware.models.profile import roofline_seconds
+from opgraph.ir import DType, Gemm
+from tests.hardware.profile_builders import gemm_points, point, synthetic_profile
+
+H100 = load_hardware("h100")
+LOOP_EFF = 0.3
+"""The loop points' efficiency: small per-expert GEMMs back to back reach less of the roofline."""
+
+
+def _loop_point(m: int) -> object:
+    op = Gemm(
+        id=0, m=m, n=1536, k=2048, groups=128, target="moe_experts_gate_up",
+        definition="moe_loop_e128_n1536_k2048_topk8_gate_up",
+    )  # fmt: skip
+    return point(op, LOOP_EFF, H100)
+
+
+def _model() -> ProfileModel:
+    points = [*gemm_points(H100), *(_loop_point(m) for m in (1, 32, 512))]
+    return ProfileModel(synthetic_profile(H100, points))
+
+
+def test_a_per_expert_product_is_costed_from_the_expert_loop_points() -> None:
+    product = Gemm(
+        id=0, m=128, n=1536, k=2048, dtype=DType.fp16, target="moe_experts_gate_up",
+        definition="moe_grouped_mm_e128_h2048_i768_topk8_gate_up",
+    )  # fmt: skip
+    cost = _model().estimate(product, H100)
+    assert "gemm:grouped:loop" in cost.detail
+    assert math.isclose(cost.seconds, roofline_seconds(product, H100) / LOOP_EFF, rel_tol=1e-6)
+
+
+def test_a_dense_gemm_of_the_same_shape_stays_a_gemm() -> None:
+    dense = Gemm(id=0, m=128, n=1536, k=2048, target="aten.mm.default")
+    cost = _model().estimate(dense, H100)
+    assert "gemm:grouped" not in cost.detail and cost.detail.startswith("profile: gemm ")
+
+
+def test_a_per_expert_product_pays_the_issue_time_of_one_call() -> None:
+    # The loop points' host time is that of a whole loop of experts; one product issues one mm.
+    points = [*gemm_points(H100, host_s=30e-6)]
+    loop = _loop_point(32)
+    points.append(loop.model_copy(update={"host_s": 128 * 30e-6}))  # type: ignore[attr-defined]
+    model = ProfileModel(synthetic_profile(H100, points))
+    product = Gemm(
+        id=0, m=32, n=1536, k=2048, target="moe_experts_gate_up",
+        definition="moe_grouped_mm_e128_h2048_i768_topk8_gate_up",
+    )  # fmt: skip
+    assert model.estimate(product, H100).host_s == 30e-6
+
+
+def test_an_op_of_a_field_defined_kind_is_priced_on_the_bytes_its_fields_imply() -> None:
+    # The profile's routing points have no tensors (the recipe builds its own): an op of the same
+    # fields is predicted at the measured time, whatever bytes its recorded tensors add up to.
+    from opgraph.ir import MoeRouting, TensorSpec
+
+    fields = {"fn": "combine", "tokens": 2048, "experts": 8, "top_k": 2, "hidden": 4096}
+    measured = point(MoeRouting(id=0, **fields), 0.25, H100)
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), measured]))
+    recorded = MoeRouting(
+        id=0, **fields, inputs=(TensorSpec(shape=(4096, 4096), dtype=DType.bf16),),
+        outputs=(TensorSpec(shape=(2048, 4096), dtype=DType.bf16),),
+    )  # fmt: skip
+    assert recorded.total_bytes != MoeRouting(id=0, **fields).total_bytes
+    assert math.isclose(model.estimate(recorded, H100).seconds, measured.seconds, rel_tol=1e-9)
