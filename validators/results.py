@@ -352,7 +352,8 @@ class Coverage(BaseModel):
         parts.append(f"{self.uses_replayed}/{self.uses} op uses")
         if self.share_replayed is not None:
             parts.append(f"{100 * self.share_replayed:.2f}% of estimated op time")
-        parts.append(", ".join(f"{k} {v}" for k, v in sorted(self.by_status.items())))
+        if self.by_status:
+            parts.append(", ".join(f"{k} {v}" for k, v in sorted(self.by_status.items())))
         parts.append(f"replayed op time {self.measured_us / 1e3:.3f} ms")
         return "; ".join(parts)
 

@@ -83,6 +83,7 @@ def test_coverage_line() -> None:
     assert cov.measured_us == pytest.approx(2 * 10.0 + 2 * 5.0)
     line = cov.line()
     assert "2/3 configs replayed" in line and "90.00% of estimated op time" in line and "unsupported 1" in line
+    assert coverage([]).line() == "coverage: 0/0 configs replayed; 0/0 op uses; replayed op time 0.000 ms"
 
 
 def test_run_to_run_spread() -> None:
