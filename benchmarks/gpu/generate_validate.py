@@ -1,23 +1,40 @@
 """Measure HF ``generate`` on a GPU: total time and per-forward (per-step) times (issue 20's validation).
 
-For each case: the model built from a preset config (random bf16 weights, SDPA, cut to a few layers),
-warmed up, then ``generate`` with ``min_new_tokens = max_new_tokens = N`` (greedy) timed end to end
-(CUDA-synchronised wall, median of ``--runs``), and each forward pass of one more run timed with CUDA
-events recorded by forward pre/post hooks (device-side time from the first kernel issued after the
-pre-hook to the last before the post-hook, no synchronisation inside the loop). The CPU side
-(``benchmarks/generate_validate_report.py``) captures the same generation on meta and compares.
+For each case: the model built from a preset config (random bf16 weights, SDPA, cut to a few layers,
+optionally with config overrides or a variant), warmed up, then ``generate`` with
+``min_new_tokens = max_new_tokens = N`` (greedy) timed end to end (CUDA-synchronised wall, median of
+``--runs``). One more run is timed per forward by forward pre/post hooks: host clocks (when each
+forward starts and ends on the host, when ``generate`` was called and when it returned) and CUDA events
+(device-side time from the pre-hook's event to the post-hook's, no synchronisation inside the loop).
 
-    python3 benchmarks/gpu/generate_validate.py --out "$OUT/generate_validate.json"
+The host's own speed drifts on a shared machine, so each case is measured in two passes (the case list
+in order, then reversed) and each measurement starts with a host probe: the host time of a fixed number
+of tiny kernel launches and of a fixed pure-Python loop. Per case the script also counts the host-device
+synchronisations one ``generate`` makes (``torch.cuda.set_sync_debug_mode``), and with ``--profile
+NAME,...`` writes a torch-profiler trace of one ``generate`` of those cases (forwards marked
+``opgraph_forward_<i>``) for per-kernel analysis on the CPU side.
+
+The CPU side (``benchmarks/generate_validate_report.py``) captures each generation on meta (from the
+case's exact config) and compares total and per-step times.
+
+    python3 benchmarks/gpu/generate_validate.py --out "$OUT/generate_validate.json" \\
+        --profile qwen25_7b_b4_p256_n24,llama8b_b4_p256_n24 --trace-dir "$OUT"
+
+``--smoke`` runs every case on the CPU with tiny dimensions (a test of the script, not a measurement).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
 import json
+import shutil
 import statistics
 import sys
 import time
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +42,221 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_traces import Case, build_config
 
+QWEN_DIMS = {
+    # Qwen2.5-7B's shapes on another architecture: tells the shapes' cost from the architecture's.
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "vocab_size": 152064,
+}
+SMOKE_DIMS = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "eos_token_id": 511,
+    "bos_token_id": 510,
+}
+
+
+@dataclass(frozen=True)
+class GenCase:
+    """One measured generation."""
+
+    name: str
+    preset: str
+    layers: int
+    batch: int
+    prompt: int
+    new: int
+    overrides: dict[str, Any] = field(default_factory=dict)
+    variant: str = ""
+    """``no_qkv_bias``: the attention projections' biases removed after building (a plain matmul each)."""
+
+
 CASES = [
-    # (name, preset, layers, batch, prompt tokens, new tokens)
-    ("llama1b_b1_p128_n32", "llama-3.2-1b", 4, 1, 128, 32),
-    ("llama8b_b8_p512_n32", "llama-3.1-8b", 2, 8, 512, 32),
-    ("qwen25_7b_b4_p256_n24", "qwen2.5-7b", 2, 4, 256, 24),
+    GenCase("llama1b_b1_p128_n32", "llama-3.2-1b", 4, 1, 128, 32),
+    GenCase("llama8b_b8_p512_n32", "llama-3.1-8b", 2, 8, 512, 32),
+    GenCase("qwen25_7b_b4_p256_n24", "qwen2.5-7b", 2, 4, 256, 24),
+    # Controls for the Qwen case: Llama-3.1-8B at its batch and lengths, Llama with its shapes, Qwen
+    # without the q/k/v biases (addmm -> mm).
+    GenCase("llama8b_b4_p256_n24", "llama-3.1-8b", 2, 4, 256, 24),
+    GenCase("llama_qwendims_b4_p256_n24", "llama-3.1-8b", 2, 4, 256, 24, overrides=QWEN_DIMS),
+    GenCase("qwen25_7b_noqkvbias_b4_p256_n24", "qwen2.5-7b", 2, 4, 256, 24, variant="no_qkv_bias"),
 ]
 
 
-def measure(name: str, preset: str, layers: int, batch: int, prompt: int, new: int, runs: int) -> dict[str, Any]:
+def host_probe(device: str, launches: int = 2000, loops: int = 200_000) -> dict[str, float]:
+    """The host's speed now: us per tiny kernel launch (host side only) and us per pure-Python loop step."""
+    import torch
+
+    x = torch.zeros(1, device=device)
+    for _ in range(50):
+        x.add_(1)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(launches):
+        x.add_(1)
+    t1 = time.perf_counter()
+    sync(device)
+    acc = 0
+    t2 = time.perf_counter()
+    for i in range(loops):
+        acc += i & 7
+    t3 = time.perf_counter()
+    return {"launch_us": (t1 - t0) * 1e6 / launches, "python_loop_ns": (t3 - t2) * 1e9 / loops}
+
+
+def sync(device: str) -> None:
+    """Wait for the device."""
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def build(case: GenCase, device: str, smoke: bool) -> tuple[Any, Any]:
+    """The case's config and model (random weights, bf16 on CUDA, fp32 for the CPU smoke run)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = build_config(Case(name, preset, layers, "generate", batch=batch, seq_len=prompt, new_tokens=new))
-    with torch.device("cuda"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    overrides = {**case.overrides, **(SMOKE_DIMS if smoke else {})}
+    config = build_config(
+        Case(
+            case.name,
+            case.preset,
+            case.layers,
+            "generate",
+            batch=case.batch,
+            seq_len=case.prompt,
+            new_tokens=case.new,
+            overrides=overrides,
+        )
+    )
+    dtype = torch.float32 if smoke else torch.bfloat16
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     model.eval()
+    if case.variant == "no_qkv_bias":
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias = None
+    elif case.variant:
+        raise ValueError(f"unknown variant {case.variant!r}")
+    return config, model
+
+
+def count_syncs(run: Any, device: str) -> int | None:
+    """Host-device synchronisations in one ``run()`` (CUDA's sync debug mode warns once per sync)."""
+    import torch
+
+    if device != "cuda":
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+
+
+class ForwardClock:
+    """Forward pre/post hooks: host clocks of each forward, CUDA events, profiler marks (optional)."""
+
+    def __init__(self, cuda: bool, mark: bool) -> None:
+        self.cuda, self.mark = cuda, mark
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.events: list[list[Any]] = []
+        self._marks: list[Any] = []
+
+    def pre(self, *_: Any) -> None:
+        """Before a forward: its start on the host, an event, a profiler range."""
+        import torch
+
+        self.starts.append(time.perf_counter())
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.events.append([e, None])
+        if self.mark:
+            rf = torch.profiler.record_function(f"opgraph_forward_{len(self.starts) - 1}")
+            rf.__enter__()
+            self._marks.append(rf)
+
+    def post(self, *_: Any) -> None:
+        """After a forward: close its range, an event, its end on the host."""
+        import torch
+
+        if self._marks:
+            self._marks.pop().__exit__(None, None, None)
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.events[-1][1] = e
+        self.ends.append(time.perf_counter())
+
+    def record(self, model: Any, run: Any, device: str) -> tuple[float, float]:
+        """Run ``run()`` with the hooks on ``model``: (when it was called, when it returned, synchronised)."""
+        h1, h2 = model.register_forward_pre_hook(self.pre), model.register_forward_hook(self.post)
+        try:
+            t_begin = time.perf_counter()
+            run()
+            sync(device)
+            return t_begin, time.perf_counter()
+        finally:
+            h1.remove()
+            h2.remove()
+
+    def summary(self, t_begin: float, t_end: float) -> dict[str, Any]:
+        """Per-forward times of the recorded run."""
+        starts, ends = self.starts, self.ends
+        out: dict[str, Any] = {
+            "forwards": len(starts),
+            "hooked_wall_us": (t_end - t_begin) * 1e6,
+            "setup_us": (starts[0] - t_begin) * 1e6,
+            # Wall per forward: from its start to the next one's (the last: to generate's return).
+            "step_wall_us": [(b - a) * 1e6 for a, b in zip(starts, [*starts[1:], t_end], strict=True)],
+            # Host time inside each forward (its pre-hook to its post-hook).
+            "step_host_us": [(b - a) * 1e6 for a, b in zip(starts, ends, strict=True)],
+        }
+        if self.events:
+            out["step_device_us"] = [a.elapsed_time(b) * 1e3 for a, b in self.events]
+        return out
+
+
+def profiled(model: Any, run: Any, device: str, trace: Path) -> None:
+    """One ``run()`` under torch.profiler, forwards marked, written to ``trace`` (.json.gz)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    clock = ForwardClock(cuda=False, mark=True)
+    with profile(activities=acts) as prof:
+        clock.record(model, run, device)
+    raw = trace.with_suffix("")  # name.json
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(trace, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+
+
+def measure(case: GenCase, runs: int, device: str, smoke: bool, trace: Path | None) -> dict[str, Any]:
+    """One case measured: walls, one hooked run's per-forward clocks and events, syncs, a host probe."""
+    import torch
+
+    probe = host_probe(device)
+    config, model = build(case, device, smoke)
     vocab = int(getattr(config, "vocab_size", 32000))
-    ids = torch.randint(0, vocab, (batch, prompt), device="cuda")
-    kwargs = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False}
+    ids = torch.randint(0, vocab, (case.batch, case.prompt), device=device)
+    kwargs = {"max_new_tokens": case.new, "min_new_tokens": case.new, "do_sample": False}
 
     def run() -> None:
         with torch.no_grad():
@@ -52,78 +264,81 @@ def measure(name: str, preset: str, layers: int, batch: int, prompt: int, new: i
 
     for _ in range(2):
         run()
-    torch.cuda.synchronize()
+    sync(device)
     walls = []
     for _ in range(runs):
         t0 = time.perf_counter()
         run()
-        torch.cuda.synchronize()
+        sync(device)
         walls.append((time.perf_counter() - t0) * 1e6)
-    events: list[tuple[Any, Any]] = []
-    starts: list[float] = []
-    ends: list[float] = []
-
-    def pre(*_: Any) -> None:
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        events.append((e, None))
-        starts.append(time.perf_counter())
-
-    def post(*_: Any) -> None:
-        e = torch.cuda.Event(enable_timing=True)
-        e.record()
-        events[-1] = (events[-1][0], e)
-        ends.append(time.perf_counter())
-
-    h1, h2 = model.register_forward_pre_hook(pre), model.register_forward_hook(post)
-    t0 = time.perf_counter()
-    run()
-    torch.cuda.synchronize()
-    total_hooked = (time.perf_counter() - t0) * 1e6
-    h1.remove()
-    h2.remove()
-    device_us = [a.elapsed_time(b) * 1e3 for a, b in events]
-    # Wall per forward: from one forward's start to the next one's (the last: to its end).
-    host_us = [(starts[i + 1] - starts[i]) * 1e6 for i in range(len(starts) - 1)] + [(ends[-1] - starts[-1]) * 1e6]
-    torch.cuda.empty_cache()
-    return {
-        "case": name,
-        "preset": preset,
-        "layers": layers,
-        "batch": batch,
-        "prompt": prompt,
-        "new_tokens": new,
-        "forwards": len(events),
+    clock = ForwardClock(cuda=device == "cuda", mark=False)
+    clocks = clock.summary(*clock.record(model, run, device))
+    out: dict[str, Any] = {
+        "case": case.name,
+        "preset": case.preset,
+        "layers": case.layers,
+        "batch": case.batch,
+        "prompt": case.prompt,
+        "new_tokens": case.new,
+        "overrides": case.overrides,
+        "variant": case.variant,
+        "config": config.to_dict(),
+        "host_probe": probe,
+        "host_probe_after": host_probe(device),
+        "syncs_per_generate": count_syncs(run, device),
         "wall_us": {"median": statistics.median(walls), "runs": walls},
-        "hooked_wall_us": total_hooked,
-        "step_device_us": device_us,
-        "step_wall_us": host_us,
+        **clocks,
     }
+    if trace is not None:
+        profiled(model, run, device, trace)
+        out["trace"] = trace.name
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--passes", type=int, default=2, help="Passes over the cases (every other one reversed).")
+    parser.add_argument("--cases", default="", help="Comma-separated case names (default: all).")
+    parser.add_argument("--profile", default="", help="Comma-separated case names to trace (first pass only).")
+    parser.add_argument("--trace-dir", type=Path, default=None, help="Where traces go (default: beside --out).")
+    parser.add_argument("--smoke", action="store_true", help="Tiny dimensions on the CPU: tests the script.")
     args = parser.parse_args(argv)
     import torch
     import transformers
 
+    names = [n for n in args.cases.split(",") if n]
+    cases = [c for c in CASES if not names or c.name in names]
+    if names and len(cases) != len(names):
+        parser.error(f"unknown case in --cases: {sorted(set(names) - {c.name for c in CASES})}")
+    traced = {n for n in args.profile.split(",") if n}
+    trace_dir = args.trace_dir or args.out.parent
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    device = "cpu" if args.smoke else "cuda"
     out: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(0),
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (smoke run)",
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "smoke": args.smoke,
         "cases": [],
     }
-    for case in CASES:
-        try:
-            out["cases"].append(measure(*case, runs=args.runs))
-            print(case[0], "ok", flush=True)
-        except Exception as exc:  # one failing case must not stop the others
-            out["cases"].append({"case": case[0], "error": f"{type(exc).__name__}: {exc}"})
-            print(case[0], "error", exc, flush=True)
-        args.out.write_text(json.dumps(out, indent=2) + "\n")
+    for p in range(args.passes):
+        for case in cases if p % 2 == 0 else cases[::-1]:
+            trace = trace_dir / f"{case.name}.trace.json.gz" if p == 0 and case.name in traced else None
+            try:
+                row = measure(case, args.runs if not args.smoke else 1, device, args.smoke, trace)
+                print(case.name, f"pass {p}", f"{row['wall_us']['median'] / 1e3:.1f} ms", flush=True)
+            except Exception as exc:  # one failing case must not stop the others
+                row = {"case": case.name, "error": f"{type(exc).__name__}: {exc}"}
+                print(case.name, f"pass {p}", "error", exc, flush=True)
+            row["pass"] = p
+            out["cases"].append(row)
+            if device == "cuda":
+                torch.cuda.empty_cache()  # the case's model is gone with measure()
+            args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 
