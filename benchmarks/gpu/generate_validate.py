@@ -1,24 +1,25 @@
 """Measure HF ``generate`` on a GPU: total time and per-forward (per-step) times (issue 20's validation).
 
-For each case: the model built from a preset config (random bf16 weights, SDPA, cut to a few layers,
-optionally with config overrides or a variant), warmed up, then ``generate`` with
-``min_new_tokens = max_new_tokens = N`` (greedy) timed end to end (CUDA-synchronised wall, median of
-``--runs``). One more run is timed per forward by forward pre/post hooks: host clocks (when each
-forward starts and ends on the host, when ``generate`` was called and when it returned) and CUDA events
-(device-side time from the pre-hook's event to the post-hook's, no synchronisation inside the loop).
+Every case's model is built first (random weights from a preset config, bf16, SDPA, cut to a few layers,
+optionally with config overrides or a variant) and warmed up. Then ``--rounds`` rounds run every case
+once each: a plain ``generate`` (``min_new_tokens = max_new_tokens = N``, greedy) timed end to end
+(CUDA-synchronised wall), then one timed per forward by forward pre/post hooks: host clocks (when each
+forward starts and ends, when ``generate`` was called and returned) and CUDA events (device time from
+the pre-hook's event to the post-hook's, no synchronisation inside the loop).
 
-The host's own speed drifts on a shared machine, so each case is measured in two passes (the case list
-in order, then reversed) and each measurement starts with a host probe: the host time of a fixed number
-of tiny kernel launches and of a fixed pure-Python loop. Per case the script also counts the host-device
-synchronisations one ``generate`` makes (``torch.cuda.set_sync_debug_mode``), and with ``--profile
-NAME,...`` writes a torch-profiler trace of one ``generate`` of those cases (forwards marked
-``opgraph_forward_<i>``) for per-kernel analysis on the CPU side.
+The host of a shared GPU machine drifts in speed (up to 2x within minutes), so measuring the cases one
+after the other compares host states, not cases: the first run measured Qwen2.5-7B 41% slower than its
+simulation because the host slowed during that case. The rounds rotate the order (and reverse it every
+other round), each round starts with a host probe (the host time of tiny kernel launches and of a
+pure-Python loop), and each case reports the median wall, the fastest wall and per-forward medians over
+its hooked runs. Per case the script also counts the host-device synchronisations of one ``generate``
+(``torch.cuda.set_sync_debug_mode``), and with ``--profile NAME,...`` writes a torch-profiler trace of one
+``generate`` of those cases (forwards marked ``opgraph_forward_<i>``).
 
 The CPU side (``benchmarks/generate_validate_report.py``) captures each generation on meta (from the
 case's exact config) and compares total and per-step times.
 
-    python3 benchmarks/gpu/generate_validate.py --out "$OUT/generate_validate.json" \\
-        --profile qwen25_7b_b4_p256_n24,llama8b_b4_p256_n24 --trace-dir "$OUT"
+    python3 benchmarks/gpu/generate_validate.py --out "$OUT/generate_validate.json" --profile qwen25_7b_b4_p256_n24
 
 ``--smoke`` runs every case on the CPU with tiny dimensions (a test of the script, not a measurement).
 """
@@ -34,6 +35,7 @@ import statistics
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,11 +250,22 @@ def profiled(model: Any, run: Any, device: str, trace: Path) -> None:
     raw.unlink()
 
 
-def measure(case: GenCase, runs: int, device: str, smoke: bool, trace: Path | None) -> dict[str, Any]:
-    """One case measured: walls, one hooked run's per-forward clocks and events, syncs, a host probe."""
+@dataclass
+class Prepared:
+    """A case's model built and warmed up, ready to run ``generate``."""
+
+    case: GenCase
+    config: Any
+    model: Any
+    run: Any
+    walls: list[float] = field(default_factory=list)
+    hooked: list[dict[str, Any]] = field(default_factory=list)
+
+
+def prepare(case: GenCase, device: str, smoke: bool) -> Prepared:
+    """Build ``case``'s model and warm its ``generate`` up (two runs)."""
     import torch
 
-    probe = host_probe(device)
     config, model = build(case, device, smoke)
     vocab = int(getattr(config, "vocab_size", 32000))
     ids = torch.randint(0, vocab, (case.batch, case.prompt), device=device)
@@ -265,32 +278,62 @@ def measure(case: GenCase, runs: int, device: str, smoke: bool, trace: Path | No
     for _ in range(2):
         run()
     sync(device)
-    walls = []
-    for _ in range(runs):
+    return Prepared(case, config, model, run)
+
+
+def one_round(prepared: Sequence[Prepared], device: str) -> None:
+    """Each case once in the given order: a plain timed ``generate``, then one timed per forward."""
+    for p in prepared:
         t0 = time.perf_counter()
-        run()
+        p.run()
         sync(device)
-        walls.append((time.perf_counter() - t0) * 1e6)
-    clock = ForwardClock(cuda=device == "cuda", mark=False)
-    clocks = clock.summary(*clock.record(model, run, device))
+        p.walls.append((time.perf_counter() - t0) * 1e6)
+        clock = ForwardClock(cuda=device == "cuda", mark=False)
+        p.hooked.append(clock.summary(*clock.record(p.model, p.run, device)))
+
+
+def round_order(n: int, r: int) -> list[int]:
+    """The cases' order in round ``r``: rotated by ``r``, reversed every other round (each case meets the
+    host's drift at every position)."""
+    order = [(i + r) % n for i in range(n)]
+    return order[::-1] if r % 2 else order
+
+
+def step_medians(hooked: Sequence[dict[str, Any]], key: str) -> list[float]:
+    """Per forward, the median over the hooked runs of ``key`` (a per-forward list)."""
+    runs = [h[key] for h in hooked if key in h]
+    if not runs:
+        return []
+    n = min(len(r) for r in runs)
+    return [statistics.median(r[i] for r in runs) for i in range(n)]
+
+
+def case_row(p: Prepared, device: str, trace: Path | None) -> dict[str, Any]:
+    """A case's measurements: walls, per-forward medians over the hooked runs (and the runs), syncs."""
+    c = p.case
+    hooked = [{k: [round(x, 1) for x in v] if isinstance(v, list) else v for k, v in h.items()} for h in p.hooked]
     out: dict[str, Any] = {
-        "case": case.name,
-        "preset": case.preset,
-        "layers": case.layers,
-        "batch": case.batch,
-        "prompt": case.prompt,
-        "new_tokens": case.new,
-        "overrides": case.overrides,
-        "variant": case.variant,
-        "config": config.to_dict(),
-        "host_probe": probe,
-        "host_probe_after": host_probe(device),
-        "syncs_per_generate": count_syncs(run, device),
-        "wall_us": {"median": statistics.median(walls), "runs": walls},
-        **clocks,
+        "case": c.name,
+        "preset": c.preset,
+        "layers": c.layers,
+        "batch": c.batch,
+        "prompt": c.prompt,
+        "new_tokens": c.new,
+        "overrides": c.overrides,
+        "variant": c.variant,
+        "config": p.config.to_dict(),
+        "syncs_per_generate": count_syncs(p.run, device),
+        "wall_us": {"median": statistics.median(p.walls), "min": min(p.walls), "runs": p.walls},
+        "forwards": hooked[0]["forwards"],
+        "setup_us": statistics.median(h["setup_us"] for h in hooked),
+        "step_wall_us": step_medians(hooked, "step_wall_us"),
+        "step_host_us": step_medians(hooked, "step_host_us"),
+        "hooked_runs": hooked,
     }
+    if device == "cuda":
+        out["step_device_us"] = step_medians(hooked, "step_device_us")
     if trace is not None:
-        profiled(model, run, device, trace)
+        profiled(p.model, p.run, device, trace)
         out["trace"] = trace.name
     return out
 
@@ -298,10 +341,11 @@ def measure(case: GenCase, runs: int, device: str, smoke: bool, trace: Path | No
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--passes", type=int, default=2, help="Passes over the cases (every other one reversed).")
+    parser.add_argument(
+        "--rounds", type=int, default=12, help="Rounds over the cases (one plain, one hooked run each)."
+    )
     parser.add_argument("--cases", default="", help="Comma-separated case names (default: all).")
-    parser.add_argument("--profile", default="", help="Comma-separated case names to trace (first pass only).")
+    parser.add_argument("--profile", default="", help="Comma-separated case names to trace (after the rounds).")
     parser.add_argument("--trace-dir", type=Path, default=None, help="Where traces go (default: beside --out).")
     parser.add_argument("--smoke", action="store_true", help="Tiny dimensions on the CPU: tests the script.")
     args = parser.parse_args(argv)
@@ -323,22 +367,29 @@ def main(argv: list[str] | None = None) -> int:
         "transformers": transformers.__version__,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "smoke": args.smoke,
+        "rounds": args.rounds,
+        "host_probes": [],
         "cases": [],
     }
-    for p in range(args.passes):
-        for case in cases if p % 2 == 0 else cases[::-1]:
-            trace = trace_dir / f"{case.name}.trace.json.gz" if p == 0 and case.name in traced else None
-            try:
-                row = measure(case, args.runs if not args.smoke else 1, device, args.smoke, trace)
-                print(case.name, f"pass {p}", f"{row['wall_us']['median'] / 1e3:.1f} ms", flush=True)
-            except Exception as exc:  # one failing case must not stop the others
-                row = {"case": case.name, "error": f"{type(exc).__name__}: {exc}"}
-                print(case.name, f"pass {p}", "error", exc, flush=True)
-            row["pass"] = p
-            out["cases"].append(row)
-            if device == "cuda":
-                torch.cuda.empty_cache()  # the case's model is gone with measure()
-            args.out.write_text(json.dumps(out, indent=1) + "\n")
+    prepared: list[Prepared] = []
+    for case in cases:
+        try:
+            prepared.append(prepare(case, device, args.smoke))
+        except Exception as exc:  # one failing case must not stop the others
+            out["cases"].append({"case": case.name, "error": f"{type(exc).__name__}: {exc}"})
+            print(case.name, "error", exc, flush=True)
+    for r in range(args.rounds):
+        out["host_probes"].append({"round": r, "t_s": time.perf_counter(), **host_probe(device)})
+        one_round([prepared[i] for i in round_order(len(prepared), r)], device)
+        print(f"round {r}", " ".join(f"{p.case.name}={p.walls[-1] / 1e3:.1f}ms" for p in prepared), flush=True)
+    for p in prepared:
+        trace = trace_dir / f"{p.case.name}.trace.json.gz" if p.case.name in traced else None
+        try:
+            out["cases"].append(case_row(p, device, trace))
+        except Exception as exc:
+            out["cases"].append({"case": p.case.name, "error": f"{type(exc).__name__}: {exc}"})
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

@@ -74,7 +74,7 @@ def test_traced_forwards_attribute_gpu_work_and_syncs_to_the_forward_that_launch
             ev("user_annotation", "opgraph_forward_1", 100, 50),
             ev("user_annotation", "opgraph_forward_0", 0, 60),
             ev("cuda_runtime", "cudaLaunchKernel", 10, 2, 1),
-            ev("cuda_runtime", "cudaLaunchKernel", 20, 2, 2),
+            ev("cuda_driver", "cuLaunchKernelEx", 20, 2, 2),  # cuBLAS launches through the driver API
             ev("cuda_runtime", "cudaStreamSynchronize", 30, 20),
             ev("cuda_runtime", "cudaLaunchKernel", 110, 2, 3),
             ev("kernel", "k1", 15, 10, 1),
