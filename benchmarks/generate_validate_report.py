@@ -209,7 +209,7 @@ def fastest_passes(cases: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]
 
 
 def _row(c: dict[str, Any], pred: float, cmp: StepComparison, with_pass: bool) -> str:
-    meas = c["wall_us"]["median"]
+    meas, fastest = c["wall_us"]["median"], min(c["wall_us"]["runs"])
     step, worst = cmp.worst
     row = [c["case"]]
     if with_pass:
@@ -217,7 +217,8 @@ def _row(c: dict[str, Any], pred: float, cmp: StepComparison, with_pass: bool) -
         row += [str(c.get("pass", 0))]
         row += [f"{probe['launch_us']:.1f}" if "launch_us" in probe else ""]
         row += [f"{probe['python_loop_ns']:.0f}" if "python_loop_ns" in probe else ""]
-    row += [f"{meas / 1e3:.1f}", f"{pred / 1e3:.1f}", pct((pred - meas) / meas), pct(cmp.prefill_error)]
+    row += [f"{meas / 1e3:.1f}", f"{fastest / 1e3:.1f}", f"{pred / 1e3:.1f}"]
+    row += [pct((pred - meas) / meas), pct((pred - fastest) / fastest), pct(cmp.prefill_error)]
     row += [f"{statistics.median(v[1:]) / 1e3:.2f}" for v in (cmp.measured_us, cmp.simulated_us)]
     row += [pct(cmp.median_decode_error), f"{pct(worst)} (step {step})"]
     return "| " + " | ".join(row) + " |"
@@ -228,8 +229,8 @@ def report(data: dict[str, Any], tmp: Path, base: Path | None = None) -> list[st
     out without it)."""
     versions = f"torch {data['torch']}, transformers {data['transformers']}, {data['date']}"
     lines = [f"measured on {data['gpu']} ({versions})", ""]
-    cols = "| measured ms | predicted ms | total error | prefill error | decode step: measured ms (median) "
-    cols += "| predicted ms | median step error | worst step error |"
+    cols = "| measured ms (median) | fastest ms | predicted ms | error | error vs fastest | prefill error "
+    cols += "| decode step: measured ms (median) | predicted ms | median step error | worst step error |"
     sims: dict[str, tuple[float, list[float]]] = {}
     rows, details, errors = [], [], []
     for c in data["cases"]:
@@ -240,22 +241,36 @@ def report(data: dict[str, Any], tmp: Path, base: Path | None = None) -> list[st
             sims[c["case"]] = simulate_case(c, tmp)
         pred, sim_steps = sims[c["case"]]
         cmp = compare_steps(c, sim_steps)
-        rows.append(_row(c, pred, cmp, True))
-        details.append(f"- {c['case']} pass {c.get('pass', 0)}: " + ", ".join(step_line(cmp)))
+        rows.append(_row(c, pred, cmp, "host_probes" not in data))
+        label = f"{c['case']} pass {c['pass']}" if "pass" in c else c["case"]
+        details.append(f"- {label}: " + ", ".join(step_line(cmp)))
     best = fastest_passes(data["cases"])
     if any(c.get("pass", 0) for c in data["cases"]):
         lines += ["Per case, its faster pass (the host's slowdowns only add time):", ""]
-        lines += ["| case " + cols, "|---|" + "---:|" * 8]
+        lines += ["| case " + cols, "|---|" + "---:|" * 10]
         for name, c in best.items():
             lines.append(_row(c, sims[name][0], compare_steps(c, sims[name][1]), False))
         lines += ["", "Every pass (host probe: us per tiny kernel launch, ns per pure-Python loop step):", ""]
-    lines += ["| case | pass | probe us | probe ns " + cols, "|---|" + "---:|" * 11, *rows]
+    if "host_probes" in data:
+        lines += [probe_line(data["host_probes"]), ""]
+        lines += ["| case " + cols, "|---|" + "---:|" * 10, *rows]
+    else:
+        lines += ["| case | pass | probe us | probe ns " + cols, "|---|" + "---:|" * 13, *rows]
     if errors:
         lines += ["", "Failed:", "", *errors]
     lines += ["", "Per step (step: measured / simulated ms, error):", "", *details]
     if base is not None:
         lines += trace_section(data, base)
     return lines
+
+
+def probe_line(probes: Sequence[dict[str, Any]]) -> str:
+    """The host probe's spread over the rounds."""
+    parts = []
+    for key, unit in (("launch_us", "us per tiny kernel launch"), ("python_loop_ns", "ns per Python loop step")):
+        v = sorted(p[key] for p in probes)
+        parts.append(f"{v[0]:.1f} / {statistics.median(v):.1f} / {v[-1]:.1f} {unit}")
+    return f"Host probe over {len(probes)} rounds (min / median / max): " + "; ".join(parts) + "."
 
 
 def trace_section(data: dict[str, Any], base: Path) -> list[str]:

@@ -308,7 +308,7 @@ def step_medians(hooked: Sequence[dict[str, Any]], key: str) -> list[float]:
     return [statistics.median(r[i] for r in runs) for i in range(n)]
 
 
-def case_row(p: Prepared, device: str, trace: Path | None) -> dict[str, Any]:
+def case_row(p: Prepared, device: str, trace: Path | None, smoke: bool = False) -> dict[str, Any]:
     """A case's measurements: walls, per-forward medians over the hooked runs (and the runs), syncs."""
     c = p.case
     hooked = [{k: [round(x, 1) for x in v] if isinstance(v, list) else v for k, v in h.items()} for h in p.hooked]
@@ -319,7 +319,7 @@ def case_row(p: Prepared, device: str, trace: Path | None) -> dict[str, Any]:
         "batch": c.batch,
         "prompt": c.prompt,
         "new_tokens": c.new,
-        "overrides": c.overrides,
+        "overrides": {**c.overrides, **(SMOKE_DIMS if smoke else {})},
         "variant": c.variant,
         "config": p.config.to_dict(),
         "syncs_per_generate": count_syncs(p.run, device),
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in prepared:
         trace = trace_dir / f"{p.case.name}.trace.json.gz" if p.case.name in traced else None
         try:
-            out["cases"].append(case_row(p, device, trace))
+            out["cases"].append(case_row(p, device, trace, args.smoke))
         except Exception as exc:
             out["cases"].append({"case": p.case.name, "error": f"{type(exc).__name__}: {exc}"})
         args.out.write_text(json.dumps(out, indent=1) + "\n")
