@@ -252,8 +252,20 @@ def report(data: dict[str, Any], tmp: Path, base: Path | None = None) -> list[st
             lines.append(_row(c, sims[name][0], compare_steps(c, sims[name][1]), False))
         lines += ["", "Every pass (host probe: us per tiny kernel launch, ns per pure-Python loop step):", ""]
     if "host_probes" in data:
+        quiet = quiet_rounds(data["host_probes"])
         lines += [probe_line(data["host_probes"]), ""]
-        lines += ["| case " + cols, "|---|" + "---:|" * 10, *rows]
+        lines += [f"Quiet rounds (both probes within {QUIET - 1:.0%} of their fastest): {quiet}", ""]
+        lines += ["| case " + cols, "|---|" + "---:|" * 10]
+        quiet_details = []
+        for c in data["cases"]:
+            if "error" in c or "hooked_runs" not in c:
+                continue
+            q = restrict(c, quiet)
+            qcmp = compare_steps(q, sims[c["case"]][1])
+            lines.append(_row(q, sims[c["case"]][0], qcmp, False))
+            quiet_details.append(f"- {c['case']} (quiet rounds): " + ", ".join(step_line(qcmp)))
+        details = quiet_details + details
+        lines += ["", "All rounds:", "", "| case " + cols, "|---|" + "---:|" * 10, *rows]
     else:
         lines += ["| case | pass | probe us | probe ns " + cols, "|---|" + "---:|" * 13, *rows]
     if errors:
@@ -262,6 +274,32 @@ def report(data: dict[str, Any], tmp: Path, base: Path | None = None) -> list[st
     if base is not None:
         lines += trace_section(data, base)
     return lines
+
+
+QUIET = 1.10
+"""A round is quiet when both host probes before it are within this factor of their fastest in the run."""
+
+
+def quiet_rounds(probes: Sequence[dict[str, Any]], within: float = QUIET) -> list[int]:
+    """The rounds whose host probes (launch and Python loop) were both within ``within`` of their fastest."""
+    fast = {k: min(p[k] for p in probes) for k in ("launch_us", "python_loop_ns")}
+    return [p["round"] for p in probes if all(p[k] <= within * v for k, v in fast.items())]
+
+
+def restrict(case: dict[str, Any], rounds: Sequence[int]) -> dict[str, Any]:
+    """``case`` measured over ``rounds`` only: walls and per-forward medians of those rounds' runs."""
+    if not rounds:
+        raise ValueError("no rounds to keep")
+    walls = [case["wall_us"]["runs"][r] for r in rounds]
+    hooked = [case["hooked_runs"][r] for r in rounds]
+    n = min(len(h["step_wall_us"]) for h in hooked)
+    steps = [statistics.median(h["step_wall_us"][i] for h in hooked) for i in range(n)]
+    return {
+        **case,
+        "wall_us": {"median": statistics.median(walls), "min": min(walls), "runs": walls},
+        "setup_us": statistics.median(h["setup_us"] for h in hooked),
+        "step_wall_us": steps,
+    }
 
 
 def probe_line(probes: Sequence[dict[str, Any]]) -> str:

@@ -12,6 +12,8 @@ from benchmarks.generate_validate_report import (
     StepComparison,
     capture_args,
     compare_steps,
+    quiet_rounds,
+    restrict,
     simulate_case,
     simulated_steps,
     traced_forwards,
@@ -56,6 +58,30 @@ def test_data_without_the_return_clock_leave_the_last_step_out() -> None:
     assert compare_steps(old, [9.0, 5.0, 6.0]).measured_us == (10.0, 5.0)
     new = {**old, "setup_us": 1.0}
     assert compare_steps(new, [9.0, 5.0, 6.0]).measured_us == (10.0, 5.0, 2.0)
+
+
+def test_quiet_rounds_need_both_probes_near_their_fastest() -> None:
+    probes = [
+        {"round": 0, "launch_us": 6.0, "python_loop_ns": 40.0},
+        {"round": 1, "launch_us": 6.5, "python_loop_ns": 33.0},
+        {"round": 2, "launch_us": 9.0, "python_loop_ns": 34.0},  # launches slow
+        {"round": 3, "launch_us": 6.2, "python_loop_ns": 35.0},
+    ]
+    assert quiet_rounds(probes, within=1.1) == [1, 3]
+
+
+def test_restrict_keeps_the_rounds_walls_and_per_step_medians() -> None:
+    hooked = [
+        {"setup_us": 1.0, "step_wall_us": [10.0, 5.0]},
+        {"setup_us": 9.0, "step_wall_us": [90.0, 50.0]},
+        {"setup_us": 3.0, "step_wall_us": [30.0, 7.0]},
+        {"setup_us": 2.0, "step_wall_us": [20.0, 6.0]},
+    ]
+    case = {"case": "c", "wall_us": {"median": 0.0, "runs": [100.0, 900.0, 300.0, 200.0]}, "hooked_runs": hooked}
+    kept = restrict(case, [0, 2, 3])
+    assert kept["wall_us"] == {"median": 200.0, "min": 100.0, "runs": [100.0, 300.0, 200.0]}
+    assert kept["step_wall_us"] == [20.0, 6.0]
+    assert kept["setup_us"] == 2.0
 
 
 def test_union_length_counts_overlaps_once() -> None:
