@@ -4,23 +4,33 @@ Every op of every training graph is one sample of the framework time before an o
 :func:`~hardware.hostprofile.structure_keys`; each key's median (and 10th/90th percentiles) over its
 samples is kept, at each lookup level. The graphs must all have been timed on one CPU.
 
-``python -m hardware.hostfit GRAPH... -o h100-sxm.host.json [--device-profile FILE]`` builds one
-(``--device-profile`` copies its host time per aten call into the profile as the issue time).
+Measured walls of some training graphs (``--walls FILE``: case name, the graph file's stem, to the
+median CUDA-synchronised wall of one forward on the device, microseconds) fit two more terms
+(:func:`fit_wall_terms`): the in-context scale of each op's host time and a host time per forward pass
+(:attr:`~hardware.hostprofile.HostProfile.op_scale`, :attr:`~hardware.hostprofile.HostProfile.forward_us`),
+by simulating each training graph as ``opgraph simulate -H HW -e 1 --policy stream`` does for a graph
+captured without host timing, and least squares on the relative wall error.
+
+``python -m hardware.hostfit GRAPH... -o h100-sxm.host.json [--device-profile FILE] [--walls FILE
+--hardware NAME]`` builds one (``--device-profile`` copies its host time per aten call into the
+profile as the issue time, and costs the ops when walls are fitted).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from hardware.hostprofile import GapStat, HostInfo, HostProfile, TrainingGraph, graph_keys
+from hardware.hostprofile import GapStat, HostInfo, HostProfile, TrainingGraph, WallSample, graph_keys
 from opgraph.ir import LoadError, OpGraph, OpgraphError, capture_settings
 
 
@@ -141,6 +151,102 @@ def fit_host_profile(
     )
 
 
+WallFn = Callable[[OpGraph, HostProfile], float]
+"""Simulated wall (us) of a graph captured without host timing, with a candidate host profile."""
+
+
+def fit_wall_terms(
+    profile: HostProfile,
+    graphs: Mapping[str, OpGraph],
+    walls_us: Mapping[str, float],
+    simulate_wall: WallFn,
+    *,
+    iterations: int = 8,
+) -> HostProfile:
+    """``profile`` with :attr:`~HostProfile.op_scale` and :attr:`~HostProfile.forward_us` fitted so that
+    ``simulate_wall`` of each named graph (captured without host timing, or stripped of it) meets its
+    measured wall: Gauss-Newton on the relative errors, finite differences, both terms kept >= 0.
+
+    Needs walls of at least two graphs of different host time (layer counts), else the two terms
+    cannot be told apart: :class:`~opgraph.ir.OpgraphError`.
+    """
+    names = [n for n in graphs if n in walls_us and walls_us[n] > 0]
+    if len(names) < 2:
+        raise OpgraphError(
+            f"{len(names)} training graph(s) with a measured wall: the per-forward and per-op terms need two or more",
+            hint="measure the walls of training graphs of several layer counts (benchmarks/gpu/host_profile.sh)",
+        )
+
+    def residuals(scale: float, forward: float) -> list[float]:
+        cand = profile.model_copy(update={"op_scale": scale, "forward_us": forward})
+        return [simulate_wall(graphs[n], cand) / walls_us[n] - 1 for n in names]
+
+    base = residuals(1.0, 0.0)
+    scale, forward = 1.0, 0.0
+    res = base
+    for _ in range(iterations):
+        ds, df = 0.01 * scale, 20.0
+        r_s = residuals(scale + ds, forward)
+        r_f = residuals(scale, forward + df)
+        js = [(a - b) / ds for a, b in zip(r_s, res, strict=True)]
+        jf = [(a - b) / df for a, b in zip(r_f, res, strict=True)]
+        # Normal equations of the 2x2 least-squares step.
+        a11, a12, a22 = sum(x * x for x in js), sum(x * y for x, y in zip(js, jf, strict=True)), sum(y * y for y in jf)
+        b1 = -sum(x * r for x, r in zip(js, res, strict=True))
+        b2 = -sum(y * r for y, r in zip(jf, res, strict=True))
+        det = a11 * a22 - a12 * a12
+        if det <= 1e-6 * a11 * a22:  # the two columns (nearly) proportional
+            raise OpgraphError(
+                "the training walls do not tell the per-forward time from the per-op scale",
+                hint="measure walls of training graphs of several layer counts",
+            )
+        step_s, step_f = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
+        new_scale, new_forward = max(0.05, scale + step_s), max(0.0, forward + step_f)
+        new_res = residuals(new_scale, new_forward)
+        if sum(r * r for r in new_res) > sum(r * r for r in res):
+            break
+        done = abs(new_scale - scale) < 1e-4 and abs(new_forward - forward) < 0.5
+        scale, forward, res = new_scale, new_forward, new_res
+        if done:
+            break
+    samples = tuple(
+        WallSample(
+            name=n,
+            measured_us=round(walls_us[n], 1),
+            predicted_us=round(walls_us[n] * (1 + r), 1),
+            unfitted_us=round(walls_us[n] * (1 + r0), 1),
+        )
+        for n, r, r0 in zip(names, res, base, strict=True)
+    )
+    if not all(math.isfinite(x) for x in (scale, forward)):
+        raise OpgraphError("the wall fit diverged")
+    return profile.model_copy(update={"op_scale": round(scale, 4), "forward_us": round(forward, 1), "walls": samples})
+
+
+def simulated_wall(hardware: str, device_profile: Path, tmp: Path) -> WallFn:
+    """A :data:`WallFn` simulating as ``opgraph simulate -H hardware -e 1 --policy stream`` with the
+    cost model of ``device_profile`` and the candidate host profile (written under ``tmp``)."""
+    from hardware import load_hardware, resolve_cost_model
+    from opgraph.capture.hosttime import without_host_gaps
+    from simulators import HostConfig, HostMode, SimulationConfig, simulate
+
+    hw = load_hardware(hardware)
+    model = resolve_cost_model(str(device_profile))
+    counter = [0]
+    bare: dict[int, OpGraph] = {}
+
+    def wall(graph: OpGraph, profile: HostProfile) -> float:
+        counter[0] += 1
+        path = profile.save(tmp / f"candidate{counter[0]}.host.json")
+        g = bare.setdefault(id(graph), without_host_gaps(graph))
+        host = HostConfig(mode=HostMode.EAGER, host_profile=str(path))
+        config = SimulationConfig.standard(1, policy="stream", host=host).model_copy(update={"skip_uncosted": True})
+        tl = simulate(g, hw, model, config).timeline()
+        return float(tl.wall_us if tl.wall_us is not None else tl.makespan_us)
+
+    return wall
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hardware.hostfit GRAPH... -o OUT [--device-profile FILE] [--note TEXT]``."""
     parser = argparse.ArgumentParser(prog="python -m hardware.hostfit", description=__doc__.split("\n\n")[0])
@@ -148,6 +254,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, required=True, help="host profile to write (.host.json)")
     parser.add_argument("--device-profile", type=Path, help="device profile whose aten issue time to carry")
     parser.add_argument("--note", action="append", default=[], help="a remark to keep in the profile")
+    parser.add_argument(
+        "--walls", type=Path, help="JSON: training case (graph file stem) -> measured wall of one forward, us"
+    )
+    parser.add_argument("--hardware", default="h100-sxm", help="device the walls were measured on (with --walls)")
     args = parser.parse_args(argv)
     from opgraph.ir import load_graph
 
@@ -161,7 +271,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             dev = load_profile(args.device_profile)
             issue, source = dev.aten_issue_us, f"device profile {args.device_profile.name}"
         prof = fit_host_profile(graphs, issue_us=issue, issue_source=source, notes=args.note)
-    except (LoadError, OpgraphError) as exc:
+        if args.walls is not None:
+            if args.device_profile is None:
+                raise OpgraphError("--walls needs --device-profile (the cost model of the simulated walls)")
+            walls = {str(k): float(v) for k, v in json.loads(args.walls.read_text()).items()}
+            named = {_stem(p): g for p, g in zip(args.graphs, graphs, strict=True)}
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                fn = simulated_wall(args.hardware, args.device_profile, Path(tmp))
+                prof = fit_wall_terms(prof, named, walls, fn)
+    except (LoadError, OpgraphError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     prof.save(args.output)
@@ -173,7 +293,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for t in prof.training:
         print(f"  {t.model} {t.phase} {t.shape}: {t.ops} ops, {t.total_us / 1e3:.3f} ms framework time")
+    if prof.walls:
+        print(
+            f"in context: op host time x{prof.op_scale:.3f}, {prof.forward_us:.1f} us per forward "
+            f"(fitted on {len(prof.walls)} measured walls)"
+        )
+        for w in prof.walls:
+            print(
+                f"  {w.name}: measured {w.measured_us / 1e3:.3f} ms, fitted {w.predicted_us / 1e3:.3f} ms "
+                f"({100 * (w.predicted_us / w.measured_us - 1):+.1f}%), unfitted {w.unfitted_us / 1e3:.3f} ms "
+                f"({100 * (w.unfitted_us / w.measured_us - 1):+.1f}%)"
+            )
     return 0
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".json.gz", ".json"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return path.stem
 
 
 if __name__ == "__main__":

@@ -17,6 +17,13 @@ Each op is looked up by its :func:`structure_keys`, most specific first:
 3. ``kind``: kind and position;
 4. ``global``: the median over every training op.
 
+Two terms fitted from measured walls (:func:`hardware.hostfit.fit_wall_terms`) carry what a ``meta``
+capture cannot see: on the real device each op's host time in context (its issue and the framework
+before it) is :attr:`HostProfile.op_scale` times what replay and the ``meta`` timing measure alone, and
+each forward pass pays :attr:`HostProfile.forward_us` more (the call, HF's preamble and output
+wrapping as they run on the device, and what a short forward pays cold) whatever its layer count.
+:func:`in_context` applies both.
+
 Catalog devices name their host profile in their TOML (``host_profile = "h100-sxm.host.json"``, the
 CPU of the machine that measured the device profile); :func:`hardware_host_profile` finds it.
 """
@@ -113,6 +120,22 @@ class TrainingGraph(BaseModel):
     """Framework host time of the whole graph, microseconds."""
 
 
+class WallSample(BaseModel):
+    """One measured forward the wall terms were fitted on: the training graph's measured and
+    simulated walls."""
+
+    model_config = FROZEN
+
+    name: str
+    """The training case."""
+    measured_us: NonNegFloat
+    """Median CUDA-synchronised wall of one forward on the device, microseconds."""
+    predicted_us: NonNegFloat
+    """The simulated wall with the fitted terms."""
+    unfitted_us: NonNegFloat = 0.0
+    """The simulated wall without them (op scale 1, no forward time)."""
+
+
 class HostProfile(BaseModel):
     """The framework's host time between ops on one CPU, keyed by the op's place in the model."""
 
@@ -137,6 +160,14 @@ class HostProfile(BaseModel):
     """``kind|position`` -> framework time."""
     global_gap: GapStat
     """Over every training op."""
+    forward_us: NonNegFloat = 0.0
+    """Host time per forward pass that no op's gap holds, on the real device (fitted from measured
+    walls; 0 when the profile was fitted without them)."""
+    op_scale: Annotated[float, Field(gt=0)] = 1.0
+    """Each op's host time in context on the real device over its issue time plus framework time as
+    measured alone (fitted from measured walls; 1 without them)."""
+    walls: tuple[WallSample, ...] = ()
+    """The measured forwards :attr:`forward_us` and :attr:`op_scale` were fitted on."""
     training: tuple[TrainingGraph, ...] = ()
     """The captures it was fitted from."""
     notes: tuple[str, ...] = ()
@@ -218,6 +249,30 @@ def predict_gaps(graph: OpGraph, profile: HostProfile) -> GapPrediction:
         gaps.append(us)
         levels[level] += 1
     return GapPrediction(gaps, levels)
+
+
+def forward_starts(graph: OpGraph) -> list[int]:
+    """Indices of the ops that start a forward pass: the first op, and each op whose (stage, step)
+    differs from the op before it (the steps of a generate graph)."""
+    out: list[int] = []
+    previous: tuple[object, object] | None = None
+    for i, op in enumerate(graph.ops):
+        here = (op.stage, op.step)
+        if i == 0 or here != previous:
+            out.append(i)
+        previous = here
+    return out
+
+
+def in_context(host_us: Sequence[float], graph: OpGraph, profile: HostProfile) -> list[float]:
+    """Per-op host times (issue plus framework time, in program order) as the real device runs them:
+    each times :attr:`HostProfile.op_scale`, plus :attr:`HostProfile.forward_us` on the first op of
+    each forward pass (:func:`forward_starts`)."""
+    out = [h * profile.op_scale for h in host_us]
+    if profile.forward_us and out:
+        for i in forward_starts(graph):
+            out[i] += profile.forward_us
+    return out
 
 
 # -- files -------------------------------------------------------------------------------------------

@@ -5,15 +5,28 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from hardware.hostfit import fit_host_profile, main
-from hardware.hostprofile import GapStat, HostInfo, HostProfileWarning, check_host_cpu, load_host_profile, predict_gaps
+from hardware.hostfit import fit_host_profile, fit_wall_terms, main
+from hardware.hostprofile import (
+    GapStat,
+    HostInfo,
+    HostProfile,
+    HostProfileWarning,
+    check_host_cpu,
+    forward_starts,
+    in_context,
+    load_host_profile,
+    predict_gaps,
+)
 from opgraph.ir import (
+    CaptureSettings,
     Elementwise,
     Gemm,
+    GraphMetadata,
     LoadError,
     Norm,
     OpBase,
@@ -21,6 +34,7 @@ from opgraph.ir import (
     OpgraphError,
     SchemaVersionError,
     Stage,
+    save_graph,
 )
 from tests.hardware.host_builders import layer_ops, toy_graph, toy_profile
 
@@ -172,3 +186,79 @@ def test_shipped_host_profiles_load_and_are_of_the_device_profile_host(name: str
     prof = load_host_profile(path)
     assert prof.host.cpu == device_host_cpu(name)
     assert prof.training and prof.issue_us is not None
+
+
+def _two_step_graph() -> OpGraph:
+    """A toy generate graph: a prefill step (step 0) and a decode step (step 1), two ops each."""
+    ops = [op.model_copy(update={"step": 0, "stage": Stage.PREFILL}) for op in layer_ops(0, 0, 0.0)[:2]]
+    ops += [op.model_copy(update={"step": 1}) for op in layer_ops(0, 2, 0.0)[:2]]
+    md = GraphMetadata(model="toy", phase="generate", capture=CaptureSettings(batch=1))
+    return OpGraph(metadata=md, ops=tuple(ops))
+
+
+def test_in_context_scales_every_op_and_charges_each_forward_once() -> None:
+    g = _two_step_graph()
+    assert forward_starts(g) == [0, 2]
+    prof = toy_profile(op_scale=2.0, forward_us=100.0)
+    assert in_context([1.0, 2.0, 3.0, 4.0], g, prof) == [102.0, 4.0, 106.0, 8.0]
+    assert in_context([1.0, 2.0, 3.0, 4.0], g, toy_profile()) == [1.0, 2.0, 3.0, 4.0]
+
+
+def _toy_wall(host_us: dict[str, float], device_us: dict[str, float]) -> Callable[[OpGraph, HostProfile], float]:
+    """Walls of toy graphs named by their model: host-bound ones pay scale x host + forward time, a
+    device-bound one its device time."""
+
+    def wall(graph: OpGraph, profile: HostProfile) -> float:
+        name = graph.metadata.model
+        return max(profile.op_scale * host_us[name] + profile.forward_us, device_us[name])
+
+    return wall
+
+
+def _named(name: str) -> OpGraph:
+    g = toy_graph(1)
+    return g.model_copy(update={"metadata": g.metadata.model_copy(update={"model": name})})
+
+
+def test_wall_fit_tells_the_per_forward_time_from_the_per_op_scale() -> None:
+    host = {"l1": 900.0, "l3": 2500.0, "l5": 4100.0, "gpu": 1000.0}
+    device = {"l1": 100.0, "l3": 300.0, "l5": 500.0, "gpu": 20000.0}
+    graphs = {n: _named(n) for n in host}
+    true_scale, true_forward = 1.2, 700.0
+    walls = {n: max(true_scale * host[n] + true_forward, device[n]) for n in host}
+    fitted = fit_wall_terms(toy_profile(), graphs, walls, _toy_wall(host, device))
+    assert fitted.op_scale == pytest.approx(true_scale, rel=1e-3)
+    assert fitted.forward_us == pytest.approx(true_forward, abs=2.0)
+    by_name = {w.name: w for w in fitted.walls}
+    assert by_name["l3"].predicted_us == pytest.approx(walls["l3"], rel=1e-3)
+    assert by_name["l3"].unfitted_us == pytest.approx(host["l3"])  # scale 1, no forward time
+    # the gap tables are kept as fitted from the captures
+    assert fitted.exact == toy_profile().exact
+
+
+def test_wall_fit_needs_two_walls_of_different_host_time() -> None:
+    host, device = {"a": 1000.0, "b": 1000.0}, {"a": 0.0, "b": 0.0}
+    graphs = {n: _named(n) for n in host}
+    with pytest.raises(OpgraphError, match="two or more"):
+        fit_wall_terms(toy_profile(), {"a": graphs["a"]}, {"a": 1500.0}, _toy_wall(host, device))
+    with pytest.raises(OpgraphError, match="do not tell"):
+        fit_wall_terms(toy_profile(), graphs, {"a": 1500.0, "b": 1500.0}, _toy_wall(host, device))
+
+
+def test_a_profile_without_wall_terms_loads_as_scale_one_and_no_forward_time(tmp_path: Path) -> None:
+    raw = json.loads(toy_profile().model_dump_json())
+    for key in ("op_scale", "forward_us", "walls"):
+        raw.pop(key)
+    path = tmp_path / "old.host.json"
+    path.write_text(json.dumps(raw))
+    prof = load_host_profile(path)
+    assert (prof.op_scale, prof.forward_us, prof.walls) == (1.0, 0.0, ())
+
+
+def test_hostfit_walls_need_a_device_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    graph = save_graph(toy_graph(2), tmp_path / "g.json.gz")
+    walls = tmp_path / "walls.json"
+    walls.write_text(json.dumps({"g": 1000.0}))
+    assert main([str(graph), "-o", str(tmp_path / "p.host.json"), "--walls", str(walls)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "--device-profile" in err and "\n" not in err
