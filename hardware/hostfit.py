@@ -4,22 +4,22 @@ Every op of every training graph is one sample of the framework time before an o
 :func:`~hardware.hostprofile.structure_keys`; each key's median (and 10th/90th percentiles) over its
 samples is kept, at each lookup level. The graphs must all have been timed on one CPU.
 
-Measured walls of some training graphs (``--walls FILE``: case name, the graph file's stem, to the
-median CUDA-synchronised wall of one forward on the device, microseconds) fit two more terms
-(:func:`fit_wall_terms`): the in-context scale of each op's host time and a host time per forward pass
-(:attr:`~hardware.hostprofile.HostProfile.op_scale`, :attr:`~hardware.hostprofile.HostProfile.forward_us`),
-by simulating each training graph as ``opgraph simulate -H HW -e 1 --policy stream`` does for a graph
-captured without host timing, and least squares on the relative wall error.
+Measured walls of some training graphs (the median CUDA-synchronised wall of one forward on the
+device) fit two more terms (:func:`fit_wall_terms`): the in-context scale of each op's host time and
+a host time per forward pass (:attr:`~hardware.hostprofile.HostProfile.op_scale`,
+:attr:`~hardware.hostprofile.HostProfile.forward_us`), least squares on the relative wall error of
+the simulated walls, which the caller provides (``benchmarks/gpu/host_profile.sh`` simulates each
+training graph as ``opgraph simulate -H HW -e 1 --policy stream`` does for a graph captured without
+host timing).
 
-``python -m hardware.hostfit GRAPH... -o h100-sxm.host.json [--device-profile FILE] [--walls FILE
---hardware NAME]`` builds one (``--device-profile`` copies its host time per aten call into the
-profile as the issue time, and costs the ops when walls are fitted).
+``python -m hardware.hostfit GRAPH... -o h100-sxm.host.json [--device-profile FILE]`` builds one
+from the captures (``--device-profile`` copies its host time per aten call into the profile as the
+issue time).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -223,28 +223,21 @@ def fit_wall_terms(
     return profile.model_copy(update={"op_scale": round(scale, 4), "forward_us": round(forward, 1), "walls": samples})
 
 
-def simulated_wall(hardware: str, device_profile: Path, tmp: Path) -> WallFn:
-    """A :data:`WallFn` simulating as ``opgraph simulate -H hardware -e 1 --policy stream`` with the
-    cost model of ``device_profile`` and the candidate host profile (written under ``tmp``)."""
-    from hardware import load_hardware, resolve_cost_model
-    from opgraph.capture.hosttime import without_host_gaps
-    from simulators import HostConfig, HostMode, SimulationConfig, simulate
-
-    hw = load_hardware(hardware)
-    model = resolve_cost_model(str(device_profile))
-    counter = [0]
-    bare: dict[int, OpGraph] = {}
-
-    def wall(graph: OpGraph, profile: HostProfile) -> float:
-        counter[0] += 1
-        path = profile.save(tmp / f"candidate{counter[0]}.host.json")
-        g = bare.setdefault(id(graph), without_host_gaps(graph))
-        host = HostConfig(mode=HostMode.EAGER, host_profile=str(path))
-        config = SimulationConfig.standard(1, policy="stream", host=host).model_copy(update={"skip_uncosted": True})
-        tl = simulate(g, hw, model, config).timeline()
-        return float(tl.wall_us if tl.wall_us is not None else tl.makespan_us)
-
-    return wall
+def describe_walls(profile: HostProfile) -> list[str]:
+    """The wall terms of ``profile`` and each training wall, measured, fitted and unfitted (lines)."""
+    if not profile.walls:
+        return ["no wall terms: op scale 1, no forward time (fitted without measured walls)"]
+    lines = [
+        f"in context: op host time x{profile.op_scale:.3f}, {profile.forward_us:.1f} us per forward "
+        f"(fitted on {len(profile.walls)} measured walls)"
+    ]
+    for w in profile.walls:
+        lines.append(
+            f"  {w.name}: measured {w.measured_us / 1e3:.3f} ms, fitted {w.predicted_us / 1e3:.3f} ms "
+            f"({100 * (w.predicted_us / w.measured_us - 1):+.1f}%), unfitted {w.unfitted_us / 1e3:.3f} ms "
+            f"({100 * (w.unfitted_us / w.measured_us - 1):+.1f}%)"
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -254,10 +247,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, required=True, help="host profile to write (.host.json)")
     parser.add_argument("--device-profile", type=Path, help="device profile whose aten issue time to carry")
     parser.add_argument("--note", action="append", default=[], help="a remark to keep in the profile")
-    parser.add_argument(
-        "--walls", type=Path, help="JSON: training case (graph file stem) -> measured wall of one forward, us"
-    )
-    parser.add_argument("--hardware", default="h100-sxm", help="device the walls were measured on (with --walls)")
     args = parser.parse_args(argv)
     from opgraph.ir import load_graph
 
@@ -271,17 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dev = load_profile(args.device_profile)
             issue, source = dev.aten_issue_us, f"device profile {args.device_profile.name}"
         prof = fit_host_profile(graphs, issue_us=issue, issue_source=source, notes=args.note)
-        if args.walls is not None:
-            if args.device_profile is None:
-                raise OpgraphError("--walls needs --device-profile (the cost model of the simulated walls)")
-            walls = {str(k): float(v) for k, v in json.loads(args.walls.read_text()).items()}
-            named = {_stem(p): g for p, g in zip(args.graphs, graphs, strict=True)}
-            import tempfile
-
-            with tempfile.TemporaryDirectory() as tmp:
-                fn = simulated_wall(args.hardware, args.device_profile, Path(tmp))
-                prof = fit_wall_terms(prof, named, walls, fn)
-    except (LoadError, OpgraphError, OSError, ValueError) as exc:
+    except (LoadError, OpgraphError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     prof.save(args.output)
@@ -293,26 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     for t in prof.training:
         print(f"  {t.model} {t.phase} {t.shape}: {t.ops} ops, {t.total_us / 1e3:.3f} ms framework time")
-    if prof.walls:
-        print(
-            f"in context: op host time x{prof.op_scale:.3f}, {prof.forward_us:.1f} us per forward "
-            f"(fitted on {len(prof.walls)} measured walls)"
-        )
-        for w in prof.walls:
-            print(
-                f"  {w.name}: measured {w.measured_us / 1e3:.3f} ms, fitted {w.predicted_us / 1e3:.3f} ms "
-                f"({100 * (w.predicted_us / w.measured_us - 1):+.1f}%), unfitted {w.unfitted_us / 1e3:.3f} ms "
-                f"({100 * (w.unfitted_us / w.measured_us - 1):+.1f}%)"
-            )
     return 0
-
-
-def _stem(path: Path) -> str:
-    name = path.name
-    for suffix in (".json.gz", ".json"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return path.stem
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hardware.hostfit import fit_host_profile, fit_wall_terms, main
+from hardware.hostfit import describe_walls, fit_host_profile, fit_wall_terms, main
 from hardware.hostprofile import (
     GapStat,
     HostInfo,
@@ -34,7 +34,6 @@ from opgraph.ir import (
     OpgraphError,
     SchemaVersionError,
     Stage,
-    save_graph,
 )
 from tests.hardware.host_builders import layer_ops, toy_graph, toy_profile
 
@@ -234,6 +233,7 @@ def test_wall_fit_tells_the_per_forward_time_from_the_per_op_scale() -> None:
     assert by_name["l3"].unfitted_us == pytest.approx(host["l3"])  # scale 1, no forward time
     # the gap tables are kept as fitted from the captures
     assert fitted.exact == toy_profile().exact
+    assert "x1.200" in describe_walls(fitted)[0] and len(describe_walls(fitted)) == 1 + len(host)
 
 
 def test_wall_fit_needs_two_walls_of_different_host_time() -> None:
@@ -253,12 +253,3 @@ def test_a_profile_without_wall_terms_loads_as_scale_one_and_no_forward_time(tmp
     path.write_text(json.dumps(raw))
     prof = load_host_profile(path)
     assert (prof.op_scale, prof.forward_us, prof.walls) == (1.0, 0.0, ())
-
-
-def test_hostfit_walls_need_a_device_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    graph = save_graph(toy_graph(2), tmp_path / "g.json.gz")
-    walls = tmp_path / "walls.json"
-    walls.write_text(json.dumps({"g": 1000.0}))
-    assert main([str(graph), "-o", str(tmp_path / "p.host.json"), "--walls", str(walls)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error:") and "--device-profile" in err and "\n" not in err
