@@ -155,17 +155,24 @@ WallFn = Callable[[OpGraph, HostProfile], float]
 """Simulated wall (us) of a graph captured without host timing, with a candidate host profile."""
 
 
+ROBUST_FLOOR = 0.02
+"""Relative error below which the robust wall fit weighs a training wall as if it were this large."""
+
+
 def fit_wall_terms(
     profile: HostProfile,
     graphs: Mapping[str, OpGraph],
     walls_us: Mapping[str, float],
     simulate_wall: WallFn,
     *,
-    iterations: int = 8,
+    iterations: int = 20,
+    robust: bool = True,
 ) -> HostProfile:
     """``profile`` with :attr:`~HostProfile.op_scale` and :attr:`~HostProfile.forward_us` fitted so that
     ``simulate_wall`` of each named graph (captured without host timing, or stripped of it) meets its
-    measured wall: Gauss-Newton on the relative errors, finite differences, both terms kept >= 0.
+    measured wall: Gauss-Newton on the relative errors (finite differences, both terms kept >= 0),
+    with ``robust`` on their absolute values (iteratively reweighted: a wall measured while the host
+    was disturbed pulls the fit no more than any other), else on their squares.
 
     Needs walls of at least two graphs of different host time (layer counts), else the two terms
     cannot be told apart: :class:`~opgraph.ir.OpgraphError`.
@@ -181,19 +188,25 @@ def fit_wall_terms(
         cand = profile.model_copy(update={"op_scale": scale, "forward_us": forward})
         return [simulate_wall(graphs[n], cand) / walls_us[n] - 1 for n in names]
 
+    def loss(rs: Sequence[float]) -> float:
+        return sum(abs(r) for r in rs) if robust else sum(r * r for r in rs)
+
     base = residuals(1.0, 0.0)
     scale, forward = 1.0, 0.0
     res = base
     for _ in range(iterations):
+        w = [1 / max(abs(r), ROBUST_FLOOR) if robust else 1.0 for r in res]
         ds, df = 0.01 * scale, 20.0
         r_s = residuals(scale + ds, forward)
         r_f = residuals(scale, forward + df)
         js = [(a - b) / ds for a, b in zip(r_s, res, strict=True)]
         jf = [(a - b) / df for a, b in zip(r_f, res, strict=True)]
-        # Normal equations of the 2x2 least-squares step.
-        a11, a12, a22 = sum(x * x for x in js), sum(x * y for x, y in zip(js, jf, strict=True)), sum(y * y for y in jf)
-        b1 = -sum(x * r for x, r in zip(js, res, strict=True))
-        b2 = -sum(y * r for y, r in zip(jf, res, strict=True))
+        # Normal equations of the weighted 2x2 least-squares step.
+        a11 = sum(k * x * x for k, x in zip(w, js, strict=True))
+        a12 = sum(k * x * y for k, x, y in zip(w, js, jf, strict=True))
+        a22 = sum(k * y * y for k, y in zip(w, jf, strict=True))
+        b1 = -sum(k * x * r for k, x, r in zip(w, js, res, strict=True))
+        b2 = -sum(k * y * r for k, y, r in zip(w, jf, res, strict=True))
         det = a11 * a22 - a12 * a12
         if det <= 1e-6 * a11 * a22:  # the two columns (nearly) proportional
             raise OpgraphError(
@@ -201,9 +214,13 @@ def fit_wall_terms(
                 hint="measure walls of training graphs of several layer counts",
             )
         step_s, step_f = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
-        new_scale, new_forward = max(0.05, scale + step_s), max(0.0, forward + step_f)
-        new_res = residuals(new_scale, new_forward)
-        if sum(r * r for r in new_res) > sum(r * r for r in res):
+        for _halving in range(5):  # backtrack until the step lowers the loss
+            new_scale, new_forward = max(0.05, scale + step_s), max(0.0, forward + step_f)
+            new_res = residuals(new_scale, new_forward)
+            if loss(new_res) <= loss(res):
+                break
+            step_s, step_f = step_s / 2, step_f / 2
+        else:
             break
         done = abs(new_scale - scale) < 1e-4 and abs(new_forward - forward) < 0.5
         scale, forward, res = new_scale, new_forward, new_res

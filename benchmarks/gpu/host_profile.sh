@@ -17,8 +17,10 @@
 # at the same time, so nothing perturbs the timing).
 #
 # Run from the repo root on the GPU machine:  OUT=/path/to/out bash benchmarks/gpu/host_profile.sh
-# About 4 minutes: training cases past BUDGET seconds are skipped and logged. Without a GPU (a CPU
-# test) the walls are skipped and the fit keeps op scale 1 and no forward time. Writes:
+# About 2-4 minutes: training cases past BUDGET seconds are skipped and logged. Without a GPU (a CPU
+# test) the walls are skipped and the fit keeps op scale 1 and no forward time.
+# REFIT=1 (CPU only): fit the two wall terms again from $OUT/h100-sxm.host.json and $OUT/host_graphs.tar.gz
+# of an earlier run (its graphs and measured walls), as this version of hardware.hostfit fits them. Writes:
 #   $OUT/h100-sxm.host.json   the host profile (commit as hardware/catalog/h100-sxm.host.json)
 #   $OUT/host_profile_log.txt the log (CPU, versions, each capture and wall, the fit summary)
 #   $OUT/host_graphs.tar.gz   train/*.json.gz (host-timed graphs), train/*.config.json, walls.json
@@ -26,11 +28,15 @@ set -uo pipefail
 . benchmarks/gpu/env.sh
 export PYTHONUNBUFFERED=1
 BUDGET=${BUDGET:-190}   # seconds of training captures and walls, from the script's start
-RUNS=${RUNS:-15}        # timed forwards per training wall
+RUNS=${RUNS:-25}        # timed forwards per training wall (as many as heldout.py times)
 DIR="$OUT/host_graphs"
 mkdir -p "$DIR/train"
 LOG="$OUT/host_profile_log.txt"
 START=$(date +%s)
+if [ -n "${REFIT:-}" ]; then
+  tar -xzf "$OUT/host_graphs.tar.gz" -C "$OUT" || exit 1
+  echo "# REFIT of the wall terms on $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1) ($(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null))" | tee -a "$LOG"
+else
 {
   echo "# host profile on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)"
   echo "cpu: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1); nproc $(nproc)"
@@ -139,6 +145,7 @@ timeout -k 5 60 $PY -m hardware.hostfit "$DIR"/train/*.json.gz -o "$OUT/h100-sxm
   --note "training set: benchmarks/gpu/host_profile.sh TRAIN (preset shapes of 1, 3 or 5 layers, none of benchmarks/gpu/heldout.py's cases; no Llama-3.1-70B)" \
   --note "framework gaps: captured on meta with --host-timing on the machine that measured hardware/catalog/h100-sxm.profile.json" \
   2>&1 | tee -a "$LOG"
+fi
 
 # The in-context terms: each training decode with a measured wall simulated as `opgraph simulate -H h100-sxm
 # -e 1 --policy stream` simulates a graph captured without host timing, with the candidate host profile.
@@ -173,12 +180,12 @@ with tempfile.TemporaryDirectory() as tmp:
         return tl.wall_us if tl.wall_us is not None else tl.makespan_us
 
     fitted = fit_wall_terms(profile, graphs, walls, wall)
-notes = (*fitted.notes, "op scale and forward time: fitted on the measured walls of the dense training decodes on "
+notes = (*(n for n in fitted.notes if not n.startswith("op scale")), "op scale and forward time: fitted on the measured walls of the dense training decodes on "
          "that machine's GPU (measured as benchmarks/gpu/heldout.py measures its cases)")
 fitted.model_copy(update={"notes": notes}).save(path)
 print("\n".join(describe_walls(fitted)))
 EOF
 
-tar -czf "$OUT/host_graphs.tar.gz" -C "$OUT" host_graphs && rm -rf "$DIR"
+if [ -n "${REFIT:-}" ]; then rm -rf "$DIR"; else tar -czf "$OUT/host_graphs.tar.gz" -C "$OUT" host_graphs && rm -rf "$DIR"; fi
 echo "# done in $(( $(date +%s) - START ))s" | tee -a "$LOG"
 ls -la "$OUT"
