@@ -253,3 +253,15 @@ def test_a_profile_without_wall_terms_loads_as_scale_one_and_no_forward_time(tmp
     path.write_text(json.dumps(raw))
     prof = load_host_profile(path)
     assert (prof.op_scale, prof.forward_us, prof.walls) == (1.0, 0.0, ())
+
+
+def test_robust_wall_fit_is_not_pulled_by_a_wall_taken_while_the_host_was_disturbed() -> None:
+    host = {"l1": 900.0, "l3": 2500.0, "l5": 4100.0, "b1": 1000.0, "b3": 2600.0, "b5": 4200.0}
+    device = dict.fromkeys(host, 0.0)
+    graphs = {n: _named(n) for n in host}
+    walls = {n: 1.1 * h + 800.0 for n, h in host.items()}
+    walls["l5"] *= 1.4  # one median taken while the host ran slow
+    robust = fit_wall_terms(toy_profile(), graphs, walls, _toy_wall(host, device))
+    squares = fit_wall_terms(toy_profile(), graphs, walls, _toy_wall(host, device), robust=False)
+    assert robust.op_scale == pytest.approx(1.1, rel=0.02) and robust.forward_us == pytest.approx(800.0, abs=50.0)
+    assert abs(squares.op_scale - 1.1) > 3 * abs(robust.op_scale - 1.1)  # least squares follows the disturbed wall
