@@ -44,6 +44,8 @@ else
 } 2>&1 | tee "$LOG"
 
 # name preset phase batch tokens(seq for prefill, kv for decode) dtype layers wall(1: measure on the GPU)
+# The b32 kv8192 and b64 kv4096 decodes stream 1-1.5 GB per layer (KV cache and weights), as the largest
+# held-out decodes do: their walls tell whether the host runs slower while the device is busy.
 # Round-robin over families, phases and layer counts, so a budget stop still covers them.
 TRAIN="
 llama1b_decode_b4_kv2048_bf16_l1 llama-3.2-1b decode 4 2048 bf16 1 1
@@ -51,6 +53,8 @@ llama1b_decode_b4_kv2048_bf16_l5 llama-3.2-1b decode 4 2048 bf16 5 1
 qwen25_7b_decode_b2_kv1024_fp16_l3 qwen2.5-7b decode 2 1024 fp16 3 1
 llama8b_decode_b16_kv2048_bf16_l1 llama-3.1-8b decode 16 2048 bf16 1 1
 llama8b_decode_b16_kv2048_bf16_l5 llama-3.1-8b decode 16 2048 bf16 5 1
+llama8b_decode_b32_kv8192_bf16_l1 llama-3.1-8b decode 32 8192 bf16 1 1
+llama8b_decode_b32_kv8192_bf16_l3 llama-3.1-8b decode 32 8192 bf16 3 1
 llama1b_prefill_b1_s1024_bf16_l3 llama-3.2-1b prefill 1 1024 bf16 3 0
 qwen3moe_decode_b4_kv512_fp16_l1 qwen3-30b-a3b decode 4 512 fp16 1 0
 qwen25_7b_decode_b16_kv4096_bf16_l1 qwen2.5-7b decode 16 4096 bf16 1 1
@@ -58,6 +62,7 @@ qwen25_7b_decode_b16_kv4096_bf16_l5 qwen2.5-7b decode 16 4096 bf16 5 1
 llama8b_decode_b1_kv4096_fp16_l3 llama-3.1-8b decode 1 4096 fp16 3 1
 mixtral_prefill_b2_s512_fp16_l1 mixtral-8x7b prefill 2 512 fp16 1 0
 llama1b_decode_b16_kv256_fp16_l3 llama-3.2-1b decode 16 256 fp16 3 1
+qwen25_7b_decode_b64_kv4096_fp16_l3 qwen2.5-7b decode 64 4096 fp16 3 1
 llama8b_prefill_b2_s512_fp16_l5 llama-3.1-8b prefill 2 512 fp16 5 0
 qwen3moe_prefill_b1_s512_bf16_l3 qwen3-30b-a3b prefill 1 512 bf16 3 0
 qwen25_7b_prefill_b1_s2048_bf16_l1 qwen2.5-7b prefill 1 2048 bf16 1 0
