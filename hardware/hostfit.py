@@ -158,6 +158,32 @@ WallFn = Callable[[OpGraph, HostProfile], float]
 ROBUST_FLOOR = 0.02
 """Relative error below which the robust wall fit weighs a training wall as if it were this large."""
 
+WALL_TERMS: tuple[str, ...] = ("op_scale", "forward_us", "busy_scale")
+"""The :class:`HostProfile` terms :func:`fit_wall_terms` fits, in order; the last is left at 0 when the
+training walls cannot tell it from the others."""
+_START = {"op_scale": 1.0, "forward_us": 0.0, "busy_scale": 0.0}
+_STEP = {"op_scale": 0.01, "forward_us": 20.0, "busy_scale": 0.02}
+_LOW = {"op_scale": 0.05, "forward_us": 0.0, "busy_scale": 0.0}
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """``a x = b`` by Gaussian elimination with partial pivoting; ``None`` when ``a`` is (nearly) singular."""
+    n = len(b)
+    m = [[*row, rhs] for row, rhs in zip(a, b, strict=True)]
+    scale = max((abs(m[i][i]) for i in range(n)), default=0.0)
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        if abs(m[p][c]) <= 1e-9 * scale:
+            return None
+        m[c], m[p] = m[p], m[c]
+        for r in range(c + 1, n):
+            f = m[r][c] / m[c][c]
+            m[r] = [x - f * y for x, y in zip(m[r], m[c], strict=True)]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
+
 
 def fit_wall_terms(
     profile: HostProfile,
@@ -167,15 +193,17 @@ def fit_wall_terms(
     *,
     iterations: int = 20,
     robust: bool = True,
+    terms: Sequence[str] = WALL_TERMS,
 ) -> HostProfile:
-    """``profile`` with :attr:`~HostProfile.op_scale` and :attr:`~HostProfile.forward_us` fitted so that
-    ``simulate_wall`` of each named graph (captured without host timing, or stripped of it) meets its
-    measured wall: Gauss-Newton on the relative errors (finite differences, both terms kept >= 0),
-    with ``robust`` on their absolute values (iteratively reweighted: a wall measured while the host
-    was disturbed pulls the fit no more than any other), else on their squares.
+    """``profile`` with the wall ``terms`` (:data:`WALL_TERMS`) fitted so that ``simulate_wall`` of each
+    named graph (captured without host timing, or stripped of it) meets its measured wall:
+    Gauss-Newton on the relative errors (finite differences, every term kept >= 0), with ``robust`` on
+    their absolute values (iteratively reweighted: a wall measured while the host was disturbed pulls
+    the fit no more than any other), else on their squares. When the walls cannot tell the last term
+    from the others it stays at 0 and the rest are fitted.
 
-    Needs walls of at least two graphs of different host time (layer counts), else the two terms
-    cannot be told apart: :class:`~opgraph.ir.OpgraphError`.
+    Needs walls of at least two graphs of different host time (layer counts), else the per-forward and
+    per-op terms cannot be told apart: :class:`~opgraph.ir.OpgraphError`.
     """
     names = [n for n in graphs if n in walls_us and walls_us[n] > 0]
     if len(names) < 2:
@@ -184,48 +212,23 @@ def fit_wall_terms(
             hint="measure the walls of training graphs of several layer counts (benchmarks/gpu/host_profile.sh)",
         )
 
-    def residuals(scale: float, forward: float) -> list[float]:
-        cand = profile.model_copy(update={"op_scale": scale, "forward_us": forward})
+    def residuals(values: Mapping[str, float]) -> list[float]:
+        cand = profile.model_copy(update={**_START, **values})
         return [simulate_wall(graphs[n], cand) / walls_us[n] - 1 for n in names]
 
     def loss(rs: Sequence[float]) -> float:
         return sum(abs(r) for r in rs) if robust else sum(r * r for r in rs)
 
-    base = residuals(1.0, 0.0)
-    scale, forward = 1.0, 0.0
-    res = base
-    for _ in range(iterations):
-        w = [1 / max(abs(r), ROBUST_FLOOR) if robust else 1.0 for r in res]
-        ds, df = 0.01 * scale, 20.0
-        r_s = residuals(scale + ds, forward)
-        r_f = residuals(scale, forward + df)
-        js = [(a - b) / ds for a, b in zip(r_s, res, strict=True)]
-        jf = [(a - b) / df for a, b in zip(r_f, res, strict=True)]
-        # Normal equations of the weighted 2x2 least-squares step.
-        a11 = sum(k * x * x for k, x in zip(w, js, strict=True))
-        a12 = sum(k * x * y for k, x, y in zip(w, js, jf, strict=True))
-        a22 = sum(k * y * y for k, y in zip(w, jf, strict=True))
-        b1 = -sum(k * x * r for k, x, r in zip(w, js, res, strict=True))
-        b2 = -sum(k * y * r for k, y, r in zip(w, jf, res, strict=True))
-        det = a11 * a22 - a12 * a12
-        if det <= 1e-6 * a11 * a22:  # the two columns (nearly) proportional
-            raise OpgraphError(
-                "the training walls do not tell the per-forward time from the per-op scale",
-                hint="measure walls of training graphs of several layer counts",
-            )
-        step_s, step_f = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det
-        for _halving in range(5):  # backtrack until the step lowers the loss
-            new_scale, new_forward = max(0.05, scale + step_s), max(0.0, forward + step_f)
-            new_res = residuals(new_scale, new_forward)
-            if loss(new_res) <= loss(res):
-                break
-            step_s, step_f = step_s / 2, step_f / 2
-        else:
-            break
-        done = abs(new_scale - scale) < 1e-4 and abs(new_forward - forward) < 0.5
-        scale, forward, res = new_scale, new_forward, new_res
-        if done:
-            break
+    base = residuals({})
+    fitted = _gauss_newton(residuals, loss, base, list(terms), iterations, robust)
+    if fitted is None and len(terms) > 2:
+        fitted = _gauss_newton(residuals, loss, base, list(terms[:-1]), iterations, robust)
+    if fitted is None:
+        raise OpgraphError(
+            "the training walls do not tell the per-forward time from the per-op scale",
+            hint="measure walls of training graphs of several layer counts",
+        )
+    values, res = fitted
     samples = tuple(
         WallSample(
             name=n,
@@ -235,17 +238,79 @@ def fit_wall_terms(
         )
         for n, r, r0 in zip(names, res, base, strict=True)
     )
-    if not all(math.isfinite(x) for x in (scale, forward)):
+    if not all(math.isfinite(x) for x in values.values()):
         raise OpgraphError("the wall fit diverged")
-    return profile.model_copy(update={"op_scale": round(scale, 4), "forward_us": round(forward, 1), "walls": samples})
+    rounded = {k: round(v, 1 if k == "forward_us" else 4) for k, v in {**_START, **values}.items()}
+    return profile.model_copy(update={**rounded, "walls": samples})
+
+
+def _weighted_step(cols: list[list[float]], w: Sequence[float], res: Sequence[float]) -> list[float] | None:
+    """The weighted least-squares step of the linearised residuals (columns ``cols``); ``None`` when
+    the columns are (nearly) collinear or one is zero."""
+    n = len(cols)
+    a = [[sum(k * x * y for k, x, y in zip(w, ci, cj, strict=True)) for cj in cols] for ci in cols]
+    b = [-sum(k * x * r for k, x, r in zip(w, ci, res, strict=True)) for ci in cols]
+    if min(a[i][i] for i in range(n)) <= 0.0:
+        return None
+    norm = [math.sqrt(a[i][i]) for i in range(n)]  # a correlation matrix: singular means collinear
+    corr = [[a[i][j] / (norm[i] * norm[j]) for j in range(n)] for i in range(n)]
+    step = _solve(corr, [b[i] / norm[i] for i in range(n)])
+    return None if step is None else [x / m for x, m in zip(step, norm, strict=True)]
+
+
+def _gauss_newton(
+    residuals: Callable[[Mapping[str, float]], list[float]],
+    loss: Callable[[Sequence[float]], float],
+    base: list[float],
+    terms: list[str],
+    iterations: int,
+    robust: bool,
+) -> tuple[dict[str, float], list[float]] | None:
+    """(term values, residuals) of the (reweighted) Gauss-Newton fit of ``terms``; ``None`` when the
+    walls cannot tell them apart."""
+    values = {t: _START[t] for t in terms}
+    res = base
+    for _ in range(iterations):
+        w = [1 / max(abs(r), ROBUST_FLOOR) if robust else 1.0 for r in res]
+        cols: dict[str, list[float]] = {}
+        for t in terms:
+            d = _STEP[t] * (values[t] if t == "op_scale" else 1.0)
+            moved = residuals({**values, t: values[t] + d})
+            cols[t] = [(a - b) / d for a, b in zip(moved, res, strict=True)]
+        active = list(terms)
+        while True:  # a term at its bound that the step would push further is held there
+            solved = _weighted_step([cols[t] for t in active], w, res)
+            if solved is None:
+                return None
+            held = [t for t, x in zip(active, solved, strict=True) if x < 0 and values[t] <= _LOW[t]]
+            if not held:
+                break
+            active = [t for t in active if t not in held]
+            if not active:
+                return values, res
+        step = dict(zip(active, solved, strict=True))
+        for _halving in range(5):  # backtrack until the step lowers the loss
+            new = {t: max(_LOW[t], values[t] + step.get(t, 0.0)) for t in terms}
+            new_res = residuals(new)
+            if loss(new_res) <= loss(res):
+                break
+            step = {t: x / 2 for t, x in step.items()}
+        else:
+            break
+        done = all(abs(new[t] - values[t]) < _STEP[t] / 100 for t in terms)
+        values, res = new, new_res
+        if done:
+            break
+    return values, res
 
 
 def describe_walls(profile: HostProfile) -> list[str]:
     """The wall terms of ``profile`` and each training wall, measured, fitted and unfitted (lines)."""
     if not profile.walls:
         return ["no wall terms: op scale 1, no forward time (fitted without measured walls)"]
+    busy = f" x(1 + {profile.busy_scale:.3f} x device busy share)" if profile.busy_scale else ""
     lines = [
-        f"in context: op host time x{profile.op_scale:.3f}, {profile.forward_us:.1f} us per forward "
+        f"in context: op host time x{profile.op_scale:.3f}{busy}, {profile.forward_us:.1f} us per forward "
         f"(fitted on {len(profile.walls)} measured walls)"
     ]
     for w in profile.walls:

@@ -21,7 +21,9 @@ Two terms fitted from measured walls (:func:`hardware.hostfit.fit_wall_terms`) c
 capture cannot see: on the real device each op's host time in context (its issue and the framework
 before it) is :attr:`HostProfile.op_scale` times what replay and the ``meta`` timing measure alone, and
 each forward pass pays :attr:`HostProfile.forward_us` more (the call, HF's preamble and output
-wrapping as they run on the device, and what a short forward pays cold) whatever its layer count.
+wrapping as they run on the device, and what a short forward pays cold) whatever its layer count;
+:attr:`HostProfile.busy_scale` (a third term, fitted when the training walls tell it) makes the host
+slower in a forward pass whose device is busy a larger share of the time.
 :func:`in_context` applies both.
 
 Catalog devices name their host profile in their TOML (``host_profile = "h100-sxm.host.json"``, the
@@ -166,6 +168,10 @@ class HostProfile(BaseModel):
     op_scale: Annotated[float, Field(gt=0)] = 1.0
     """Each op's host time in context on the real device over its issue time plus framework time as
     measured alone (fitted from measured walls; 1 without them)."""
+    busy_scale: NonNegFloat = 0.0
+    """How much slower the host runs while the device is busy: each op's host time in a forward pass
+    whose device time is a share ``u = min(1, device / host)`` of its host time is ``1 + busy_scale * u``
+    times longer (fitted from measured walls; 0 without them)."""
     walls: tuple[WallSample, ...] = ()
     """The measured forwards :attr:`forward_us` and :attr:`op_scale` were fitted on."""
     training: tuple[TrainingGraph, ...] = ()
@@ -264,13 +270,22 @@ def forward_starts(graph: OpGraph) -> list[int]:
     return out
 
 
-def in_context(host_us: Sequence[float], graph: OpGraph, profile: HostProfile) -> list[float]:
+def in_context(
+    host_us: Sequence[float], graph: OpGraph, profile: HostProfile, device_us: Sequence[float] | None = None
+) -> list[float]:
     """Per-op host times (issue plus framework time, in program order) as the real device runs them:
-    each times :attr:`HostProfile.op_scale`, plus :attr:`HostProfile.forward_us` on the first op of
-    each forward pass (:func:`forward_starts`)."""
+    each times :attr:`HostProfile.op_scale` (and ``1 + busy_scale * u`` with the forward pass's device
+    share ``u`` when ``device_us``, each op's device time, is given), plus :attr:`HostProfile.forward_us`
+    on the first op of each forward pass (:func:`forward_starts`)."""
     out = [h * profile.op_scale for h in host_us]
-    if profile.forward_us and out:
-        for i in forward_starts(graph):
+    starts = forward_starts(graph) if out else []
+    if profile.busy_scale and device_us is not None:
+        for a, b in zip(starts, [*starts[1:], len(out)], strict=True):
+            host, device = sum(host_us[a:b]), sum(device_us[a:b])
+            u = min(1.0, device / host) if host > 0 else 0.0
+            out[a:b] = [h * (1 + profile.busy_scale * u) for h in out[a:b]]
+    if profile.forward_us:
+        for i in starts:
             out[i] += profile.forward_us
     return out
 

@@ -152,12 +152,13 @@ def _add_framework_time(
         "uses its own, --no-framework-time drops it"
     )
     total = [h + f for h, f in zip(host_us, predicted.gaps_us, strict=True)]
-    if profile.op_scale != 1.0 or profile.forward_us:
+    if profile.op_scale != 1.0 or profile.forward_us or profile.busy_scale:
+        busy = f", x(1 + {profile.busy_scale:.3f} x the device's busy share)" if profile.busy_scale else ""
         notes.append(
             f"host: in context on the device (fitted from measured walls): each op's host time "
-            f"x{profile.op_scale:.3f}, {profile.forward_us / 1e3:.3f} ms more per forward pass"
+            f"x{profile.op_scale:.3f}{busy}, {profile.forward_us / 1e3:.3f} ms more per forward pass"
         )
-        total = in_context(total, problem.graph, profile)
+        total = in_context(total, problem.graph, profile, problem.dur_us)
     return total, per_op_us
 
 

@@ -265,3 +265,32 @@ def test_robust_wall_fit_is_not_pulled_by_a_wall_taken_while_the_host_was_distur
     squares = fit_wall_terms(toy_profile(), graphs, walls, _toy_wall(host, device), robust=False)
     assert robust.op_scale == pytest.approx(1.1, rel=0.02) and robust.forward_us == pytest.approx(800.0, abs=50.0)
     assert abs(squares.op_scale - 1.1) > 3 * abs(robust.op_scale - 1.1)  # least squares follows the disturbed wall
+
+
+def test_in_context_slows_the_host_of_a_forward_by_its_device_busy_share() -> None:
+    g = _two_step_graph()
+    prof = toy_profile(busy_scale=0.5)
+    # step 0: device 10 of host 20 us (u = 0.5): x1.25; step 1: device 100 of host 10 us (u capped at 1): x1.5
+    assert in_context([5.0, 15.0, 4.0, 6.0], g, prof, [4.0, 6.0, 60.0, 40.0]) == [6.25, 18.75, 6.0, 9.0]
+    assert in_context([5.0, 15.0, 4.0, 6.0], g, prof) == [5.0, 15.0, 4.0, 6.0]  # no device times: no busy term
+
+
+def test_wall_fit_finds_a_host_slowdown_with_device_busy_share_when_the_walls_show_it() -> None:
+    host = {"l1": 900.0, "l3": 2500.0, "l5": 4100.0, "h1": 1000.0, "h3": 2600.0, "h5": 4200.0}
+    busy = {"l1": 0.1, "l3": 0.1, "l5": 0.1, "h1": 0.9, "h3": 0.9, "h5": 0.9}
+
+    def wall(graph: OpGraph, profile: HostProfile) -> float:
+        n = graph.metadata.model
+        return profile.op_scale * (1 + profile.busy_scale * busy[n]) * host[n] + profile.forward_us
+
+    graphs = {n: _named(n) for n in host}
+    truth = toy_profile(op_scale=1.1, busy_scale=0.3, forward_us=600.0)
+    walls = {n: wall(graphs[n], truth) for n in host}
+    fitted = fit_wall_terms(toy_profile(), graphs, walls, wall)
+    assert fitted.op_scale == pytest.approx(1.1, rel=0.01)
+    assert fitted.busy_scale == pytest.approx(0.3, abs=0.01)
+    assert fitted.forward_us == pytest.approx(600.0, abs=10.0)
+    assert "device busy share" in describe_walls(fitted)[0]
+    # walls that show no such slowdown leave it at 0 (never negative)
+    flat = {n: 1.1 * host[n] + 600.0 - 300.0 * busy[n] for n in host}
+    assert fit_wall_terms(toy_profile(), graphs, flat, wall).busy_scale == 0.0

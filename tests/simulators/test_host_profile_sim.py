@@ -146,3 +146,15 @@ def test_fitted_in_context_terms_scale_each_op_and_add_a_time_per_forward(tmp_pa
     r_own = simulate(timed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(fitted)))
     r_own_plain = simulate(timed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(plain)))
     assert r_own.stats().makespan_us == r_own_plain.stats().makespan_us
+
+
+def test_a_busy_device_slows_the_host_by_the_fitted_busy_scale(tmp_path: Path) -> None:
+    untimed = toy_graph(2, timed=False)
+    truth = [op.host_gap_us or 0.0 for op in toy_graph(2).ops]
+    fitted = toy_profile(issue_us=4.0, busy_scale=0.5).save(tmp_path / "busy.host.json")
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(fitted)))
+    host = sum(4.0 + g for g in truth)
+    device = sum(r.problem.dur_us)  # the toy ops' device times: 2 us each, 10 for the GEMMs
+    assert device == 32.0
+    assert r.stats().makespan_us == pytest.approx(host * (1 + 0.5 * device / host) + 2.0)
+    assert any("busy share" in n for n in r.notes)
