@@ -78,6 +78,35 @@ def host_info(cpu: str) -> HostInfo:
     )
 
 
+OUTLIER_FACTOR = 3.0
+"""A training graph whose framework time per op is this many times the median graph's is left out."""
+
+
+def _per_op_us(graph: OpGraph) -> float:
+    gaps = [op.host_gap_us for op in graph.ops if op.host_gap_us is not None]
+    return sum(gaps) / len(gaps) if gaps else 0.0
+
+
+def _without_outliers(graphs: Sequence[OpGraph], factor: float | None) -> tuple[list[OpGraph], list[str]]:
+    """``graphs`` less those timed while the host was disturbed (see :func:`fit_host_profile`), and a
+    note for each left out."""
+    if factor is None or len(graphs) < 3:
+        return list(graphs), []
+    per_op = [_per_op_us(g) for g in graphs]
+    mid = statistics.median(per_op)
+    kept: list[OpGraph] = []
+    notes: list[str] = []
+    for g, x in zip(graphs, per_op, strict=True):
+        if mid > 0 and (x > factor * mid or x < mid / factor):
+            notes.append(
+                f"left out {g.metadata.model} {g.metadata.phase} {_shape(g)}: {x:.1f} us of framework time per op, "
+                f"{x / mid:.1f}x the median training graph's (timed while the host was disturbed)"
+            )
+        else:
+            kept.append(g)
+    return kept, notes
+
+
 def fit_host_profile(
     graphs: Sequence[OpGraph],
     *,
@@ -85,8 +114,13 @@ def fit_host_profile(
     issue_us: float | None = None,
     issue_source: str = "",
     notes: Sequence[str] = (),
+    max_outlier: float | None = OUTLIER_FACTOR,
 ) -> HostProfile:
     """A host profile from host-timed ``graphs`` (captured with ``--host-timing`` on one CPU).
+
+    A graph whose framework time per op is more than ``max_outlier`` times the median graph's (or less
+    than its ``1 / max_outlier``) was timed while the host was disturbed: it is left out, and the
+    profile's notes say so (``None`` keeps every graph).
 
     Raises :class:`~opgraph.ir.OpgraphError` when there are no graphs, a graph has no host timing, or
     the graphs were timed on different CPUs.
@@ -107,6 +141,8 @@ def fit_host_profile(
             f"the training graphs were timed on {len(cpus)} CPUs ({', '.join(sorted(cpus))})",
             hint="a host profile describes one CPU: fit one per CPU",
         )
+    graphs, left_out = _without_outliers(graphs, max_outlier)
+    notes = (*notes, *left_out)
     samples: dict[str, dict[str, list[float]]] = {"exact": {}, "target": {}, "kind": {}}
     everything: list[float] = []
     training: list[TrainingGraph] = []

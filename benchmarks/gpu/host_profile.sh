@@ -35,7 +35,24 @@ LOG="$OUT/host_profile_log.txt"
 START=$(date +%s)
 if [ -n "${REFIT:-}" ]; then
   tar -xzf "$OUT/host_graphs.tar.gz" -C "$OUT" || exit 1
-  echo "# REFIT of the wall terms on $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1) ($(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null))" | tee -a "$LOG"
+  echo "# REFIT on $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1) ($(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null))" | tee -a "$LOG"
+  # The gap tables again from the run's graphs, with the run's provenance (CPU, versions, issue time).
+  PROFILE="$OUT/h100-sxm.host.json" TRAIN_DIR="$DIR/train" $PY - 2>&1 <<'EOF' | tee -a "$LOG"
+import os
+from pathlib import Path
+from hardware.hostfit import fit_host_profile
+from hardware.hostprofile import load_host_profile
+from opgraph.ir import load_graph
+
+path, train = Path(os.environ["PROFILE"]), Path(os.environ["TRAIN_DIR"])
+old = load_host_profile(path)
+graphs = [load_graph(p) for p in sorted(train.glob("*.json.gz"))]
+notes = [n for n in old.notes if not n.startswith(("left out", "op scale"))]
+prof = fit_host_profile(graphs, host=old.host, issue_us=old.issue_us, issue_source=old.issue_source, notes=notes)
+prof.save(path)
+print(f"gap tables from {len(prof.training)} of {len(graphs)} graphs; {len(prof.exact)} exact keys")
+print("\n".join(n for n in prof.notes if n.startswith("left out")))
+EOF
 else
 {
   echo "# host profile on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)"

@@ -294,3 +294,16 @@ def test_wall_fit_finds_a_host_slowdown_with_device_busy_share_when_the_walls_sh
     # walls that show no such slowdown leave it at 0 (never negative)
     flat = {n: 1.1 * host[n] + 600.0 - 300.0 * busy[n] for n in host}
     assert fit_wall_terms(toy_profile(), graphs, flat, wall).busy_scale == 0.0
+
+
+def test_a_training_graph_timed_while_the_host_was_disturbed_is_left_out() -> None:
+    slow = toy_graph(2)
+    slow = slow.model_copy(
+        update={"ops": tuple(op.model_copy(update={"host_gap_us": 5 * (op.host_gap_us or 0.0)}) for op in slow.ops)}
+    )
+    clean = fit_host_profile([toy_graph(2), toy_graph(3), toy_graph(2)])
+    prof = fit_host_profile([toy_graph(2), toy_graph(3), toy_graph(2), slow])
+    assert prof.exact == clean.exact and len(prof.training) == 3
+    assert any(n.startswith("left out toy decode") and "5.0x the median" in n for n in prof.notes)
+    kept = fit_host_profile([toy_graph(2), toy_graph(3), toy_graph(2), slow], max_outlier=None)
+    assert len(kept.training) == 4 and kept.exact != clean.exact
