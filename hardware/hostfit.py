@@ -4,23 +4,33 @@ Every op of every training graph is one sample of the framework time before an o
 :func:`~hardware.hostprofile.structure_keys`; each key's median (and 10th/90th percentiles) over its
 samples is kept, at each lookup level. The graphs must all have been timed on one CPU.
 
+Measured walls of some training graphs (the median CUDA-synchronised wall of one forward on the
+device) fit two more terms (:func:`fit_wall_terms`): the in-context scale of each op's host time and
+a host time per forward pass (:attr:`~hardware.hostprofile.HostProfile.op_scale`,
+:attr:`~hardware.hostprofile.HostProfile.forward_us`), least squares on the relative wall error of
+the simulated walls, which the caller provides (``benchmarks/gpu/host_profile.sh`` simulates each
+training graph as ``opgraph simulate -H HW -e 1 --policy stream`` does for a graph captured without
+host timing).
+
 ``python -m hardware.hostfit GRAPH... -o h100-sxm.host.json [--device-profile FILE]`` builds one
-(``--device-profile`` copies its host time per aten call into the profile as the issue time).
+from the captures (``--device-profile`` copies its host time per aten call into the profile as the
+issue time).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from hardware.hostprofile import GapStat, HostInfo, HostProfile, TrainingGraph, graph_keys
+from hardware.hostprofile import GapStat, HostInfo, HostProfile, TrainingGraph, WallSample, graph_keys
 from opgraph.ir import LoadError, OpGraph, OpgraphError, capture_settings
 
 
@@ -68,6 +78,35 @@ def host_info(cpu: str) -> HostInfo:
     )
 
 
+OUTLIER_FACTOR = 3.0
+"""A training graph whose framework time per op is this many times the median graph's is left out."""
+
+
+def _per_op_us(graph: OpGraph) -> float:
+    gaps = [op.host_gap_us for op in graph.ops if op.host_gap_us is not None]
+    return sum(gaps) / len(gaps) if gaps else 0.0
+
+
+def _without_outliers(graphs: Sequence[OpGraph], factor: float | None) -> tuple[list[OpGraph], list[str]]:
+    """``graphs`` less those timed while the host was disturbed (see :func:`fit_host_profile`), and a
+    note for each left out."""
+    if factor is None or len(graphs) < 3:
+        return list(graphs), []
+    per_op = [_per_op_us(g) for g in graphs]
+    mid = statistics.median(per_op)
+    kept: list[OpGraph] = []
+    notes: list[str] = []
+    for g, x in zip(graphs, per_op, strict=True):
+        if mid > 0 and (x > factor * mid or x < mid / factor):
+            notes.append(
+                f"left out {g.metadata.model} {g.metadata.phase} {_shape(g)}: {x:.1f} us of framework time per op, "
+                f"{x / mid:.1f}x the median training graph's (timed while the host was disturbed)"
+            )
+        else:
+            kept.append(g)
+    return kept, notes
+
+
 def fit_host_profile(
     graphs: Sequence[OpGraph],
     *,
@@ -75,8 +114,13 @@ def fit_host_profile(
     issue_us: float | None = None,
     issue_source: str = "",
     notes: Sequence[str] = (),
+    max_outlier: float | None = OUTLIER_FACTOR,
 ) -> HostProfile:
     """A host profile from host-timed ``graphs`` (captured with ``--host-timing`` on one CPU).
+
+    A graph whose framework time per op is more than ``max_outlier`` times the median graph's (or less
+    than its ``1 / max_outlier``) was timed while the host was disturbed: it is left out, and the
+    profile's notes say so (``None`` keeps every graph).
 
     Raises :class:`~opgraph.ir.OpgraphError` when there are no graphs, a graph has no host timing, or
     the graphs were timed on different CPUs.
@@ -97,6 +141,8 @@ def fit_host_profile(
             f"the training graphs were timed on {len(cpus)} CPUs ({', '.join(sorted(cpus))})",
             hint="a host profile describes one CPU: fit one per CPU",
         )
+    graphs, left_out = _without_outliers(graphs, max_outlier)
+    notes = (*notes, *left_out)
     samples: dict[str, dict[str, list[float]]] = {"exact": {}, "target": {}, "kind": {}}
     everything: list[float] = []
     training: list[TrainingGraph] = []
@@ -139,6 +185,177 @@ def fit_host_profile(
         training=tuple(training),
         notes=tuple(notes),
     )
+
+
+WallFn = Callable[[OpGraph, HostProfile], float]
+"""Simulated wall (us) of a graph captured without host timing, with a candidate host profile."""
+
+
+ROBUST_FLOOR = 0.02
+"""Relative error below which the robust wall fit weighs a training wall as if it were this large."""
+
+WALL_TERMS: tuple[str, ...] = ("op_scale", "forward_us", "busy_scale")
+"""The :class:`HostProfile` terms :func:`fit_wall_terms` fits, in order; the last is left at 0 when the
+training walls cannot tell it from the others."""
+_START = {"op_scale": 1.0, "forward_us": 0.0, "busy_scale": 0.0}
+_STEP = {"op_scale": 0.01, "forward_us": 20.0, "busy_scale": 0.02}
+_LOW = {"op_scale": 0.05, "forward_us": 0.0, "busy_scale": 0.0}
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """``a x = b`` by Gaussian elimination with partial pivoting; ``None`` when ``a`` is (nearly) singular."""
+    n = len(b)
+    m = [[*row, rhs] for row, rhs in zip(a, b, strict=True)]
+    scale = max((abs(m[i][i]) for i in range(n)), default=0.0)
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(m[r][c]))
+        if abs(m[p][c]) <= 1e-9 * scale:
+            return None
+        m[c], m[p] = m[p], m[c]
+        for r in range(c + 1, n):
+            f = m[r][c] / m[c][c]
+            m[r] = [x - f * y for x, y in zip(m[r], m[c], strict=True)]
+    x = [0.0] * n
+    for r in reversed(range(n)):
+        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
+    return x
+
+
+def fit_wall_terms(
+    profile: HostProfile,
+    graphs: Mapping[str, OpGraph],
+    walls_us: Mapping[str, float],
+    simulate_wall: WallFn,
+    *,
+    iterations: int = 20,
+    robust: bool = True,
+    terms: Sequence[str] = WALL_TERMS,
+) -> HostProfile:
+    """``profile`` with the wall ``terms`` (:data:`WALL_TERMS`) fitted so that ``simulate_wall`` of each
+    named graph (captured without host timing, or stripped of it) meets its measured wall:
+    Gauss-Newton on the relative errors (finite differences, every term kept >= 0), with ``robust`` on
+    their absolute values (iteratively reweighted: a wall measured while the host was disturbed pulls
+    the fit no more than any other), else on their squares. When the walls cannot tell the last term
+    from the others it stays at 0 and the rest are fitted.
+
+    Needs walls of at least two graphs of different host time (layer counts), else the per-forward and
+    per-op terms cannot be told apart: :class:`~opgraph.ir.OpgraphError`.
+    """
+    names = [n for n in graphs if n in walls_us and walls_us[n] > 0]
+    if len(names) < 2:
+        raise OpgraphError(
+            f"{len(names)} training graph(s) with a measured wall: the per-forward and per-op terms need two or more",
+            hint="measure the walls of training graphs of several layer counts (benchmarks/gpu/host_profile.sh)",
+        )
+
+    def residuals(values: Mapping[str, float]) -> list[float]:
+        cand = profile.model_copy(update={**_START, **values})
+        return [simulate_wall(graphs[n], cand) / walls_us[n] - 1 for n in names]
+
+    def loss(rs: Sequence[float]) -> float:
+        return sum(abs(r) for r in rs) if robust else sum(r * r for r in rs)
+
+    base = residuals({})
+    fitted = _gauss_newton(residuals, loss, base, list(terms), iterations, robust)
+    if fitted is None and len(terms) > 2:
+        fitted = _gauss_newton(residuals, loss, base, list(terms[:-1]), iterations, robust)
+    if fitted is None:
+        raise OpgraphError(
+            "the training walls do not tell the per-forward time from the per-op scale",
+            hint="measure walls of training graphs of several layer counts",
+        )
+    values, res = fitted
+    samples = tuple(
+        WallSample(
+            name=n,
+            measured_us=round(walls_us[n], 1),
+            predicted_us=round(walls_us[n] * (1 + r), 1),
+            unfitted_us=round(walls_us[n] * (1 + r0), 1),
+        )
+        for n, r, r0 in zip(names, res, base, strict=True)
+    )
+    if not all(math.isfinite(x) for x in values.values()):
+        raise OpgraphError("the wall fit diverged")
+    rounded = {k: round(v, 1 if k == "forward_us" else 4) for k, v in {**_START, **values}.items()}
+    return profile.model_copy(update={**rounded, "walls": samples})
+
+
+def _weighted_step(cols: list[list[float]], w: Sequence[float], res: Sequence[float]) -> list[float] | None:
+    """The weighted least-squares step of the linearised residuals (columns ``cols``); ``None`` when
+    the columns are (nearly) collinear or one is zero."""
+    n = len(cols)
+    a = [[sum(k * x * y for k, x, y in zip(w, ci, cj, strict=True)) for cj in cols] for ci in cols]
+    b = [-sum(k * x * r for k, x, r in zip(w, ci, res, strict=True)) for ci in cols]
+    if min(a[i][i] for i in range(n)) <= 0.0:
+        return None
+    norm = [math.sqrt(a[i][i]) for i in range(n)]  # a correlation matrix: singular means collinear
+    corr = [[a[i][j] / (norm[i] * norm[j]) for j in range(n)] for i in range(n)]
+    step = _solve(corr, [b[i] / norm[i] for i in range(n)])
+    return None if step is None else [x / m for x, m in zip(step, norm, strict=True)]
+
+
+def _gauss_newton(
+    residuals: Callable[[Mapping[str, float]], list[float]],
+    loss: Callable[[Sequence[float]], float],
+    base: list[float],
+    terms: list[str],
+    iterations: int,
+    robust: bool,
+) -> tuple[dict[str, float], list[float]] | None:
+    """(term values, residuals) of the (reweighted) Gauss-Newton fit of ``terms``; ``None`` when the
+    walls cannot tell them apart."""
+    values = {t: _START[t] for t in terms}
+    res = base
+    for _ in range(iterations):
+        w = [1 / max(abs(r), ROBUST_FLOOR) if robust else 1.0 for r in res]
+        cols: dict[str, list[float]] = {}
+        for t in terms:
+            d = _STEP[t] * (values[t] if t == "op_scale" else 1.0)
+            moved = residuals({**values, t: values[t] + d})
+            cols[t] = [(a - b) / d for a, b in zip(moved, res, strict=True)]
+        active = list(terms)
+        while True:  # a term at its bound that the step would push further is held there
+            solved = _weighted_step([cols[t] for t in active], w, res)
+            if solved is None:
+                return None
+            held = [t for t, x in zip(active, solved, strict=True) if x < 0 and values[t] <= _LOW[t]]
+            if not held:
+                break
+            active = [t for t in active if t not in held]
+            if not active:
+                return values, res
+        step = dict(zip(active, solved, strict=True))
+        for _halving in range(5):  # backtrack until the step lowers the loss
+            new = {t: max(_LOW[t], values[t] + step.get(t, 0.0)) for t in terms}
+            new_res = residuals(new)
+            if loss(new_res) <= loss(res):
+                break
+            step = {t: x / 2 for t, x in step.items()}
+        else:
+            break
+        done = all(abs(new[t] - values[t]) < _STEP[t] / 100 for t in terms)
+        values, res = new, new_res
+        if done:
+            break
+    return values, res
+
+
+def describe_walls(profile: HostProfile) -> list[str]:
+    """The wall terms of ``profile`` and each training wall, measured, fitted and unfitted (lines)."""
+    if not profile.walls:
+        return ["no wall terms: op scale 1, no forward time (fitted without measured walls)"]
+    busy = f" x(1 + {profile.busy_scale:.3f} x device busy share)" if profile.busy_scale else ""
+    lines = [
+        f"in context: op host time x{profile.op_scale:.3f}{busy}, {profile.forward_us:.1f} us per forward "
+        f"(fitted on {len(profile.walls)} measured walls)"
+    ]
+    for w in profile.walls:
+        lines.append(
+            f"  {w.name}: measured {w.measured_us / 1e3:.3f} ms, fitted {w.predicted_us / 1e3:.3f} ms "
+            f"({100 * (w.predicted_us / w.measured_us - 1):+.1f}%), unfitted {w.unfitted_us / 1e3:.3f} ms "
+            f"({100 * (w.unfitted_us / w.measured_us - 1):+.1f}%)"
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

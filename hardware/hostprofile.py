@@ -17,6 +17,15 @@ Each op is looked up by its :func:`structure_keys`, most specific first:
 3. ``kind``: kind and position;
 4. ``global``: the median over every training op.
 
+Two terms fitted from measured walls (:func:`hardware.hostfit.fit_wall_terms`) carry what a ``meta``
+capture cannot see: on the real device each op's host time in context (its issue and the framework
+before it) is :attr:`HostProfile.op_scale` times what replay and the ``meta`` timing measure alone, and
+each forward pass pays :attr:`HostProfile.forward_us` more (the call, HF's preamble and output
+wrapping as they run on the device, and what a short forward pays cold) whatever its layer count;
+:attr:`HostProfile.busy_scale` (a third term, fitted when the training walls tell it) makes the host
+slower in a forward pass whose device is busy a larger share of the time.
+:func:`in_context` applies both.
+
 Catalog devices name their host profile in their TOML (``host_profile = "h100-sxm.host.json"``, the
 CPU of the machine that measured the device profile); :func:`hardware_host_profile` finds it.
 """
@@ -113,6 +122,22 @@ class TrainingGraph(BaseModel):
     """Framework host time of the whole graph, microseconds."""
 
 
+class WallSample(BaseModel):
+    """One measured forward the wall terms were fitted on: the training graph's measured and
+    simulated walls."""
+
+    model_config = FROZEN
+
+    name: str
+    """The training case."""
+    measured_us: NonNegFloat
+    """Median CUDA-synchronised wall of one forward on the device, microseconds."""
+    predicted_us: NonNegFloat
+    """The simulated wall with the fitted terms."""
+    unfitted_us: NonNegFloat = 0.0
+    """The simulated wall without them (op scale 1, no forward time)."""
+
+
 class HostProfile(BaseModel):
     """The framework's host time between ops on one CPU, keyed by the op's place in the model."""
 
@@ -137,6 +162,18 @@ class HostProfile(BaseModel):
     """``kind|position`` -> framework time."""
     global_gap: GapStat
     """Over every training op."""
+    forward_us: NonNegFloat = 0.0
+    """Host time per forward pass that no op's gap holds, on the real device (fitted from measured
+    walls; 0 when the profile was fitted without them)."""
+    op_scale: Annotated[float, Field(gt=0)] = 1.0
+    """Each op's host time in context on the real device over its issue time plus framework time as
+    measured alone (fitted from measured walls; 1 without them)."""
+    busy_scale: NonNegFloat = 0.0
+    """How much slower the host runs while the device is busy: each op's host time in a forward pass
+    whose device time is a share ``u = min(1, device / host)`` of its host time is ``1 + busy_scale * u``
+    times longer (fitted from measured walls; 0 without them)."""
+    walls: tuple[WallSample, ...] = ()
+    """The measured forwards :attr:`forward_us` and :attr:`op_scale` were fitted on."""
     training: tuple[TrainingGraph, ...] = ()
     """The captures it was fitted from."""
     notes: tuple[str, ...] = ()
@@ -218,6 +255,39 @@ def predict_gaps(graph: OpGraph, profile: HostProfile) -> GapPrediction:
         gaps.append(us)
         levels[level] += 1
     return GapPrediction(gaps, levels)
+
+
+def forward_starts(graph: OpGraph) -> list[int]:
+    """Indices of the ops that start a forward pass: the first op, and each op whose (stage, step)
+    differs from the op before it (the steps of a generate graph)."""
+    out: list[int] = []
+    previous: tuple[object, object] | None = None
+    for i, op in enumerate(graph.ops):
+        here = (op.stage, op.step)
+        if i == 0 or here != previous:
+            out.append(i)
+        previous = here
+    return out
+
+
+def in_context(
+    host_us: Sequence[float], graph: OpGraph, profile: HostProfile, device_us: Sequence[float] | None = None
+) -> list[float]:
+    """Per-op host times (issue plus framework time, in program order) as the real device runs them:
+    each times :attr:`HostProfile.op_scale` (and ``1 + busy_scale * u`` with the forward pass's device
+    share ``u`` when ``device_us``, each op's device time, is given), plus :attr:`HostProfile.forward_us`
+    on the first op of each forward pass (:func:`forward_starts`)."""
+    out = [h * profile.op_scale for h in host_us]
+    starts = forward_starts(graph) if out else []
+    if profile.busy_scale and device_us is not None:
+        for a, b in zip(starts, [*starts[1:], len(out)], strict=True):
+            host, device = sum(host_us[a:b]), sum(device_us[a:b])
+            u = min(1.0, device / host) if host > 0 else 0.0
+            out[a:b] = [h * (1 + profile.busy_scale * u) for h in out[a:b]]
+    if profile.forward_us:
+        for i in starts:
+            out[i] += profile.forward_us
+    return out
 
 
 # -- files -------------------------------------------------------------------------------------------

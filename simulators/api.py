@@ -9,7 +9,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from hardware.base import CostModel, cost_graph
-from hardware.hostprofile import HostProfile, check_host_cpu, hardware_host_profile, load_host_profile, predict_gaps
+from hardware.hostprofile import (
+    HostProfile,
+    check_host_cpu,
+    hardware_host_profile,
+    in_context,
+    load_host_profile,
+    predict_gaps,
+)
 from hardware.models.collective import AlphaBetaCollectiveModel
 from hardware.spec import HardwareSpec
 from opgraph.ir import OpGraph, OpgraphError
@@ -144,7 +151,15 @@ def _add_framework_time(
         f"{where} ({profile.host.cpu}; ops by key: {predicted.describe()}); a graph captured with --host-timing "
         "uses its own, --no-framework-time drops it"
     )
-    return [h + f for h, f in zip(host_us, predicted.gaps_us, strict=True)], per_op_us
+    total = [h + f for h, f in zip(host_us, predicted.gaps_us, strict=True)]
+    if profile.op_scale != 1.0 or profile.forward_us or profile.busy_scale:
+        busy = f", x(1 + {profile.busy_scale:.3f} x the device's busy share)" if profile.busy_scale else ""
+        notes.append(
+            f"host: in context on the device (fitted from measured walls): each op's host time "
+            f"x{profile.op_scale:.3f}{busy}, {profile.forward_us / 1e3:.3f} ms more per forward pass"
+        )
+        total = in_context(total, problem.graph, profile, problem.dur_us)
+    return total, per_op_us
 
 
 def host_profile_for(path: str | None, hardware_name: str) -> tuple[HostProfile, str] | None:

@@ -10,6 +10,14 @@ For one case of ``accuracy.py`` this script measures on the device:
 3. the framework time of ``capture --host-timing`` before and after, for the host's drift.
 
 It writes ``{case}.host.json`` under ``--out``. Nothing here fits a model: it is a diagnostic.
+
+``--traces DATA`` (CPU only) reads the held-out runs instead (``heldout.tar.gz`` or its folder, from
+``benchmarks/gpu/heldout.py``) and prints where the host time of each profiled forward went: before
+the model's first aten call, the preamble before layer 0, each layer, after the last layer, after the
+forward returned (the sync); per region the time inside top-level aten calls that launch kernels (issue
+in context), inside the others, and between calls (Python); the device's busy time beside it. The
+profiled run is slower than the plain runs (the profiler and the per-module ranges): the last column
+scales the profiled regions by the plain median wall over the profiled run.
 """
 
 from __future__ import annotations
@@ -49,8 +57,82 @@ def per_op(calls: list[tuple[float, float, int | None]]) -> tuple[dict[int, floa
     return fw, own
 
 
+LAUNCHES = frozenset(
+    {"cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaMemsetAsync",
+     "cudaMemcpyAsync"}
+)  # fmt: skip
+"""Runtime calls that put work on the device."""
+
+
+def trace_regions(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """Host time of one held-out profiled run by region (see the module docstring), microseconds."""
+    xs = [e for e in events if e.get("ph") == "X"]
+    run = next(e for e in xs if e["name"].startswith("heldout_run_"))
+    r0, r1, tid = run["ts"], run["ts"] + run["dur"], run["tid"]
+    cpu = sorted((e for e in xs if e.get("tid") == tid and r0 <= e["ts"] <= r1), key=lambda e: (e["ts"], -e["dur"]))
+    model = next(e for e in cpu if e["name"] == "heldout_mod:")
+    layers = sorted(
+        (e for e in cpu if e["name"].startswith("heldout_mod:model.layers.") and e["name"].count(".") == 2),
+        key=lambda e: e["ts"],
+    )
+    launches = [e["ts"] for e in cpu if e.get("cat") in ("cuda_runtime", "cuda_driver") and e["name"] in LAUNCHES]
+    top: list[dict[str, Any]] = []
+    end = -1.0
+    for e in cpu:
+        if e.get("cat") == "cpu_op" and e["ts"] >= end:
+            top.append(e)
+            end = e["ts"] + e["dur"]
+    m0, m1 = model["ts"], model["ts"] + model["dur"]
+    bounds = [("before model", r0, m0), ("preamble", m0, layers[0]["ts"])]
+    bounds += [(f"layer {i}", e["ts"], e["ts"] + e["dur"]) for i, e in enumerate(layers)]
+    bounds += [("after layers", layers[-1]["ts"] + layers[-1]["dur"], m1), ("after return", m1, r1)]
+    out: dict[str, Any] = {}
+    for name, a, b in bounds:
+        calls = [e for e in top if a <= e["ts"] < b]
+        issuing = [e for e in calls if any(e["ts"] <= t <= e["ts"] + e["dur"] for t in launches)]
+        issue = sum(e["dur"] for e in issuing)
+        other = sum(e["dur"] for e in calls) - issue
+        out[name] = {"us": b - a, "issue_us": issue, "other_calls_us": other, "between_us": b - a - issue - other,
+                     "issuing_calls": len(issuing)}  # fmt: skip
+    device = [e for e in xs if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")]
+    out["run"] = {"us": r1 - r0, "device_busy_us": sum(e["dur"] for e in device)}
+    return out
+
+
+def print_traces(data: Path) -> int:
+    """``--traces``: the region table of every held-out case in ``data``."""
+    import gzip
+    import tarfile
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = data
+        if data.is_file():
+            with tarfile.open(data) as tar:
+                tar.extractall(tmp, filter="data")
+            folder = next(p.parent for p in Path(tmp).rglob("summary.json"))
+        for case in sorted(folder.glob("*.trace.json.gz")):
+            name = case.name.removesuffix(".trace.json.gz")
+            measured = json.loads((folder / f"{name}.json").read_text())
+            with gzip.open(case, "rt") as f:
+                regions = trace_regions(json.load(f)["traceEvents"])
+            wall = measured["wall_us"]["median"]
+            k = wall / regions["run"]["us"]
+            print(f"{name}: plain wall {wall / 1e3:.3f} ms, profiled run {regions['run']['us'] / 1e3:.3f} ms "
+                  f"(x{k:.2f}), device busy {regions['run']['device_busy_us'] / 1e3:.3f} ms")  # fmt: skip
+            for r, v in regions.items():
+                if r != "run":
+                    print(f"  {r:13s} {v['us']:8.1f} us: issuing calls {v['issue_us']:7.1f} ({v['issuing_calls']:3d}), "
+                          f"other calls {v['other_calls_us']:6.1f}, between {v['between_us']:7.1f}; "
+                          f"scaled {k * v['us']:8.1f}")  # fmt: skip
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, help="held-out data (heldout.tar.gz or folder): CPU-side region table")
+    if "--traces" in sys.argv:
+        return print_traces(ap.parse_known_args()[0].traces)
     ap.add_argument("--case", required=True, choices=sorted(CASES))
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")

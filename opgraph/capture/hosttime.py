@@ -361,6 +361,11 @@ def carry_host_gaps(source: OpGraph, target: OpGraph) -> OpGraph:
     return _set_gaps(target, {i: op.host_gap_us for i, op in src.items()}, source.metadata.host_timing)
 
 
+def without_host_gaps(graph: OpGraph) -> OpGraph:
+    """``graph`` as captured without ``--host-timing``: no op has a host gap, the settings name none."""
+    return _set_gaps(graph, {}, None)
+
+
 def _set_gaps(graph: OpGraph, gaps: Mapping[int, float | None], summary: HostTimingSummary | None) -> OpGraph:
     ops = tuple(op.model_copy(update={"host_gap_us": gaps.get(op.id)}) for op in graph.ops)
     settings = capture_settings(graph.metadata.capture).model_copy(update={"host_timing": summary})

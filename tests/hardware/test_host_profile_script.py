@@ -1,4 +1,5 @@
-"""The host profile's training set (benchmarks/gpu/host_profile.sh) is none of the held-out cases."""
+"""The host profile's training set (benchmarks/gpu/host_profile.sh) is none of the held-out cases, and
+its measured walls can tell the per-forward time from the per-op scale."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ def _heldout_cases() -> list[dict[str, object]]:
     return list(module.CASES)
 
 
-def _training(path: Path) -> list[tuple[str, str, int, int, str, int]]:
-    block = re.search(r"^TRAIN=\(.*?\n(.*?)^\)", path.read_text(), re.S | re.M)
-    assert block is not None, "no TRAIN=( ... ) in the script"
+def _training(path: Path) -> list[tuple[str, str, int, int, str, int, bool]]:
+    block = re.search(r'^TRAIN="\n(.*?)^"', path.read_text(), re.S | re.M)
+    assert block is not None, 'no TRAIN="..." in the script'
     rows = []
-    for line in re.findall(r'"([^"]+)"', block.group(1)):
-        _, preset, phase, batch, tokens, dtype, layers = line.split()
-        rows.append((preset, phase, int(batch), int(tokens), dtype, int(layers)))
+    for line in block.group(1).strip().splitlines():
+        _, preset, phase, batch, tokens, dtype, layers, wall = line.split()
+        rows.append((preset, phase, int(batch), int(tokens), dtype, int(layers), wall == "1"))
     return rows
 
 
@@ -46,3 +47,12 @@ def test_no_training_shape_is_a_held_out_case() -> None:
     # both phases and every family the held-out set has, but Llama-3.1-70B
     assert {t[1] for t in train} == {"prefill", "decode"}
     assert {str(c["preset"]) for c in held} - {t[0] for t in train} == {"llama-3.1-70b"}
+
+
+def test_measured_walls_are_dense_decodes_of_several_layer_counts() -> None:
+    walls = [t for t in _training(SCRIPT) if t[6]]
+    assert len(walls) >= 6
+    assert {t[1] for t in walls} == {"decode"}  # host-bound: their wall is the host's
+    assert not any(t[0] in ("qwen3-30b-a3b", "mixtral-8x7b") for t in walls)  # dense
+    assert len({t[5] for t in walls}) >= 3  # per forward vs per layer
+    assert len({t[2] for t in walls}) >= 3  # light and heavy device work per layer

@@ -5,15 +5,28 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from hardware.hostfit import fit_host_profile, main
-from hardware.hostprofile import GapStat, HostInfo, HostProfileWarning, check_host_cpu, load_host_profile, predict_gaps
+from hardware.hostfit import describe_walls, fit_host_profile, fit_wall_terms, main
+from hardware.hostprofile import (
+    GapStat,
+    HostInfo,
+    HostProfile,
+    HostProfileWarning,
+    check_host_cpu,
+    forward_starts,
+    in_context,
+    load_host_profile,
+    predict_gaps,
+)
 from opgraph.ir import (
+    CaptureSettings,
     Elementwise,
     Gemm,
+    GraphMetadata,
     LoadError,
     Norm,
     OpBase,
@@ -172,3 +185,125 @@ def test_shipped_host_profiles_load_and_are_of_the_device_profile_host(name: str
     prof = load_host_profile(path)
     assert prof.host.cpu == device_host_cpu(name)
     assert prof.training and prof.issue_us is not None
+
+
+def _two_step_graph() -> OpGraph:
+    """A toy generate graph: a prefill step (step 0) and a decode step (step 1), two ops each."""
+    ops = [op.model_copy(update={"step": 0, "stage": Stage.PREFILL}) for op in layer_ops(0, 0, 0.0)[:2]]
+    ops += [op.model_copy(update={"step": 1}) for op in layer_ops(0, 2, 0.0)[:2]]
+    md = GraphMetadata(model="toy", phase="generate", capture=CaptureSettings(batch=1))
+    return OpGraph(metadata=md, ops=tuple(ops))
+
+
+def test_in_context_scales_every_op_and_charges_each_forward_once() -> None:
+    g = _two_step_graph()
+    assert forward_starts(g) == [0, 2]
+    prof = toy_profile(op_scale=2.0, forward_us=100.0)
+    assert in_context([1.0, 2.0, 3.0, 4.0], g, prof) == [102.0, 4.0, 106.0, 8.0]
+    assert in_context([1.0, 2.0, 3.0, 4.0], g, toy_profile()) == [1.0, 2.0, 3.0, 4.0]
+
+
+def _toy_wall(host_us: dict[str, float], device_us: dict[str, float]) -> Callable[[OpGraph, HostProfile], float]:
+    """Walls of toy graphs named by their model: host-bound ones pay scale x host + forward time, a
+    device-bound one its device time."""
+
+    def wall(graph: OpGraph, profile: HostProfile) -> float:
+        name = graph.metadata.model
+        return max(profile.op_scale * host_us[name] + profile.forward_us, device_us[name])
+
+    return wall
+
+
+def _named(name: str) -> OpGraph:
+    g = toy_graph(1)
+    return g.model_copy(update={"metadata": g.metadata.model_copy(update={"model": name})})
+
+
+def test_wall_fit_tells_the_per_forward_time_from_the_per_op_scale() -> None:
+    host = {"l1": 900.0, "l3": 2500.0, "l5": 4100.0, "gpu": 1000.0}
+    device = {"l1": 100.0, "l3": 300.0, "l5": 500.0, "gpu": 20000.0}
+    graphs = {n: _named(n) for n in host}
+    true_scale, true_forward = 1.2, 700.0
+    walls = {n: max(true_scale * host[n] + true_forward, device[n]) for n in host}
+    fitted = fit_wall_terms(toy_profile(), graphs, walls, _toy_wall(host, device))
+    assert fitted.op_scale == pytest.approx(true_scale, rel=1e-3)
+    assert fitted.forward_us == pytest.approx(true_forward, abs=2.0)
+    by_name = {w.name: w for w in fitted.walls}
+    assert by_name["l3"].predicted_us == pytest.approx(walls["l3"], rel=1e-3)
+    assert by_name["l3"].unfitted_us == pytest.approx(host["l3"])  # scale 1, no forward time
+    # the gap tables are kept as fitted from the captures
+    assert fitted.exact == toy_profile().exact
+    assert "x1.200" in describe_walls(fitted)[0] and len(describe_walls(fitted)) == 1 + len(host)
+
+
+def test_wall_fit_needs_two_walls_of_different_host_time() -> None:
+    host, device = {"a": 1000.0, "b": 1000.0}, {"a": 0.0, "b": 0.0}
+    graphs = {n: _named(n) for n in host}
+    with pytest.raises(OpgraphError, match="two or more"):
+        fit_wall_terms(toy_profile(), {"a": graphs["a"]}, {"a": 1500.0}, _toy_wall(host, device))
+    with pytest.raises(OpgraphError, match="do not tell"):
+        fit_wall_terms(toy_profile(), graphs, {"a": 1500.0, "b": 1500.0}, _toy_wall(host, device))
+
+
+def test_a_profile_without_wall_terms_loads_as_scale_one_and_no_forward_time(tmp_path: Path) -> None:
+    raw = json.loads(toy_profile().model_dump_json())
+    for key in ("op_scale", "forward_us", "walls"):
+        raw.pop(key)
+    path = tmp_path / "old.host.json"
+    path.write_text(json.dumps(raw))
+    prof = load_host_profile(path)
+    assert (prof.op_scale, prof.forward_us, prof.walls) == (1.0, 0.0, ())
+
+
+def test_robust_wall_fit_is_not_pulled_by_a_wall_taken_while_the_host_was_disturbed() -> None:
+    host = {"l1": 900.0, "l3": 2500.0, "l5": 4100.0, "b1": 1000.0, "b3": 2600.0, "b5": 4200.0}
+    device = dict.fromkeys(host, 0.0)
+    graphs = {n: _named(n) for n in host}
+    walls = {n: 1.1 * h + 800.0 for n, h in host.items()}
+    walls["l5"] *= 1.4  # one median taken while the host ran slow
+    robust = fit_wall_terms(toy_profile(), graphs, walls, _toy_wall(host, device))
+    squares = fit_wall_terms(toy_profile(), graphs, walls, _toy_wall(host, device), robust=False)
+    assert robust.op_scale == pytest.approx(1.1, rel=0.02) and robust.forward_us == pytest.approx(800.0, abs=50.0)
+    assert abs(squares.op_scale - 1.1) > 3 * abs(robust.op_scale - 1.1)  # least squares follows the disturbed wall
+
+
+def test_in_context_slows_the_host_of_a_forward_by_its_device_busy_share() -> None:
+    g = _two_step_graph()
+    prof = toy_profile(busy_scale=0.5)
+    # step 0: device 10 of host 20 us (u = 0.5): x1.25; step 1: device 100 of host 10 us (u capped at 1): x1.5
+    assert in_context([5.0, 15.0, 4.0, 6.0], g, prof, [4.0, 6.0, 60.0, 40.0]) == [6.25, 18.75, 6.0, 9.0]
+    assert in_context([5.0, 15.0, 4.0, 6.0], g, prof) == [5.0, 15.0, 4.0, 6.0]  # no device times: no busy term
+
+
+def test_wall_fit_finds_a_host_slowdown_with_device_busy_share_when_the_walls_show_it() -> None:
+    host = {"l1": 900.0, "l3": 2500.0, "l5": 4100.0, "h1": 1000.0, "h3": 2600.0, "h5": 4200.0}
+    busy = {"l1": 0.1, "l3": 0.1, "l5": 0.1, "h1": 0.9, "h3": 0.9, "h5": 0.9}
+
+    def wall(graph: OpGraph, profile: HostProfile) -> float:
+        n = graph.metadata.model
+        return profile.op_scale * (1 + profile.busy_scale * busy[n]) * host[n] + profile.forward_us
+
+    graphs = {n: _named(n) for n in host}
+    truth = toy_profile(op_scale=1.1, busy_scale=0.3, forward_us=600.0)
+    walls = {n: wall(graphs[n], truth) for n in host}
+    fitted = fit_wall_terms(toy_profile(), graphs, walls, wall)
+    assert fitted.op_scale == pytest.approx(1.1, rel=0.01)
+    assert fitted.busy_scale == pytest.approx(0.3, abs=0.01)
+    assert fitted.forward_us == pytest.approx(600.0, abs=10.0)
+    assert "device busy share" in describe_walls(fitted)[0]
+    # walls that show no such slowdown leave it at 0 (never negative)
+    flat = {n: 1.1 * host[n] + 600.0 - 300.0 * busy[n] for n in host}
+    assert fit_wall_terms(toy_profile(), graphs, flat, wall).busy_scale == 0.0
+
+
+def test_a_training_graph_timed_while_the_host_was_disturbed_is_left_out() -> None:
+    slow = toy_graph(2)
+    slow = slow.model_copy(
+        update={"ops": tuple(op.model_copy(update={"host_gap_us": 5 * (op.host_gap_us or 0.0)}) for op in slow.ops)}
+    )
+    clean = fit_host_profile([toy_graph(2), toy_graph(3), toy_graph(2)])
+    prof = fit_host_profile([toy_graph(2), toy_graph(3), toy_graph(2), slow])
+    assert prof.exact == clean.exact and len(prof.training) == 3
+    assert any(n.startswith("left out toy decode") and "5.0x the median" in n for n in prof.notes)
+    kept = fit_host_profile([toy_graph(2), toy_graph(3), toy_graph(2), slow], max_outlier=None)
+    assert len(kept.training) == 4 and kept.exact != clean.exact

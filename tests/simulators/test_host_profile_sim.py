@@ -127,3 +127,34 @@ def test_simulate_cli_uses_the_catalog_host_profile_of_the_device(tmp_path: Path
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "predicted by the host profile h100-sxm.host.json" in text and "warning" not in text
+
+
+def test_fitted_in_context_terms_scale_each_op_and_add_a_time_per_forward(tmp_path: Path) -> None:
+    untimed = toy_graph(2, timed=False)
+    truth = [op.host_gap_us or 0.0 for op in toy_graph(2).ops]
+    plain = toy_profile(issue_us=4.0).save(tmp_path / "plain.host.json")
+    fitted = toy_profile(issue_us=4.0, op_scale=1.5, forward_us=30.0).save(tmp_path / "fitted.host.json")
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(plain)))
+    assert r.stats().makespan_us == pytest.approx(_host_bound_wall(truth, 4.0))
+    assert not any("in context" in n for n in r.notes)
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(fitted)))
+    # host-bound: every op's issue and framework time x1.5, 30 us once (one forward), the last op on the device
+    assert r.stats().makespan_us == pytest.approx(1.5 * sum(4.0 + g for g in truth) + 30.0 + 2.0)
+    assert any("in context" in n and "x1.500" in n for n in r.notes)
+    # a graph carrying its own --host-timing keeps its measured gaps as they are
+    timed = toy_graph(2)
+    r_own = simulate(timed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(fitted)))
+    r_own_plain = simulate(timed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(plain)))
+    assert r_own.stats().makespan_us == r_own_plain.stats().makespan_us
+
+
+def test_a_busy_device_slows_the_host_by_the_fitted_busy_scale(tmp_path: Path) -> None:
+    untimed = toy_graph(2, timed=False)
+    truth = [op.host_gap_us or 0.0 for op in toy_graph(2).ops]
+    fitted = toy_profile(issue_us=4.0, busy_scale=0.5).save(tmp_path / "busy.host.json")
+    r = simulate(untimed, hw(EAGER_US), PerOpCost(), _config(host_profile=str(fitted)))
+    host = sum(4.0 + g for g in truth)
+    device = sum(r.problem.dur_us)  # the toy ops' device times: 2 us each, 10 for the GEMMs
+    assert device == 32.0
+    assert r.stats().makespan_us == pytest.approx(host * (1 + 0.5 * device / host) + 2.0)
+    assert any("busy share" in n for n in r.notes)
