@@ -152,7 +152,15 @@ def _add_framework_time(
         "uses its own, --no-framework-time drops it"
     )
     total = [h + f for h, f in zip(host_us, predicted.gaps_us, strict=True)]
-    if profile.op_scale != 1.0 or profile.forward_us or profile.busy_scale:
+    in_context_terms = profile.op_scale != 1.0 or profile.forward_us or profile.busy_scale
+    if in_context_terms and problem.graph.metadata.phase == "generate":
+        # The terms were fitted on walls of forward passes called on their own (a fresh cache, a sync
+        # after each); HF's generate loop runs its steps warm, back to back, which no training wall saw.
+        notes.append(
+            "host: the host profile's in-context terms (fitted on walls of single forward passes) are not "
+            "applied to the steps of a generation"
+        )
+    elif in_context_terms:
         busy = f", x(1 + {profile.busy_scale:.3f} x the device's busy share)" if profile.busy_scale else ""
         notes.append(
             f"host: in context on the device (fitted from measured walls): each op's host time "

@@ -148,6 +148,18 @@ def test_fitted_in_context_terms_scale_each_op_and_add_a_time_per_forward(tmp_pa
     assert r_own.stats().makespan_us == r_own_plain.stats().makespan_us
 
 
+def test_in_context_terms_are_not_applied_to_the_steps_of_a_generation(tmp_path: Path) -> None:
+    """They were fitted on walls of single forward passes; a generation's steps run in HF's loop."""
+    steps = toy_graph(2, timed=False)
+    steps = steps.model_copy(update={"metadata": steps.metadata.model_copy(update={"phase": "generate"})})
+    plain = toy_profile(issue_us=4.0).save(tmp_path / "plain.host.json")
+    fitted = toy_profile(issue_us=4.0, op_scale=1.5, forward_us=30.0).save(tmp_path / "fitted.host.json")
+    r = simulate(steps, hw(EAGER_US), PerOpCost(), _config(host_profile=str(fitted)))
+    r_plain = simulate(steps, hw(EAGER_US), PerOpCost(), _config(host_profile=str(plain)))
+    assert r.stats().makespan_us == r_plain.stats().makespan_us
+    assert any("not applied to the steps of a generation" in n for n in r.notes)
+
+
 def test_a_busy_device_slows_the_host_by_the_fitted_busy_scale(tmp_path: Path) -> None:
     untimed = toy_graph(2, timed=False)
     truth = [op.host_gap_us or 0.0 for op in toy_graph(2).ops]
