@@ -13,6 +13,7 @@ from hardware import (
     CostModelError,
     ProfileExtrapolationWarning,
     ProfileModel,
+    ProfilePoint,
     RooflineModel,
     default_cost_model,
     hardware_profile,
@@ -220,3 +221,58 @@ def test_hardware_option_reads_the_device_a_profile_was_measured_on(tmp_path: Pa
     synthetic_profile(H100, hardware="").save(path)
     with pytest.raises(LoadError, match="names no catalog device"):
         load_hardware(path)
+
+
+def _timed(op: Gemm | Norm | Attention, seconds: float) -> ProfilePoint:
+    from tests.hardware.profile_builders import point
+
+    return point(op, roofline_seconds(op, H100) / seconds, H100)
+
+
+def test_memory_bound_shapes_only_a_twin_dtype_measured_stand_for_it() -> None:
+    """Held-out Llama-1B fp16 decode: the fp16 sweep has three big GEMM shapes, so a 2048x512 k/v
+    projection took their efficiency (1 us) where bf16 measured that very shape at 5.4 us (5.5 us measured
+    in fp16). Memory-bound, a twin dtype's (same size and peaks) shape counts; compute-bound, its own."""
+    small = [(512, 2048), (2048, 2048)]
+    bf16 = gemm_points(H100, nks=(*NK_BIG, *small), eff=lambda m, n, k, dt: 0.1 if n * k < 2**23 else 0.8)
+    fp16 = gemm_points(H100, nks=NK_BIG, dtype=DType.fp16, eff=lambda m, n, k, dt: 0.7)
+    model = ProfileModel(synthetic_profile(H100, [*bf16, *fp16]))
+    decode = Gemm(id=0, m=1, n=512, k=2048, dtype=DType.fp16)
+    seconds, detail = _quiet(model, decode)
+    assert roofline_seconds(decode, H100) / seconds == pytest.approx(0.1)
+    assert "(bf16)" in detail
+    prefill = Gemm(id=0, m=4096, n=8192, k=4096, dtype=DType.fp16)  # compute-bound: fp16's own shapes
+    assert roofline_seconds(prefill, H100) / _quiet(model, prefill)[0] == pytest.approx(0.7)
+
+
+NK_BIG = ((4096, 4096), (14336, 4096))
+
+
+def test_under_the_smallest_measured_bytes_the_time_holds() -> None:
+    """Held-out Llama-1B decode: RoPE of 8 KV heads (half the bytes of the smallest point) took the
+    smallest point's efficiency, 2.5 us, where the kernels take 9 us as at the smallest measured size."""
+    pts = [
+        _timed(op, 9e-6 + roofline_seconds(op, H100) / 0.8)
+        for op in (Norm(id=0, rows=r, hidden=4096) for r in (16, 256, 4096))
+    ]
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *pts]))
+    smallest = pts[0].seconds
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileExtrapolationWarning)
+        for rows in (8, 2):
+            cost = model.estimate(Norm(id=0, rows=rows, hidden=4096), H100)
+            assert cost.seconds == pytest.approx(smallest) and "under the smallest" in cost.detail
+
+
+def test_a_latency_bound_neighbour_lends_its_time_not_its_efficiency() -> None:
+    """Held-out Llama-1B decode: attention of head size 64 at batch 1 took the efficiency of head size 128
+    (latency-bound, 8.8 us) over half the roofline, 3.4 us, where it takes 6.7 us."""
+    heads = {"batch": 1, "q_len": 1, "heads": 32, "kv_heads": 8}
+    lat = [Attention(id=0, kv_len=kv, head_dim=128, **heads) for kv in (128, 512, 2048)]
+    bw = [Attention(id=0, kv_len=kv, head_dim=128, **{**heads, "batch": 32}) for kv in (128, 512, 2048)]
+    pts = [_timed(op, 8e-6) for op in lat] + [_timed(op, roofline_seconds(op, H100) / 0.8) for op in bw]
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *pts]))
+    d64 = Attention(id=0, kv_len=1024, head_dim=64, **heads)
+    assert 7e-6 < _quiet(model, d64)[0] <= 8e-6  # mostly the time of its nearest shape (half of it before)
+    d64_bw = Attention(id=0, kv_len=1024, head_dim=64, **{**heads, "batch": 32})
+    assert roofline_seconds(d64_bw, H100) / _quiet(model, d64_bw)[0] == pytest.approx(0.8, rel=0.05)
