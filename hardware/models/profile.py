@@ -210,7 +210,31 @@ def profile_features(op: OpBase) -> Features | None:
     if not simple:
         return None
     regime, shape, names = next(iter(simple.values()))
+    if isinstance(op, LAYOUT_BOUND) and strided_input(op):
+        regime += STRIDED
     return Features(regime, "bytes", nbytes, shape, names)
+
+
+STRIDED = ":strided"
+"""Regime suffix of an op that reads a non-contiguous input (see :func:`strided_input`)."""
+LAYOUT_BOUND: tuple[type[OpBase], ...] = (Activation, Elementwise, Memory)
+"""Kinds whose kernel changes with the input layout: a copy out of a transposed view (a prefill's
+KV-cache write, 3.5-6x the time of a contiguous one), a gated activation over the two halves of one
+chunked projection (an MoE block's ``gate_up``, about 1.8x)."""
+
+
+def strided_input(op: OpBase) -> bool:
+    """Whether ``op`` reads a non-empty input whose recorded strides are not the contiguous ones
+    (size-1 dims aside: a transposed view of one token is still dense)."""
+    for t in op.inputs:
+        if t.strides is None or t.numel == 0:
+            continue
+        expected = 1
+        for size, stride in zip(reversed(t.shape), reversed(t.strides), strict=False):
+            if size != 1 and stride != expected:
+                return True
+            expected *= size
+    return False
 
 
 def roofline_terms(op: OpBase, hw: HardwareSpec) -> tuple[float, float]:
@@ -402,10 +426,13 @@ class _Index:
         """The regime's points for ``dtype`` (or the nearest dtype, or a sibling regime of the kind);
         ``pooled``: with the shapes only a twin dtype measured."""
         dtypes = (dtype, *_DTYPE_FALLBACK.get(dtype, (DType.bf16, DType.fp16, DType.fp32)))
-        for dt in dtypes:
-            hit = (self.pooled.get((f.regime, dt)) if pooled else None) or self.regimes.get((f.regime, dt))
-            if hit is not None:
-                return hit, f.regime, dt
+        # A layout the profile did not measure: the contiguous points of the regime, said so.
+        regimes = (f.regime, f.regime.removesuffix(STRIDED)) if f.regime.endswith(STRIDED) else (f.regime,)
+        for name in regimes:
+            for dt in dtypes:
+                hit = (self.pooled.get((name, dt)) if pooled else None) or self.regimes.get((name, dt))
+                if hit is not None:
+                    return hit, name, dt
         # A grouped GEMM implementation the profile did not measure: the nearest implementation first
         # (a grouped kernel reads like the batched one, not like a loop of per-expert GEMMs).
         for name in _NEAREST_REGIME.get(f.regime, ()):
@@ -655,6 +682,7 @@ def profile_points(profile: DeviceProfile, regime: str) -> list[ProfilePoint]:
 
 __all__ = [
     "FAR",
+    "STRIDED",
     "Features",
     "ProfileExtrapolationWarning",
     "ProfileModel",
@@ -663,5 +691,6 @@ __all__ = [
     "profile_points",
     "roofline_seconds",
     "roofline_terms",
+    "strided_input",
     "twin_dtypes",
 ]

@@ -22,13 +22,13 @@ from hardware import (
     resolve_cost_model,
 )
 from hardware.models.profile import roofline_seconds
-from opgraph.ir import Attention, DType, Gemm, LoadError, Norm, SchemaVersionError
+from opgraph.ir import Attention, DType, Gemm, LoadError, Norm, OpBase, SchemaVersionError
 from tests.hardware.profile_builders import gemm_eff, gemm_points, norm_eff, synthetic_profile
 
 H100 = load_hardware("h100")
 
 
-def _quiet(model: ProfileModel, op: Gemm | Norm | Attention) -> tuple[float, str]:
+def _quiet(model: ProfileModel, op: OpBase) -> tuple[float, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cost = model.estimate(op, H100)
@@ -223,7 +223,7 @@ def test_hardware_option_reads_the_device_a_profile_was_measured_on(tmp_path: Pa
         load_hardware(path)
 
 
-def _timed(op: Gemm | Norm | Attention, seconds: float) -> ProfilePoint:
+def _timed(op: OpBase, seconds: float) -> ProfilePoint:
     from tests.hardware.profile_builders import point
 
     return point(op, roofline_seconds(op, H100) / seconds, H100)
@@ -276,3 +276,27 @@ def test_a_latency_bound_neighbour_lends_its_time_not_its_efficiency() -> None:
     assert 7e-6 < _quiet(model, d64)[0] <= 8e-6  # mostly the time of its nearest shape (half of it before)
     d64_bw = Attention(id=0, kv_len=1024, head_dim=64, **{**heads, "batch": 32})
     assert roofline_seconds(d64_bw, H100) / _quiet(model, d64_bw)[0] == pytest.approx(0.8, rel=0.05)
+
+
+def test_a_strided_input_is_its_own_regime_and_falls_back_to_the_contiguous_one_saying_so() -> None:
+    """Held-out Mixtral prefill: the gated activation over the chunked gate_up ran 1.8x the contiguous
+    kernel's time; a prefill's KV-cache write of a transposed view 3.5-6x."""
+    from opgraph.ir import Activation, TensorSpec
+
+    def act(tokens: int, chunked: bool) -> Activation:
+        spec = TensorSpec(shape=(tokens, 4096), dtype=DType.bf16, strides=(8192, 1) if chunked else None)
+        return Activation(id=0, fn="swiglu", gated=True, numel=tokens * 4096, hidden=4096, inputs=(spec,))
+
+    sizes = (16, 256, 4096)
+    contiguous = [_timed(act(t, False), roofline_seconds(act(t, False), H100) / 0.5) for t in sizes]
+    strided = [_timed(act(t, True), roofline_seconds(act(t, True), H100) / 0.25) for t in sizes]
+    op = act(1024, True)
+    alone = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *contiguous]))
+    seconds, detail = _quiet(alone, op)
+    assert roofline_seconds(op, H100) / seconds == pytest.approx(0.5)
+    assert "no activation:swiglu:strided points, from activation:swiglu" in detail
+    both = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *contiguous, *strided]))
+    assert roofline_seconds(op, H100) / _quiet(both, op)[0] == pytest.approx(0.25)
+    assert roofline_seconds(op, H100) / _quiet(both, act(1024, False))[0] == pytest.approx(0.5)
+    dense = TensorSpec(shape=(16, 1, 4096), dtype=DType.bf16, strides=(4096, 1, 1))  # size-1 dims aside: dense
+    assert "strided" not in _quiet(both, act(16, False).model_copy(update={"inputs": (dense,)}))[1]
