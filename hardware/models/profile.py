@@ -176,7 +176,10 @@ def profile_features(op: OpBase) -> Features | None:
         names: tuple[str, ...] = ("batch", "heads", "head_dim", "gqa")
         kv = min(op.kv_len, op.window) if op.window else op.kv_len
         if op.q_len == 1:
-            return Features("attention:decode", "kv_len", _lg(kv), heads, names)
+            # A decode kernel splits its work over (sequence, KV head) pairs: how many there are, not
+            # the batch and head counts apart, decides how much of the GPU it fills.
+            units = (_lg(op.batch * op.kv_heads), _lg(op.head_dim), _lg(op.heads // op.kv_heads))
+            return Features("attention:decode", "kv_len", _lg(kv), units, ("batch*kv_heads", "head_dim", "gqa"))
         hides = op.window is not None and op.window < op.kv_len
         if not op.causal:
             regime = "attention:full"

@@ -300,3 +300,17 @@ def test_a_strided_input_is_its_own_regime_and_falls_back_to_the_contiguous_one_
     assert roofline_seconds(op, H100) / _quiet(both, act(1024, False))[0] == pytest.approx(0.5)
     dense = TensorSpec(shape=(16, 1, 4096), dtype=DType.bf16, strides=(4096, 1, 1))  # size-1 dims aside: dense
     assert "strided" not in _quiet(both, act(16, False).model_copy(update={"inputs": (dense,)}))[1]
+
+
+def test_a_decode_is_placed_by_its_sequence_kv_head_pairs() -> None:
+    """Held-out Qwen2.5-7B decode (batch 4, 4 KV heads: 16 pairs) took batch 8's efficiency of its head
+    layout (32 pairs), 0.81 of the roofline where it ran at 0.61: a decode kernel's parallelism is
+    batch x KV heads, not the two apart."""
+    kvs = (512, 2048, 8192)
+    few = [Attention(id=0, batch=1, q_len=1, kv_len=kv, heads=32, kv_heads=8, head_dim=128) for kv in kvs]
+    many = [Attention(id=0, batch=8, q_len=1, kv_len=kv, heads=32, kv_heads=8, head_dim=128) for kv in kvs]
+    pts = [_timed(op, roofline_seconds(op, H100) / 0.3) for op in few]
+    pts += [_timed(op, roofline_seconds(op, H100) / 0.8) for op in many]
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *pts]))
+    op = Attention(id=0, batch=8, q_len=1, kv_len=2048, heads=4, kv_heads=1, head_dim=128)  # 8 pairs, GQA 4
+    assert roofline_seconds(op, H100) / _quiet(model, op)[0] == pytest.approx(0.3)
