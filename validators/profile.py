@@ -239,6 +239,30 @@ def _attention(b: int, q: int, kv: int, heads: tuple[int, int, int], *, causal: 
     )  # fmt: skip
 
 
+def _chunked_swiglu(tokens: int, inter: int) -> Activation:
+    """``silu(gate) * up`` as an MoE experts block runs it: ``gate, up = gate_up.chunk(2, -1)``, so
+    each operand is a strided view (rows ``2 * inter`` apart) of one ``[tokens, 2 * inter]`` tensor."""
+    half = TensorSpec(shape=(tokens, inter), dtype=DType.bf16, strides=(2 * inter, 1))
+    return Activation(
+        id=0, fn="swiglu", numel=tokens * inter, hidden=inter, gated=True, inputs=(half,),
+        outputs=(TensorSpec(shape=(tokens, inter), dtype=DType.bf16),),
+    )  # fmt: skip
+
+
+def _strided_kv_write(batch: int, seq: int, kv_heads: int = 8, head_dim: int = 128) -> Memory:
+    """A prefill's KV-cache write as transformers' ``DynamicCache`` runs it: ``torch.cat`` of the
+    empty cache and the new ``[b, kv_heads, seq, d]`` keys, a transposed view of ``[b, seq, kv_heads, d]``."""
+    shape = (batch, kv_heads, seq, head_dim)
+    new = TensorSpec(
+        shape=shape, dtype=DType.bf16, strides=(seq * kv_heads * head_dim, head_dim, kv_heads * head_dim, 1)
+    )
+    return Memory(
+        id=0, fn="kv_cache_write", numel=batch * kv_heads * seq * head_dim,
+        inputs=(TensorSpec(shape=(batch, kv_heads, 0, head_dim), dtype=DType.bf16), new),
+        outputs=(TensorSpec(shape=shape, dtype=DType.bf16),),
+    )  # fmt: skip
+
+
 def _gpu_sweep() -> list[SweepPoint]:
     pts: list[SweepPoint] = []
     ops: Iterable[OpBase]
@@ -318,6 +342,8 @@ def _gpu_sweep() -> list[SweepPoint]:
     pts += _series(
         "act.silu", (Activation(id=0, fn="silu", numel=t * 14336, hidden=14336) for t in TOKENS[::2]), base=2
     )
+    for inter in (768, 14336):  # An MoE expert's gate and up: the two halves of one chunked projection.
+        pts += _series(f"act.swiglu.chunked.{inter}", (_chunked_swiglu(t, inter) for t in TOKENS[1:]), base=1)
     for fn in ("add", "mul"):
         ops = (Elementwise(id=0, fn=fn, numel=t * 4096, hidden=4096) for t in TOKENS)
         pts += _series(f"ew.{fn}", ops, base=0)
@@ -381,6 +407,8 @@ def _gpu_sweep() -> list[SweepPoint]:
             for n in (128, 1024, 4096, 16384)
         )  # fmt: skip
         pts += _series(f"mem.kv_write.b{b}", ops, base=0 if b == 8 else 1, warm=(1,))
+    # A prefill's KV-cache write: the new keys or values as a transposed view of the projection.
+    pts += _series("mem.kv_write.strided", (_strided_kv_write(1, s) for s in (16, 128, 512, 2048, 8192, 16384)), base=1)
     for hidden, vocab in ((4096, 128256), (2048, 128256), (3584, 152064)):
         ops = (Embedding(id=0, tokens=t, vocab=vocab, hidden=hidden) for t in TOKENS)
         pts += _series(f"embedding.h{hidden}", ops, base=0 if hidden == 4096 else 1)
@@ -412,13 +440,20 @@ def _cpu_sweep() -> list[SweepPoint]:
     return pts
 
 
-def sweep_points(device_type: str = "cuda", *, kinds: Iterable[str] = ()) -> list[SweepPoint]:
+def sweep_points(
+    device_type: str = "cuda", *, kinds: Iterable[str] = (), series: Iterable[str] = ()
+) -> list[SweepPoint]:
     """The sweep for ``device_type`` (``cuda``: the full sweep; ``cpu``: a tiny one), ordered coarse to
-    fine (:func:`order_points`), optionally only ops of ``kinds`` (``gemm``, ``attention``...)."""
+    fine (:func:`order_points`), optionally only ops of ``kinds`` (``gemm``, ``attention``...) and only
+    the series whose names start with one of ``series`` (``act.swiglu.chunked``: to add a regime to a
+    profile without measuring the rest again)."""
     pts = _gpu_sweep() if device_type == "cuda" else _cpu_sweep()
     wanted = {k.strip() for k in kinds if k.strip()}
     if wanted:
         pts = [p for p in pts if str(getattr(p.op, "kind").value) in wanted or p.tag == "launch"]  # noqa: B009
+    prefixes = tuple(s.strip() for s in series if s.strip())
+    if prefixes:
+        pts = [p for p in pts if p.series.startswith(prefixes)]
     seen: set[str] = set()
     unique = []
     for p in pts:

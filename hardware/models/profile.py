@@ -12,11 +12,16 @@ the dense GEMM one):
   ``log2 q_len`` for a prefill, ``log2 bytes`` for memory-bound kinds) piecewise-linear in
   ``log(efficiency)`` between the measured sizes of one shape;
 - across shapes (``log2 n, log2 k`` of a GEMM; batch, heads, head size and GQA ratio of attention)
-  inverse-distance weighted over the nearest measured shapes.
+  inverse-distance weighted over the nearest measured shapes; off the GEMM ``m`` axis a neighbour's
+  efficiency is carried to the op's roofline as its measured time follows the roofline along its
+  size axis (a latency-bound neighbour lends its time, a bandwidth-bound one its efficiency);
+- a memory-bound op also sees the shapes only a twin dtype measured (:func:`twin_dtypes`: fp16 and
+  bf16), where its own dtype's sweep is sparse.
 
-Past the largest (or under the smallest) measured size the efficiency stays that of the edge, so
-the roofline carries the op across a regime boundary (a GEMM measured at decode sizes is never
-scaled by FLOPs into a prefill). Such costs say "extrapolated" in their detail; beyond
+Past the largest measured size the efficiency stays that of the edge, so the roofline carries the
+op across a regime boundary (a GEMM measured at decode sizes is never scaled by FLOPs into a
+prefill); under the smallest measured bytes the smallest point's time stays (a kernel that small
+is latency-bound). Such costs say "extrapolated" in their detail; beyond
 :data:`FAR` times the sweep's range a :class:`ProfileExtrapolationWarning` says so once per model.
 Outside the sweep no op is predicted below the profile's launch floor (an empty kernel). Kinds
 the profile did not measure go to the datasheet roofline, and say so. The host time to issue an
@@ -60,6 +65,9 @@ from opgraph.ir import (
 FAR = 2.0
 """Log2 distance (4x) past the sweep's range, or from the nearest measured shape in any shape
 feature, beyond which :class:`ProfileExtrapolationWarning` is raised."""
+TWIN_DISTANCE = 0.0
+"""How far (in the log2 shape units of the interpolation) a twin dtype's measured shape stands from
+the same shape of the op's own dtype: one doubling of one feature."""
 NEIGHBOURS = 4
 """Measured shapes an interpolation weighs at most."""
 
@@ -168,7 +176,10 @@ def profile_features(op: OpBase) -> Features | None:
         names: tuple[str, ...] = ("batch", "heads", "head_dim", "gqa")
         kv = min(op.kv_len, op.window) if op.window else op.kv_len
         if op.q_len == 1:
-            return Features("attention:decode", "kv_len", _lg(kv), heads, names)
+            # A decode kernel splits its work over (sequence, KV head) pairs: how many there are, not
+            # the batch and head counts apart, decides how much of the GPU it fills.
+            units = (_lg(op.batch * op.kv_heads), _lg(op.head_dim), _lg(op.heads // op.kv_heads))
+            return Features("attention:decode", "kv_len", _lg(kv), units, ("batch*kv_heads", "head_dim", "gqa"))
         hides = op.window is not None and op.window < op.kv_len
         if not op.causal:
             regime = "attention:full"
@@ -202,7 +213,31 @@ def profile_features(op: OpBase) -> Features | None:
     if not simple:
         return None
     regime, shape, names = next(iter(simple.values()))
+    if isinstance(op, LAYOUT_BOUND) and strided_input(op):
+        regime += STRIDED
     return Features(regime, "bytes", nbytes, shape, names)
+
+
+STRIDED = ":strided"
+"""Regime suffix of an op that reads a non-contiguous input (see :func:`strided_input`)."""
+LAYOUT_BOUND: tuple[type[OpBase], ...] = (Activation, Elementwise, Memory)
+"""Kinds whose kernel changes with the input layout: a copy out of a transposed view (a prefill's
+KV-cache write, 3.5-6x the time of a contiguous one), a gated activation over the two halves of one
+chunked projection (an MoE block's ``gate_up``, about 1.8x)."""
+
+
+def strided_input(op: OpBase) -> bool:
+    """Whether ``op`` reads a non-empty input whose recorded strides are not the contiguous ones
+    (size-1 dims aside: a transposed view of one token is still dense)."""
+    for t in op.inputs:
+        if t.strides is None or t.numel == 0:
+            continue
+        expected = 1
+        for size, stride in zip(reversed(t.shape), reversed(t.strides), strict=False):
+            if size != 1 and stride != expected:
+                return True
+            expected *= size
+    return False
 
 
 def roofline_terms(op: OpBase, hw: HardwareSpec) -> tuple[float, float]:
@@ -252,12 +287,23 @@ class _Group:
     sizes: list[float] = field(default_factory=list)
     log_eff: list[float] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    log_roof: list[float] = field(default_factory=list)
+    """ln of the roofline seconds of the points (what the efficiencies are relative to)."""
+    time_below: bool = False
+    """The size axis is the op's bytes (the roofline time is proportional to it): see :meth:`at`."""
+    dtype: DType | None = None
+    """The dtype measured, when the group was borrowed from a twin dtype (see :func:`twin_dtypes`)."""
 
     def at(self, x: float) -> tuple[float, str, float]:
-        """(log efficiency, points used, log2 distance outside the measured sizes) at size ``x``."""
+        """(log efficiency, points used, log2 distance outside the measured sizes) at size ``x``.
+
+        Under the smallest measured size of a ``bytes`` axis the *time* of the smallest point holds
+        (the efficiency falls with the work): a kernel that small is latency-bound, it does not get
+        faster with less data. Elsewhere past the edge the edge's efficiency holds."""
         xs = self.sizes
         if x <= xs[0]:
-            return self.log_eff[0], self.names[0], xs[0] - x
+            below = (x - xs[0]) * math.log(2.0) if self.time_below else 0.0
+            return self.log_eff[0] + below, self.names[0], xs[0] - x
         if x >= xs[-1]:
             return self.log_eff[-1], self.names[-1], x - xs[-1]
         i = bisect.bisect_right(xs, x)
@@ -265,6 +311,23 @@ class _Group:
         le = self.log_eff[i - 1] + t * (self.log_eff[i] - self.log_eff[i - 1])
         used = self.names[i - 1] if t < 1e-9 else f"{self.names[i - 1]}..{self.names[i]}"
         return le, used, 0.0
+
+    def roof_and_elasticity(self, x: float) -> tuple[float, float]:
+        """(ln roofline seconds, elasticity) at size ``x``: the roofline of this shape at that size
+        (log-linear between the measured sizes, along the nearest segment past them) and how the
+        measured time follows it there, ``d ln time / d ln roofline`` in [0, 1] (0: latency-bound,
+        the time stays; 1: the efficiency stays). One measured size: 1."""
+        xs, lr = self.sizes, self.log_roof
+        if len(xs) < 2:
+            return lr[0], 1.0
+        i = min(max(bisect.bisect_right(xs, x), 1), len(xs) - 1)
+        t = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+        roof = lr[i - 1] + t * (lr[i] - lr[i - 1])
+        d_roof = lr[i] - lr[i - 1]
+        d_time = d_roof - (self.log_eff[i] - self.log_eff[i - 1])
+        if d_roof <= 0:
+            return roof, 1.0
+        return roof, min(max(d_time / d_roof, 0.0), 1.0)
 
 
 @dataclass
@@ -285,12 +348,36 @@ class _Regime:
         )
 
 
+def _regime(groups: list[_Group]) -> _Regime:
+    dims = range(len(groups[0].shape))
+    return _Regime(
+        groups,
+        min(g.sizes[0] for g in groups),
+        max(g.sizes[-1] for g in groups),
+        tuple(min(g.shape[d] for g in groups) for d in dims),
+        tuple(max(g.shape[d] for g in groups) for d in dims),
+    )
+
+
+def twin_dtypes(dtype: DType, hw: HardwareSpec) -> tuple[DType, ...]:
+    """The dtypes whose profile points stand for ``dtype``'s on ``hw``: the same element size and the
+    same tensor and vector peaks (fp16 and bf16 on current GPUs)."""
+    same = []
+    for other in _DTYPE_FALLBACK.get(dtype, ()):
+        if other.itemsize != dtype.itemsize:
+            continue
+        if all(hw.peak_flops(other, tensor=t) == hw.peak_flops(dtype, tensor=t) for t in (True, False)):
+            same.append(other)
+    return tuple(same)
+
+
 class _Index:
     """The profile's points as efficiencies on one device, by (regime, dtype)."""
 
     def __init__(self, profile: DeviceProfile, hw: HardwareSpec) -> None:
-        raw: dict[tuple[str, DType], dict[tuple[float, ...], dict[float, list[tuple[float, str]]]]] = {}
+        raw: dict[tuple[str, DType], dict[tuple[float, ...], dict[float, list[tuple[float, str, float]]]]] = {}
         labels: dict[tuple[float, ...], str] = {}
+        axes: dict[str, str] = {}
         self.host: dict[str, list[float]] = {}
         self.skipped = 0
         for p in profile.points:
@@ -305,38 +392,50 @@ class _Index:
                 self.host.setdefault(f.regime, []).append(p.host_s)
                 self.host.setdefault(f.family, []).append(p.host_s)
             labels.setdefault(f.shape, f.label())
+            axes[f.regime] = f.axis
             name = f"{f.axis}={2**f.size:.4g}" + (f"@{f.label()}" if f.shape else "")
             sizes = raw.setdefault((f.regime, p.op.dtype), {}).setdefault(f.shape, {})
-            sizes.setdefault(f.size, []).append((math.log(roof / p.seconds), name))
+            sizes.setdefault(f.size, []).append((math.log(roof / p.seconds), name, math.log(roof)))
         self.regimes: dict[tuple[str, DType], _Regime] = {}
+        self.pooled: dict[tuple[str, DType], _Regime] = {}
+        """Regimes with the shapes their twin dtypes measured added (see :meth:`find`)."""
         for key, by_shape in raw.items():
             groups = []
             for shape, sizes in by_shape.items():
-                g = _Group(shape, labels[shape])
+                g = _Group(shape, labels[shape], time_below=axes[key[0]] == "bytes")
                 for x in sorted(sizes):
                     vals = sizes[x]
                     g.sizes.append(x)
-                    g.log_eff.append(statistics.fmean(v for v, _ in vals))
+                    g.log_eff.append(statistics.fmean(v for v, _, _ in vals))
+                    g.log_roof.append(statistics.fmean(r for _, _, r in vals))
                     g.names.append(vals[0][1])
                 groups.append(g)
-            lo = min(g.sizes[0] for g in groups)
-            hi = max(g.sizes[-1] for g in groups)
-            dims = range(len(groups[0].shape))
-            self.regimes[key] = _Regime(
-                groups,
-                lo,
-                hi,
-                tuple(min(g.shape[d] for g in groups) for d in dims),
-                tuple(max(g.shape[d] for g in groups) for d in dims),
-            )
+            self.regimes[key] = _regime(groups)
+        # A dtype's points lend their shapes to its twins (same element size, same peaks: fp16 and
+        # bf16 run the same kernels at the same rates), where the twin measured no such shape.
+        own = dict(self.regimes)
+        for (name, dt), regime in own.items():
+            shapes = {g.shape for g in regime.groups}
+            borrowed = []
+            for twin in twin_dtypes(dt, hw):
+                for g in own[(name, twin)].groups if (name, twin) in own else ():
+                    if g.shape not in shapes:
+                        shapes.add(g.shape)
+                        borrowed.append(dataclasses.replace(g, dtype=twin))
+            if borrowed:
+                self.pooled[(name, dt)] = _regime([*regime.groups, *borrowed])
 
-    def find(self, f: Features, dtype: DType) -> tuple[_Regime, str, DType] | None:
-        """The regime's points for ``dtype`` (or the nearest dtype, or a sibling regime of the kind)."""
+    def find(self, f: Features, dtype: DType, pooled: bool = False) -> tuple[_Regime, str, DType] | None:
+        """The regime's points for ``dtype`` (or the nearest dtype, or a sibling regime of the kind);
+        ``pooled``: with the shapes only a twin dtype measured."""
         dtypes = (dtype, *_DTYPE_FALLBACK.get(dtype, (DType.bf16, DType.fp16, DType.fp32)))
-        for dt in dtypes:
-            hit = self.regimes.get((f.regime, dt))
-            if hit is not None:
-                return hit, f.regime, dt
+        # A layout the profile did not measure: the contiguous points of the regime, said so.
+        regimes = (f.regime, f.regime.removesuffix(STRIDED)) if f.regime.endswith(STRIDED) else (f.regime,)
+        for name in regimes:
+            for dt in dtypes:
+                hit = (self.pooled.get((name, dt)) if pooled else None) or self.regimes.get((name, dt))
+                if hit is not None:
+                    return hit, name, dt
         # A grouped GEMM implementation the profile did not measure: the nearest implementation first
         # (a grouped kernel reads like the batched one, not like a loop of per-expert GEMMs).
         for name in _NEAREST_REGIME.get(f.regime, ()):
@@ -464,13 +563,16 @@ class ProfileModel:
         f = profile_features(op)
         compute_s, memory_s = roofline_terms(op, hw)
         roof = max(compute_s, memory_s)
-        found = idx.find(f, op.dtype) if f is not None else None
+        # Memory-bound, an op's efficiency turns on its shape (latency, occupancy) more than on the
+        # kernel its dtype picks: the twin dtypes' shapes count too. Compute-bound, its own dtype's.
+        found = idx.find(f, op.dtype, pooled=memory_s >= compute_s) if f is not None else None
         if f is None or found is None or roof <= 0:
             why = "no roofline time" if roof <= 0 else f"not in the profile ({f.regime if f else kind})"
             cost = self._fallback(op, hw, f"profile: {why}, datasheet roofline")
             return dataclasses.replace(cost, host_s=self._host_s(profile, idx, _issued_as(op, f)))
         regime, regime_name, dtype = found
-        log_eff, used, outside = self._interpolate(regime, f)
+        # Along m a GEMM's shape (its weights) moves the roofline in a way m does not: no transfer.
+        log_eff, used, outside = self._interpolate(regime, f, None if f.axis == "m" else math.log(roof))
         eff = math.exp(log_eff)
         launch = (profile.launch_us if profile.launch_us is not None else hw.launch_latency_us) * 1e-6
         seconds = roof / eff
@@ -520,15 +622,23 @@ class ProfileModel:
         )
 
     @staticmethod
-    def _interpolate(regime: _Regime, f: Features) -> tuple[float, str, float]:
-        """(log efficiency, points used, log2 distance outside the size range of the shapes used)."""
-        ranked = sorted(
-            regime.groups,
-            key=lambda g: sum((a - b) ** 2 for a, b in zip(g.shape, f.shape, strict=False)),
-        )[:NEIGHBOURS]
-        dists = [math.sqrt(sum((a - b) ** 2 for a, b in zip(g.shape, f.shape, strict=False))) for g in ranked]
+    def _interpolate(regime: _Regime, f: Features, log_roof: float | None = None) -> tuple[float, str, float]:
+        """(log efficiency, points used, log2 distance outside the size range of the shapes used).
+
+        With ``log_roof`` (ln of the op's roofline seconds), a neighbouring shape's efficiency is carried
+        over to the op's shape as its time responds to the roofline along its size axis
+        (:meth:`_Group.roof_and_elasticity`): a latency-bound shape lends its time, a bandwidth-bound
+        one its efficiency."""
+
+        def dist2(g: _Group) -> float:
+            twin = TWIN_DISTANCE**2 if g.dtype is not None else 0.0
+            return twin + sum((a - b) ** 2 for a, b in zip(g.shape, f.shape, strict=False))
+
+        ranked = sorted(regime.groups, key=dist2)[:NEIGHBOURS]
+        dists = [math.sqrt(dist2(g)) for g in ranked]
         if dists[0] < 1e-9:
-            return ranked[0].at(f.size)
+            le, used, out = ranked[0].at(f.size)
+            return le, used + _borrowed(ranked[0]), out
         weights = [1.0 / d**2 for d in dists]
         total = sum(weights)
         le = 0.0
@@ -536,10 +646,17 @@ class ProfileModel:
         outs = []
         for g, w in zip(ranked, weights, strict=True):
             v, used, out = g.at(f.size)
+            if log_roof is not None:
+                roof_g, elasticity = g.roof_and_elasticity(f.size)
+                v += (1.0 - elasticity) * (log_roof - roof_g)
             le += v * w / total
-            names.append(f"{used} (w {w / total:.2f})")
+            names.append(f"{used}{_borrowed(g)} (w {w / total:.2f})")
             outs.append(out)
         return le, ", ".join(names), min(outs)
+
+
+def _borrowed(g: _Group) -> str:
+    return f" ({g.dtype.value})" if g.dtype is not None else ""
 
 
 def default_cost_model(hw: HardwareSpec) -> tuple[CostModel, str | None]:
@@ -568,6 +685,7 @@ def profile_points(profile: DeviceProfile, regime: str) -> list[ProfilePoint]:
 
 __all__ = [
     "FAR",
+    "STRIDED",
     "Features",
     "ProfileExtrapolationWarning",
     "ProfileModel",
@@ -576,4 +694,6 @@ __all__ = [
     "profile_points",
     "roofline_seconds",
     "roofline_terms",
+    "strided_input",
+    "twin_dtypes",
 ]

@@ -13,6 +13,7 @@ from hardware import (
     CostModelError,
     ProfileExtrapolationWarning,
     ProfileModel,
+    ProfilePoint,
     RooflineModel,
     default_cost_model,
     hardware_profile,
@@ -21,13 +22,13 @@ from hardware import (
     resolve_cost_model,
 )
 from hardware.models.profile import roofline_seconds
-from opgraph.ir import Attention, DType, Gemm, LoadError, Norm, SchemaVersionError
+from opgraph.ir import Attention, DType, Gemm, LoadError, Norm, OpBase, SchemaVersionError
 from tests.hardware.profile_builders import gemm_eff, gemm_points, norm_eff, synthetic_profile
 
 H100 = load_hardware("h100")
 
 
-def _quiet(model: ProfileModel, op: Gemm | Norm | Attention) -> tuple[float, str]:
+def _quiet(model: ProfileModel, op: OpBase) -> tuple[float, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cost = model.estimate(op, H100)
@@ -220,3 +221,96 @@ def test_hardware_option_reads_the_device_a_profile_was_measured_on(tmp_path: Pa
     synthetic_profile(H100, hardware="").save(path)
     with pytest.raises(LoadError, match="names no catalog device"):
         load_hardware(path)
+
+
+def _timed(op: OpBase, seconds: float) -> ProfilePoint:
+    from tests.hardware.profile_builders import point
+
+    return point(op, roofline_seconds(op, H100) / seconds, H100)
+
+
+def test_memory_bound_shapes_only_a_twin_dtype_measured_stand_for_it() -> None:
+    """Held-out Llama-1B fp16 decode: the fp16 sweep has three big GEMM shapes, so a 2048x512 k/v
+    projection took their efficiency (1 us) where bf16 measured that very shape at 5.4 us (5.5 us measured
+    in fp16). Memory-bound, a twin dtype's (same size and peaks) shape counts; compute-bound, its own."""
+    small = [(512, 2048), (2048, 2048)]
+    bf16 = gemm_points(H100, nks=(*NK_BIG, *small), eff=lambda m, n, k, dt: 0.1 if n * k < 2**23 else 0.8)
+    fp16 = gemm_points(H100, nks=NK_BIG, dtype=DType.fp16, eff=lambda m, n, k, dt: 0.7)
+    model = ProfileModel(synthetic_profile(H100, [*bf16, *fp16]))
+    decode = Gemm(id=0, m=1, n=512, k=2048, dtype=DType.fp16)
+    seconds, detail = _quiet(model, decode)
+    assert roofline_seconds(decode, H100) / seconds == pytest.approx(0.1)
+    assert "(bf16)" in detail
+    prefill = Gemm(id=0, m=4096, n=8192, k=4096, dtype=DType.fp16)  # compute-bound: fp16's own shapes
+    assert roofline_seconds(prefill, H100) / _quiet(model, prefill)[0] == pytest.approx(0.7)
+
+
+NK_BIG = ((4096, 4096), (14336, 4096))
+
+
+def test_under_the_smallest_measured_bytes_the_time_holds() -> None:
+    """Held-out Llama-1B decode: RoPE of 8 KV heads (half the bytes of the smallest point) took the
+    smallest point's efficiency, 2.5 us, where the kernels take 9 us as at the smallest measured size."""
+    pts = [
+        _timed(op, 9e-6 + roofline_seconds(op, H100) / 0.8)
+        for op in (Norm(id=0, rows=r, hidden=4096) for r in (16, 256, 4096))
+    ]
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *pts]))
+    smallest = pts[0].seconds
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ProfileExtrapolationWarning)
+        for rows in (8, 2):
+            cost = model.estimate(Norm(id=0, rows=rows, hidden=4096), H100)
+            assert cost.seconds == pytest.approx(smallest) and "under the smallest" in cost.detail
+
+
+def test_a_latency_bound_neighbour_lends_its_time_not_its_efficiency() -> None:
+    """Held-out Llama-1B decode: attention of head size 64 at batch 1 took the efficiency of head size 128
+    (latency-bound, 8.8 us) over half the roofline, 3.4 us, where it takes 6.7 us."""
+    heads = {"batch": 1, "q_len": 1, "heads": 32, "kv_heads": 8}
+    lat = [Attention(id=0, kv_len=kv, head_dim=128, **heads) for kv in (128, 512, 2048)]
+    bw = [Attention(id=0, kv_len=kv, head_dim=128, **{**heads, "batch": 32}) for kv in (128, 512, 2048)]
+    pts = [_timed(op, 8e-6) for op in lat] + [_timed(op, roofline_seconds(op, H100) / 0.8) for op in bw]
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *pts]))
+    d64 = Attention(id=0, kv_len=1024, head_dim=64, **heads)
+    assert 7e-6 < _quiet(model, d64)[0] <= 8e-6  # mostly the time of its nearest shape (half of it before)
+    d64_bw = Attention(id=0, kv_len=1024, head_dim=64, **{**heads, "batch": 32})
+    assert roofline_seconds(d64_bw, H100) / _quiet(model, d64_bw)[0] == pytest.approx(0.8, rel=0.05)
+
+
+def test_a_strided_input_is_its_own_regime_and_falls_back_to_the_contiguous_one_saying_so() -> None:
+    """Held-out Mixtral prefill: the gated activation over the chunked gate_up ran 1.8x the contiguous
+    kernel's time; a prefill's KV-cache write of a transposed view 3.5-6x."""
+    from opgraph.ir import Activation, TensorSpec
+
+    def act(tokens: int, chunked: bool) -> Activation:
+        spec = TensorSpec(shape=(tokens, 4096), dtype=DType.bf16, strides=(8192, 1) if chunked else None)
+        return Activation(id=0, fn="swiglu", gated=True, numel=tokens * 4096, hidden=4096, inputs=(spec,))
+
+    sizes = (16, 256, 4096)
+    contiguous = [_timed(act(t, False), roofline_seconds(act(t, False), H100) / 0.5) for t in sizes]
+    strided = [_timed(act(t, True), roofline_seconds(act(t, True), H100) / 0.25) for t in sizes]
+    op = act(1024, True)
+    alone = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *contiguous]))
+    seconds, detail = _quiet(alone, op)
+    assert roofline_seconds(op, H100) / seconds == pytest.approx(0.5)
+    assert "no activation:swiglu:strided points, from activation:swiglu" in detail
+    both = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *contiguous, *strided]))
+    assert roofline_seconds(op, H100) / _quiet(both, op)[0] == pytest.approx(0.25)
+    assert roofline_seconds(op, H100) / _quiet(both, act(1024, False))[0] == pytest.approx(0.5)
+    dense = TensorSpec(shape=(16, 1, 4096), dtype=DType.bf16, strides=(4096, 1, 1))  # size-1 dims aside: dense
+    assert "strided" not in _quiet(both, act(16, False).model_copy(update={"inputs": (dense,)}))[1]
+
+
+def test_a_decode_is_placed_by_its_sequence_kv_head_pairs() -> None:
+    """Held-out Qwen2.5-7B decode (batch 4, 4 KV heads: 16 pairs) took batch 8's efficiency of its head
+    layout (32 pairs), 0.81 of the roofline where it ran at 0.61: a decode kernel's parallelism is
+    batch x KV heads, not the two apart."""
+    kvs = (512, 2048, 8192)
+    few = [Attention(id=0, batch=1, q_len=1, kv_len=kv, heads=32, kv_heads=8, head_dim=128) for kv in kvs]
+    many = [Attention(id=0, batch=8, q_len=1, kv_len=kv, heads=32, kv_heads=8, head_dim=128) for kv in kvs]
+    pts = [_timed(op, roofline_seconds(op, H100) / 0.3) for op in few]
+    pts += [_timed(op, roofline_seconds(op, H100) / 0.8) for op in many]
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *pts]))
+    op = Attention(id=0, batch=8, q_len=1, kv_len=2048, heads=4, kv_heads=1, head_dim=128)  # 8 pairs, GQA 4
+    assert roofline_seconds(op, H100) / _quiet(model, op)[0] == pytest.approx(0.3)

@@ -206,3 +206,29 @@ def test_profile_from_replays_reproduces_each_measured_config() -> None:
     hw = load_hardware("h100")
     for p in prof.points:
         assert model.estimate(p.op, hw).seconds == pytest.approx(p.seconds, rel=1e-9), p.op.definition
+
+
+def test_sweep_measures_the_strided_layouts_models_run_and_replays_them_strided(tmp_path: Path) -> None:
+    """Held-out Mixtral prefill: the gated activation over the chunked gate_up (339 us against 191 us of
+    the contiguous points) and every prefill's KV-cache write of a transposed view (3.5-6x the contiguous
+    points) are kernels the sweep never ran. It runs them now, under their own regimes, laid out as
+    captured, and ``series`` picks them alone (to add them to a profile)."""
+    only = sweep_points("cuda", series=("act.swiglu.chunked", "mem.kv_write.strided"))
+    regimes = {f.regime for p in only if (f := profile_features(p.op)) is not None}
+    assert regimes == {"activation:swiglu:strided", "memory:kv_cache_write:strided"}
+    assert {p.key for p in only} <= {p.key for p in sweep_points("cuda")}
+    small = [
+        next(p for p in only if p.op.kind is kind and p.op.total_bytes < 1 << 20)
+        for kind in (OpKind.ACTIVATION, OpKind.MEMORY)
+    ]
+    kinds = {p.op.kind for p in small}
+    assert kinds == {OpKind.ACTIVATION, OpKind.MEMORY}
+    import torch
+
+    from validators.recipes import BuildContext, RecipeSelector
+
+    for p in small:
+        recipe = RecipeSelector().select(p.op).recipe
+        assert recipe is not None
+        case = recipe.build(p.op, BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0)))
+        assert not all(t.is_contiguous() for t in case.inputs if isinstance(t, torch.Tensor) and t.numel())
