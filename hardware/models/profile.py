@@ -65,9 +65,6 @@ from opgraph.ir import (
 FAR = 2.0
 """Log2 distance (4x) past the sweep's range, or from the nearest measured shape in any shape
 feature, beyond which :class:`ProfileExtrapolationWarning` is raised."""
-TWIN_DISTANCE = 0.0
-"""How far (in the log2 shape units of the interpolation) a twin dtype's measured shape stands from
-the same shape of the op's own dtype: one doubling of one feature."""
 NEIGHBOURS = 4
 """Measured shapes an interpolation weighs at most."""
 
@@ -630,9 +627,8 @@ class ProfileModel:
         (:meth:`_Group.roof_and_elasticity`): a latency-bound shape lends its time, a bandwidth-bound
         one its efficiency."""
 
-        def dist2(g: _Group) -> float:
-            twin = TWIN_DISTANCE**2 if g.dtype is not None else 0.0
-            return twin + sum((a - b) ** 2 for a, b in zip(g.shape, f.shape, strict=False))
+        def dist2(g: _Group) -> float:  # a twin dtype's shape counts as the op's own (twin_dtypes)
+            return sum((a - b) ** 2 for a, b in zip(g.shape, f.shape, strict=False))
 
         ranked = sorted(regime.groups, key=dist2)[:NEIGHBOURS]
         dists = [math.sqrt(dist2(g)) for g in ranked]
