@@ -7,8 +7,12 @@ grouped GEMM whose groups are the experts that received rows (``m`` their mean r
 :class:`~opgraph.capture.moe_model.ExpertPlan`: observed on a real device, modelled on ``meta``); a
 per-expert ``mm`` (the eager loop, torch's fallback for dtypes without a grouped kernel) becomes one
 GEMM at its own rows, so each small product is costed at its real ``m`` (an idle expert's product,
-zero rows, launches nothing and folds away). A grouped GEMM moves the weights of the experts that
-received rows only: its bytes count those, not the whole stacked weight tensor it was handed.
+zero rows, launches nothing and folds away). The fallback's products run nested in one Python-level
+``_grouped_mm`` call, its C++ loop issuing them with no Python between: their definitions end with
+:data:`NESTED_MARK`, so the host model charges them no framework time (the call's own Python is that
+of the op that starts it, the offsets copy). The eager loop's products are Python-level calls. A
+grouped GEMM moves the weights of the experts that received rows only: its bytes count those, not the
+whole stacked weight tensor it was handed.
 """
 
 from __future__ import annotations
@@ -48,6 +52,10 @@ _DISPATCH = frozenset(
         "clone",
     }
 )
+NESTED_MARK = "@nested"
+"""Ends the definition of an op that C++ issues inside the Python-level aten call before it (torch's
+``_grouped_mm`` fallback's per-expert ``mm``); the host model's convention
+(``hardware.hostprofile.NESTED_MARK``, which capture does not import)."""
 _COMBINE = frozenset({"sum", "index_add", "index_add_", "scatter_add", "scatter_add_", "mul"})
 
 
@@ -156,6 +164,9 @@ class LowerMoe:
                         definition=definition,
                     )
             # Per-expert products (the eager loop, torch's fallback): one op per call, at its own rows.
+            # The fallback's run nested in one Python-level ``_grouped_mm`` call (its C++ loop issues
+            # them): marked so, the host model charges them no framework time.
+            nested = NESTED_MARK if impl == "grouped_mm" else ""
             for i in fam:
                 if i in grouped:
                     continue
@@ -170,7 +181,7 @@ class LowerMoe:
                     target=f"moe_experts_{part}",
                     call=call,
                     flops=2 * rows * n * k,
-                    definition=definition,
+                    definition=definition + nested,
                 )
         routing(comb, "combine")
 
