@@ -69,6 +69,9 @@ _NUMBER = re.compile(r"^\d+$")
 NESTED_MARK = "@nested"
 """The end of the ``definition`` of an op that runs nested inside the Python-level aten call issued
 before it (capture marks it so: :mod:`opgraph.capture.lowering.moe`); :func:`is_nested` reads it."""
+SYNC_MARK = "@sync"
+"""The end of the ``definition`` of an op after which the host waits for the device (it copies device
+data to the host, as torch's ``_grouped_mm`` fallback copies its offsets); :func:`host_syncs` reads it."""
 
 
 class HostProfileWarning(UserWarning):
@@ -269,6 +272,17 @@ def is_nested(op: OpBase) -> bool:
     True
     """
     return op.definition.endswith(NESTED_MARK)
+
+
+def host_syncs(graph: OpGraph) -> tuple[int, ...]:
+    """Ids of the ops of ``graph`` after which the host waits for the device (definitions ending with
+    :data:`SYNC_MARK`): the ``sync_ops`` of a simulation's host.
+
+    >>> from opgraph.ir import Gemm, OpGraph
+    >>> host_syncs(OpGraph(ops=(Gemm(id=3, m=8, n=8, k=8, definition="moe_grouped_mm_e8_h8_i4_topk2_down@sync"),)))
+    (3,)
+    """
+    return tuple(op.id for op in graph.ops if op.definition.endswith(SYNC_MARK))
 
 
 def predict_gaps(graph: OpGraph, profile: HostProfile) -> GapPrediction:

@@ -35,3 +35,14 @@ def test_in_context_terms_leave_a_nested_ops_host_time_as_measured() -> None:
     device = [10.0, 0.0, 0.0, 0.0]  # busy share u = 1 (device 10 us over host 10 us)
     # every Python-level op x2 (op_scale) x2 (busy), the forward's time on the first; the nested one as given
     assert in_context(host, g, prof, device) == [14.0, 8.0, 3.0, 16.0]
+
+
+def test_host_syncs_are_the_ops_marked_so_in_program_order() -> None:
+    from hardware.hostprofile import SYNC_MARK, host_syncs
+
+    g = toy_graph(2, timed=False)
+    assert host_syncs(g) == ()
+    ops = [op.model_copy(update={"definition": op.definition + SYNC_MARK}) if op.id in (5, 1) else op for op in g.ops]
+    marked = g.model_copy(update={"ops": tuple(ops)})
+    assert host_syncs(marked) == (1, 5)
+    assert not any(is_nested(op) for op in marked.ops)  # a sync is a Python-level call
