@@ -26,6 +26,11 @@ wrapping as they run on the device, and what a short forward pays cold) whatever
 slower in a forward pass whose device is busy a larger share of the time.
 :func:`in_context` applies both.
 
+An op issued from C++ inside another aten call (:func:`is_nested`: torch's fallback of ``_grouped_mm``
+for fp16/fp32 runs one ``mm`` per expert from one Python-level call) pays no framework time: no Python
+runs between it and the call before it. Its issue time stays the cost model's (the dispatcher, the
+library's host work and the launch).
+
 Catalog devices name their host profile in their TOML (``host_profile = "h100-sxm.host.json"``, the
 CPU of the machine that measured the device profile); :func:`hardware_host_profile` finds it.
 """
@@ -60,6 +65,13 @@ LEVELS: tuple[str, ...] = ("exact", "target", "kind", "global")
 """Lookup levels of :meth:`HostProfile.gap_us`, most specific first."""
 
 _NUMBER = re.compile(r"^\d+$")
+
+NESTED_MARK = "@nested"
+"""The end of the ``definition`` of an op that runs nested inside the Python-level aten call issued
+before it (capture marks it so: :mod:`opgraph.capture.lowering.moe`); :func:`is_nested` reads it."""
+SYNC_MARK = "@sync"
+"""The end of the ``definition`` of an op after which the host waits for the device (it copies device
+data to the host, as torch's ``_grouped_mm`` fallback copies its offsets); :func:`host_syncs` reads it."""
 
 
 class HostProfileWarning(UserWarning):
@@ -232,7 +244,7 @@ class GapPrediction:
     gaps_us: list[float]
     """Per op, in program order."""
     levels: Counter[str] = field(default_factory=Counter)
-    """Ops answered at each lookup level."""
+    """Ops answered at each lookup level (and ``nested``: ops that run nested in a call, no framework time)."""
 
     @property
     def total_us(self) -> float:
@@ -241,16 +253,49 @@ class GapPrediction:
 
     def describe(self) -> str:
         """``N exact, M kind+target, ...`` in lookup order."""
-        names = {"exact": "exact key", "target": "kind+target", "kind": "kind only", "global": "global median"}
-        return ", ".join(f"{self.levels[lv]} {names[lv]}" for lv in LEVELS if self.levels[lv])
+        names = {
+            "exact": "exact key",
+            "target": "kind+target",
+            "kind": "kind only",
+            "global": "global median",
+            "nested": "nested in a call (none)",
+        }
+        return ", ".join(f"{self.levels[lv]} {names[lv]}" for lv in (*LEVELS, "nested") if self.levels[lv])
+
+
+def is_nested(op: OpBase) -> bool:
+    """Whether ``op`` runs nested inside the Python-level aten call issued before it (its definition
+    ends with :data:`NESTED_MARK`): C++ issues it, so no framework Python runs before it.
+
+    >>> from opgraph.ir import Gemm
+    >>> is_nested(Gemm(id=0, m=8, n=8, k=8, definition="moe_grouped_mm_e8_h8_i4_topk2_down@nested"))
+    True
+    """
+    return op.definition.endswith(NESTED_MARK)
+
+
+def host_syncs(graph: OpGraph) -> tuple[int, ...]:
+    """Ids of the ops of ``graph`` after which the host waits for the device (definitions ending with
+    :data:`SYNC_MARK`): the ``sync_ops`` of a simulation's host.
+
+    >>> from opgraph.ir import Gemm, OpGraph
+    >>> host_syncs(OpGraph(ops=(Gemm(id=3, m=8, n=8, k=8, definition="moe_grouped_mm_e8_h8_i4_topk2_down@sync"),)))
+    (3,)
+    """
+    return tuple(op.id for op in graph.ops if op.definition.endswith(SYNC_MARK))
 
 
 def predict_gaps(graph: OpGraph, profile: HostProfile) -> GapPrediction:
     """The framework time before each op of ``graph`` on the profile's CPU (fallback chain of
-    :data:`LEVELS`)."""
+    :data:`LEVELS`); none before an op that runs nested in the call before it (:func:`is_nested`,
+    counted at level ``nested``)."""
     gaps: list[float] = []
     levels: Counter[str] = Counter()
-    for keys in graph_keys(graph):
+    for op, keys in zip(graph.ops, graph_keys(graph), strict=True):
+        if is_nested(op):
+            gaps.append(0.0)
+            levels["nested"] += 1
+            continue
         us, level = profile.gap_us(keys)
         gaps.append(us)
         levels[level] += 1
@@ -276,14 +321,20 @@ def in_context(
     """Per-op host times (issue plus framework time, in program order) as the real device runs them:
     each times :attr:`HostProfile.op_scale` (and ``1 + busy_scale * u`` with the forward pass's device
     share ``u`` when ``device_us``, each op's device time, is given), plus :attr:`HostProfile.forward_us`
-    on the first op of each forward pass (:func:`forward_starts`)."""
-    out = [h * profile.op_scale for h in host_us]
+    on the first op of each forward pass (:func:`forward_starts`).
+
+    An op nested in the call before it (:func:`is_nested`) keeps its time as measured: the terms
+    describe a Python-level call issued among the framework's Python (cold caches), and a C++ loop
+    issues its calls back to back, as the device profile's issue timing does."""
+    nested = [is_nested(op) for op in graph.ops]
+    out = [h if n else h * profile.op_scale for h, n in zip(host_us, nested, strict=True)]
     starts = forward_starts(graph) if out else []
     if profile.busy_scale and device_us is not None:
         for a, b in zip(starts, [*starts[1:], len(out)], strict=True):
             host, device = sum(host_us[a:b]), sum(device_us[a:b])
             u = min(1.0, device / host) if host > 0 else 0.0
-            out[a:b] = [h * (1 + profile.busy_scale * u) for h in out[a:b]]
+            scale = 1 + profile.busy_scale * u
+            out[a:b] = [h if n else h * scale for h, n in zip(out[a:b], nested[a:b], strict=True)]
     if profile.forward_us:
         for i in starts:
             out[i] += profile.forward_us

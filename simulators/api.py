@@ -14,6 +14,7 @@ from hardware.hostprofile import (
     check_host_cpu,
     hardware_host_profile,
     in_context,
+    is_nested,
     load_host_profile,
     predict_gaps,
 )
@@ -120,15 +121,18 @@ def _add_framework_time(
     (captured with ``--host-timing``), else the host profile's prediction (``config.host.host_profile``,
     else, when the cost model is one of :data:`HOST_PROFILE_COST_MODELS`, the host profile the hardware
     names), else none; and the default issue time per op (the host profile's, unless
-    ``config.host.per_op_us`` is set). Says which in ``notes``."""
+    ``config.host.per_op_us`` is set). An op that runs nested in the aten call before it
+    (:func:`~hardware.hostprofile.is_nested`) takes none: what ``--host-timing`` measured before it on
+    ``meta`` is Python that emulates a C++ loop. Says which in ``notes``."""
     if any(problem.framework_us):
         timing = problem.graph.metadata.host_timing
         cpu = timing.cpu if timing else "the capture host"
+        own = [0.0 if is_nested(op) else f for op, f in zip(problem.ops, problem.framework_us, strict=True)]
         notes.append(
-            f"host: {sum(problem.framework_us) / 1e3:.3f} ms of framework time between ops, measured on {cpu} "
+            f"host: {sum(own) / 1e3:.3f} ms of framework time between ops, measured on {cpu} "
             "(the graph's --host-timing)"
         )
-        return [h + f for h, f in zip(host_us, problem.framework_us, strict=True)], per_op_us
+        return [h + f for h, f in zip(host_us, own, strict=True)], per_op_us
     # The device's shipped host profile goes with its shipped device profile; other cost models (the
     # datasheet roofline, a calibrated table, a user's model) keep the spec's host unless asked.
     shipped = cost_model_name in HOST_PROFILE_COST_MODELS

@@ -170,3 +170,18 @@ def test_a_busy_device_slows_the_host_by_the_fitted_busy_scale(tmp_path: Path) -
     assert device == 32.0
     assert r.stats().makespan_us == pytest.approx(host * (1 + 0.5 * device / host) + 2.0)
     assert any("busy share" in n for n in r.notes)
+
+
+def test_a_nested_op_drops_the_framework_time_its_graph_measured_before_it(tmp_path: Path) -> None:
+    # --host-timing on meta times the Python that emulates torch's C++ loop before each nested op:
+    # none of it runs on the device's host.
+    from hardware.hostprofile import NESTED_MARK
+
+    timed = toy_graph(2)
+    ops = list(timed.ops)
+    ops[1] = ops[1].model_copy(update={"definition": ops[1].definition + NESTED_MARK})
+    nested = timed.model_copy(update={"ops": tuple(ops)})
+    own = [0.0 if i == 1 else op.host_gap_us or 0.0 for i, op in enumerate(timed.ops)]
+    assert (timed.ops[1].host_gap_us or 0.0) > 0.0
+    r = simulate(nested, hw(EAGER_US), PerOpCost(), _config())
+    assert r.stats().makespan_us == pytest.approx(_host_bound_wall(own))

@@ -7,8 +7,13 @@ grouped GEMM whose groups are the experts that received rows (``m`` their mean r
 :class:`~opgraph.capture.moe_model.ExpertPlan`: observed on a real device, modelled on ``meta``); a
 per-expert ``mm`` (the eager loop, torch's fallback for dtypes without a grouped kernel) becomes one
 GEMM at its own rows, so each small product is costed at its real ``m`` (an idle expert's product,
-zero rows, launches nothing and folds away). A grouped GEMM moves the weights of the experts that
-received rows only: its bytes count those, not the whole stacked weight tensor it was handed.
+zero rows, launches nothing and folds away). The fallback's products run nested in one Python-level
+``_grouped_mm`` call, its C++ loop issuing them with no Python between: the call's first product
+stands for the Python-level call and holds its copy of the offsets to the host (a wait for the device:
+its definition ends with :data:`SYNC_MARK`), the others' with :data:`NESTED_MARK`, so the host model
+charges them no framework time. The eager loop's products are Python-level calls. A
+grouped GEMM moves the weights of the experts that received rows only: its bytes count those, not the
+whole stacked weight tensor it was handed.
 """
 
 from __future__ import annotations
@@ -48,6 +53,13 @@ _DISPATCH = frozenset(
         "clone",
     }
 )
+NESTED_MARK = "@nested"
+"""Ends the definition of an op that C++ issues inside the Python-level aten call before it (torch's
+``_grouped_mm`` fallback's per-expert ``mm``); the host model's convention
+(``hardware.hostprofile.NESTED_MARK``, which capture does not import)."""
+SYNC_MARK = "@sync"
+"""Ends the definition of an op after which the host waits for the device (it copies device data to
+the host: the fallback's offsets); ``hardware.hostprofile.SYNC_MARK``."""
 _COMBINE = frozenset({"sum", "index_add", "index_add_", "scatter_add", "scatter_add_", "mul"})
 
 
@@ -122,7 +134,19 @@ class LowerMoe:
         inter = first_n // 2 if getattr(module, "has_gate", True) else first_n
         first_gemm = min(gemms)
         last_gemm = max(gemms)
-        disp = [i for i in free if i < first_gemm and lw.events[i].fn not in _GEMM]
+        # torch's fallback (the per-expert products of a grouped_mm call) starts each call by copying
+        # the offsets to the host, which waits for the device: that copy goes with the call's first product.
+        fallback = impl == "grouped_mm"
+        starts: dict[int, list[int]] = {}
+        if fallback:
+            previous = -1
+            for fam in families.values():
+                head = [i for i in fam if lw.events[i].fn not in _GROUPED]
+                if head:
+                    starts[head[0]] = _offsets_copies(lw, free, previous, head[0], experts)
+                previous = max(fam)
+        claimed = {i for evs in starts.values() for i in evs}
+        disp = [i for i in free if i < first_gemm and lw.events[i].fn not in _GEMM and i not in claimed]
         comb = [i for i in free if i > last_gemm and lw.events[i].fn not in _GEMM]
 
         def routing(events: list[int], fn: str) -> None:
@@ -156,23 +180,45 @@ class LowerMoe:
                         definition=definition,
                     )
             # Per-expert products (the eager loop, torch's fallback): one op per call, at its own rows.
+            # The fallback's run in one Python-level ``_grouped_mm`` call: its first product stands for
+            # the call (with the offsets copy, a host sync), C++ issues the others (nested).
+            pending: list[int] = []
+            entry = True
             for i in fam:
                 if i in grouped:
                     continue
+                pending += starts.get(i, [])
                 rows = shapes[i][0]
                 if rows == 0:  # an idle expert's product in torch's fallback: a call, no kernel
                     lw.fold(i)
                     continue
+                mark = ""
+                if fallback:
+                    mark = (SYNC_MARK if pending else "") if entry else NESTED_MARK
                 lw.claim(
-                    [i],
+                    [*pending, i],
                     OpKind.GEMM,
                     {"m": rows, "n": n, "k": k},
                     target=f"moe_experts_{part}",
                     call=call,
                     flops=2 * rows * n * k,
-                    definition=definition,
+                    definition=definition + mark,
                 )
+                pending, entry = [], False
         routing(comb, "combine")
+
+
+def _offsets_copies(lw: Lowering, free: list[int], after: int, before: int, experts: int) -> list[int]:
+    """The fallback's copy of a grouped call's offsets to the host (``_to_copy`` of the integer
+    ``[experts]`` offsets) among the free events strictly between ``after`` and ``before``."""
+    out = []
+    for i in free:
+        ev = lw.events[i]
+        if after < i < before and ev.fn == "_to_copy" and len(ev.inputs) == 1:
+            t = ev.inputs[0]
+            if t.shape == (experts,) and t.dtype in ("int32", "int64"):
+                out.append(i)
+    return out[-1:]
 
 
 def _grouped_bytes(ev: Event, rows: int, active: int, n: int, k: int) -> dict[str, int]:
