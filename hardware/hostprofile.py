@@ -51,6 +51,7 @@ from pydantic import BaseModel, Field
 from hardware.spec import HardwareSpec, NonNegFloat
 from hardware.versioned import FileKind
 from opgraph.ir import OpGraph, OpgraphError, save_model
+from opgraph.ir.issue import is_nested
 from opgraph.ir.ops import OpBase
 from opgraph.ir.tensor import FROZEN
 
@@ -65,13 +66,6 @@ LEVELS: tuple[str, ...] = ("exact", "target", "kind", "global")
 """Lookup levels of :meth:`HostProfile.gap_us`, most specific first."""
 
 _NUMBER = re.compile(r"^\d+$")
-
-NESTED_MARK = "@nested"
-"""The end of the ``definition`` of an op that runs nested inside the Python-level aten call issued
-before it (capture marks it so: :mod:`opgraph.capture.lowering.moe`); :func:`is_nested` reads it."""
-SYNC_MARK = "@sync"
-"""The end of the ``definition`` of an op after which the host waits for the device (it copies device
-data to the host, as torch's ``_grouped_mm`` fallback copies its offsets); :func:`host_syncs` reads it."""
 
 
 class HostProfileWarning(UserWarning):
@@ -261,28 +255,6 @@ class GapPrediction:
             "nested": "nested in a call (none)",
         }
         return ", ".join(f"{self.levels[lv]} {names[lv]}" for lv in (*LEVELS, "nested") if self.levels[lv])
-
-
-def is_nested(op: OpBase) -> bool:
-    """Whether ``op`` runs nested inside the Python-level aten call issued before it (its definition
-    ends with :data:`NESTED_MARK`): C++ issues it, so no framework Python runs before it.
-
-    >>> from opgraph.ir import Gemm
-    >>> is_nested(Gemm(id=0, m=8, n=8, k=8, definition="moe_grouped_mm_e8_h8_i4_topk2_down@nested"))
-    True
-    """
-    return op.definition.endswith(NESTED_MARK)
-
-
-def host_syncs(graph: OpGraph) -> tuple[int, ...]:
-    """Ids of the ops of ``graph`` after which the host waits for the device (definitions ending with
-    :data:`SYNC_MARK`): the ``sync_ops`` of a simulation's host.
-
-    >>> from opgraph.ir import Gemm, OpGraph
-    >>> host_syncs(OpGraph(ops=(Gemm(id=3, m=8, n=8, k=8, definition="moe_grouped_mm_e8_h8_i4_topk2_down@sync"),)))
-    (3,)
-    """
-    return tuple(op.id for op in graph.ops if op.definition.endswith(SYNC_MARK))
 
 
 def predict_gaps(graph: OpGraph, profile: HostProfile) -> GapPrediction:

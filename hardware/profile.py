@@ -193,6 +193,7 @@ def _lines(path: Path) -> Iterator[str]:
 
 # -- which profile a device ships with --------------------------------------------------------------
 
+
 def hardware_profile(hw: HardwareSpec | str) -> Path | None:
     """The profile file the device's TOML names (``profile = ...``), or ``None`` when it ships none.
 

@@ -14,13 +14,12 @@ from hardware.hostprofile import (
     check_host_cpu,
     hardware_host_profile,
     in_context,
-    is_nested,
     load_host_profile,
     predict_gaps,
 )
 from hardware.models.collective import AlphaBetaCollectiveModel
 from hardware.spec import HardwareSpec
-from opgraph.ir import OpGraph, OpgraphError
+from opgraph.ir import OpGraph, OpgraphError, host_syncs, is_nested
 from opgraph.ir.gcpause import paused_gc
 from simulators.config import HostMode, SimulationConfig
 from simulators.errors import SimulationConfigError, UncostedOpsError
@@ -89,6 +88,12 @@ def run_problem(
         # A calibrated cost model knows each op's measured eager issue time: it wins over the per-op default.
         host_us = [h if (m is None or h == 0.0) else m for h, m in zip(host_us, problem.host_us, strict=True)]
     notes: list[str] = []
+    marked = host_syncs(problem.graph) if config.host.mode is HostMode.EAGER else ()
+    if marked and not set(marked) <= set(config.host.sync_ops):
+        # Ops after which the real run's host waits for the device (torch's _grouped_mm fallback copies
+        # its offsets to the host): the graph marks them at capture.
+        host = config.host.model_copy(update={"sync_ops": tuple(sorted({*config.host.sync_ops, *marked}))})
+        config = config.model_copy(update={"host": host})
     if config.host.mode is HostMode.EAGER and config.host.framework:
         host_us, host_per_op_us = _add_framework_time(
             problem, config, host_us, host_per_op_us, hardware_name, cost_model_name, notes

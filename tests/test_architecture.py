@@ -154,9 +154,7 @@ def test_package_boundaries_of_the_design(package: str) -> None:
         for src, dst in graph.edges
         if _package_of(src) == package
         and _package_of(dst) in PACKAGES
-        and not any(
-            dst == a or dst.startswith(a + ".") for a in (package, *ALLOWED[package], *EXCEPTIONS.get(src, ()))
-        )
+        and not any(dst == a or dst.startswith(a + ".") for a in (package, *ALLOWED[package], *EXCEPTIONS.get(src, ())))
     )
     assert not bad, f"{package} imports outside DESIGN.md's table: {bad}"
 

@@ -30,7 +30,6 @@ COST_MODELS.register_lazy("profile", "hardware.models.profile:ProfileModel")
 _TABLE_SUFFIXES = (".json", ".json.gz")
 
 
-
 def parse_cost_options(items: list[str] | tuple[str, ...]) -> dict[str, object]:
     """``["key=value", ...]`` (CLI ``--cost-option``) as a dict; values stay strings for the model to coerce.
 

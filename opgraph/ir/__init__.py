@@ -43,6 +43,7 @@ from opgraph.ir.io import (
     save_model,
     save_timeline,
 )
+from opgraph.ir.issue import NESTED_MARK, SYNC_MARK, host_syncs, is_nested
 from opgraph.ir.ops import (
     IDENTITY_FIELDS,
     OP_TYPES,
@@ -82,8 +83,10 @@ __all__ = [
     "CATEGORY_ALIASES",
     "GRAPH_SCHEMA_VERSIONS",
     "IDENTITY_FIELDS",
+    "NESTED_MARK",
     "OP_TYPES",
     "SCHEMA_VERSION",
+    "SYNC_MARK",
     "Activation",
     "AtenCall",
     "Attention",
@@ -147,7 +150,9 @@ __all__ = [
     "critical_path",
     "dtype_from_torch_name",
     "find_cycle",
+    "host_syncs",
     "import_object",
+    "is_nested",
     "load_graph",
     "load_model",
     "load_timeline",

@@ -3,8 +3,8 @@ no framework time and are not scaled as Python-level calls in context."""
 
 from __future__ import annotations
 
-from hardware.hostprofile import NESTED_MARK, in_context, is_nested, predict_gaps
-from opgraph.ir import OpBase, OpGraph
+from hardware.hostprofile import in_context, predict_gaps
+from opgraph.ir import NESTED_MARK, OpBase, OpGraph, is_nested
 from tests.hardware.host_builders import toy_graph, toy_profile
 
 
@@ -38,7 +38,7 @@ def test_in_context_terms_leave_a_nested_ops_host_time_as_measured() -> None:
 
 
 def test_host_syncs_are_the_ops_marked_so_in_program_order() -> None:
-    from hardware.hostprofile import SYNC_MARK, host_syncs
+    from opgraph.ir import SYNC_MARK, host_syncs
 
     g = toy_graph(2, timed=False)
     assert host_syncs(g) == ()

@@ -175,7 +175,7 @@ def test_a_busy_device_slows_the_host_by_the_fitted_busy_scale(tmp_path: Path) -
 def test_a_nested_op_drops_the_framework_time_its_graph_measured_before_it(tmp_path: Path) -> None:
     # --host-timing on meta times the Python that emulates torch's C++ loop before each nested op:
     # none of it runs on the device's host.
-    from hardware.hostprofile import NESTED_MARK
+    from opgraph.ir import NESTED_MARK
 
     timed = toy_graph(2)
     ops = list(timed.ops)
@@ -185,3 +185,25 @@ def test_a_nested_op_drops_the_framework_time_its_graph_measured_before_it(tmp_p
     assert (timed.ops[1].host_gap_us or 0.0) > 0.0
     r = simulate(nested, hw(EAGER_US), PerOpCost(), _config())
     assert r.stats().makespan_us == pytest.approx(_host_bound_wall(own))
+
+
+def test_ops_marked_as_host_syncs_make_the_eager_host_wait_for_the_device() -> None:
+    """An op whose definition carries the sync mark (capture puts it on the product of torch's
+    _grouped_mm fallback that follows its offsets copy) is a sync point of an eager host, not of a
+    CUDA-graph one."""
+    from opgraph.ir import SYNC_MARK
+
+    graph = toy_graph(2, timed=False)
+    ops = list(graph.ops)
+    ops[1] = ops[1].model_copy(update={"definition": ops[1].definition + SYNC_MARK})
+    marked = graph.model_copy(update={"ops": tuple(ops)})
+    eager = SimulationConfig.standard(
+        1, policy="stream", host=HostConfig(mode=HostMode.EAGER, framework=False, sync_each_step=False)
+    )
+    plain = simulate(graph, hw(EAGER_US), PerOpCost(), eager)
+    synced = simulate(marked, hw(EAGER_US), PerOpCost(), eager)
+    # The GEMM (10 us) must finish before the host issues the next op: the host cannot run ahead of it.
+    assert synced.config.host.sync_ops == (ops[1].id,)
+    assert synced.stats().makespan_us > plain.stats().makespan_us
+    graphs = SimulationConfig.standard(1, policy="stream", host=HostConfig(mode=HostMode.CUDA_GRAPH))
+    assert simulate(marked, hw(EAGER_US), PerOpCost(), graphs).config.host.sync_ops == ()

@@ -26,6 +26,7 @@ from opgraph.capture.lowering.base import Lowering, float_inputs, last_dim, nume
 from opgraph.capture.moe_model import ExpertPlan, is_experts_module, resolve_plan
 from opgraph.capture.recorder import Event
 from opgraph.ir.dtypes import DType
+from opgraph.ir.issue import NESTED_MARK, SYNC_MARK
 from opgraph.ir.ops import OpKind
 
 _ROUTER_CLASS = re.compile(r"Router|TopkRouter|TopKRouter|MoeGate|MoEGate")
@@ -53,13 +54,6 @@ _DISPATCH = frozenset(
         "clone",
     }
 )
-NESTED_MARK = "@nested"
-"""Ends the definition of an op that C++ issues inside the Python-level aten call before it (torch's
-``_grouped_mm`` fallback's per-expert ``mm``); the host model's convention
-(``hardware.hostprofile.NESTED_MARK``, which capture does not import)."""
-SYNC_MARK = "@sync"
-"""Ends the definition of an op after which the host waits for the device (it copies device data to
-the host: the fallback's offsets); ``hardware.hostprofile.SYNC_MARK``."""
 _COMBINE = frozenset({"sum", "index_add", "index_add_", "scatter_add", "scatter_add_", "mul"})
 
 

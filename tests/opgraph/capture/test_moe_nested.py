@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hardware.hostprofile import NESTED_MARK, SYNC_MARK, host_syncs, is_nested
 from opgraph.capture import capture
 from opgraph.capture.lowering import moe
+from opgraph.ir import NESTED_MARK, SYNC_MARK, host_syncs, is_nested
 from opgraph.ir.ops import OpKind
 from tests.opgraph.capture.test_capture_architectures import tiny_config
 
