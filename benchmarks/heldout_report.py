@@ -733,7 +733,14 @@ def build_report(
             else f"; framework time between ops: {host['source']}"
         ),
         "gpu_time": "sum of device activity durations (kernels, memcpy, memset) of one run, median of the runs",
-        "wall_time": "CUDA-synchronised wall of one forward, median of the runs (min/max reported)",
+        "wall_time": "CUDA-synchronised wall of one forward, median of the runs (min/max reported)"
+        + (
+            f"; the runs of {len(summary['passes'])} passes pooled (started "
+            + ", ".join(str(x.get("started_utc", "?")) for x in summary["passes"])
+            + ", benchmarks/heldout_pool.py)"
+            if summary.get("passes")
+            else ""
+        ),
         "per_op": "median |error| over ops of at least 5 us, kernels attributed through the trace's aten calls",
         "leave_one_out": LEAVE_ONE_OUT,
         "targets": {"gpu": GPU_TARGET, "wall": WALL_TARGET, "median_op": MEDIAN_OP_TARGET},
