@@ -14,7 +14,8 @@
 #      (The first run timed rank 0 alone with host-paced calls: ~100 us of wait at every size below
 #      ~30 MiB whenever rank 0 was not the last to launch.)
 #   2. TP runs (random bf16 weights, HF eager + SDPA): Llama-3.1-8B at TP 2 and TP 4, Llama-3.1-70B cut
-#      to 2 layers at TP 4; prefill b1 s2048 and decode b8 kv2048; 7 timed steps, 2 profiled steps,
+#      to 2 layers at TP 4 (and both at TP 8 on a machine with 8 GPUs); prefill b1 s2048 and decode b8
+#      kv2048; 7 timed steps, 2 profiled steps,
 #      the ranks lined up (CUDA sync + barrier) before every step
 #   3. the runs' sharded graphs (capture on meta), and their own collectives replayed like step 1
 #   4. fit: regimes per (collective, group size) from steps 1 and 3, with its held-out error
@@ -65,7 +66,7 @@ REPEATS=${REPEATS:-10}; WALL_REPEATS=${WALL_REPEATS:-7}; PROFILE_STEPS=${PROFILE
   date -u
 } 2>&1 | tee "$SUMMARY"
 if [ "$NGPU" -lt 2 ]; then echo "needs 2 or more GPUs, found $NGPU" | tee -a "$SUMMARY"; exit 2; fi
-TP_MAX=$(( NGPU >= 4 ? 4 : 2 ))
+TP_MAX=$(( NGPU >= 8 ? 8 : NGPU >= 4 ? 4 : 2 ))  # TP 8 on an 8-GPU machine (set BUDGET_S ~400 there)
 DTYPE_ARG=(); [ "$TP_DEVICE" = cpu ] && DTYPE_ARG=(--dtype fp32)
 COLL=(-m validators.collectives --device "$TP_DEVICE" ${DTYPE_ARG[@]+"${DTYPE_ARG[@]}"} --warmup 3 --lead-us 3000 -q)
 
@@ -86,6 +87,10 @@ tp_run llama8b_tp2 2 50 --model "$MODEL_8B"
 if [ "$TP_MAX" -ge 4 ]; then
   tp_run llama8b_tp4 4 50 --model "$MODEL_8B"
   tp_run llama70b_l2_tp4 4 45 --model "$MODEL_70B" --layers 2
+  if [ "$TP_MAX" -ge 8 ]; then
+    tp_run llama8b_tp8 8 60 --model "$MODEL_8B"
+    tp_run llama70b_l2_tp8 8 55 --model "$MODEL_70B" --layers 2
+  fi
 else
   tp_run llama70b_l2_tp2 2 45 --model "$MODEL_70B" --layers 2
 fi
