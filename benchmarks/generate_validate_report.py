@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from opgraph.ir.timeline import union_length
+from opgraph.trace.kineto import is_device_event, launch_times
+
 DEFAULT = Path(__file__).resolve().parent / "results" / "gpu" / "h100" / "generate" / "generate_validate.json"
 
 
@@ -134,7 +137,6 @@ def compare_steps(case: dict[str, Any], simulated: Sequence[float]) -> StepCompa
 
 
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
 @dataclass(frozen=True)
@@ -159,36 +161,24 @@ def traced_forwards(trace: dict[str, Any]) -> list[TracedForward]:
         for e in events
         if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith("opgraph_forward_")
     )
-    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    launches = launch_times(events)
     gpu: dict[Any, list[tuple[float, float, str]]] = {}
     for e in events:
-        if e.get("cat") in GPU_CATS:
+        if is_device_event(e):
             corr = e.get("args", {}).get("correlation")
             gpu.setdefault(corr, []).append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["cat"]))
     out = []
     for _, lo, hi in marks:
-        inside = [e for e in runtime if lo <= float(e["ts"]) <= hi]
-        work = [w for e in inside for w in gpu.get(e.get("args", {}).get("correlation"), [])]
+        work = [w for c, t in launches.items() if lo <= t <= hi for w in gpu.get(c, [])]
         out.append(
             TracedForward(
                 host_us=hi - lo,
                 gpu_busy_us=union_length((a, b) for a, b, _ in work),
                 kernels=sum(1 for *_, cat in work if cat == "kernel"),
-                syncs=sum(1 for e in inside if e.get("name") in SYNCS),
+                syncs=sum(1 for e in events if e.get("name") in SYNCS and lo <= float(e["ts"]) <= hi),
             )
         )
     return out
-
-
-def union_length(intervals: Iterable[tuple[float, float]]) -> float:
-    """The length of the union of ``(start, end)`` intervals."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
 
 
 def pct(x: float) -> str:

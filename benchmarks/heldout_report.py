@@ -62,8 +62,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "gpu" / "h100" / "heldout"
-DEVICE_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
-RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
 RUN_RANGE = "heldout_run_"
 MODULE_RANGE = "heldout_mod:"
 BASE_MODELS = ("roofline", "profile")
@@ -362,6 +360,9 @@ def attribute(
     recorded_module_calls: Counter[str] | None = None,
 ) -> dict[str, Any]:
     """Device events of the kept run with the op that launched each (``None``: not attributed)."""
+    from opgraph.ir.timeline import SpanCategory
+    from opgraph.trace.kineto import is_device_event, launch_times
+
     evs = trace["traceEvents"]
     run = next((e for e in evs if str(e.get("name", "")).startswith(RUN_RANGE) and e.get("ph") == "X"), None)
     if run is None:
@@ -386,14 +387,10 @@ def attribute(
         calls, call_scopes, names, event_op, scopes or [""] * len(names), counts
     )
     starts = [c["start"] for c in calls]
-    launch = {
-        e["args"]["correlation"]: float(e["ts"])
-        for e in evs
-        if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {})
-    }
+    launch = launch_times(evs)
     device: list[dict[str, Any]] = []
     for e in evs:
-        if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
+        if not is_device_event(e):
             continue
         t = launch.get(e.get("args", {}).get("correlation"))
         if t is not None and not lo <= t <= hi:
@@ -404,7 +401,7 @@ def attribute(
             if i >= 0 and t <= calls[i]["end"] and owners[i] is not None:
                 inner = launched_by(calls[i], t)
                 op = owners[i] if inner is None else inner
-        device.append({"name": e.get("name", ""), "cat": DEVICE_CATS[e["cat"]], "ts": float(e["ts"]),
+        device.append({"name": e.get("name", ""), "cat": SpanCategory.parse(e["cat"]).value, "ts": float(e["ts"]),
                        "dur": float(e.get("dur", 0)), "stream": e.get("args", {}).get("stream"), "op": op})  # fmt: skip
     total = sum(d["dur"] for d in device)
     share = sum(d["dur"] for d in device if d["op"] is not None) / total if total else 0.0

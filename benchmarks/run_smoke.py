@@ -23,8 +23,9 @@ def main() -> int:
         env = {**os.environ, "OPGRAPH_BENCH_RESULTS": tmp}
         for script in sorted(HERE.glob("bench_*.py")):
             start = time.perf_counter()
-            proc = subprocess.run([sys.executable, str(script), "--smoke"], env=env, cwd=HERE.parent, text=True,
-                                  capture_output=True)
+            proc = subprocess.run(
+                [sys.executable, str(script), "--smoke"], env=env, cwd=HERE.parent, text=True, capture_output=True
+            )
             took = time.perf_counter() - start
             status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
             print(f"{script.name:32s} {status:18s} {took:6.1f} s", flush=True)

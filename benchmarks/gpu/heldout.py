@@ -61,9 +61,6 @@ PRESETS = REPO / "opgraph" / "capture" / "presets"
 
 RUN_RANGE = "heldout_run_"
 """Profiler range around each profiled run (``heldout_run_<i>``)."""
-DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-"""Kineto categories of device activity: what opgraph's ``gpu_time`` sums."""
-RUNTIME_CATS = frozenset({"cuda_runtime", "cuda_driver", "hip_runtime"})
 
 # Most diverse first: families, phases, dtypes and batch sizes alternate, so a run cut short by the
 # budget still covers them. ``est_s`` is a rough H100 estimate of the case's seconds (build + runs).
@@ -338,10 +335,10 @@ def split_runs(trace: dict[str, Any]) -> list[dict[str, Any]]:
          and e.get("cat") in ("user_annotation", "cpu_op")),
         key=lambda e: e["ts"],
     )  # fmt: skip
-    launch: dict[Any, float] = {}
-    for e in evs:
-        if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {}):
-            launch[e["args"]["correlation"]] = float(e["ts"])
+    from opgraph.ir.timeline import union_length
+    from opgraph.trace.kineto import is_device_event, launch_times
+
+    launch = launch_times(evs)
     runs = [
         {"index": int(r["name"][len(RUN_RANGE) :]), "start": float(r["ts"]), "end": float(r["ts"]) + float(r["dur"]),
          "tid": r.get("tid"), "spans": []}
@@ -351,7 +348,7 @@ def split_runs(trace: dict[str, Any]) -> list[dict[str, Any]]:
     import bisect
 
     for e in evs:
-        if e.get("ph") != "X" or e.get("cat") not in DEVICE_CATS:
+        if not is_device_event(e):
             continue
         t = launch.get(e.get("args", {}).get("correlation"))
         if t is None:
@@ -362,20 +359,15 @@ def split_runs(trace: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in runs:
         spans = r.pop("spans")
-        busy, cur_s, cur_e = 0.0, None, 0.0
-        for s, e, _ in sorted(spans):
-            if cur_s is None or s > cur_e:
-                busy += (cur_e - cur_s) if cur_s is not None else 0.0
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        busy += (cur_e - cur_s) if cur_s is not None else 0.0
+        busy = union_length((s, e) for s, e, _ in spans)
         out.append({**r, "gpu_us": sum(d for _, _, d in spans), "busy_us": busy, "device_events": len(spans)})
     return out
 
 
 def trim_to_run(trace: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     """The trace of one run: metadata, host events inside its range, and the device events it launched."""
+    from opgraph.trace.kineto import is_device_event, is_launch_event
+
     lo, hi = run["start"], run["end"]
     keep_corr: set[Any] = set()
     host: list[dict[str, Any]] = []
@@ -383,18 +375,18 @@ def trim_to_run(trace: dict[str, Any], run: dict[str, Any]) -> dict[str, Any]:
     for e in trace["traceEvents"]:
         if e.get("ph") == "M":
             meta.append(e)
-        elif e.get("cat") in DEVICE_CATS or str(e.get("cat", "")).startswith("gpu_"):
+        elif is_device_event(e) or str(e.get("cat", "")).startswith("gpu_"):
             continue
         elif "ts" in e and lo <= float(e["ts"]) <= hi:
             if e.get("cat") in ("cpu_op", "user_annotation") and isinstance(e.get("args"), dict):
                 # Keep the trace small: host ops keep only the id that links them to their kernels.
                 e = {**e, "args": {k: v for k, v in e["args"].items() if k == "External id"}}
             host.append(e)
-            if e.get("cat") in RUNTIME_CATS and "correlation" in e.get("args", {}):
+            if is_launch_event(e):
                 keep_corr.add(e["args"]["correlation"])
     dev = [
         e for e in trace["traceEvents"]
-        if e.get("cat") in DEVICE_CATS and e.get("args", {}).get("correlation") in keep_corr
+        if is_device_event(e) and e.get("args", {}).get("correlation") in keep_corr
     ]  # fmt: skip
     out = {k: v for k, v in trace.items() if k != "traceEvents"}
     out["traceEvents"] = meta + host + dev

@@ -129,8 +129,11 @@ def run_case(case: Case, out: Path, device: str = "cuda") -> dict[str, Any]:
 
         passes = ["prefill"]
     else:
-        kwargs: dict[str, Any] = {"max_new_tokens": case.new_tokens, "min_new_tokens": case.new_tokens,
-                                  "do_sample": False}
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": case.new_tokens,
+            "min_new_tokens": case.new_tokens,
+            "do_sample": False,
+        }
         if case.mode == "static":
             kwargs["cache_implementation"] = "static"
 

@@ -51,8 +51,6 @@ from opgraph.ir.tensor import FROZEN  # noqa: E402
 
 STEP_RANGE = "opgraph.tp_step"
 """Profiler range around each profiled step."""
-DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-"""Trace event categories that are device time (kernels and device copies, never annotations)."""
 
 
 class TpCase(BaseModel):
@@ -350,19 +348,16 @@ def _step_correlations(events: Sequence[Any]) -> set[object] | None:
     )
     if not steps:
         return None
-    ids: set[object] = set()
-    for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X" or e.get("cat") not in ("cuda_runtime", "cuda_driver"):
-            continue
-        ts = float(e.get("ts", 0.0))
-        if any(a <= ts <= b for a, b in steps):
-            ids.add((e.get("args") or {}).get("correlation"))
-    return ids
+    from opgraph.trace.kineto import launch_times
+
+    launches = launch_times(e for e in events if isinstance(e, dict))
+    return {c for c, ts in launches.items() if any(a <= ts <= b for a, b in steps)}
 
 
 def trace_times(path: str | Path, steps: int) -> TraceTimes:
     """Device times per step of a torch.profiler Chrome trace (``.json`` or ``.json.gz``)."""
     from opgraph.ir.timeline import union_length
+    from opgraph.trace.kineto import is_device_event
 
     p = Path(path)
     opener: Any = gzip.open if p.name.endswith(".gz") else open
@@ -383,7 +378,7 @@ def trace_times(path: str | Path, steps: int) -> TraceTimes:
             if kind is not None:
                 calls[kind] = calls.get(kind, 0) + 1
             continue
-        if e.get("cat") not in DEVICE_CATEGORIES:
+        if not is_device_event(e):
             continue
         if launched is not None and (e.get("args") or {}).get("correlation") not in launched:
             continue  # launched between the steps (the decode cache's reset), not by a step
