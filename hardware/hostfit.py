@@ -30,6 +30,8 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+
 from hardware.hostprofile import GapStat, HostInfo, HostProfile, TrainingGraph, WallSample, graph_keys
 from opgraph.ir import LoadError, OpGraph, OpgraphError, capture_settings
 
@@ -202,25 +204,6 @@ _STEP = {"op_scale": 0.01, "forward_us": 20.0, "busy_scale": 0.02}
 _LOW = {"op_scale": 0.05, "forward_us": 0.0, "busy_scale": 0.0}
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """``a x = b`` by Gaussian elimination with partial pivoting; ``None`` when ``a`` is (nearly) singular."""
-    n = len(b)
-    m = [[*row, rhs] for row, rhs in zip(a, b, strict=True)]
-    scale = max((abs(m[i][i]) for i in range(n)), default=0.0)
-    for c in range(n):
-        p = max(range(c, n), key=lambda r: abs(m[r][c]))
-        if abs(m[p][c]) <= 1e-9 * scale:
-            return None
-        m[c], m[p] = m[p], m[c]
-        for r in range(c + 1, n):
-            f = m[r][c] / m[c][c]
-            m[r] = [x - f * y for x, y in zip(m[r], m[c], strict=True)]
-    x = [0.0] * n
-    for r in reversed(range(n)):
-        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
-    return x
-
-
 def fit_wall_terms(
     profile: HostProfile,
     graphs: Mapping[str, OpGraph],
@@ -283,15 +266,18 @@ def fit_wall_terms(
 def _weighted_step(cols: list[list[float]], w: Sequence[float], res: Sequence[float]) -> list[float] | None:
     """The weighted least-squares step of the linearised residuals (columns ``cols``); ``None`` when
     the columns are (nearly) collinear or one is zero."""
-    n = len(cols)
-    a = [[sum(k * x * y for k, x, y in zip(w, ci, cj, strict=True)) for cj in cols] for ci in cols]
-    b = [-sum(k * x * r for k, x, r in zip(w, ci, res, strict=True)) for ci in cols]
-    if min(a[i][i] for i in range(n)) <= 0.0:
+    jac = np.array(cols, dtype=float).T  # one row per training wall, one column per term
+    weights = np.asarray(w, dtype=float)
+    a = jac.T @ (jac * weights[:, None])
+    b = -jac.T @ (weights * np.asarray(res, dtype=float))
+    diag = np.diag(a)
+    if diag.min() <= 0.0:
         return None
-    norm = [math.sqrt(a[i][i]) for i in range(n)]  # a correlation matrix: singular means collinear
-    corr = [[a[i][j] / (norm[i] * norm[j]) for j in range(n)] for i in range(n)]
-    step = _solve(corr, [b[i] / norm[i] for i in range(n)])
-    return None if step is None else [x / m for x, m in zip(step, norm, strict=True)]
+    norm = np.sqrt(diag)
+    corr = a / np.outer(norm, norm)  # a correlation matrix: singular means collinear
+    if np.linalg.cond(corr) > 1e9:
+        return None
+    return [float(x) for x in np.linalg.solve(corr, b / norm) / norm]
 
 
 def _gauss_newton(
