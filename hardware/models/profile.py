@@ -61,6 +61,7 @@ from opgraph.ir import (
     Softmax,
     TopK,
 )
+from opgraph.ir.configs import is_contiguous
 
 FAR = 2.0
 """Log2 distance (4x) past the sweep's range, or from the nearest measured shape in any shape
@@ -226,15 +227,7 @@ chunked projection (an MoE block's ``gate_up``, about 1.8x)."""
 def strided_input(op: OpBase) -> bool:
     """Whether ``op`` reads a non-empty input whose recorded strides are not the contiguous ones
     (size-1 dims aside: a transposed view of one token is still dense)."""
-    for t in op.inputs:
-        if t.strides is None or t.numel == 0:
-            continue
-        expected = 1
-        for size, stride in zip(reversed(t.shape), reversed(t.strides), strict=False):
-            if size != 1 and stride != expected:
-                return True
-            expected *= size
-    return False
+    return any(t.numel > 0 and not is_contiguous(t.shape, t.strides) for t in op.inputs)
 
 
 def roofline_terms(op: OpBase, hw: HardwareSpec) -> tuple[float, float]:
