@@ -462,6 +462,26 @@ def runtime_estimator(config_path: Path, case: dict[str, Any], device: str) -> d
     return {"total_us": None if ms is None else ms * 1e3, "note": why}
 
 
+def timed_walls(phase: Phase, runs: int, device: str) -> list[float]:
+    """Wall times (us) of ``runs`` forwards of ``phase`` after two warm-up runs (allocator growth,
+    library init, autotuning): each from a fresh cache, after ``gc.collect()``, synchronised before and
+    after. How the held-out cases and the host profile's training walls are both measured."""
+    for _ in range(2):
+        phase.run(phase.fresh())
+    sync(device)
+    walls: list[float] = []
+    for _ in range(runs):
+        cache = phase.fresh()
+        gc.collect()
+        sync(device)
+        t0 = time.perf_counter()
+        phase.run(cache)
+        sync(device)
+        walls.append((time.perf_counter() - t0) * 1e6)
+        del cache
+    return walls
+
+
 def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """Measure one case; writes its config, trimmed trace and JSON; returns the JSON."""
     import torch
@@ -475,19 +495,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
     model, config = build_model(raw, case["dtype"], device)
     params = sum(p.numel() for p in model.parameters())
     phase = Phase(model, config, case, device)
-    for _ in range(2):  # warm-up: allocator growth, library init, autotuning
-        phase.run(phase.fresh())
-    sync(device)
-    walls: list[float] = []
-    for _ in range(args.runs):
-        cache = phase.fresh()
-        gc.collect()
-        sync(device)
-        t0 = time.perf_counter()
-        phase.run(cache)
-        sync(device)
-        walls.append((time.perf_counter() - t0) * 1e6)
-        del cache
+    walls = timed_walls(phase, args.runs, device)
     clock_after_runs = sm_clock() if device == "cuda" else None
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])

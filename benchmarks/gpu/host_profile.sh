@@ -135,26 +135,14 @@ for line in os.environ["TRAIN"].strip().splitlines():
         try:
             model, config = heldout.build_model(raw, dtype, "cuda")
             ph = heldout.Phase(model, config, case, "cuda")
-            for _ in range(2):
-                ph.run(ph.fresh())
-            heldout.sync("cuda")
-            ws = []
-            for _ in range(runs):  # as benchmarks/gpu/heldout.py measures its cases
-                cache = ph.fresh()
-                gc.collect()
-                heldout.sync("cuda")
-                t = time.perf_counter()
-                ph.run(cache)
-                heldout.sync("cuda")
-                ws.append((time.perf_counter() - t) * 1e6)
-                del cache
+            ws = heldout.timed_walls(ph, runs, "cuda")  # as benchmarks/gpu/heldout.py measures its cases
             walls[name] = statistics.median(ws)
             detail[name] = {"median_us": walls[name], "min_us": min(ws), "max_us": max(ws), "runs_us": ws}
             msg += (f"; wall {walls[name] / 1e3:.3f} ms (min {min(ws) / 1e3:.3f}, max {max(ws) / 1e3:.3f}; "
                     f"{time.time() - t1:.1f}s)")
         except Exception as exc:  # the graph still trains the gaps; the fit goes on without this wall
             msg += f"; wall FAILED: {type(exc).__name__}: {str(exc)[:200]}"
-        ph = model = cache = None
+        ph = model = None
         gc.collect(); torch.cuda.empty_cache()
     print(msg)
 (out / "walls.json").write_text(json.dumps(walls, indent=1))
