@@ -78,6 +78,10 @@ class GenCase:
     overrides: dict[str, Any] = field(default_factory=dict)
     variant: str = ""
     """``no_qkv_bias``: the attention projections' biases removed after building (a plain matmul each)."""
+    role: str = "validate"
+    """``validate``: a case the prediction is judged on; ``control``: a diagnostic twin of one;
+    ``train``: a case the host profile's generation terms may be fitted on (other models, shapes and
+    depths than every validated case)."""
 
 
 CASES = [
@@ -86,9 +90,18 @@ CASES = [
     GenCase("qwen25_7b_b4_p256_n24", "qwen2.5-7b", 2, 4, 256, 24),
     # Controls for the Qwen case: Llama-3.1-8B at its batch and lengths, Llama with its shapes, Qwen
     # without the q/k/v biases (addmm -> mm).
-    GenCase("llama8b_b4_p256_n24", "llama-3.1-8b", 2, 4, 256, 24),
-    GenCase("llama_qwendims_b4_p256_n24", "llama-3.1-8b", 2, 4, 256, 24, overrides=QWEN_DIMS),
-    GenCase("qwen25_7b_noqkvbias_b4_p256_n24", "qwen2.5-7b", 2, 4, 256, 24, variant="no_qkv_bias"),
+    GenCase("llama8b_b4_p256_n24", "llama-3.1-8b", 2, 4, 256, 24, role="control"),
+    GenCase("llama_qwendims_b4_p256_n24", "llama-3.1-8b", 2, 4, 256, 24, overrides=QWEN_DIMS, role="control"),
+    GenCase("qwen25_7b_noqkvbias_b4_p256_n24", "qwen2.5-7b", 2, 4, 256, 24, variant="no_qkv_bias", role="control"),
+]
+CASES += [
+    # Training generations for the host profile: 1 or 3 layers (the validated cases have 2 or 4), other
+    # batches and lengths.
+    GenCase("train_llama1b_b4_p256_n24_l3", "llama-3.2-1b", 3, 4, 256, 24, role="train"),
+    GenCase("train_llama1b_b16_p64_n24_l1", "llama-3.2-1b", 1, 16, 64, 24, role="train"),
+    GenCase("train_llama8b_b16_p128_n24_l1", "llama-3.1-8b", 1, 16, 128, 24, role="train"),
+    GenCase("train_llama8b_b2_p1024_n16_l3", "llama-3.1-8b", 3, 2, 1024, 16, role="train"),
+    GenCase("train_qwen25_7b_b1_p512_n24_l3", "qwen2.5-7b", 3, 1, 512, 24, role="train"),
 ]
 
 
@@ -269,11 +282,15 @@ def prepare(case: GenCase, device: str, smoke: bool) -> Prepared:
     config, model = build(case, device, smoke)
     vocab = int(getattr(config, "vocab_size", 32000))
     ids = torch.randint(0, vocab, (case.batch, case.prompt), device=device)
-    kwargs = {"max_new_tokens": case.new, "min_new_tokens": case.new, "do_sample": False}
+    # generate as a user calls it (greedy, the model's own stopping criteria: what `opgraph capture
+    # --phase generate` models); random weights all but never emit EOS in every row, checked below.
+    kwargs = {"max_new_tokens": case.new, "do_sample": False}
 
     def run() -> None:
         with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kwargs)
+        if out.shape[1] != case.prompt + case.new:
+            raise RuntimeError(f"{case.name}: generate stopped after {out.shape[1] - case.prompt} of {case.new} tokens")
 
     for _ in range(2):
         run()
@@ -321,6 +338,7 @@ def case_row(p: Prepared, device: str, trace: Path | None, smoke: bool = False) 
         "new_tokens": c.new,
         "overrides": {**c.overrides, **(SMOKE_DIMS if smoke else {})},
         "variant": c.variant,
+        "role": c.role,
         "config": p.config.to_dict(),
         "syncs_per_generate": count_syncs(p.run, device),
         "wall_us": {"median": statistics.median(p.walls), "min": min(p.walls), "runs": p.walls},

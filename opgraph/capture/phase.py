@@ -225,6 +225,8 @@ class PhaseRun:
         self.ids: Any = None
         """The sampled next tokens, when :meth:`sample` ran ahead of :meth:`decode`."""
         self.cache_kw, self.has_keep = _forward_kwargs(prepared.model)
+        self.loop: GreedyLoop | None = None
+        """The generation's state between forward passes (from the prefill of a generate phase on)."""
 
     def forward(self, ids: Any, stage: str, step: int, keep_last: bool = False) -> Any:
         """One forward pass over ``ids`` with the cache, tagged ``stage``/``step`` when recorded."""
@@ -243,11 +245,21 @@ class PhaseRun:
         """The prompt's forward pass (step 0)."""
         generate = self.opts.phase == "generate"
         ids = token_ids(self.prepared, self.opts, self.opts.batch, self.opts.seq_len)
+        if generate:
+            self.loop = GreedyLoop(ids, self.prepared.config, self.opts.seq_len + self.opts.new_tokens + 1)
         self.forward(ids, "prefill", 0, generate)
 
     def sample(self) -> None:
-        """Sample the next tokens from the last forward pass (tagged with that pass's step)."""
-        self.ids = _sample(self.out.logits, self.rec)
+        """Pick the next tokens from the last forward pass as ``generate`` does between forward passes
+        (:class:`GreedyLoop`), tagged with that pass's step."""
+        if self.loop is None:
+            raise RuntimeError("sample() before the prefill of a generate phase")
+        if self.rec is None:
+            # Unrecorded on meta there is no flag to read (the recorder stands in for it when recording).
+            self.ids = self.loop.step(self.out.logits, read_flag=self.opts.device != "meta")
+            return
+        with self.rec.recording(), self.rec.scope("sampler"):
+            self.ids = self.loop.step(self.out.logits)
 
     def decode(self, step: int) -> None:
         """Sample the previous step's token (unless :meth:`sample` did), then decode step ``step``."""
@@ -257,9 +269,65 @@ class PhaseRun:
         self.forward(ids, "decode", step, True)
 
 
-def _sample(logits: Any, rec: PhaseRecorder | None) -> Any:
-    # Greedy sampling, recorded in a "sampler" scope.
-    if rec is None:
-        return logits[:, -1, :].argmax(dim=-1, keepdim=True)
-    with rec.recording(), rec.scope("sampler"):
-        return logits[:, -1, :].argmax(dim=-1, keepdim=True)
+def _eos_and_pad(config: Any) -> tuple[list[int], int | None]:
+    """The model's EOS token ids and the pad token ``generate`` fills finished rows with (the first EOS
+    id when the model names none), from its generation config or, failing that, its config."""
+    sources = [getattr(config, "generation_config", None), config]
+
+    def first(name: str) -> Any:
+        return next((v for v in (getattr(c, name, None) for c in sources) if v is not None), None)
+
+    eos, pad = first("eos_token_id"), first("pad_token_id")
+    ids = [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])]
+    return ids, int(pad) if pad is not None else (ids[0] if ids else None)
+
+
+class GreedyLoop:
+    """What transformers' ``generate`` runs between two forward passes when it decodes greedily with the
+    model's default stopping criteria (``GenerationMixin._sample`` and the helpers it calls), op for op:
+    the position ids advanced by one, the last position's logits copied to fp32 and arg-maxed, finished
+    rows given the pad token (when the model has EOS tokens), the token appended to the ids, the stopping
+    criteria (maximum length, EOS), the stop flag the host reads after every step (a device sync), and
+    the next forward pass's inputs sliced out of the ids and position ids.
+
+    ``tests/opgraph/capture/test_greedy_loop.py`` checks the aten calls against transformers' own loop.
+    """
+
+    def __init__(self, prompt: Any, config: Any, max_length: int) -> None:
+        import torch
+
+        batch, length = prompt.shape
+        dev = prompt.device
+        eos, pad = _eos_and_pad(config)
+        self.input_ids = prompt
+        self.position_ids = torch.arange(length, dtype=torch.long, device=dev).expand(batch, length).contiguous()
+        self.eos = torch.tensor(eos, dtype=torch.long, device=dev) if eos else None
+        self.pad = torch.tensor(pad if pad is not None else 0, dtype=torch.long, device=dev)
+        self.unfinished = torch.ones(batch, dtype=torch.long, device=dev)
+        self.max_length = max_length
+
+    def step(self, logits: Any, read_flag: bool = True) -> Any:
+        """The next forward pass's input ids, from the last one's ``logits`` (``read_flag``: read the
+        stop flag on the host, as ``generate`` does)."""
+        import torch
+
+        dev = self.input_ids.device
+        step = torch.arange(1, dtype=self.position_ids.dtype, device=dev).view(1, -1)
+        self.position_ids = torch.cat([self.position_ids, step + self.position_ids[..., -1:] + 1], dim=-1)
+        scores = logits[:, -1].to(copy=True, dtype=torch.float32)
+        tokens = torch.argmax(scores, dim=-1)
+        if self.eos is not None:
+            tokens = tokens * self.unfinished + self.pad * (1 - self.unfinished)
+        self.input_ids = torch.cat([self.input_ids, tokens[:, None]], dim=-1)
+        batch, length = self.input_ids.shape
+        done = torch.full((batch,), False, device=dev, dtype=torch.bool)
+        done = done | torch.full((batch,), length >= self.max_length, device=dev, dtype=torch.bool)
+        if self.eos is not None:
+            done = done | torch.isin(self.input_ids[:, -1:], self.eos).any(dim=-1)
+        self.unfinished = self.unfinished & ~done
+        finished = self.unfinished.max() == 0
+        if read_flag:
+            bool(finished)  # the host reads the stop flag: on a GPU, a sync every step
+        ids = self.input_ids[:, -1:].clone(memory_format=torch.contiguous_format)
+        self.position_ids[..., -1:].clone(memory_format=torch.contiguous_format)
+        return ids
