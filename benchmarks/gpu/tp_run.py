@@ -53,10 +53,15 @@ STEP_RANGE = "opgraph.tp_step"
 """Profiler range around each profiled step."""
 
 
-class TpCase(BaseModel):
-    """What one TP run measured: model, phase, shapes and how it was sharded."""
+class FrozenRecord(BaseModel):
+    """Base of the TP benchmark's records (``tp_run.py`` and ``tp_predict.py``): opgraph's ``FROZEN``
+    config, so each is immutable, refuses unknown fields and documents its schema."""
 
     model_config = FROZEN
+
+
+class TpCase(FrozenRecord):
+    """What one TP run measured: model, phase, shapes and how it was sharded."""
 
     model: str
     phase: str
@@ -81,10 +86,8 @@ class TpCase(BaseModel):
         return f"{model}{cut}_{self.phase}_b{self.batch}_{shape}_tp{self.tp}"
 
 
-class TraceTimes(BaseModel):
+class TraceTimes(FrozenRecord):
     """Device times of one rank's profiled steps, per step, from its trace."""
-
-    model_config = FROZEN
 
     steps: int
     gpu_busy_us: float
@@ -108,10 +111,8 @@ class TraceTimes(BaseModel):
     """c10d collective calls per step by kind (``all_reduce``: from ``c10d::allreduce_``), on any backend."""
 
 
-class RankResult(BaseModel):
+class RankResult(FrozenRecord):
     """One rank's numbers for one phase."""
-
-    model_config = FROZEN
 
     rank: int
     device_name: str
@@ -123,19 +124,15 @@ class RankResult(BaseModel):
     """The rank's profiler trace, relative to the summary's folder."""
 
 
-class TpRun(BaseModel):
+class TpRun(FrozenRecord):
     """One phase of one model at one TP degree, all ranks."""
-
-    model_config = FROZEN
 
     case: TpCase
     ranks: tuple[RankResult, ...]
 
 
-class ShardCheck(BaseModel):
+class ShardCheck(FrozenRecord):
     """Logits of the sharded model against the same model unsharded, on a few seeded tokens."""
-
-    model_config = FROZEN
 
     tokens: int
     max_abs_err: float
@@ -148,10 +145,8 @@ class ShardCheck(BaseModel):
         return self.max_abs_err / self.ref_max_abs if self.ref_max_abs else self.max_abs_err
 
 
-class TpRunSummary(BaseModel):
+class TpRunSummary(FrozenRecord):
     """Everything one ``tp_run.py`` job measured (``summary.json``)."""
-
-    model_config = FROZEN
 
     runs: tuple[TpRun, ...]
     check: ShardCheck | None = None
