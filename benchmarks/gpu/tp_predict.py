@@ -45,6 +45,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_cli import entry_point, parser  # noqa: E402
 from pydantic import Field  # noqa: E402
 from tp_run import FrozenRecord, TpCase, TpRunSummary  # noqa: E402
 
@@ -432,7 +433,7 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
 
 def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--measured", type=Path, nargs="+", required=True, help="summary.json files of tp_run.py")
     ap.add_argument("--hardware", default="h100")
     ap.add_argument(
@@ -449,11 +450,7 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Iterable[str] | None = None) -> int:
-    """Entry point."""
-    run(parse_args(argv))
-    return 0
-
+main = entry_point(run, parse_args, "Entry point.")
 
 if __name__ == "__main__":
     sys.exit(main())

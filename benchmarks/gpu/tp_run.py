@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from gpu_cli import entry_point, parser  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
 from opgraph.ir.tensor import FROZEN  # noqa: E402
@@ -666,7 +667,7 @@ def run(args: argparse.Namespace) -> TpRunSummary | None:
 
 def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--model", default="llama-3.1-8b", help="an opgraph preset (or config.json)")
     ap.add_argument("--layers", type=int, default=None, help="keep this many layers")
     ap.add_argument("--phases", default="prefill,decode")
@@ -690,11 +691,7 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Iterable[str] | None = None) -> int:
-    """Entry point (under torchrun, or alone for TP 1)."""
-    run(parse_args(argv))
-    return 0
-
+main = entry_point(run, parse_args, "Entry point (under torchrun, or alone for TP 1).")
 
 if __name__ == "__main__":
     sys.exit(main())
