@@ -45,10 +45,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pydantic import BaseModel, Field  # noqa: E402
-from tp_run import TpCase, TpRunSummary  # noqa: E402
-
-from opgraph.ir.tensor import FROZEN  # noqa: E402
+from gpu_cli import entry_point, parser  # noqa: E402
+from pydantic import Field  # noqa: E402
+from tp_run import FrozenRecord, TpCase, TpRunSummary  # noqa: E402
 
 GPU_TOLERANCE = 0.10
 """The issue's target: GPU time within 10% per rank."""
@@ -56,10 +55,8 @@ COLLECTIVE_TOLERANCE = 0.15
 """The issue's target: collective time within 15% per rank."""
 
 
-class RankPrediction(BaseModel):
+class RankPrediction(FrozenRecord):
     """One rank's simulated times, microseconds per step."""
-
-    model_config = FROZEN
 
     rank: int
     gpu_us: float
@@ -73,10 +70,8 @@ class RankPrediction(BaseModel):
     makespan_us: float
 
 
-class RankComparison(BaseModel):
+class RankComparison(FrozenRecord):
     """Measured against predicted, one rank (errors are ``predicted / measured - 1``)."""
-
-    model_config = FROZEN
 
     rank: int
     measured_gpu_us: float | None
@@ -111,10 +106,8 @@ class RankComparison(BaseModel):
     """``predicted_makespan_us / measured_wall_us - 1``."""
 
 
-class CaseComparison(BaseModel):
+class CaseComparison(FrozenRecord):
     """One run (model, phase, TP degree) under one way of costing collectives."""
-
-    model_config = FROZEN
 
     case: TpCase
     cost_model: str
@@ -153,10 +146,8 @@ def _largest_abs(xs: Iterable[float | None]) -> float | None:
     return max(vals) if vals else None
 
 
-class TpComparisonReport(BaseModel):
+class TpComparisonReport(FrozenRecord):
     """Every comparison of one ``tp_predict.py`` call."""
-
-    model_config = FROZEN
 
     hardware: str
     device_name: str = ""
@@ -442,7 +433,7 @@ def run(args: argparse.Namespace) -> TpComparisonReport:
 
 def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--measured", type=Path, nargs="+", required=True, help="summary.json files of tp_run.py")
     ap.add_argument("--hardware", default="h100")
     ap.add_argument(
@@ -459,11 +450,7 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Iterable[str] | None = None) -> int:
-    """Entry point."""
-    run(parse_args(argv))
-    return 0
-
+main = entry_point(run, parse_args, "Entry point.")
 
 if __name__ == "__main__":
     sys.exit(main())

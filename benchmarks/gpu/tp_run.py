@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from gpu_cli import entry_point, parser  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
 from opgraph.ir.tensor import FROZEN  # noqa: E402
@@ -53,10 +54,15 @@ STEP_RANGE = "opgraph.tp_step"
 """Profiler range around each profiled step."""
 
 
-class TpCase(BaseModel):
-    """What one TP run measured: model, phase, shapes and how it was sharded."""
+class FrozenRecord(BaseModel):
+    """Base of the TP benchmark's records (``tp_run.py`` and ``tp_predict.py``): opgraph's ``FROZEN``
+    config, so each is immutable, refuses unknown fields and documents its schema."""
 
     model_config = FROZEN
+
+
+class TpCase(FrozenRecord):
+    """What one TP run measured: model, phase, shapes and how it was sharded."""
 
     model: str
     phase: str
@@ -81,10 +87,8 @@ class TpCase(BaseModel):
         return f"{model}{cut}_{self.phase}_b{self.batch}_{shape}_tp{self.tp}"
 
 
-class TraceTimes(BaseModel):
+class TraceTimes(FrozenRecord):
     """Device times of one rank's profiled steps, per step, from its trace."""
-
-    model_config = FROZEN
 
     steps: int
     gpu_busy_us: float
@@ -108,10 +112,8 @@ class TraceTimes(BaseModel):
     """c10d collective calls per step by kind (``all_reduce``: from ``c10d::allreduce_``), on any backend."""
 
 
-class RankResult(BaseModel):
+class RankResult(FrozenRecord):
     """One rank's numbers for one phase."""
-
-    model_config = FROZEN
 
     rank: int
     device_name: str
@@ -123,19 +125,15 @@ class RankResult(BaseModel):
     """The rank's profiler trace, relative to the summary's folder."""
 
 
-class TpRun(BaseModel):
+class TpRun(FrozenRecord):
     """One phase of one model at one TP degree, all ranks."""
-
-    model_config = FROZEN
 
     case: TpCase
     ranks: tuple[RankResult, ...]
 
 
-class ShardCheck(BaseModel):
+class ShardCheck(FrozenRecord):
     """Logits of the sharded model against the same model unsharded, on a few seeded tokens."""
-
-    model_config = FROZEN
 
     tokens: int
     max_abs_err: float
@@ -148,10 +146,8 @@ class ShardCheck(BaseModel):
         return self.max_abs_err / self.ref_max_abs if self.ref_max_abs else self.max_abs_err
 
 
-class TpRunSummary(BaseModel):
+class TpRunSummary(FrozenRecord):
     """Everything one ``tp_run.py`` job measured (``summary.json``)."""
-
-    model_config = FROZEN
 
     runs: tuple[TpRun, ...]
     check: ShardCheck | None = None
@@ -671,7 +667,7 @@ def run(args: argparse.Namespace) -> TpRunSummary | None:
 
 def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__)
     ap.add_argument("--model", default="llama-3.1-8b", help="an opgraph preset (or config.json)")
     ap.add_argument("--layers", type=int, default=None, help="keep this many layers")
     ap.add_argument("--phases", default="prefill,decode")
@@ -695,11 +691,7 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Iterable[str] | None = None) -> int:
-    """Entry point (under torchrun, or alone for TP 1)."""
-    run(parse_args(argv))
-    return 0
-
+main = entry_point(run, parse_args, "Entry point (under torchrun, or alone for TP 1).")
 
 if __name__ == "__main__":
     sys.exit(main())
