@@ -316,11 +316,6 @@ HOST_PROFILE_FILE = FileKind(
 """How a host profile file is checked and read."""
 
 
-def check_host_schema(raw: dict[str, object], where: str) -> None:
-    """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is a host profile of this schema."""
-    HOST_PROFILE_FILE.check(raw, where)
-
-
 def load_host_profile(path: str | Path) -> HostProfile:
     """Read a :class:`HostProfile`; a missing, truncated, foreign or other-version file is a one-line
     :class:`~opgraph.ir.LoadError` naming it (:class:`~opgraph.ir.SchemaVersionError` for the version)."""

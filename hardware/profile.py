@@ -127,11 +127,6 @@ PROFILE_FILE = FileKind(
 """How a device profile file is checked and read."""
 
 
-def check_schema(raw: dict[str, object], where: str) -> None:
-    """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is a profile of this schema version."""
-    PROFILE_FILE.check(raw, where)
-
-
 def load_profile(path: str | Path) -> DeviceProfile:
     """Read a :class:`DeviceProfile`; a missing, truncated, foreign or other-version file is a one-line
     :class:`~opgraph.ir.LoadError` naming it (:class:`~opgraph.ir.SchemaVersionError` for the version)."""
