@@ -69,9 +69,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hardware.base import Bound, Cost, CostModel, UncostedOpError
 from hardware.calibrate import CalibrationError
+from hardware.record import Record
 from hardware.spec import HardwareSpec, NonNegFloat, PosFloat
 from opgraph.ir import Collective, CollectiveKind, DType, OpBase, OpgraphError
-from opgraph.ir.tensor import FROZEN
 
 __all__ = [
     "CalibratedCollectiveModel",
@@ -173,10 +173,8 @@ class CollectiveSample(BaseModel):
     device_name: str = ""
 
 
-class FitPoint(BaseModel):
+class FitPoint(Record):
     """One measured size of a fit."""
-
-    model_config = FROZEN
 
     bytes: Annotated[int, Field(ge=1)]
     """Per-rank input bytes."""
@@ -184,10 +182,8 @@ class FitPoint(BaseModel):
     """Measured time (the median when a size was measured more than once)."""
 
 
-class CollectiveFit(BaseModel):
+class CollectiveFit(Record):
     """``t = alpha + bus_bytes / busbw`` for one collective over one group size."""
-
-    model_config = FROZEN
 
     collective: CollectiveKind
     group_size: Annotated[int, Field(ge=2)]
@@ -256,10 +252,8 @@ def _ring_steps(collective: CollectiveKind, g: int) -> int:
     return g - 1
 
 
-class CollectiveCalibration(BaseModel):
+class CollectiveCalibration(Record):
     """Alpha-beta fits of the collectives measured on one machine, per (collective, group size)."""
-
-    model_config = FROZEN
 
     schema_version: Literal[1] = 1
     device_name: str = ""
@@ -667,10 +661,8 @@ class CollectivesCostedApart:
             return self.base.estimate(op, hw)
 
 
-class HeldOutPoint(BaseModel):
+class HeldOutPoint(Record):
     """One measured size predicted by a fit that did not see it."""
-
-    model_config = FROZEN
 
     collective: CollectiveKind
     group_size: int

@@ -46,14 +46,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from hardware.record import Record
 from hardware.spec import HardwareSpec, NonNegFloat
 from hardware.versioned import FileKind
 from opgraph.ir import OpGraph, OpgraphError, save_model
 from opgraph.ir.issue import is_nested
 from opgraph.ir.ops import OpBase
-from opgraph.ir.tensor import FROZEN
 
 HOST_PROFILE_FORMAT = "opgraph.host_profile"
 """The ``format`` marker of a host profile file."""
@@ -73,10 +73,8 @@ class HostProfileWarning(UserWarning):
     profile's host). Front ends print it as one line."""
 
 
-class HostInfo(BaseModel):
+class HostInfo(Record):
     """Where and with what a host profile was measured."""
-
-    model_config = FROZEN
 
     cpu: str
     """CPU model name (``/proc/cpuinfo``) of the machine the training graphs were timed on."""
@@ -94,10 +92,8 @@ class HostInfo(BaseModel):
     """When the profile was built (ISO 8601, UTC)."""
 
 
-class GapStat(BaseModel):
+class GapStat(Record):
     """Framework time before the ops of one key: median and spread over the training ops."""
-
-    model_config = FROZEN
 
     median_us: NonNegFloat
     """Median framework host time before an op of this key, microseconds."""
@@ -109,10 +105,8 @@ class GapStat(BaseModel):
     """Training ops with this key."""
 
 
-class TrainingGraph(BaseModel):
+class TrainingGraph(Record):
     """One host-timed capture the profile was fitted from."""
-
-    model_config = FROZEN
 
     model: str
     """Model name or preset."""
@@ -128,11 +122,9 @@ class TrainingGraph(BaseModel):
     """Framework host time of the whole graph, microseconds."""
 
 
-class WallSample(BaseModel):
+class WallSample(Record):
     """One measured forward the wall terms were fitted on: the training graph's measured and
     simulated walls."""
-
-    model_config = FROZEN
 
     name: str
     """The training case."""
@@ -144,10 +136,8 @@ class WallSample(BaseModel):
     """The simulated wall without them (op scale 1, no forward time)."""
 
 
-class HostProfile(BaseModel):
+class HostProfile(Record):
     """The framework's host time between ops on one CPU, keyed by the op's place in the model."""
-
-    model_config = FROZEN
 
     format: Literal["opgraph.host_profile"] = "opgraph.host_profile"
     """Marks the file as a host profile."""
@@ -324,11 +314,6 @@ HOST_PROFILE_FILE = FileKind(
     "rebuild it with `python -m hardware.hostfit`",
 )
 """How a host profile file is checked and read."""
-
-
-def check_host_schema(raw: dict[str, object], where: str) -> None:
-    """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is a host profile of this schema."""
-    HOST_PROFILE_FILE.check(raw, where)
 
 
 def load_host_profile(path: str | Path) -> HostProfile:

@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
+from hardware.record import Record
 from hardware.spec import HardwareSpec, NonNegFloat
 from hardware.versioned import FileKind
 from opgraph.ir import LoadError, Op, Scalar, save_model
-from opgraph.ir.tensor import FROZEN
 
 PROFILE_FORMAT = "opgraph.device_profile"
 """The ``format`` marker of a profile file."""
@@ -33,10 +33,8 @@ PROFILE_SUFFIX = ".profile.json"
 """File names ending so are read as device profiles (``-c h100.profile.json``)."""
 
 
-class ProfileDevice(BaseModel):
+class ProfileDevice(Record):
     """Where a profile was measured: the device, its clocks and software, the host, the date."""
-
-    model_config = FROZEN
 
     name: str = ""
     """Device name as the driver reports it (``NVIDIA H100 80GB HBM3``), or ``cpu``."""
@@ -64,10 +62,8 @@ class ProfileDevice(BaseModel):
     """When the sweep started (ISO 8601, UTC)."""
 
 
-class ProfilePoint(BaseModel):
+class ProfilePoint(Record):
     """One measured synthetic op config."""
-
-    model_config = FROZEN
 
     key: str
     """The config key (:func:`validators.config_key`), unique in a profile."""
@@ -87,10 +83,8 @@ class ProfilePoint(BaseModel):
     """A role beyond the op (``launch``: the empty-ish kernel that measures the launch floor)."""
 
 
-class DeviceProfile(BaseModel):
+class DeviceProfile(Record):
     """A device's measured profile (see the module docstring)."""
-
-    model_config = FROZEN
 
     format: Literal["opgraph.device_profile"] = "opgraph.device_profile"
     """Marks the file as a device profile."""
@@ -131,11 +125,6 @@ PROFILE_FILE = FileKind(
     "re-measure it with `opgraph profile` of this opgraph",
 )
 """How a device profile file is checked and read."""
-
-
-def check_schema(raw: dict[str, object], where: str) -> None:
-    """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is a profile of this schema version."""
-    PROFILE_FILE.check(raw, where)
 
 
 def load_profile(path: str | Path) -> DeviceProfile:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import Field, field_validator
 
+from hardware.record import Record
 from hardware.units import parse_quantity
 from opgraph.ir import DType
-from opgraph.ir.tensor import FROZEN
 
 PosFloat = Annotated[float, Field(gt=0)]
 """A float above zero."""
@@ -25,13 +25,11 @@ class DeviceKind(str, Enum):
     ACCELERATOR = "accelerator"
 
 
-class PeakFlops(BaseModel):
+class PeakFlops(Record):
     """Peak dense FLOP/s per dtype on one kind of unit; a missing dtype is not supported there.
 
     Values are numbers in FLOP/s or strings with a unit (``"989.4 TFLOP/s"``, ``"1979 TOPS"``).
     """
-
-    model_config = FROZEN
 
     fp64: PosFloat | None = None
     fp32: PosFloat | None = None
@@ -50,10 +48,8 @@ class PeakFlops(BaseModel):
         return parse_quantity(value, "flops")
 
 
-class HostOverhead(BaseModel):
+class HostOverhead(Record):
     """CPU time the framework spends to issue one op (Python + dispatcher + launch call)."""
-
-    model_config = FROZEN
 
     eager_us: NonNegFloat = 10.0
     """Per op in eager PyTorch (HF transformers style)."""
@@ -61,10 +57,8 @@ class HostOverhead(BaseModel):
     """Per op when replayed from a CUDA graph."""
 
 
-class Interconnect(BaseModel):
+class Interconnect(Record):
     """Links between devices of one node and to the host."""
-
-    model_config = FROZEN
 
     name: str = ""
     """Link technology (NVLink4, xGMI, PCIe5)."""
@@ -83,10 +77,8 @@ class Interconnect(BaseModel):
         return parse_quantity(value, "bandwidth")
 
 
-class HardwareSpec(BaseModel):
+class HardwareSpec(Record):
     """One device: compute peaks, memory, caches, launch and host costs, interconnect."""
-
-    model_config = FROZEN
 
     name: str
     """Catalog key (``h100-sxm``)."""

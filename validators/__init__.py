@@ -16,11 +16,13 @@ from validators.collectives import (
     CollectiveCase,
     CollectiveJob,
     CollectiveMeasurement,
+    TransferSplit,
     collective_cases,
     format_measurement,
     load_measurements,
     run_collective_job,
     split_wait,
+    transfer_split,
 )
 from validators.configs import OpConfig, config_key, cost_estimator, roofline_estimator, unique_configs
 from validators.coverage import CoverageReport, auto_expectation, format_report, load_expectation, verify_graph
@@ -82,6 +84,7 @@ __all__ = [
     "TimingConfig",
     "TimingStats",
     "Tolerance",
+    "TransferSplit",
     "auto_expectation",
     "check_replay",
     "ci_rel",
@@ -112,6 +115,7 @@ __all__ = [
     "stop_sampling",
     "sweep_params",
     "time_issue",
+    "transfer_split",
     "unique_configs",
     "verify_graph",
     "write_sweep_module",

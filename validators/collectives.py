@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -369,6 +369,35 @@ def split_wait(per_rank: Sequence[Sequence[float]]) -> tuple[list[float], list[l
     return transfer, waits
 
 
+class TransferSplit(NamedTuple):
+    """A case's calls split into transfer and waiting over its group's ranks: the
+    :class:`CollectiveMeasurement` fields of the same names (all ``None`` when not known)."""
+
+    transfer_us: float | None = None
+    """Median over the calls of the shortest rank's time of the call."""
+    transfer_iqr_us: float | None = None
+    """Interquartile range of those per-call transfer times."""
+    wait_us: float | None = None
+    """Median over the calls of the ranks' mean time beyond the shortest one."""
+    ranks_timed: int | None = None
+    """Ranks whose per-call times were split."""
+
+
+def transfer_split(per_rank: Sequence[Sequence[float]]) -> TransferSplit:
+    """:func:`split_wait`'s per-call transfer and waits summarised, from every rank's per-call times
+    (an empty split when the ranks timed different numbers of calls).
+
+    >>> transfer_split([[50.0, 10.0], [10.0, 40.0]])
+    TransferSplit(transfer_us=10.0, transfer_iqr_us=0.0, wait_us=17.5, ranks_timed=2)
+    """
+    split = split_wait(per_rank)
+    if split is None:
+        return TransferSplit()
+    transfer, waits = split
+    mean_wait = [statistics.fmean(col) for col in zip(*waits, strict=True)]
+    return TransferSplit(statistics.median(transfer), _iqr(transfer), statistics.median(mean_wait), len(per_rank))
+
+
 def _is_nccl_kernel(name: str) -> bool:
     return "nccl" in name.lower()
 
@@ -485,7 +514,7 @@ class CollectiveBenchmark:
             return None
         fn, used_bytes = self._make_call(case, group)
         xs, timer, attribution, ev = self._time(fn, group)
-        transfer, transfer_iqr, wait, ranks_timed = self._gather_split(xs, group)
+        split = self._gather_split(xs, group)
         if self.rank != 0:
             return None
         return CollectiveMeasurement(
@@ -500,10 +529,7 @@ class CollectiveBenchmark:
             events_median_us=ev,
             attribution=attribution,
             uses=case.uses,
-            transfer_us=transfer,
-            transfer_iqr_us=transfer_iqr,
-            wait_us=wait,
-            ranks_timed=ranks_timed,
+            **split._asdict(),
             lead_us=self.lead_us if timer is not CollectiveTimer.WALL and self._cycles_per_us > 0 else 0.0,
             world_size=self.world_size,
             rank=self.rank,
@@ -514,22 +540,15 @@ class CollectiveBenchmark:
             created=datetime.now(UTC).isoformat(timespec="seconds"),
         )
 
-    def _gather_split(
-        self, xs: Sequence[float], group: _Group
-    ) -> tuple[float | None, float | None, float | None, int | None]:
-        """Every rank's per-call times to rank 0: (transfer median, its IQR, wait median, ranks)."""
+    def _gather_split(self, xs: Sequence[float], group: _Group) -> TransferSplit:
+        """Every rank's per-call times to rank 0, split there (:func:`transfer_split`; empty elsewhere)."""
         import torch.distributed as dist
 
         gathered: list[Any] = [None] * group.size if self.rank == 0 else []
         dist.gather_object(list(xs), gathered if self.rank == 0 else None, dst=0, group=group.sync)
         if self.rank != 0:
-            return None, None, None, None
-        split = split_wait([list(g) for g in gathered])
-        if split is None:
-            return None, None, None, None
-        transfer, waits = split
-        mean_wait = [statistics.fmean(col) for col in zip(*waits, strict=True)]
-        return statistics.median(transfer), _iqr(transfer), statistics.median(mean_wait), group.size
+            return TransferSplit()
+        return transfer_split([list(g) for g in gathered])
 
     def _lead(self) -> None:
         """Queue the GPU sleep that lets the timed calls pile up behind it (CUDA, ``lead_us`` > 0)."""

@@ -30,18 +30,16 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from hardware.base import Bound, Cost, CostModelError, UncostedOpError
+from hardware.record import Record
 from hardware.spec import HardwareSpec
 from opgraph.ir import Collective, CollectiveKind, OpBase
-from opgraph.ir.tensor import FROZEN
 
 
-class CollectiveParams(BaseModel):
+class CollectiveParams(Record):
     """Assumptions of the alpha-beta model."""
-
-    model_config = FROZEN
 
     algorithm: Literal["ring", "tree", "auto"] = "auto"
     """Ring, tree (all-reduce only), or the faster of the two."""

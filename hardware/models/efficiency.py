@@ -12,10 +12,10 @@ import bisect
 import math
 from typing import Annotated
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
+from hardware.record import Record
 from opgraph.ir import OpKind
-from opgraph.ir.tensor import FROZEN
 
 Fraction = Annotated[float, Field(gt=0, le=1)]
 """A fraction in (0, 1]."""
@@ -23,10 +23,8 @@ PosSize = Annotated[float, Field(gt=0)]
 """A size above zero."""
 
 
-class EfficiencyCurve(BaseModel):
+class EfficiencyCurve(Record):
     """Achieved fraction of peak as a function of size (bytes or FLOPs), log-linear between points."""
-
-    model_config = FROZEN
 
     points: tuple[tuple[PosSize, Fraction], ...]
     """``(size, efficiency)`` pairs, sizes strictly increasing."""
@@ -62,10 +60,8 @@ class EfficiencyCurve(BaseModel):
         return e0 + (e1 - e0) * t
 
 
-class GemmTile(BaseModel):
+class GemmTile(Record):
     """A CTA tile shape a GEMM library may pick, with the fraction of per-SM peak it sustains."""
-
-    model_config = FROZEN
 
     m: Annotated[int, Field(ge=1)]
     """Rows of the output tile."""
@@ -108,10 +104,8 @@ def _default_memory_scale() -> dict[OpKind, float]:
     }
 
 
-class RooflineParams(BaseModel):
+class RooflineParams(Record):
     """Every assumption of the roofline model; defaults suit Hopper-class GPUs and libraries."""
-
-    model_config = FROZEN
 
     gemm_tiles: tuple[GemmTile, ...] = Field(default_factory=_default_tiles, min_length=1)
     """Candidate tiles; the model takes the fastest (as a library's heuristic would)."""

@@ -19,7 +19,7 @@ import math
 import warnings
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from hardware.base import Bound, Cost, CostModelWarning
 from hardware.models.dispatch import (
@@ -30,6 +30,7 @@ from hardware.models.dispatch import (
     view_cost,
 )
 from hardware.models.efficiency import builtin_kind
+from hardware.record import Record
 from hardware.spec import HardwareSpec
 from opgraph.ir import (
     Activation,
@@ -44,7 +45,6 @@ from opgraph.ir import (
     Rope,
     Softmax,
 )
-from opgraph.ir.tensor import FROZEN
 
 
 class HardwareIgnoredWarning(CostModelWarning):
@@ -64,10 +64,8 @@ def _default_factors() -> dict[OpKind, float]:
     }
 
 
-class FormulaParams(BaseModel):
+class FormulaParams(Record):
     """The formula's constants (the seed's values by default)."""
-
-    model_config = FROZEN
 
     base_us_per_element: Annotated[float, Field(gt=0)] = 0.5
     """Microseconds per element before the kind's factor."""

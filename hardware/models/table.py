@@ -30,15 +30,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarning, UncostedOpError
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams
 from hardware.models.efficiency import RooflineParams
 from hardware.models.registry import resolve_cost_model
+from hardware.record import Record
 from hardware.spec import HardwareSpec, NonNegFloat
 from opgraph.ir import DType, OpBase, OpCategory, OpgraphError, OpKind, Scalar, load_model, save_model
-from opgraph.ir.tensor import FROZEN
 
 _COMMON_FIELDS = frozenset(OpBase.model_fields) | {"kind"}
 
@@ -82,10 +82,8 @@ def _from_fields(op: OpBase, shape: dict[str, int] | None = None) -> OpBase:
     return type(op).model_validate({**data, **(shape or {})})
 
 
-class TableEntry(BaseModel):
+class TableEntry(Record):
     """One measured config: the median device time of an op shape."""
-
-    model_config = FROZEN
 
     definition: str
     """The op's definition name (``gemm_n4096_k4096``)."""
@@ -130,10 +128,8 @@ class TableEntry(BaseModel):
         )
 
 
-class CostTable(BaseModel):
+class CostTable(Record):
     """A calibrated cost model as a file: measured times, the device spec, fallback parameters."""
-
-    model_config = FROZEN
 
     schema_version: Literal[1] = 1
     """Format version."""

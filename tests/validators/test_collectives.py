@@ -232,6 +232,16 @@ def test_split_wait_takes_the_last_rank_to_arrive_as_the_transfer() -> None:
     assert vc.split_wait([[1.0], [1.0, 2.0]]) is None and vc.split_wait([]) is None
 
 
+def test_transfer_split_summarises_the_calls_as_the_measurement_fields_of_its_names() -> None:
+    # Transfer per call [10, 10, 12, 20]: median 11, IQR 14 - 10 (linear quantiles); mean wait per
+    # call [20, 15, 0.25, 0]: median 7.625.
+    split = vc.transfer_split([[50.0, 10.0, 12.0, 20.0], [10.0, 40.0, 12.5, 20.0]])
+    assert split == pytest.approx((11.0, 4.0, 7.625, 2))
+    assert vc.transfer_split([[1.0], [1.0, 2.0]]) == (None, None, None, None)
+    record = _record(**split._asdict())
+    assert (record.transfer_us, record.transfer_iqr_us, record.wait_us, record.ranks_timed) == split
+
+
 def test_algbw_uses_the_gathered_size_for_all_gather() -> None:
     ag = _record(collective="all_gather", bytes=1_000_000, group_size=4, median_us=100.0)
     ar = _record(collective="all_reduce", bytes=1_000_000, group_size=4, median_us=100.0)
