@@ -24,6 +24,7 @@ from simulators.serving.result import (
     ServingSummary,
     StepRecord,
     percentiles,
+    summarize,
 )
 from simulators.serving.schedulers import (
     SCHEDULERS,
@@ -74,5 +75,6 @@ __all__ = [
     "register_scheduler",
     "run_serving",
     "serving_timeline",
+    "summarize",
     "write_serving_plot",
 ]

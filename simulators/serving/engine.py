@@ -28,9 +28,8 @@ from simulators.serving.result import (
     RequestRecord,
     ServingResult,
     ServingSettings,
-    ServingSummary,
     StepRecord,
-    percentiles,
+    summarize,
 )
 from simulators.serving.schedulers import Scheduler
 from simulators.serving.shapes import StepShape
@@ -148,24 +147,14 @@ def run_serving(
         if n_steps > MAX_STEPS:
             raise ServingError(f"more than {MAX_STEPS} steps", where="scheduler")
     records.sort(key=lambda r: r.id)
-    makespan = max((r.finished_s for r in records), default=0.0)
-    out_tokens = sum(r.output_tokens for r in records)
-    all_tokens = out_tokens + sum(r.prompt_tokens for r in records)
     memo = getattr(costs, "memo", None)
-    summary = ServingSummary(
-        completed=len(records),
+    summary = summarize(
+        records,
         dropped=len(dropped),
-        makespan_s=makespan,
-        ttft_ms=percentiles([r.ttft_ms for r in records]),
-        tpot_ms=percentiles([r.tpot_ms for r in records if r.tpot_ms is not None]),
-        e2e_ms=percentiles([r.e2e_ms for r in records]),
-        output_tokens_per_s=out_tokens / makespan if makespan else 0.0,
-        total_tokens_per_s=all_tokens / makespan if makespan else 0.0,
-        requests_per_s=len(records) / makespan if makespan else 0.0,
         steps=n_steps,
         step_shapes_simulated=len(memo) if isinstance(memo, dict) else 0,
         peak_kv_tokens=peak_kv,
-        peak_kv_bytes=peak_kv * kv_bytes_per_token,
+        kv_bytes_per_token=kv_bytes_per_token,
     )
     settings = settings or ServingSettings(
         scheduler=scheduler.name,
@@ -185,18 +174,5 @@ def run_serving(
 
 
 def _record(lv: Live, now: float) -> RequestRecord:
-    r = lv.request
     first = lv.first_token_s if lv.first_token_s is not None else now
-    tpot = (now - first) * 1e3 / (r.output_tokens - 1) if r.output_tokens > 1 else None
-    return RequestRecord(
-        id=r.id,
-        arrival_s=r.arrival_s,
-        prompt_tokens=r.prompt_tokens,
-        output_tokens=r.output_tokens,
-        admitted_s=lv.admitted_s,
-        first_token_s=first,
-        finished_s=now,
-        ttft_ms=(first - r.arrival_s) * 1e3,
-        tpot_ms=tpot,
-        e2e_ms=(now - r.arrival_s) * 1e3,
-    )
+    return RequestRecord.served(lv.request, lv.admitted_s, first, now)

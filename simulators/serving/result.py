@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import BaseModel, Field
 
 from opgraph.ir.tensor import FROZEN
+from simulators.serving.requests import Request
 
 __all__ = [
     "DroppedRequest",
@@ -17,6 +19,7 @@ __all__ = [
     "ServingSummary",
     "StepRecord",
     "percentiles",
+    "summarize",
 ]
 
 
@@ -73,6 +76,20 @@ class RequestRecord(BaseModel):
     """Time per output token after the first; ``None`` for one-token outputs."""
     e2e_ms: float
     """End-to-end latency: finish minus arrival."""
+
+    @classmethod
+    def served(cls, request: Request, admitted_s: float, first_token_s: float, finished_s: float) -> RequestRecord:
+        """The record of ``request`` served at these times (the request's own fields, and its latencies)."""
+        n = request.output_tokens
+        return cls(
+            **request.model_dump(),
+            admitted_s=admitted_s,
+            first_token_s=first_token_s,
+            finished_s=finished_s,
+            ttft_ms=(first_token_s - request.arrival_s) * 1e3,
+            tpot_ms=(finished_s - first_token_s) * 1e3 / (n - 1) if n > 1 else None,
+            e2e_ms=(finished_s - request.arrival_s) * 1e3,
+        )
 
 
 class DroppedRequest(BaseModel):
@@ -149,6 +166,39 @@ class ServingSummary(BaseModel):
     """Distinct bucketed step shapes whose graphs were simulated."""
     peak_kv_tokens: int
     peak_kv_bytes: int
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    *,
+    dropped: int,
+    steps: int,
+    step_shapes_simulated: int,
+    peak_kv_tokens: int,
+    kv_bytes_per_token: int,
+) -> ServingSummary:
+    """The headline numbers of a run from its served ``records`` (any order) and its counts.
+
+    The makespan runs to the last token; throughputs are per second of it (0 when nothing was served).
+    """
+    makespan = max((r.finished_s for r in records), default=0.0)
+    out_tokens = sum(r.output_tokens for r in records)
+    all_tokens = out_tokens + sum(r.prompt_tokens for r in records)
+    return ServingSummary(
+        completed=len(records),
+        dropped=dropped,
+        makespan_s=makespan,
+        ttft_ms=percentiles([r.ttft_ms for r in records]),
+        tpot_ms=percentiles([r.tpot_ms for r in records if r.tpot_ms is not None]),
+        e2e_ms=percentiles([r.e2e_ms for r in records]),
+        output_tokens_per_s=out_tokens / makespan if makespan else 0.0,
+        total_tokens_per_s=all_tokens / makespan if makespan else 0.0,
+        requests_per_s=len(records) / makespan if makespan else 0.0,
+        steps=steps,
+        step_shapes_simulated=step_shapes_simulated,
+        peak_kv_tokens=peak_kv_tokens,
+        peak_kv_bytes=peak_kv_tokens * kv_bytes_per_token,
+    )
 
 
 class ServingResult(BaseModel):

@@ -36,8 +36,8 @@ class LowerActivations:
 
     def run(self, lw: Lowering) -> None:
         self._modules(lw)
-        for ev in lw.events:
-            if not lw.free(ev.index) or ev.fn not in ACT_FNS or not ev.outputs:
+        for ev in lw.free_events():
+            if ev.fn not in ACT_FNS or not ev.outputs:
                 continue
             fn = ACT_FNS[ev.fn]
             if fn == "gelu" and ev.kwargs.get("approximate") == "tanh":
@@ -73,8 +73,8 @@ class LowerActivations:
         if not calls:
             return
         members: dict[int, list[int]] = {}
-        for ev in lw.events:
-            if ev.call in calls and lw.free(ev.index) and ev.outputs:
+        for ev in lw.free_events():
+            if ev.call in calls and ev.outputs:
                 members.setdefault(ev.call, []).append(ev.index)
         for call, evs in members.items():
             if len(evs) < 2:

@@ -126,12 +126,12 @@ class LowerAttention:
     """Also match the eager matmul-softmax-matmul pattern."""
 
     def run(self, lw: Lowering) -> None:
-        for ev in lw.events:
-            if lw.free(ev.index) and ev.fn in SDPA_FNS and len(ev.inputs) >= 3:
+        for ev in lw.free_events():
+            if ev.fn in SDPA_FNS and len(ev.inputs) >= 3:
                 self._fused(lw, ev)
         if self.eager:
-            for ev in lw.events:
-                if lw.free(ev.index) and ev.fn in ("_softmax", "softmax", "_safe_softmax"):
+            for ev in lw.free_events():
+                if ev.fn in ("_softmax", "softmax", "_safe_softmax"):
                     self._eager(lw, ev)
 
     def _fused(self, lw: Lowering, ev: Event) -> None:

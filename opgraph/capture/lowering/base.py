@@ -8,7 +8,7 @@ becomes ``Other``. IR ops are built once, from the groups, by :mod:`opgraph.capt
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -80,6 +80,10 @@ class Lowering:
     def free(self, i: int) -> bool:
         """Whether event ``i`` is unclaimed."""
         return self.owner[i] == -1
+
+    def free_events(self) -> Iterator[Event]:
+        """The unclaimed events in order, each checked when the walk reaches it (claims made on the way count)."""
+        return (ev for ev in self.events if self.owner[ev.index] == -1)
 
     def producer_of(self, tid: int) -> Event | None:
         """The event that wrote tensor ``tid`` (None for weights and inputs)."""

@@ -16,8 +16,8 @@ class LowerEmbedding:
     name: ClassVar[str] = "embedding"
 
     def run(self, lw: Lowering) -> None:
-        for ev in lw.events:
-            if lw.free(ev.index) and ev.fn in ("embedding", "_embedding_bag") and len(ev.inputs) >= 2:
+        for ev in lw.free_events():
+            if ev.fn in ("embedding", "_embedding_bag") and len(ev.inputs) >= 2:
                 weight, ids = ev.inputs[0], ev.inputs[1]
                 lw.claim(
                     [ev.index],

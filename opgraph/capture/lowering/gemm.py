@@ -19,9 +19,7 @@ class LowerGemm:
     name: ClassVar[str] = "gemm"
 
     def run(self, lw: Lowering) -> None:
-        for ev in lw.events:
-            if not lw.free(ev.index):
-                continue
+        for ev in lw.free_events():
             fn = ev.fn
             if fn in ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv", "_grouped_mm", "dot"):
                 t = ev.inputs

@@ -78,9 +78,7 @@ class LowerMemory:
     name: ClassVar[str] = "memory"
 
     def run(self, lw: Lowering) -> None:
-        for ev in lw.events:
-            if not lw.free(ev.index):
-                continue
+        for ev in lw.free_events():
             fn = _FN.get(ev.fn)
             if fn is None:
                 continue

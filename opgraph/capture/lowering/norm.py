@@ -46,8 +46,8 @@ class FuseNorms:
                 call=call,
             )
             g.main_outputs = 1
-        for ev in lw.events:
-            if lw.free(ev.index) and ev.fn in _FUSED and ev.inputs:
+        for ev in lw.free_events():
+            if ev.fn in _FUSED and ev.inputs:
                 x = ev.inputs[0]
                 hidden = last_dim(x)
                 g = lw.claim(

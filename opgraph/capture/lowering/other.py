@@ -16,6 +16,5 @@ class KeepOther:
     name: ClassVar[str] = "other"
 
     def run(self, lw: Lowering) -> None:
-        for ev in lw.events:
-            if lw.free(ev.index):
-                lw.claim([ev.index], OpKind.OTHER, {"fn": ev.fn})
+        for ev in lw.free_events():
+            lw.claim([ev.index], OpKind.OTHER, {"fn": ev.fn})

@@ -67,8 +67,8 @@ class LowerPointwise:
     name: ClassVar[str] = "pointwise"
 
     def run(self, lw: Lowering) -> None:
-        for ev in lw.events:
-            if not lw.free(ev.index) or not ev.outputs:
+        for ev in lw.free_events():
+            if not ev.outputs:
                 continue
             out = ev.outputs[0]
             if ev.fn in _REDUCTIONS and ev.inputs:

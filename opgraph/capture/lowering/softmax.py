@@ -16,8 +16,8 @@ class LowerSoftmax:
     name: ClassVar[str] = "softmax"
 
     def run(self, lw: Lowering) -> None:
-        for ev in lw.events:
-            if lw.free(ev.index) and ev.fn in ("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax"):
+        for ev in lw.free_events():
+            if ev.fn in ("_softmax", "softmax", "_log_softmax", "log_softmax", "_safe_softmax"):
                 x = ev.inputs[0]
                 cols = last_dim(x)
                 lw.claim([ev.index], OpKind.SOFTMAX, {"rows": numel(x) // max(cols, 1), "cols": max(cols, 1)})

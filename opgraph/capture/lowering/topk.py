@@ -18,8 +18,8 @@ class LowerTopK:
     name: ClassVar[str] = "topk"
 
     def run(self, lw: Lowering) -> None:
-        for ev in lw.events:
-            if lw.free(ev.index) and ev.fn in _FNS and ev.inputs:
+        for ev in lw.free_events():
+            if ev.fn in _FNS and ev.inputs:
                 x = ev.inputs[0]
                 cols = max(last_dim(x), 1)
                 k = 1

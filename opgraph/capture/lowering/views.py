@@ -46,6 +46,6 @@ class FoldViews:
     name: ClassVar[str] = "fold-views"
 
     def run(self, lw: Lowering) -> None:
-        for ev in lw.events:
-            if lw.free(ev.index) and (ev.alias or ev.fn in FREE_FNS):
+        for ev in lw.free_events():
+            if ev.alias or ev.fn in FREE_FNS:
                 lw.fold(ev.index)

@@ -7,7 +7,17 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from opgraph.ir import Collective, CollectiveKind, Edge, EdgeKind, Gemm, OpBase, OpGraph, TensorSpec
+from opgraph.ir import (
+    IDENTITY_FIELDS,
+    Collective,
+    CollectiveKind,
+    Edge,
+    EdgeKind,
+    Gemm,
+    OpBase,
+    OpGraph,
+    TensorSpec,
+)
 from opgraph.ir.dispatch import OpTypeRegistry
 from opgraph.transforms.tensor_parallel.analysis import analyse
 from opgraph.transforms.tensor_parallel.rules import LinearRule
@@ -26,6 +36,9 @@ COLLECTIVE_TARGET: dict[CollectiveKind, str] = {
     CollectiveKind.ALL_GATHER: "_c10d_functional.all_gather_into_tensor.default",
 }
 """The aten target each inserted collective records."""
+
+PLACEMENT_FIELDS: frozenset[str] = IDENTITY_FIELDS - {"id", "host_gap_us"}
+"""Where and when an op runs (scope, layer, stage, step): an inserted collective takes them from the op it follows."""
 
 Handler = Callable[["Sharder", Any, list[TensorSpec]], OpBase]
 """``handler(sharder, op, inputs) -> sharded op``: records its outputs' states with ``set_outputs``."""
@@ -120,10 +133,7 @@ class Sharder:
             target=COLLECTIVE_TARGET[kind],
             inputs=(spec_in,),
             outputs=(spec_out,),
-            scope=ref.scope,
-            layer=ref.layer,
-            stage=ref.stage,
-            step=ref.step,
+            **{name: getattr(ref, name) for name in PLACEMENT_FIELDS},
             dtype=spec_in.dtype,
             collective=kind,
             bytes=spec_in.nbytes,

@@ -167,6 +167,28 @@ def test_a_claim_with_bad_fields_fails_in_the_pass_that_made_it() -> None:
     assert lw.claim([0], OpKind.ACTIVATION, {"fn": "relu", "numel": 6, "hidden": 3}).members == [0]
 
 
+def test_free_events_skip_events_claimed_before_or_during_the_walk() -> None:
+    from opgraph.capture.lowering import Lowering
+    from opgraph.capture.recorder import Recorder
+
+    rec = Recorder()
+    with rec.recording():
+        x = torch.ones(2, 3)
+        torch.nn.functional.relu(torch.nn.functional.relu(torch.nn.functional.relu(x)))
+    lw = Lowering(rec.events, rec.calls)
+    relus = [ev.index for ev in rec.events if ev.fn == "relu"]
+    assert len(relus) == 3
+    fields = {"fn": "relu", "numel": 6, "hidden": 3}
+    lw.claim([relus[0]], OpKind.ACTIVATION, fields)
+    seen = []
+    for ev in lw.free_events():
+        seen.append(ev.index)
+        if ev.index == relus[1]:  # claiming the next relu now: the walk must not reach it
+            lw.claim([relus[2]], OpKind.ACTIVATION, fields)
+    assert relus[1] in seen and relus[0] not in seen and relus[2] not in seen
+    assert all(lw.free(i) for i in seen if i != relus[1])
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

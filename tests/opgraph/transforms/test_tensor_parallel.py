@@ -96,6 +96,21 @@ def test_llama_one_all_reduce_after_each_row_parallel_linear() -> None:
     assert ag.scope == "lm_head" and ag.outputs[0].shape[-1] == g.ops[-1].outputs[0].shape[-1]
 
 
+def test_inserted_collectives_run_where_the_op_they_follow_ran() -> None:
+    g = decode("llama-3.1-70b")
+    # Give every op a step and a measured host gap: the step carries over, the host gap is the op's own.
+    g = g.model_copy(update={"ops": tuple(o.model_copy(update={"step": 1, "host_gap_us": 3.0}) for o in g.ops)})
+    s = shard_tensor_parallel(g, 2)
+    rows = [o for o in s.ops if re.search(r"\.(o_proj|down_proj)$", o.scope) and isinstance(o, Gemm)]
+    assert rows
+    for gemm in rows:
+        (ar,) = successors(s, gemm.id)
+        assert isinstance(ar, Collective)
+        assert (ar.scope, ar.layer, ar.stage, ar.step) == (gemm.scope, gemm.layer, gemm.stage, 1)
+        assert ar.layer is not None and ar.stage is not None
+        assert ar.host_gap_us is None and ar.id != gemm.id
+
+
 def test_llama_attention_heads_and_kv_cache_divided() -> None:
     g = decode("llama-3.1-70b")
     for tp in (2, 8):
