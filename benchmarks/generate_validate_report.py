@@ -114,16 +114,33 @@ def capture_args(case: dict[str, Any], tmp: Path) -> list[str]:
     return [*model, "--phase", "generate", *shape, "--new-tokens", str(case["new_tokens"] - 1)]
 
 
-def simulate_case(case: dict[str, Any], tmp: Path) -> tuple[float, list[float]]:
-    """Capture and simulate ``case`` with the CLI's defaults: (makespan, per-step simulated times)."""
+def simulate_case(
+    case: dict[str, Any], tmp: Path, config: Path | None = None, setup_us: float = 0.0
+) -> tuple[float, list[float]]:
+    """Capture and simulate ``case`` with the CLI's defaults (or the simulation ``config`` file):
+    (makespan, per-step simulated times). The first step leaves out ``setup_us``, the host profile's
+    ``generate_setup_us`` (generate's preamble, which the measured steps start after)."""
     from opgraph.ir import load_timeline
 
     graph, timeline = tmp / f"{case['case']}.json.gz", tmp / f"{case['case']}.timeline.json.gz"
-    capture = [sys.executable, "-m", "opgraph", "capture", *capture_args(case, tmp), "-o", str(graph)]
-    subprocess.run(capture, check=True, capture_output=True)
+    if not graph.exists():
+        capture = [sys.executable, "-m", "opgraph", "capture", *capture_args(case, tmp), "-o", str(graph)]
+        subprocess.run(capture, check=True, capture_output=True)
     sim = [sys.executable, "-m", "opgraph", "simulate", str(graph), "-H", "h100", "--policy", "stream", "--json"]
+    if config is not None:
+        sim += ["--config", str(config)]
     out = json.loads(subprocess.run([*sim, "-o", str(timeline)], check=True, capture_output=True, text=True).stdout)
-    return float(out["generation"]["makespan_us"]), simulated_steps(load_timeline(timeline).spans)
+    steps = simulated_steps(load_timeline(timeline).spans)
+    steps[0] -= setup_us
+    return float(out["generation"]["makespan_us"]), steps
+
+
+def shipped_setup_us() -> float:
+    """The shipped H100 host profile's ``generate_setup_us`` (what the CLI's default simulation adds)."""
+    from hardware import hardware_host_profile, load_host_profile
+
+    path = hardware_host_profile("h100-sxm")
+    return load_host_profile(path).generate_setup_us if path is not None else 0.0
 
 
 def compare_steps(case: dict[str, Any], simulated: Sequence[float]) -> StepComparison:
@@ -198,10 +215,14 @@ def fastest_passes(cases: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return best
 
 
+TRAIN = "train"
+"""The ``role`` of a measured case that the host profile's generate-loop terms may be fitted on."""
+
+
 def _row(c: dict[str, Any], pred: float, cmp: StepComparison, with_pass: bool) -> str:
     meas, fastest = c["wall_us"]["median"], min(c["wall_us"]["runs"])
     step, worst = cmp.worst
-    row = [c["case"]]
+    row = [c["case"] + (" (training)" if c.get("role") == TRAIN else "")]
     if with_pass:
         probe = c.get("host_probe", {})
         row += [str(c.get("pass", 0))]
@@ -223,12 +244,13 @@ def report(data: dict[str, Any], tmp: Path, base: Path | None = None) -> list[st
     cols += "| decode step: measured ms (median) | predicted ms | median step error | worst step error |"
     sims: dict[str, tuple[float, list[float]]] = {}
     rows, details, errors = [], [], []
+    setup = shipped_setup_us()
     for c in data["cases"]:
         if "error" in c:
             errors.append(f"- {c['case']} pass {c.get('pass', 0)}: {c['error']}")
             continue
         if c["case"] not in sims:
-            sims[c["case"]] = simulate_case(c, tmp)
+            sims[c["case"]] = simulate_case(c, tmp, setup_us=setup)
         pred, sim_steps = sims[c["case"]]
         cmp = compare_steps(c, sim_steps)
         rows.append(_row(c, pred, cmp, "host_probes" not in data))
@@ -335,10 +357,83 @@ def step_line(cmp: StepComparison) -> Sequence[str]:
     ]
 
 
+@dataclass(frozen=True)
+class LoopFit:
+    """The host profile's generate-loop terms fitted on training generations (times in us)."""
+
+    step_us: float
+    """Median over the training cases' steps (quiet rounds) of measured minus simulated step time, the
+    simulation run without the terms (host-bound steps: the missing host time)."""
+    setup_us: float
+    """Median of the training cases' measured time before the prompt's forward pass."""
+    cases: tuple[str, ...]
+    residuals_us: tuple[float, ...]
+
+    def note(self, source: str) -> str:
+        """The host profile note that says where the terms came from."""
+        spread = sorted(self.residuals_us)
+        return (
+            f"generate_step_us {self.step_us:.1f} and generate_setup_us {self.setup_us:.1f} fitted by "
+            f"benchmarks/generate_validate_report.py --fit-host-profile on {source} ({len(self.cases)} training "
+            f"generations: {', '.join(self.cases)}; {len(spread)} steps, residuals {spread[0]:.0f}.."
+            f"{spread[-1]:.0f} us)"
+        )
+
+
+def fit_loop_terms(data: dict[str, Any], tmp: Path, host_profile: Path) -> LoopFit:
+    """Fit :class:`LoopFit` on the ``train`` cases of ``data`` (their quiet rounds when the data has host
+    probes), simulated with ``host_profile`` less its generate-loop terms."""
+    from hardware import load_host_profile
+
+    train = [c for c in data["cases"] if c.get("role") == TRAIN and "error" not in c]
+    if not train:
+        raise ValueError("the data has no training generations (cases with role 'train')")
+    zeroed = tmp / "host-without-loop-terms.json"
+    load_host_profile(host_profile).model_copy(update={"generate_step_us": 0.0, "generate_setup_us": 0.0}).save(zeroed)
+    config = tmp / "fit-config.json"
+    config.write_text(json.dumps({"host": {"host_profile": str(zeroed)}}))
+    rounds = quiet_rounds(data["host_probes"]) if "host_probes" in data else None
+    residuals: list[float] = []
+    setups: list[float] = []
+    for c in train:
+        _, steps = simulate_case(c, tmp, config)
+        q = restrict(c, rounds) if rounds else c
+        cmp = compare_steps(q, steps)
+        residuals += [m - s for m, s in zip(cmp.measured_us, cmp.simulated_us, strict=True)]
+        setups.append(float(q["setup_us"]))
+    return LoopFit(
+        statistics.median(residuals), statistics.median(setups), tuple(c["case"] for c in train), tuple(residuals)
+    )
+
+
 def main(argv: list[str]) -> int:
-    path = Path(argv[0] if argv else DEFAULT)
+    """``[DATA] [--fit-host-profile HOST_JSON]``: the report of DATA; with the option, first fit the host
+    profile's generate-loop terms on DATA's training cases and write them into HOST_JSON."""
+    args = list(argv)
+    fit_path: Path | None = None
+    if "--fit-host-profile" in args:
+        i = args.index("--fit-host-profile")
+        fit_path = Path(args[i + 1])
+        del args[i : i + 2]
+    path = Path(args[0] if args else DEFAULT)
     data = json.loads(path.read_text())
     with tempfile.TemporaryDirectory() as tmp:
+        if fit_path is not None:
+            from hardware import load_host_profile
+
+            fit_tmp = Path(tmp) / "fit"  # its own captures: the report's are simulated with the new terms
+            fit_tmp.mkdir()
+            fit = fit_loop_terms(data, fit_tmp, fit_path)
+            profile = load_host_profile(fit_path)
+            notes = [n for n in profile.notes if not n.startswith("generate_step_us ")]
+            profile.model_copy(
+                update={
+                    "generate_step_us": round(fit.step_us, 1),
+                    "generate_setup_us": round(fit.setup_us, 1),
+                    "notes": (*notes, fit.note(f"{path.parent.name}/{path.name} ({data['date']})")),
+                }
+            ).save(fit_path)
+            print(f"fitted: {fit.note(path.name)}", file=sys.stderr)
         print("\n".join(report(data, Path(tmp), path.parent)))
     return 0
 

@@ -51,7 +51,7 @@ from pydantic import Field
 from hardware.record import Record
 from hardware.spec import HardwareSpec, NonNegFloat
 from hardware.versioned import FileKind
-from opgraph.ir import OpGraph, OpgraphError, save_model
+from opgraph.ir import SAMPLER_SCOPE, OpGraph, OpgraphError, save_model
 from opgraph.ir.issue import is_nested
 from opgraph.ir.ops import OpBase
 
@@ -168,6 +168,14 @@ class HostProfile(Record):
     """How much slower the host runs while the device is busy: each op's host time in a forward pass
     whose device time is a share ``u = min(1, device / host)`` of its host time is ``1 + busy_scale * u``
     times longer (fitted from measured walls; 0 without them)."""
+    generate_step_us: NonNegFloat = 0.0
+    """Host time per step of transformers' ``generate`` loop that no op's gap holds: its Python around
+    the calls the capture records between two forward passes (the next step's inputs prepared, the
+    stopping criteria run, the stop flag checked). On the first op of each step's sampler (fitted from
+    measured generates of other models and shapes; 0 without them)."""
+    generate_setup_us: NonNegFloat = 0.0
+    """Host time of ``generate``'s preamble before the prompt's forward pass (its checks and set-up), on
+    the first op of a generate graph (fitted with :attr:`generate_step_us`)."""
     walls: tuple[WallSample, ...] = ()
     """The measured forwards :attr:`forward_us` and :attr:`op_scale` were fitted on."""
     training: tuple[TrainingGraph, ...] = ()
@@ -274,6 +282,23 @@ def forward_starts(graph: OpGraph) -> list[int]:
         if i == 0 or here != previous:
             out.append(i)
         previous = here
+    return out
+
+
+def in_generate_loop(host_us: Sequence[float], graph: OpGraph, profile: HostProfile) -> list[float]:
+    """``host_us`` with the host profile's generate-loop terms added: :attr:`HostProfile.generate_step_us`
+    on the first op of each step's sampler (the ops recorded in the ``sampler`` scope), and
+    :attr:`HostProfile.generate_setup_us` on the first op when the graph holds the prompt's step 0."""
+    out = list(host_us)
+    if not out:
+        return out
+    seen: set[object] = set()
+    for i, op in enumerate(graph.ops):
+        if op.scope == SAMPLER_SCOPE and op.step not in seen:
+            seen.add(op.step)
+            out[i] += profile.generate_step_us
+    if graph.ops[0].step == 0:
+        out[0] += profile.generate_setup_us
     return out
 
 

@@ -14,6 +14,7 @@ from hardware.hostprofile import (
     check_host_cpu,
     hardware_host_profile,
     in_context,
+    in_generate_loop,
     load_host_profile,
     predict_gaps,
 )
@@ -162,13 +163,20 @@ def _add_framework_time(
     )
     total = [h + f for h, f in zip(host_us, predicted.gaps_us, strict=True)]
     in_context_terms = profile.op_scale != 1.0 or profile.forward_us or profile.busy_scale
-    if in_context_terms and problem.graph.metadata.phase == "generate":
-        # The terms were fitted on walls of forward passes called on their own (a fresh cache, a sync
-        # after each); HF's generate loop runs its steps warm, back to back, which no training wall saw.
-        notes.append(
-            "host: the host profile's in-context terms (fitted on walls of single forward passes) are not "
-            "applied to the steps of a generation"
-        )
+    if problem.graph.metadata.phase == "generate":
+        # The in-context terms were fitted on walls of forward passes called on their own (a fresh cache,
+        # a sync after each); generate's loop runs its steps warm, back to back: its own terms apply.
+        if in_context_terms:
+            notes.append(
+                "host: the host profile's in-context terms (fitted on walls of single forward passes) are not "
+                "applied to the steps of a generation"
+            )
+        if profile.generate_step_us or profile.generate_setup_us:
+            notes.append(
+                f"host: generate's loop (fitted from measured generates): {profile.generate_step_us / 1e3:.3f} ms "
+                f"more per step, {profile.generate_setup_us / 1e3:.3f} ms before the prompt's forward pass"
+            )
+            total = in_generate_loop(total, problem.graph, profile)
     elif in_context_terms:
         busy = f", x(1 + {profile.busy_scale:.3f} x the device's busy share)" if profile.busy_scale else ""
         notes.append(

@@ -18,7 +18,7 @@ from typing import Any
 
 from opgraph.capture.phase import CaptureOptions, PhaseRun, PreparedModel, token_ids
 from opgraph.capture.recorder import Recorder
-from opgraph.ir.generation import DERIVED_FIELDS, EdgeTemplate, FieldDelta, GenerationPlan, Rederived
+from opgraph.ir.generation import DERIVED_FIELDS, SAMPLER_SCOPE, EdgeTemplate, FieldDelta, GenerationPlan, Rederived
 from opgraph.ir.graph import Edge, OpGraph
 from opgraph.ir.ops import OpBase
 
@@ -160,7 +160,7 @@ def plan_generation(
             raise NotLinear(f"{where} (edge {i} of the step) does not repeat")
         fl.op(e1.src, e2.src, where)
         fl.tensor(e1.tensor, e2.tensor, where)
-    sampler = [j for j, o in enumerate(s2) if o.scope == "sampler"]
+    sampler = [j for j, o in enumerate(s2) if o.scope == SAMPLER_SCOPE]
     return GenerationPlan(
         base_step=BASE_STEP,
         first_step=BASE_STEP + 1,

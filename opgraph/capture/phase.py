@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFun
 from opgraph.capture.lowering import Hints
 from opgraph.capture.sources import CaptureError, ModelSource
 from opgraph.ir.dtypes import DType
+from opgraph.ir.generation import SAMPLER_SCOPE
 
 Phase = Literal["prefill", "decode", "generate"]
 """What a capture runs: a prompt, one decode step over a filled cache, or a prompt then decode steps."""
@@ -258,7 +259,7 @@ class PhaseRun:
             # Unrecorded on meta there is no flag to read (the recorder stands in for it when recording).
             self.ids = self.loop.step(self.out.logits, read_flag=self.opts.device != "meta")
             return
-        with self.rec.recording(), self.rec.scope("sampler"):
+        with self.rec.recording(), self.rec.scope(SAMPLER_SCOPE):
             self.ids = self.loop.step(self.out.logits)
 
     def decode(self, step: int) -> None:

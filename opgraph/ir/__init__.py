@@ -18,7 +18,15 @@ from opgraph.ir.errors import (
     RegistryError,
     SchemaVersionError,
 )
-from opgraph.ir.generation import EdgeTemplate, FieldDelta, GenerationPlan, LazyEdges, LazyOps, Rederived
+from opgraph.ir.generation import (
+    SAMPLER_SCOPE,
+    EdgeTemplate,
+    FieldDelta,
+    GenerationPlan,
+    LazyEdges,
+    LazyOps,
+    Rederived,
+)
 from opgraph.ir.graph import (
     GRAPH_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
@@ -85,6 +93,7 @@ __all__ = [
     "IDENTITY_FIELDS",
     "NESTED_MARK",
     "OP_TYPES",
+    "SAMPLER_SCOPE",
     "SCHEMA_VERSION",
     "SYNC_MARK",
     "Activation",

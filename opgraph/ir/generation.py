@@ -46,6 +46,9 @@ from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.ops import OP_TYPES, Op, OpBase, PosInt
 from opgraph.ir.tensor import FROZEN, NonNegInt, TensorSpec
 
+SAMPLER_SCOPE = "sampler"
+"""Scope of the ops a generate graph's loop runs between two forward passes (picking the next token,
+the stopping criteria, the next inputs): the tail of each step but the last."""
 DERIVED_FIELDS: tuple[str, ...] = ("flops", "bytes_read", "bytes_written", "definition")
 """Op fields an op model derives from its other fields (re-derived per step by a plan)."""
 
