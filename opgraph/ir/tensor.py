@@ -16,10 +16,14 @@ FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 """Model config shared by every saved IR type: immutable, no unknown fields, documented schema."""
 
 
-class TensorSpec(BaseModel):
-    """One tensor an op reads or writes."""
+class FrozenModel(BaseModel):
+    """Base of every saved record: a pydantic model with the :data:`FROZEN` config."""
 
     model_config = FROZEN
+
+
+class TensorSpec(FrozenModel):
+    """One tensor an op reads or writes."""
 
     shape: tuple[NonNegInt, ...]
     """Sizes of each dimension; ``()`` for a scalar."""
