@@ -158,6 +158,22 @@ def test_flow_events_link_when_correlation_missing(tmp_path: Path) -> None:
     assert any("flow events" in n for n in d.notes)
 
 
+def test_flow_events_with_string_ids_and_times_link_too(tmp_path: Path) -> None:
+    doc = _trace(layers=1, passes=1)
+    for e in doc["traceEvents"]:
+        if e["cat"] == "kernel":
+            corr = e["args"].pop("correlation")
+            launch = next(
+                x for x in doc["traceEvents"] if x["cat"] == "cuda_runtime" and x["args"]["correlation"] == corr
+            )
+            doc["traceEvents"] += [
+                {"ph": "s", "cat": "ac2g", "id": str(corr), "pid": 1, "tid": 1, "ts": str(launch["ts"])},
+                {"ph": "f", "cat": "ac2g", "id": str(corr), "pid": 0, "tid": 7, "ts": str(e["ts"]), "bp": "e"},
+            ]
+    (d,) = load_trace_data(_write(tmp_path, doc))
+    assert d.gpu and all(g.launch_name == "cudaLaunchKernel" for g in d.gpu)
+
+
 def test_quirks_string_metadata_and_amd(tmp_path: Path) -> None:
     doc = _trace(layers=1, passes=1)
     doc["deviceProperties"] = json.dumps(
