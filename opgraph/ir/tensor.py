@@ -1,4 +1,5 @@
-"""Tensor descriptions: shape, dtype, optional strides and a tensor id for data flow."""
+"""Tensor descriptions (shape, dtype, optional strides, a tensor id for data flow) and :class:`FrozenModel`,
+the base record of every saved IR type."""
 
 from __future__ import annotations
 
