@@ -6,10 +6,10 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from opgraph.ir import Scalar
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import NonNegFloat
 from simulators.config import HostConfig
 from simulators.kernel import KernelResult
@@ -18,10 +18,8 @@ from simulators.problem import SchedulingProblem
 Fraction = Annotated[float, Field(ge=0, le=1.0000001)]
 
 
-class EngineStats(BaseModel):
+class EngineStats(FrozenModel):
     """Work done by one engine (one track)."""
-
-    model_config = FROZEN
 
     track: str
     """Track name (``compute0``, ``rank1/link0``)."""
@@ -38,10 +36,8 @@ class EngineStats(BaseModel):
     """``busy_us / makespan_us``."""
 
 
-class Breakdown(BaseModel):
+class Breakdown(FrozenModel):
     """Ops and device time of one kind, layer or stage (rank 0)."""
-
-    model_config = FROZEN
 
     ops: int
     """Ops in this class (free ops included)."""
@@ -51,10 +47,8 @@ class Breakdown(BaseModel):
     """Fraction of all ops' device time."""
 
 
-class CriticalPathStats(BaseModel):
+class CriticalPathStats(FrozenModel):
     """The longest chain of dependent ops by device time (rank 0, host not included)."""
-
-    model_config = FROZEN
 
     length_us: NonNegFloat
     """Sum of durations along the path: no schedule on any number of engines is shorter."""
@@ -64,10 +58,8 @@ class CriticalPathStats(BaseModel):
     """Op ids along the path, first to last."""
 
 
-class HostStats(BaseModel):
+class HostStats(FrozenModel):
     """The host thread that issues ops (rank 0)."""
-
-    model_config = FROZEN
 
     mode: str
     """``eager``, ``cuda_graph`` or ``none``."""
@@ -85,10 +77,8 @@ class HostStats(BaseModel):
     """``host_bound_us / makespan_us``."""
 
 
-class UncostedOpStats(BaseModel):
+class UncostedOpStats(FrozenModel):
     """An op the cost model declined; simulated as free only with ``skip_uncosted``."""
-
-    model_config = FROZEN
 
     op_id: int
     kind: str
@@ -96,10 +86,8 @@ class UncostedOpStats(BaseModel):
     reason: str
 
 
-class SimulationStats(BaseModel):
+class SimulationStats(FrozenModel):
     """What a simulated run achieved: makespan, per-engine utilisation, critical path, breakdowns."""
-
-    model_config = FROZEN
 
     makespan_us: NonNegFloat
     """From time zero to the end of the last op on any rank."""
@@ -146,10 +134,8 @@ class SimulationStats(BaseModel):
         return sum(e.utilization for e in engines) / len(engines) if engines else 0.0
 
 
-class SweepPoint(BaseModel):
+class SweepPoint(FrozenModel):
     """One engine count of a sweep."""
-
-    model_config = FROZEN
 
     engines: int
     makespan_us: NonNegFloat
@@ -159,10 +145,8 @@ class SweepPoint(BaseModel):
     """Mean utilisation of the compute engines."""
 
 
-class EngineSweep(BaseModel):
+class EngineSweep(FrozenModel):
     """Makespan against the number of compute engines, and the smallest count near the best."""
-
-    model_config = FROZEN
 
     points: tuple[SweepPoint, ...]
     best_makespan_us: NonNegFloat

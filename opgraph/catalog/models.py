@@ -5,17 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from opgraph.ir import GraphIdentity, Op, OpBase
 from opgraph.ir.configs import CONFIG_HASH_VERSION, config_dict, hash_config_dict
-from opgraph.ir.tensor import FROZEN, NonNegInt
+from opgraph.ir.tensor import FrozenModel, NonNegInt
 
 
 class ConfigSource(GraphIdentity):
     """Where a config was seen and how often: one model, phase, op stage and device."""
-
-    model_config = FROZEN
 
     stage: str = ""
     """Stage of the ops themselves (``prefill`` or ``decode``), empty when unknown."""
@@ -31,10 +29,8 @@ class ConfigSource(GraphIdentity):
         return (self.model, self.architecture, self.phase, self.stage, self.device, self.hardware)
 
 
-class CatalogEntry(BaseModel):
+class CatalogEntry(FrozenModel):
     """One deduplicated op config and everywhere it was seen."""
-
-    model_config = FROZEN
 
     hash: str
     """sha256 of the config's canonical JSON (see :func:`opgraph.catalog.config_hash`)."""
@@ -90,10 +86,8 @@ class CatalogEntry(BaseModel):
         return self.model_copy(update={"sources": kept})
 
 
-class GraphRecord(BaseModel):
+class GraphRecord(FrozenModel):
     """A graph merged into the catalog; its fingerprint makes adding the same graph twice a no-op."""
-
-    model_config = FROZEN
 
     fingerprint: str
     """sha256 of the graph's serialised form."""
@@ -115,13 +109,11 @@ class GraphRecord(BaseModel):
     """Distinct configs among them."""
 
 
-class Catalog(BaseModel):
+class Catalog(FrozenModel):
     """A deduplicated catalog of op configs from many graphs, with provenance.
 
     Entries are sorted by operation, definition and hash so the saved file is stable.
     """
-
-    model_config = FROZEN
 
     schema_version: Literal[1] = 1
     """Format version; loaders refuse other versions with a clear message."""

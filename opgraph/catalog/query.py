@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 
-from pydantic import BaseModel
-
 from opgraph.catalog.build import CatalogError
 from opgraph.catalog.models import Catalog, CatalogEntry, ConfigSource
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 
 
-class OperationSummary(BaseModel):
+class OperationSummary(FrozenModel):
     """One operation of a catalog: how many distinct configs it has and how often they were used."""
-
-    model_config = FROZEN
 
     operation: str
     """Operation name (``gemm``, ``rmsnorm``)."""

@@ -10,10 +10,10 @@ import math
 from collections.abc import Sequence
 from enum import Enum
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from opgraph.ir import OpgraphError
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 
 MIN_OP_US = 5.0
 """Ops shorter than this (in the reference) are left out of the median per-op error, as in the targets."""
@@ -33,10 +33,8 @@ class JoinMode(str, Enum):
     """A measured trace without op ids: steps by stage and order, layers, then ops by aten call or kinds."""
 
 
-class OpError(BaseModel):
+class OpError(FrozenModel):
     """One matched op (or kernel group): predicted versus reference device time."""
-
-    model_config = FROZEN
 
     key: str
     """Op id (``op 12``) or ``definition#occurrence``."""
@@ -61,10 +59,8 @@ class OpError(BaseModel):
         return self.error_us / self.reference_us if self.reference_us else math.inf
 
 
-class GroupError(BaseModel):
+class GroupError(FrozenModel):
     """Totals of one group (a kind, a layer, a stage)."""
-
-    model_config = FROZEN
 
     group: str
     ops: int
@@ -74,10 +70,8 @@ class GroupError(BaseModel):
     """(predicted - reference) / reference."""
 
 
-class ErrorRow(BaseModel):
+class ErrorRow(FrozenModel):
     """An end-to-end figure."""
-
-    model_config = FROZEN
 
     metric: str
     predicted_us: float
@@ -85,10 +79,8 @@ class ErrorRow(BaseModel):
     rel_error: float
 
 
-class StepError(BaseModel):
+class StepError(FrozenModel):
     """One simulated step (forward pass) against the trace pass matched to it by stage and order."""
-
-    model_config = FROZEN
 
     step: int
     stage: str
@@ -103,10 +95,8 @@ class StepError(BaseModel):
     rel_error: float
 
 
-class Comparison(BaseModel):
+class Comparison(FrozenModel):
     """The result of comparing a predicted timeline with a reference timeline."""
-
-    model_config = FROZEN
 
     predicted: str
     """Label of the predicted timeline."""

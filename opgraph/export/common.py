@@ -8,10 +8,10 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from opgraph.ir import OpBase, OpGraph, OpgraphError, OpKind, Scalar, Span, Timeline
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import SpanCategory
 
 
@@ -23,10 +23,8 @@ class ServeTimeoutError(ExportError):
     """``--open`` served nothing: no request for the trace arrived before the timeout."""
 
 
-class ReportTable(BaseModel):
+class ReportTable(FrozenModel):
     """An extra titled table for the HTML report (a comparison, a calibration summary, ...)."""
-
-    model_config = FROZEN
 
     title: str
     """Heading shown above the table."""

@@ -84,7 +84,7 @@ from opgraph.ir.ops import (
     parse_op,
 )
 from opgraph.ir.registry import Registry, import_object
-from opgraph.ir.tensor import TensorSpec
+from opgraph.ir.tensor import FrozenModel, TensorSpec
 from opgraph.ir.timeline import CATEGORY_ALIASES, Bound, Span, SpanCategory, Timeline, TimelineKind, TimelineSource
 
 __all__ = [
@@ -115,6 +115,7 @@ __all__ = [
     "Elementwise",
     "Embedding",
     "FieldDelta",
+    "FrozenModel",
     "Gemm",
     "GenerationPlan",
     "GraphIdentity",

@@ -44,7 +44,7 @@ from pydantic import BaseModel, model_validator
 
 from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.ops import OP_TYPES, Op, OpBase, PosInt
-from opgraph.ir.tensor import FROZEN, NonNegInt, TensorSpec
+from opgraph.ir.tensor import FrozenModel, NonNegInt, TensorSpec
 
 SAMPLER_SCOPE = "sampler"
 """Scope of the ops a generate graph's loop runs between two forward passes (picking the next token,
@@ -56,10 +56,8 @@ Path = tuple[str | int, ...]
 """Where a value sits in an op's dump: ``("kv_len",)``, ``("inputs", 0, "shape", 2)``."""
 
 
-class FieldDelta(BaseModel):
+class FieldDelta(FrozenModel):
     """A value of a template op that changes by a constant from one decode step to the next."""
-
-    model_config = FROZEN
 
     op: NonNegInt
     """Index of the op in the template."""
@@ -69,10 +67,8 @@ class FieldDelta(BaseModel):
     """Change per step."""
 
 
-class Rederived(BaseModel):
+class Rederived(FrozenModel):
     """Cost fields of a template op that its model derives again at every step."""
-
-    model_config = FROZEN
 
     op: NonNegInt
     """Index of the op in the template."""
@@ -80,10 +76,8 @@ class Rederived(BaseModel):
     """Some of ``flops``, ``bytes_read``, ``bytes_written``, ``definition``."""
 
 
-class EdgeTemplate(BaseModel):
+class EdgeTemplate(FrozenModel):
     """An edge into the template step (``dst`` in the step; ``src`` in it, the step before, or earlier)."""
-
-    model_config = FROZEN
 
     src: NonNegInt
     """Id of the producing op (advanced per step when at or above the plan's ``op_floor``)."""
@@ -99,10 +93,8 @@ StepCost = tuple[int, int, int, str]
 """``(flops, bytes_read, bytes_written, definition)`` of one op at one step."""
 
 
-class GenerationPlan(BaseModel):
+class GenerationPlan(FrozenModel):
     """Decode steps ``first_step`` .. ``last_step`` of a generate graph, built from one template step."""
-
-    model_config = FROZEN
 
     base_step: PosInt
     """The decode step whose recorded ops are the template."""

@@ -22,7 +22,7 @@ from opgraph.ir.algorithms import find_cycle as find_cycle
 from opgraph.ir.errors import CycleError, DanglingEdgeError, DuplicateIdError
 from opgraph.ir.generation import GenerationPlan, LazyEdges, LazyOps
 from opgraph.ir.ops import Op, OpBase, OpKind, PosInt, Stage
-from opgraph.ir.tensor import FROZEN, NonNegInt
+from opgraph.ir.tensor import FrozenModel, NonNegInt
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -48,10 +48,8 @@ class EdgeKind(str, Enum):
     """Program order or a stream/side-effect dependency with no tensor."""
 
 
-class Edge(BaseModel):
+class Edge(FrozenModel):
     """A dependency: ``dst`` may start only after ``src`` ends."""
-
-    model_config = FROZEN
 
     src: NonNegInt
     """Id of the producing op."""
@@ -72,10 +70,8 @@ _HOST_TIMING_KEYS = {
 """Flat keys of graph files written before :class:`HostTimingSummary` -> its fields."""
 
 
-class HostTimingSummary(BaseModel):
+class HostTimingSummary(FrozenModel):
     """The framework host time measured at capture (``host_timing``): where, how, and in all."""
-
-    model_config = FROZEN
 
     total_us: Annotated[float, Field(ge=0)]
     """Host microseconds between ops, summed over the graph (each op's ``host_gap_us``)."""
@@ -176,10 +172,8 @@ def capture_settings(value: CaptureSettings | Mapping[str, Scalar]) -> CaptureSe
     return value if isinstance(value, CaptureSettings) else CaptureSettings.model_validate(value)
 
 
-class GraphMetadata(BaseModel):
+class GraphMetadata(FrozenModel):
     """Where a graph came from and under which assumptions."""
-
-    model_config = FROZEN
 
     model: str = ""
     """Model name, preset or path."""
@@ -211,7 +205,7 @@ class GraphMetadata(BaseModel):
         return super().model_copy(update=update, deep=deep)
 
 
-class OpGraph(BaseModel):
+class OpGraph(FrozenModel):
     """A model's ops and their dependencies. The serialised form is this pydantic model.
 
     A long ``generate`` graph may carry a :class:`~opgraph.ir.generation.GenerationPlan`: its
@@ -220,8 +214,6 @@ class OpGraph(BaseModel):
     Code that only needs counts and costs reads :meth:`summary` or the plan's ``step_costs``;
     :meth:`expand` gives the same graph with every op built.
     """
-
-    model_config = FROZEN
 
     schema_version: Literal[1, 2] = 1
     """Format version (2: the graph has a generation plan); loaders refuse others with a clear message."""

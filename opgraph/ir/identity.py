@@ -4,20 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Self
 
-from pydantic import BaseModel
-
 from opgraph.ir.graph import GraphMetadata
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 
 
-class GraphIdentity(BaseModel):
+class GraphIdentity(FrozenModel):
     """The model, architecture and phase of a graph, as its :class:`GraphMetadata` names them.
 
     Saved records about a graph (a catalog's config sources, a coverage report) derive from it, so
     these three fields come first, in this order, with one meaning everywhere.
     """
-
-    model_config = FROZEN
 
     model: str
     """Model name, preset or path, from the graph's metadata."""

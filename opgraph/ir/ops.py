@@ -15,7 +15,7 @@ from typing import Annotated, ClassVar, Literal, Union, get_args
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
 from opgraph.ir.dtypes import DType
-from opgraph.ir.tensor import FROZEN, NonNegInt, TensorSpec
+from opgraph.ir.tensor import FrozenModel, NonNegInt, TensorSpec
 
 IDENTITY_FIELDS: frozenset[str] = frozenset({"id", "scope", "layer", "stage", "step", "host_gap_us"})
 """Op fields that say where and when an op ran, not what it computes: equal configs differ only here."""
@@ -68,7 +68,7 @@ class Stage(str, Enum):
     DECODE = "decode"
 
 
-class AtenCall(BaseModel):
+class AtenCall(FrozenModel):
     """The recorded call of a single-aten op, so replay can run it exactly as the model did.
 
     Encoding of arguments: a tensor is ``{"tensor": i}`` (index into the op's ``inputs``), a
@@ -76,18 +76,14 @@ class AtenCall(BaseModel):
     (ints, floats, bools, strings, None, lists) are stored as they are. Devices are dropped.
     """
 
-    model_config = FROZEN
-
     args: tuple[JsonValue, ...] = ()
     """Positional arguments."""
     keywords: dict[str, JsonValue] = Field(default_factory=dict)
     """Keyword arguments."""
 
 
-class OpBase(BaseModel):
+class OpBase(FrozenModel):
     """Fields common to every op."""
-
-    model_config = FROZEN
 
     kind: OpKind
     """What the op computes; each subclass fixes it (the union's discriminator)."""

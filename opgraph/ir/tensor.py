@@ -1,4 +1,5 @@
-"""Tensor descriptions: shape, dtype, optional strides and a tensor id for data flow."""
+"""Tensor descriptions (shape, dtype, optional strides, a tensor id for data flow) and :class:`FrozenModel`,
+the base record of every saved IR type."""
 
 from __future__ import annotations
 
@@ -16,10 +17,14 @@ FROZEN = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 """Model config shared by every saved IR type: immutable, no unknown fields, documented schema."""
 
 
-class TensorSpec(BaseModel):
-    """One tensor an op reads or writes."""
+class FrozenModel(BaseModel):
+    """Base of every saved record: a pydantic model with the :data:`FROZEN` config."""
 
     model_config = FROZEN
+
+
+class TensorSpec(FrozenModel):
+    """One tensor an op reads or writes."""
 
     shape: tuple[NonNegInt, ...]
     """Sizes of each dimension; ``()`` for a scalar."""

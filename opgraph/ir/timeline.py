@@ -6,11 +6,11 @@ from collections.abc import Callable, Iterable, Iterator
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, field_serializer, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_serializer, field_validator, model_validator
 
 from opgraph.ir.graph import Scalar
 from opgraph.ir.ops import OpKind, Stage
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 
 NonNegFloat = Annotated[float, Field(ge=0)]
 """A float that is zero or more (durations)."""
@@ -146,10 +146,8 @@ class Bound(str, Enum):
     """No kernel: views and other metadata ops."""
 
 
-class TimelineSource(BaseModel):
+class TimelineSource(FrozenModel):
     """Provenance of a timeline."""
-
-    model_config = FROZEN
 
     kind: TimelineKind
     """Simulated, measured or replayed."""
@@ -165,10 +163,8 @@ class TimelineSource(BaseModel):
     """Settings that produced it (engines, policy, cost model, versions)."""
 
 
-class Span(BaseModel):
+class Span(FrozenModel):
     """One interval of work on one track (an engine, a stream, a thread)."""
-
-    model_config = FROZEN
 
     name: str
     """Kernel or op name shown in traces."""
@@ -221,10 +217,8 @@ class Span(BaseModel):
         return self.start_us + self.dur_us
 
 
-class Timeline(BaseModel):
+class Timeline(FrozenModel):
     """Spans with a source. Spans are kept sorted by start time."""
-
-    model_config = FROZEN
 
     schema_version: Literal[1] = 1
     """Format version."""

@@ -18,12 +18,12 @@ import difflib
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from opgraph.ir import OpgraphError, OpKind
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import NonNegFloat
 
 SCENARIO_SUFFIX = ".scenario.toml"
@@ -48,10 +48,8 @@ class ScenarioError(OpgraphError):
 
 
 # ---------------------------------------------------------------- model and phases
-class ModelSpec(BaseModel):
+class ModelSpec(FrozenModel):
     """The model to capture (meta device by default: no weights, no GPU)."""
-
-    model_config = FROZEN
 
     source: str
     """A preset (``llama-3.1-8b``; ``opgraph capture --list``), a ``config.json`` or model folder
@@ -68,10 +66,8 @@ class ModelSpec(BaseModel):
     """Zipf exponent of MoE expert loads (unset: balanced routing)."""
 
 
-class PhaseSpec(BaseModel):
+class PhaseSpec(FrozenModel):
     """One captured phase (or a saved graph) that is simulated, and optionally compared and checked."""
-
-    model_config = FROZEN
 
     name: Name | None = None
     """Label of the phase in file names and reports; defaults to ``phase`` (or the graph's file stem)."""
@@ -108,10 +104,8 @@ class PhaseSpec(BaseModel):
 
 
 # ---------------------------------------------------------------- hardware and simulation
-class HardwareSection(BaseModel):
+class HardwareSection(FrozenModel):
     """The device and how op times are estimated on it."""
-
-    model_config = FROZEN
 
     name: str = "h100"
     """A catalog name (``opgraph hardware list``), a hardware ``.toml``/``.json`` file, or a
@@ -124,10 +118,8 @@ class HardwareSection(BaseModel):
     """Keyword arguments for the cost model's constructor."""
 
 
-class SimulationSection(BaseModel):
+class SimulationSection(FrozenModel):
     """How the graph is scheduled: engines, policy, host thread, tensor parallelism."""
-
-    model_config = FROZEN
 
     engines: int | list[int] | str = 1
     """Compute engines: a count, a list of counts, or a range ``"1..8"``; several counts sweep them
@@ -199,10 +191,8 @@ def parse_engines(value: int | list[int] | str) -> tuple[int, ...]:
     return uniq
 
 
-class ReplaySection(BaseModel):
+class ReplaySection(FrozenModel):
     """Replay each unique op config of the captured graphs on a real device (optional)."""
-
-    model_config = FROZEN
 
     device: str = "cpu"
     """``cpu``, ``cuda`` or ``cuda:N``."""
@@ -218,10 +208,8 @@ class ReplaySection(BaseModel):
     """Most seconds spent sampling one config."""
 
 
-class CompareSection(BaseModel):
+class CompareSection(FrozenModel):
     """How a phase's simulation is compared with its ``measured`` timeline."""
-
-    model_config = FROZEN
 
     engines: PositiveInt | None = None
     """The simulated engine count to compare (default: the smallest simulated)."""
@@ -232,10 +220,8 @@ class CompareSection(BaseModel):
 
 
 # ---------------------------------------------------------------- expectations
-class Limit(BaseModel):
+class Limit(FrozenModel):
     """A closed interval ``[min, max]`` on a served-workload number; either end may be left open."""
-
-    model_config = FROZEN
 
     min: float | None = None
     """Smallest value that passes."""
@@ -259,10 +245,8 @@ class Bound(Limit):
     else the only count)."""
 
 
-class ErrorLimits(BaseModel):
+class ErrorLimits(FrozenModel):
     """Largest relative errors of the simulation against the measured timeline (fractions: 0.25 is 25%)."""
-
-    model_config = FROZEN
 
     gpu_time: NonNegFloat | None = None
     """|simulated - measured| / measured of the summed device time."""
@@ -278,10 +262,8 @@ class ErrorLimits(BaseModel):
         return self
 
 
-class Expectations(BaseModel):
+class Expectations(FrozenModel):
     """What must hold for the scenario to pass; each one is reported, and any failure exits 1."""
-
-    model_config = FROZEN
 
     operators: str | list[str] | None = None
     """Required operators: a coverage family (``llama``; ``opgraph verify --help``), ``auto`` (the
@@ -316,34 +298,26 @@ SERVING_METRICS: tuple[str, ...] = (
 """Numbers of a served workload that ``[serving.expect]`` may bound."""
 
 
-class ServingExpectations(BaseModel):
+if TYPE_CHECKING:
+    _MetricLimits = BaseModel
+else:
+    # One optional limit per name of SERVING_METRICS, so the table and the model cannot drift apart.
+    _MetricLimits = create_model(
+        "_MetricLimits",
+        __config__=ConfigDict(frozen=True, extra="forbid"),
+        **{name: (Limit | None, None) for name in SERVING_METRICS},
+    )
+
+
+class ServingExpectations(_MetricLimits):
     """Bounds on the served workload's latency percentiles (ms) and throughput, and on its drops."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    ttft_p50_ms: Limit | None = None
-    ttft_p90_ms: Limit | None = None
-    ttft_p99_ms: Limit | None = None
-    ttft_mean_ms: Limit | None = None
-    tpot_p50_ms: Limit | None = None
-    tpot_p90_ms: Limit | None = None
-    tpot_p99_ms: Limit | None = None
-    tpot_mean_ms: Limit | None = None
-    e2e_p50_ms: Limit | None = None
-    e2e_p90_ms: Limit | None = None
-    e2e_p99_ms: Limit | None = None
-    e2e_mean_ms: Limit | None = None
-    output_tokens_per_s: Limit | None = None
-    total_tokens_per_s: Limit | None = None
-    requests_per_s: Limit | None = None
     dropped: Annotated[int, Field(ge=0)] | None = None
     """Most requests that may be dropped (KV cache never fits, prompt above the token budget)."""
 
 
-class PoissonSpec(BaseModel):
+class PoissonSpec(FrozenModel):
     """A synthetic workload: Poisson arrivals and token lengths (``N``, ``LO..HI`` or ``exp:MEAN``)."""
-
-    model_config = FROZEN
 
     rate: Annotated[float, Field(gt=0)]
     """Requests per second."""
@@ -357,10 +331,8 @@ class PoissonSpec(BaseModel):
     """Seed of arrivals and lengths."""
 
 
-class ServingSection(BaseModel):
+class ServingSection(FrozenModel):
     """A served workload of the scenario's model: requests, a batching scheduler, expectations."""
-
-    model_config = FROZEN
 
     scheduler: str = "continuous"
     """``static``, ``continuous`` or ``chunked``."""
@@ -385,10 +357,8 @@ class ServingSection(BaseModel):
 
 
 # ---------------------------------------------------------------- the scenario
-class Scenario(BaseModel):
+class Scenario(FrozenModel):
     """A declarative study: capture, simulate, replay and compare, with expectations that make it a test."""
-
-    model_config = FROZEN
 
     name: Name | None = None
     """Scenario name (default: the file name without ``.scenario.toml``)."""

@@ -6,17 +6,15 @@ scenario-summary`` gives its JSON schema).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import NonNegFloat
 from simulators.serving.result import ServingSummary
 
 
-class ExpectationResult(BaseModel):
+class ExpectationResult(FrozenModel):
     """The outcome of one expectation on one phase (or of the whole run)."""
-
-    model_config = FROZEN
 
     id: str
     """Stable id: ``<phase>/<check>`` (``prefill/makespan_us``) or ``replay/replay_failures``."""
@@ -34,10 +32,8 @@ class ExpectationResult(BaseModel):
     """One line saying what was checked and what was found."""
 
 
-class SweepRow(BaseModel):
+class SweepRow(FrozenModel):
     """One simulated engine count of a phase."""
-
-    model_config = FROZEN
 
     engines: int
     """Compute engines."""
@@ -51,10 +47,8 @@ class SweepRow(BaseModel):
     """Timeline file in the output folder."""
 
 
-class CoverageSummary(BaseModel):
+class CoverageSummary(FrozenModel):
     """Operator coverage of a phase's graph."""
-
-    model_config = FROZEN
 
     family: str
     """Expectation family (or ``scenario`` for an explicit list)."""
@@ -66,10 +60,8 @@ class CoverageSummary(BaseModel):
     """Text report file in the output folder."""
 
 
-class ComparisonSummary(BaseModel):
+class ComparisonSummary(FrozenModel):
     """A phase's simulation against its measured timeline."""
-
-    model_config = FROZEN
 
     measured: str
     """The measured timeline or trace (as given, resolved)."""
@@ -89,10 +81,8 @@ class ComparisonSummary(BaseModel):
     """Relative error of the summed device time of each op kind."""
 
 
-class PhaseResult(BaseModel):
+class PhaseResult(FrozenModel):
     """What one phase produced."""
-
-    model_config = FROZEN
 
     name: str
     """Phase label."""
@@ -128,10 +118,8 @@ class PhaseResult(BaseModel):
     """Assumptions the capture made (MoE routing, attention fallback)."""
 
 
-class ReplaySummary(BaseModel):
+class ReplaySummary(FrozenModel):
     """The replay of the graphs' unique op configs."""
-
-    model_config = FROZEN
 
     device: str
     """Torch device replayed on."""
@@ -147,10 +135,8 @@ class ReplaySummary(BaseModel):
     """JSONL results file in the output folder."""
 
 
-class ScenarioSummary(BaseModel):
+class ScenarioSummary(FrozenModel):
     """Everything a scenario run decided: written to ``summary.json``."""
-
-    model_config = FROZEN
 
     name: str
     """Scenario name."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from opgraph.ir import OpGraph, OpgraphError
 from opgraph.scenario.model import SERVING_METRICS, ServingSection
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from simulators.serving import GraphStepCosts, KvCacheSpec, Request, ServingResult, StepKey
 
 __all__ = [
+    "KvShape",
     "ServingModel",
     "StepGraphs",
     "capture_serving_model",
@@ -38,6 +39,19 @@ __all__ = [
 ]
 
 
+class KvShape(TypedDict):
+    """What the KV cache holds per token, named as :meth:`simulators.serving.KvCacheSpec.from_model` takes it."""
+
+    layers: int
+    """Layers with a KV cache."""
+    kv_heads: int
+    """Key/value heads (MLA: one)."""
+    head_dim: int
+    """Per-token K plus V width per head / 2 (MLA: the latent width / 2 with one 'head')."""
+    dtype_bytes: float
+    """Bytes of one cached element."""
+
+
 @dataclass(frozen=True)
 class ServingModel:
     """The two captured templates of a model and what its KV cache and weights take."""
@@ -46,21 +60,14 @@ class ServingModel:
     prefill: OpGraph
     decode: OpGraph
     weights_bytes: int
-    kv_layers: int
-    kv_heads: int
-    kv_head_dim: int
-    """Per-token K plus V width per head / 2 (MLA: the latent width / 2 with one 'head')."""
-    dtype_bytes: float
+    kv: KvShape
 
     def kv_spec(self, hardware: HardwareSpec, tp: int = 1, utilisation: float = 0.9) -> KvCacheSpec:
         """KV bytes per token and capacity on ``hardware`` with ``tp`` ranks."""
         from simulators.serving import KvCacheSpec
 
         return KvCacheSpec.from_model(
-            layers=self.kv_layers,
-            kv_heads=self.kv_heads,
-            head_dim=self.kv_head_dim,
-            dtype_bytes=self.dtype_bytes,
+            **self.kv,
             tp=tp,
             memory_bytes=hardware.memory_bytes,
             weights_bytes=self.weights_bytes,
@@ -68,16 +75,16 @@ class ServingModel:
         )
 
 
-def _kv_shape(config: Any, layers: int | None) -> tuple[int, int, int]:
+def _kv_shape(config: Any, layers: int | None, dtype_bytes: float) -> KvShape:
     n_layers = layers or int(getattr(config, "num_hidden_layers", 1))
     rank = getattr(config, "kv_lora_rank", None)
     if rank:  # MLA caches one latent vector (plus the rope part) per token and layer
         width = int(rank) + int(getattr(config, "qk_rope_head_dim", 0) or 0)
-        return n_layers, 1, max(1, width // 2)
+        return KvShape(layers=n_layers, kv_heads=1, head_dim=max(1, width // 2), dtype_bytes=dtype_bytes)
     heads = int(getattr(config, "num_attention_heads", 1))
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // heads)
-    return n_layers, kv_heads, head_dim
+    return KvShape(layers=n_layers, kv_heads=kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes)
 
 
 def capture_serving_model(model: str, *, dtype: str = "bf16", layers: int | None = None) -> ServingModel:
@@ -91,16 +98,12 @@ def capture_serving_model(model: str, *, dtype: str = "bf16", layers: int | None
     dec = record(model, CaptureOptions(phase="decode", dtype=dtype, layers=layers, **TEMPLATE_DECODE))
     params = sum(int(p.numel()) for p in pre.prepared.model.parameters())
     itemsize = DType(dtype).itemsize
-    n_layers, kv_heads, head_dim = _kv_shape(pre.prepared.config, layers)
     return ServingModel(
         name=pre.prepared.name,
         prefill=pre.graph,
         decode=dec.graph,
         weights_bytes=int(params * itemsize),
-        kv_layers=n_layers,
-        kv_heads=kv_heads,
-        kv_head_dim=head_dim,
-        dtype_bytes=itemsize,
+        kv=_kv_shape(pre.prepared.config, layers, itemsize),
     )
 
 

@@ -12,18 +12,14 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from pydantic import BaseModel
-
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import Timeline, union_length
 from opgraph.trace.events import GpuEvent, TraceData
 from opgraph.trace.importer import collect_all, from_timeline
 
 
-class OpKernelTime(BaseModel):
+class OpKernelTime(FrozenModel):
     """Device time attributed to one CPU op name."""
-
-    model_config = FROZEN
 
     op: str
     """CPU op name (``aten::mm``)."""
@@ -37,10 +33,8 @@ class OpKernelTime(BaseModel):
     """Share of all attributed device time."""
 
 
-class KernelAttribution(BaseModel):
+class KernelAttribution(FrozenModel):
     """Device time per launching CPU op of one rank, with the busy and idle time of the attributed work."""
-
-    model_config = FROZEN
 
     source: str
     rows: tuple[OpKernelTime, ...]

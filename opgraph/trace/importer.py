@@ -123,6 +123,9 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
     for ev in stream:
         total += 1
         ph = ev.get("ph")
+        ts = ev.get("ts")  # complete events and flow ends both need it
+        if type(ts) is not float:
+            ts = _num(ts)
         if ph == "X":
             cat = ev.get("cat")
             gkind = gpu_cats.get(cat)  # type: ignore[arg-type]
@@ -141,10 +144,7 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
                     skipped_python += 1
                     continue
             name = ev.get("name")
-            ts = ev.get("ts")
             dur = ev.get("dur")
-            if type(ts) is not float:
-                ts = _num(ts)
             if type(dur) is not float:
                 dur = _num(dur)
             if type(name) is not str or ts is None or dur is None:
@@ -210,11 +210,8 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
             if ev.get("cat") != "ac2g":
                 continue
             fid = ev.get("id")
-            ts = ev.get("ts")
             if type(fid) is not int:
                 fid = _int(fid)
-            if type(ts) is not float:
-                ts = _num(ts)
             if fid is None or ts is None:
                 continue
             if ph == "s":

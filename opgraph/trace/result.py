@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import KernelType
 
 StageLabel = Literal["prefill", "decode", "mixed", "idle", "unknown"]
@@ -18,10 +18,8 @@ LayerKind = Literal["MHA_FC", "MHA_MOE", "MLA_FC", "MLA_MOE", "ATTN", "MOE", "FC
 """Layer type from its kernels: attention variant and feed-forward kind; halves are ``ATTN``/``MOE``/``FC``."""
 
 
-class Bucket(BaseModel):
+class Bucket(FrozenModel):
     """Count and time of the kernels in one group (a type, a stage)."""
-
-    model_config = FROZEN
 
     name: str
     """Group name."""
@@ -33,10 +31,8 @@ class Bucket(BaseModel):
     """Share of all kernel time, in percent."""
 
 
-class StageTypeRow(BaseModel):
+class StageTypeRow(FrozenModel):
     """Kernels of one type within one stage."""
-
-    model_config = FROZEN
 
     stage: StageLabel
     type: KernelType
@@ -44,10 +40,8 @@ class StageTypeRow(BaseModel):
     time_us: float
 
 
-class UniqueKernel(BaseModel):
+class UniqueKernel(FrozenModel):
     """One distinct kernel name with its statistics (as ``extract_unique_kernels``)."""
-
-    model_config = FROZEN
 
     name: str
     """Full kernel name."""
@@ -70,10 +64,8 @@ class UniqueKernel(BaseModel):
     """Distinct grid sizes seen (up to three)."""
 
 
-class LayerInfo(BaseModel):
+class LayerInfo(FrozenModel):
     """One detected transformer layer (or half-layer with ``--split-half-layers``)."""
-
-    model_config = FROZEN
 
     index: int
     """Global index over the trace."""
@@ -99,10 +91,8 @@ class LayerInfo(BaseModel):
     """Half-layers merged into it (2 when the norm fires twice per block and halves were merged)."""
 
 
-class PassInfo(BaseModel):
+class PassInfo(FrozenModel):
     """One forward pass (an engine step or a ``generate`` iteration)."""
-
-    model_config = FROZEN
 
     index: int
     stage: StageLabel
@@ -120,20 +110,16 @@ class PassInfo(BaseModel):
     """Tokens in the step, when the annotation says."""
 
 
-class CollectiveInfo(BaseModel):
+class CollectiveInfo(FrozenModel):
     """Communication kernels of one name."""
-
-    model_config = FROZEN
 
     name: str
     count: int
     time_us: float
 
 
-class RankSummary(BaseModel):
+class RankSummary(FrozenModel):
     """One rank of a multi-rank trace."""
-
-    model_config = FROZEN
 
     rank: int
     file: str
@@ -148,10 +134,8 @@ class RankSummary(BaseModel):
     passes: int
 
 
-class AnalysisResult(BaseModel):
+class AnalysisResult(FrozenModel):
     """What the analyzer found in a measured trace: kernels by type, stage and layer, passes, unknowns."""
-
-    model_config = FROZEN
 
     schema_version: Literal[1] = 1
     source: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -108,3 +109,21 @@ def test_a_bad_trace_names_the_serving_section(tmp_path: Path) -> None:
     (tmp_path / "t.jsonl").write_text('{"arrival_s": 0, "prompt_tokens": 0, "output_tokens": 1}\n')
     with pytest.raises(ScenarioError, match=r"serving.*prompt_tokens must be at least 1"):
         run_scenario(path, tmp_path / "out", reports=False)
+
+
+@pytest.mark.parametrize(
+    ("config", "per_token"),
+    [
+        # GQA: 2 layers x 2 KV heads x head size 64 / 4 heads = 16 x (K and V) x 2 bytes
+        (SimpleNamespace(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64), 256),
+        # MLA: one latent of kv_lora_rank + rope dims (512 + 64) per token and layer, 3 layers x 2 bytes
+        (SimpleNamespace(num_hidden_layers=3, kv_lora_rank=512, qk_rope_head_dim=64), 3456),
+    ],
+)
+def test_kv_shape_of_a_config_gives_the_cached_bytes_per_token(config: SimpleNamespace, per_token: int) -> None:
+    from opgraph.scenario.serving import _kv_shape
+    from simulators.serving import KvCacheSpec
+
+    shape = _kv_shape(config, None, 2.0)
+    spec = KvCacheSpec.from_model(**shape, tp=1, memory_bytes=80e9, weights_bytes=0)
+    assert spec.bytes_per_token == per_token

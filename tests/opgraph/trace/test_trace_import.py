@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,8 @@ def test_kernels_link_to_launches_and_ops(tmp_path: Path) -> None:
     assert tl.spans[0].start_us == 0.0
 
 
-def test_flow_events_link_when_correlation_missing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("written", [lambda v: v, str], ids=["numbers", "strings"])
+def test_flow_events_link_when_correlation_missing(tmp_path: Path, written: Callable[[Any], Any]) -> None:
     doc = _trace(layers=1, passes=1)
     for e in doc["traceEvents"]:
         if e["cat"] == "kernel":
@@ -149,9 +151,10 @@ def test_flow_events_link_when_correlation_missing(tmp_path: Path) -> None:
             launch = next(
                 x for x in doc["traceEvents"] if x["cat"] == "cuda_runtime" and x["args"]["correlation"] == corr
             )
+            fid, start, end = written(corr), written(launch["ts"]), written(e["ts"])
             doc["traceEvents"] += [
-                {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": corr, "pid": 1, "tid": 1, "ts": launch["ts"]},
-                {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": corr, "pid": 0, "tid": 7, "ts": e["ts"], "bp": "e"},
+                {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": fid, "pid": 1, "tid": 1, "ts": start},
+                {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": fid, "pid": 0, "tid": 7, "ts": end, "bp": "e"},
             ]
     (d,) = load_trace_data(_write(tmp_path, doc))
     assert all(g.launch_name == "cudaLaunchKernel" for g in d.gpu)
