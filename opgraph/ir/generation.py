@@ -306,6 +306,12 @@ class GenerationPlan(FrozenModel):
         with paused_gc():  # thousands of new objects, none cyclic: collections would only cost time
             return [self._op_at(j, step, memo) for j in range(self.step_len(step))]
 
+    def step_op(self, step: int, j: int) -> OpBase:
+        """Op ``j`` of the template as ``step`` has it (what ``step_ops(step)[j]`` holds)."""
+        if step not in self.steps or not 0 <= j < self.step_len(step):
+            raise IndexError(f"op {j} of step {step} is not built by this plan")
+        return self._op_at(j, step)
+
     def _op_at(self, j: int, step: int, memo: dict[object, TensorSpec] | None = None) -> OpBase:
         # Built from the validated template without validating again: ids and tensor ids advanced,
         # deltas applied, and re-derived costs taken from the op model (once per group of equal ops).

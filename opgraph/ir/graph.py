@@ -343,8 +343,8 @@ class OpGraph(FrozenModel):
         out = [o for o in self.recorded_ops if o.kind in wanted]
         picked = [j for j, o in enumerate(plan.ops) if o.kind in wanted]
         for step in plan.steps if picked else ():
-            ops = plan.step_ops(step)
-            out.extend(ops[j] for j in picked if j < len(ops))
+            # Only the picked ops of each step are built (a step has thousands; a 1,024-step plan millions).
+            out.extend(plan.step_op(step, j) for j in picked if j < plan.step_len(step))
         return out
 
     def predecessors(self) -> dict[int, list[int]]:
