@@ -10,9 +10,16 @@ host's clock in forward hooks: the forward and the sampling and bookkeeping ``ge
 the last one: to ``generate``'s return; data that lack that clock leave the last step out); the
 simulated time of step ``i`` is where the step's last span ends less where step ``i-1``'s ends (the
 prefill: from 0), so the simulated steps add up to the makespan. The measured total is the median wall of
-the timed runs (it also holds ``generate``'s setup before the first forward, which the graph does not).
+the timed runs; it also holds ``generate``'s set-up before the first forward pass, which the simulation
+charges as the host profile's ``generate_setup_us`` (left out of the first simulated step, as the measured
+steps start after it).
 
-    python benchmarks/generate_validate_report.py [benchmarks/results/gpu/h100/generate/generate_validate.json]
+The host profile's generate-loop terms are fitted on the data's ``train`` cases alone (other models,
+depths, batches and lengths than the validated cases): ``--fit-host-profile HOST_JSON`` writes them into
+HOST_JSON, then reports with the CLI's defaults.
+
+    python benchmarks/generate_validate_report.py [benchmarks/results/gpu/h100/generate/run4/generate_validate.json]
+    python benchmarks/generate_validate_report.py DATA --fit-host-profile hardware/catalog/h100-sxm.host.json
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from typing import Any
 from opgraph.ir.timeline import union_length
 from opgraph.trace.kineto import is_device_event, launch_times
 
-DEFAULT = Path(__file__).resolve().parent / "results" / "gpu" / "h100" / "generate" / "generate_validate.json"
+DEFAULT = Path(__file__).resolve().parent / "results" / "gpu" / "h100" / "generate" / "run4" / "generate_validate.json"
 
 
 @dataclass(frozen=True)

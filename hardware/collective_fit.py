@@ -69,9 +69,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hardware.base import Bound, Cost, CostModel, UncostedOpError
 from hardware.calibrate import CalibrationError
-from hardware.record import Record
 from hardware.spec import HardwareSpec, NonNegFloat, PosFloat
 from opgraph.ir import Collective, CollectiveKind, DType, OpBase, OpgraphError
+from opgraph.ir.tensor import FrozenModel
 
 __all__ = [
     "CalibratedCollectiveModel",
@@ -173,7 +173,7 @@ class CollectiveSample(BaseModel):
     device_name: str = ""
 
 
-class FitPoint(Record):
+class FitPoint(FrozenModel):
     """One measured size of a fit."""
 
     bytes: Annotated[int, Field(ge=1)]
@@ -182,7 +182,7 @@ class FitPoint(Record):
     """Measured time (the median when a size was measured more than once)."""
 
 
-class CollectiveFit(Record):
+class CollectiveFit(FrozenModel):
     """``t = alpha + bus_bytes / busbw`` for one collective over one group size."""
 
     collective: CollectiveKind
@@ -252,7 +252,7 @@ def _ring_steps(collective: CollectiveKind, g: int) -> int:
     return g - 1
 
 
-class CollectiveCalibration(Record):
+class CollectiveCalibration(FrozenModel):
     """Alpha-beta fits of the collectives measured on one machine, per (collective, group size)."""
 
     schema_version: Literal[1] = 1
@@ -661,7 +661,7 @@ class CollectivesCostedApart:
             return self.base.estimate(op, hw)
 
 
-class HeldOutPoint(Record):
+class HeldOutPoint(FrozenModel):
     """One measured size predicted by a fit that did not see it."""
 
     collective: CollectiveKind

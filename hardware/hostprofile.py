@@ -48,12 +48,12 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from hardware.record import Record
 from hardware.spec import HardwareSpec, NonNegFloat
 from hardware.versioned import FileKind
 from opgraph.ir import SAMPLER_SCOPE, OpGraph, OpgraphError, save_model
 from opgraph.ir.issue import is_nested
 from opgraph.ir.ops import OpBase
+from opgraph.ir.tensor import FrozenModel
 
 HOST_PROFILE_FORMAT = "opgraph.host_profile"
 """The ``format`` marker of a host profile file."""
@@ -73,7 +73,7 @@ class HostProfileWarning(UserWarning):
     profile's host). Front ends print it as one line."""
 
 
-class HostInfo(Record):
+class HostInfo(FrozenModel):
     """Where and with what a host profile was measured."""
 
     cpu: str
@@ -92,7 +92,7 @@ class HostInfo(Record):
     """When the profile was built (ISO 8601, UTC)."""
 
 
-class GapStat(Record):
+class GapStat(FrozenModel):
     """Framework time before the ops of one key: median and spread over the training ops."""
 
     median_us: NonNegFloat
@@ -105,7 +105,7 @@ class GapStat(Record):
     """Training ops with this key."""
 
 
-class TrainingGraph(Record):
+class TrainingGraph(FrozenModel):
     """One host-timed capture the profile was fitted from."""
 
     model: str
@@ -122,7 +122,7 @@ class TrainingGraph(Record):
     """Framework host time of the whole graph, microseconds."""
 
 
-class WallSample(Record):
+class WallSample(FrozenModel):
     """One measured forward the wall terms were fitted on: the training graph's measured and
     simulated walls."""
 
@@ -136,7 +136,7 @@ class WallSample(Record):
     """The simulated wall without them (op scale 1, no forward time)."""
 
 
-class HostProfile(Record):
+class HostProfile(FrozenModel):
     """The framework's host time between ops on one CPU, keyed by the op's place in the model."""
 
     format: Literal["opgraph.host_profile"] = "opgraph.host_profile"

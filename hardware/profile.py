@@ -20,10 +20,10 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from hardware.record import Record
 from hardware.spec import HardwareSpec, NonNegFloat
 from hardware.versioned import FileKind
 from opgraph.ir import LoadError, Op, Scalar, save_model
+from opgraph.ir.tensor import FrozenModel
 
 PROFILE_FORMAT = "opgraph.device_profile"
 """The ``format`` marker of a profile file."""
@@ -33,7 +33,7 @@ PROFILE_SUFFIX = ".profile.json"
 """File names ending so are read as device profiles (``-c h100.profile.json``)."""
 
 
-class ProfileDevice(Record):
+class ProfileDevice(FrozenModel):
     """Where a profile was measured: the device, its clocks and software, the host, the date."""
 
     name: str = ""
@@ -62,7 +62,7 @@ class ProfileDevice(Record):
     """When the sweep started (ISO 8601, UTC)."""
 
 
-class ProfilePoint(Record):
+class ProfilePoint(FrozenModel):
     """One measured synthetic op config."""
 
     key: str
@@ -83,7 +83,7 @@ class ProfilePoint(Record):
     """A role beyond the op (``launch``: the empty-ish kernel that measures the launch floor)."""
 
 
-class DeviceProfile(Record):
+class DeviceProfile(FrozenModel):
     """A device's measured profile (see the module docstring)."""
 
     format: Literal["opgraph.device_profile"] = "opgraph.device_profile"

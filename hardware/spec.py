@@ -7,9 +7,9 @@ from typing import Annotated
 
 from pydantic import Field, field_validator
 
-from hardware.record import Record
 from hardware.units import parse_quantity
 from opgraph.ir import DType
+from opgraph.ir.tensor import FrozenModel
 
 PosFloat = Annotated[float, Field(gt=0)]
 """A float above zero."""
@@ -25,7 +25,7 @@ class DeviceKind(str, Enum):
     ACCELERATOR = "accelerator"
 
 
-class PeakFlops(Record):
+class PeakFlops(FrozenModel):
     """Peak dense FLOP/s per dtype on one kind of unit; a missing dtype is not supported there.
 
     Values are numbers in FLOP/s or strings with a unit (``"989.4 TFLOP/s"``, ``"1979 TOPS"``).
@@ -48,7 +48,7 @@ class PeakFlops(Record):
         return parse_quantity(value, "flops")
 
 
-class HostOverhead(Record):
+class HostOverhead(FrozenModel):
     """CPU time the framework spends to issue one op (Python + dispatcher + launch call)."""
 
     eager_us: NonNegFloat = 10.0
@@ -57,7 +57,7 @@ class HostOverhead(Record):
     """Per op when replayed from a CUDA graph."""
 
 
-class Interconnect(Record):
+class Interconnect(FrozenModel):
     """Links between devices of one node and to the host."""
 
     name: str = ""
@@ -77,7 +77,7 @@ class Interconnect(Record):
         return parse_quantity(value, "bandwidth")
 
 
-class HardwareSpec(Record):
+class HardwareSpec(FrozenModel):
     """One device: compute peaks, memory, caches, launch and host costs, interconnect."""
 
     name: str

@@ -77,7 +77,8 @@ def study_config(
     """The :class:`~simulators.SimulationConfig` of a study, from the settings the CLI and scenarios name.
 
     ``base`` (engine groups as data, e.g. from ``--config``) replaces ``copy_engines``/``links``;
-    the host's ``sync_ops``/``free_ops`` come from it, and ``framework`` only keeps its framework time.
+    the host's ``sync_ops``/``free_ops`` and ``host_profile`` come from it, and ``framework`` only keeps
+    its framework time.
     ``independent_engines`` (unset: the base's, off by default) gives every engine a whole device.
     """
     from simulators import HostConfig, HostMode, SimulationConfig
@@ -91,6 +92,7 @@ def study_config(
         sync_ops=base.host.sync_ops,
         free_ops=base.host.free_ops,
         framework=framework and base.host.framework,
+        host_profile=base.host.host_profile,
         record=record_host,
     )
     config = base.model_copy(

@@ -9,10 +9,10 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from opgraph.ir import OpKind, Scalar
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 
 NonNegFloat = Annotated[float, Field(ge=0)]
 """A float of zero or more."""
@@ -36,7 +36,7 @@ _DEFAULT_KINDS: dict[EngineRole, tuple[OpKind, ...]] = {
 }
 
 
-class EngineGroup(BaseModel):
+class EngineGroup(FrozenModel):
     """A group of identical engines that run ops of some kinds, one op per engine at a time.
 
     An engine is a place where one op runs at a time: a CUDA stream's worth of concurrency, not a
@@ -44,8 +44,6 @@ class EngineGroup(BaseModel):
     share that device's peak FLOP/s and memory bandwidth (see
     :attr:`SimulationConfig.independent_engines`).
     """
-
-    model_config = FROZEN
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_\-]*$")]
     """Track prefix in the timeline (``compute`` gives tracks ``compute0``, ``compute1``, ...)."""
@@ -77,11 +75,9 @@ class HostMode(str, Enum):
     """No host cost: every op is issued at time zero (an ideal launcher)."""
 
 
-class HostConfig(BaseModel):
+class HostConfig(FrozenModel):
     """The host thread: issues ops in program order, spending ``per_op_us`` on each; launches are
     asynchronous, so the host runs ahead of the device except at sync points."""
-
-    model_config = FROZEN
 
     mode: HostMode = HostMode.EAGER
     """Eager, CUDA graph, or none."""
@@ -107,7 +103,7 @@ class HostConfig(BaseModel):
     """Record host spans on a ``host`` track."""
 
 
-class SimulationConfig(BaseModel):
+class SimulationConfig(FrozenModel):
     """Everything that decides a simulated schedule besides the graph, the hardware and the costs.
 
     **What an engine is.** An engine runs one op at a time, like a CUDA stream: several compute
@@ -124,8 +120,6 @@ class SimulationConfig(BaseModel):
     hypothetical accelerator with several independent compute units (the seed project's study of
     how many engines a decoder layer can use).
     """
-
-    model_config = FROZEN
 
     groups: tuple[EngineGroup, ...] = (
         EngineGroup(name="compute", role=EngineRole.COMPUTE, count=1),

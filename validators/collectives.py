@@ -61,12 +61,12 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from hardware.collective_fit import measurement_lines
 from opgraph.ir import Collective, CollectiveKind, DType, OpGraph, OpgraphError, OpKind, collective_definition
 from opgraph.ir.ops import PosInt
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import NonNegFloat
 
 __all__ = [
@@ -145,10 +145,8 @@ class _CollectiveIdentity:
         return collective_definition(self.collective, self.group_size, self.bytes)
 
 
-class CollectiveCase(_CollectiveIdentity, BaseModel):
+class CollectiveCase(_CollectiveIdentity, FrozenModel):
     """One collective to time: what, how many bytes per rank, over how many ranks, in which dtype."""
-
-    model_config = FROZEN
 
     collective: CollectiveKind
     bytes: PosInt
@@ -160,10 +158,8 @@ class CollectiveCase(_CollectiveIdentity, BaseModel):
     """How often the replayed graph runs this case (1 for a sweep)."""
 
 
-class CollectiveMeasurement(_CollectiveIdentity, BaseModel):
+class CollectiveMeasurement(_CollectiveIdentity, FrozenModel):
     """The measured time of one :class:`CollectiveCase` on one job (written by rank 0)."""
-
-    model_config = FROZEN
 
     collective: CollectiveKind
     bytes: PosInt

@@ -65,8 +65,6 @@ def index(bound: int, *, unique: bool = False) -> Domain:
     return Domain(DomainKind.INDEX, bound=max(1, int(bound)), unique=unique)
 
 
-
-
 def torch_dtype(dtype: DType | str) -> torch.dtype:
     """The torch dtype of an IR dtype; :class:`OpgraphError` for types torch lacks (fp4)."""
     import torch

@@ -16,10 +16,10 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Annotated, Literal
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from opgraph.ir import DType, LoadError, Op, OpKind
-from opgraph.ir.tensor import FROZEN, NonNegInt
+from opgraph.ir.tensor import FrozenModel, NonNegInt
 from opgraph.ir.timeline import NonNegFloat
 
 RESULT_VERSION = 1
@@ -51,10 +51,8 @@ MeasuredTimer = Literal["cuda_kernels", "cuda_events", "cuda_events_no_lead", "p
 """The clock a :class:`TimingStats` was measured with (the values replay has ever written)."""
 
 
-class TimingStats(BaseModel):
+class TimingStats(FrozenModel):
     """Device time of one call, over repeated samples."""
-
-    model_config = FROZEN
 
     median_us: NonNegFloat
     """Median time of one call, microseconds."""
@@ -108,10 +106,8 @@ class TimingStats(BaseModel):
         return 1.57 * self.iqr_us / math.sqrt(self.samples) / self.median_us
 
 
-class NumericCheck(BaseModel):
+class NumericCheck(FrozenModel):
     """The replayed outputs against a float64 reference computed from the same inputs."""
-
-    model_config = FROZEN
 
     ok: bool
     """Within tolerance (or nothing comparable)."""
@@ -133,10 +129,8 @@ class NumericCheck(BaseModel):
     """Why some outputs were not compared (random ops, uninitialised memory, tie-prone indices)."""
 
 
-class EnergyStats(BaseModel):
+class EnergyStats(FrozenModel):
     """Board energy while the op ran back to back, from NVML."""
-
-    model_config = FROZEN
 
     joules_per_call: NonNegFloat
     """Board energy of one call (total, idle included)."""
@@ -152,10 +146,8 @@ class EnergyStats(BaseModel):
     """``energy_counter`` (NVML total-energy counter) or ``power_samples`` (integrated samples)."""
 
 
-class ReplayResult(BaseModel):
+class ReplayResult(FrozenModel):
     """One replayed config: what it is, where it ran, how long it took, whether it was right."""
-
-    model_config = FROZEN
 
     version: int = RESULT_VERSION
     """Record format version."""
@@ -317,10 +309,8 @@ def done_keys(paths: Iterable[str | Path]) -> set[str]:
     return keys
 
 
-class Coverage(BaseModel):
+class Coverage(FrozenModel):
     """How much of the model was replayed: by configs, by uses and by estimated time share."""
-
-    model_config = FROZEN
 
     configs: int
     """Unique configs."""
@@ -386,10 +376,8 @@ def coverage(results: Iterable[ReplayResult]) -> Coverage:
     )
 
 
-class RunToRun(BaseModel):
+class RunToRun(FrozenModel):
     """Agreement of the medians of two replays of the same configs."""
-
-    model_config = FROZEN
 
     configs: int
     """Configs timed in both runs and at least ``min_us`` long."""

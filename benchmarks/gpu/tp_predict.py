@@ -47,7 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_cli import entry_point, parser  # noqa: E402
 from pydantic import Field  # noqa: E402
-from tp_run import FrozenRecord, TpCase, TpRunSummary  # noqa: E402
+from tp_run import TpCase, TpRunSummary  # noqa: E402
+
+from opgraph.ir import FrozenModel  # noqa: E402
 
 GPU_TOLERANCE = 0.10
 """The issue's target: GPU time within 10% per rank."""
@@ -55,7 +57,7 @@ COLLECTIVE_TOLERANCE = 0.15
 """The issue's target: collective time within 15% per rank."""
 
 
-class RankPrediction(FrozenRecord):
+class RankPrediction(FrozenModel):
     """One rank's simulated times, microseconds per step."""
 
     rank: int
@@ -70,7 +72,7 @@ class RankPrediction(FrozenRecord):
     makespan_us: float
 
 
-class RankComparison(FrozenRecord):
+class RankComparison(FrozenModel):
     """Measured against predicted, one rank (errors are ``predicted / measured - 1``)."""
 
     rank: int
@@ -106,7 +108,7 @@ class RankComparison(FrozenRecord):
     """``predicted_makespan_us / measured_wall_us - 1``."""
 
 
-class CaseComparison(FrozenRecord):
+class CaseComparison(FrozenModel):
     """One run (model, phase, TP degree) under one way of costing collectives."""
 
     case: TpCase
@@ -146,7 +148,7 @@ def _largest_abs(xs: Iterable[float | None]) -> float | None:
     return max(vals) if vals else None
 
 
-class TpComparisonReport(FrozenRecord):
+class TpComparisonReport(FrozenModel):
     """Every comparison of one ``tp_predict.py`` call."""
 
     hardware: str

@@ -46,22 +46,15 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from gpu_cli import entry_point, parser  # noqa: E402
-from pydantic import BaseModel, Field  # noqa: E402
+from pydantic import Field  # noqa: E402
 
-from opgraph.ir.tensor import FROZEN  # noqa: E402
+from opgraph.ir import FrozenModel  # noqa: E402
 
 STEP_RANGE = "opgraph.tp_step"
 """Profiler range around each profiled step."""
 
 
-class FrozenRecord(BaseModel):
-    """Base of the TP benchmark's records (``tp_run.py`` and ``tp_predict.py``): opgraph's ``FROZEN``
-    config, so each is immutable, refuses unknown fields and documents its schema."""
-
-    model_config = FROZEN
-
-
-class TpCase(FrozenRecord):
+class TpCase(FrozenModel):
     """What one TP run measured: model, phase, shapes and how it was sharded."""
 
     model: str
@@ -87,7 +80,7 @@ class TpCase(FrozenRecord):
         return f"{model}{cut}_{self.phase}_b{self.batch}_{shape}_tp{self.tp}"
 
 
-class TraceTimes(FrozenRecord):
+class TraceTimes(FrozenModel):
     """Device times of one rank's profiled steps, per step, from its trace."""
 
     steps: int
@@ -112,7 +105,7 @@ class TraceTimes(FrozenRecord):
     """c10d collective calls per step by kind (``all_reduce``: from ``c10d::allreduce_``), on any backend."""
 
 
-class RankResult(FrozenRecord):
+class RankResult(FrozenModel):
     """One rank's numbers for one phase."""
 
     rank: int
@@ -125,14 +118,14 @@ class RankResult(FrozenRecord):
     """The rank's profiler trace, relative to the summary's folder."""
 
 
-class TpRun(FrozenRecord):
+class TpRun(FrozenModel):
     """One phase of one model at one TP degree, all ranks."""
 
     case: TpCase
     ranks: tuple[RankResult, ...]
 
 
-class ShardCheck(FrozenRecord):
+class ShardCheck(FrozenModel):
     """Logits of the sharded model against the same model unsharded, on a few seeded tokens."""
 
     tokens: int
@@ -146,7 +139,7 @@ class ShardCheck(FrozenRecord):
         return self.max_abs_err / self.ref_max_abs if self.ref_max_abs else self.max_abs_err
 
 
-class TpRunSummary(FrozenRecord):
+class TpRunSummary(FrozenModel):
     """Everything one ``tp_run.py`` job measured (``summary.json``)."""
 
     runs: tuple[TpRun, ...]

@@ -33,12 +33,12 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError
 
 from hardware.base import Bound, Cost, CostModelError, UncostedOpError
-from hardware.record import Record
 from hardware.spec import HardwareSpec
 from opgraph.ir import Collective, CollectiveKind, OpBase
+from opgraph.ir.tensor import FrozenModel
 
 
-class CollectiveParams(Record):
+class CollectiveParams(FrozenModel):
     """Assumptions of the alpha-beta model."""
 
     algorithm: Literal["ring", "tree", "auto"] = "auto"

@@ -14,8 +14,8 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from hardware.record import Record
 from opgraph.ir import OpKind
+from opgraph.ir.tensor import FrozenModel
 
 Fraction = Annotated[float, Field(gt=0, le=1)]
 """A fraction in (0, 1]."""
@@ -23,7 +23,7 @@ PosSize = Annotated[float, Field(gt=0)]
 """A size above zero."""
 
 
-class EfficiencyCurve(Record):
+class EfficiencyCurve(FrozenModel):
     """Achieved fraction of peak as a function of size (bytes or FLOPs), log-linear between points."""
 
     points: tuple[tuple[PosSize, Fraction], ...]
@@ -60,7 +60,7 @@ class EfficiencyCurve(Record):
         return e0 + (e1 - e0) * t
 
 
-class GemmTile(Record):
+class GemmTile(FrozenModel):
     """A CTA tile shape a GEMM library may pick, with the fraction of per-SM peak it sustains."""
 
     m: Annotated[int, Field(ge=1)]
@@ -104,7 +104,7 @@ def _default_memory_scale() -> dict[OpKind, float]:
     }
 
 
-class RooflineParams(Record):
+class RooflineParams(FrozenModel):
     """Every assumption of the roofline model; defaults suit Hopper-class GPUs and libraries."""
 
     gemm_tiles: tuple[GemmTile, ...] = Field(default_factory=_default_tiles, min_length=1)

@@ -30,7 +30,6 @@ from hardware.models.dispatch import (
     view_cost,
 )
 from hardware.models.efficiency import builtin_kind
-from hardware.record import Record
 from hardware.spec import HardwareSpec
 from opgraph.ir import (
     Activation,
@@ -45,6 +44,7 @@ from opgraph.ir import (
     Rope,
     Softmax,
 )
+from opgraph.ir.tensor import FrozenModel
 
 
 class HardwareIgnoredWarning(CostModelWarning):
@@ -64,7 +64,7 @@ def _default_factors() -> dict[OpKind, float]:
     }
 
 
-class FormulaParams(Record):
+class FormulaParams(FrozenModel):
     """The formula's constants (the seed's values by default)."""
 
     base_us_per_element: Annotated[float, Field(gt=0)] = 0.5

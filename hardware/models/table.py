@@ -36,9 +36,9 @@ from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarni
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams
 from hardware.models.efficiency import RooflineParams
 from hardware.models.registry import resolve_cost_model
-from hardware.record import Record
 from hardware.spec import HardwareSpec, NonNegFloat
 from opgraph.ir import DType, OpBase, OpCategory, OpgraphError, OpKind, Scalar, load_model, save_model
+from opgraph.ir.tensor import FrozenModel
 
 _COMMON_FIELDS = frozenset(OpBase.model_fields) | {"kind"}
 
@@ -82,7 +82,7 @@ def _from_fields(op: OpBase, shape: dict[str, int] | None = None) -> OpBase:
     return type(op).model_validate({**data, **(shape or {})})
 
 
-class TableEntry(Record):
+class TableEntry(FrozenModel):
     """One measured config: the median device time of an op shape."""
 
     definition: str
@@ -128,7 +128,7 @@ class TableEntry(Record):
         )
 
 
-class CostTable(Record):
+class CostTable(FrozenModel):
     """A calibrated cost model as a file: measured times, the device spec, fallback parameters."""
 
     schema_version: Literal[1] = 1

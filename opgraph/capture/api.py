@@ -332,6 +332,7 @@ def record_generation(model_or_id: Any, opts: CaptureOptions) -> OpGraph:
             with _no_grad():
                 for step in range(gen.BASE_STEP + 1, opts.new_tokens + 1):
                     run.decode(step)
+                run.sample()  # the last step's sampler
             args["assumptions"] = [*args["assumptions"], gen.FALLBACK_NOTE.format(why=exc)]
             graph, _ = graph_from_recording(rec, **args)
             return graph

@@ -207,14 +207,15 @@ def run_phase(prepared: PreparedModel, opts: CaptureOptions, rec: PhaseRecorder 
         if opts.phase == "generate":
             for step in range(1, opts.new_tokens + 1):
                 run.decode(step)
+            run.sample()  # generate samples after its last forward pass too
 
 
 class PhaseRun:
     """The forward passes of a phase, one at a time (call under ``torch.no_grad()``).
 
-    A generate phase is :meth:`prefill` then :meth:`decode` for steps 1..``new_tokens``; the sampler
-    that picks each step's next token runs (tagged with that step) at the start of the next step, or
-    earlier through :meth:`sample`.
+    A generate phase is :meth:`prefill` then :meth:`decode` for steps 1..``new_tokens``, then the last
+    step's :meth:`sample`; the sampler that picks each step's next token runs (tagged with that step) at
+    the start of the next step, or earlier through :meth:`sample`.
     """
 
     def __init__(self, prepared: PreparedModel, opts: CaptureOptions, rec: PhaseRecorder | None, cache: Any) -> None:
@@ -247,7 +248,7 @@ class PhaseRun:
         generate = self.opts.phase == "generate"
         ids = token_ids(self.prepared, self.opts, self.opts.batch, self.opts.seq_len)
         if generate:
-            self.loop = GreedyLoop(ids, self.prepared.config, self.opts.seq_len + self.opts.new_tokens + 1)
+            self.loop = GreedyLoop(ids, self.prepared.config, loop_max_length(self.opts))
         self.forward(ids, "prefill", 0, generate)
 
     def sample(self) -> None:
@@ -268,6 +269,13 @@ class PhaseRun:
             self.sample()
         ids, self.ids = self.ids, None
         self.forward(ids, "decode", step, True)
+
+
+def loop_max_length(opts: CaptureOptions) -> int:
+    """The maximum length the capture's :class:`GreedyLoop` stops at: one token past the graph's last
+    step, so that every step runs the same stopping ops (``generate`` itself fills its maximum-length
+    flag with True after its last forward pass, an op of the same cost as every other step's False)."""
+    return opts.seq_len + opts.new_tokens + 2
 
 
 def _eos_and_pad(config: Any) -> tuple[list[int], int | None]:

@@ -22,8 +22,9 @@ minutes and gigabytes, so a graph may hold a :class:`GenerationPlan` instead:
     ``definition``) derived again by the op's own model (``default_flops``, ``default_bytes``,
     ``default_definition``) from the advanced fields, so that the costs of step ``k`` are those its
     op model gives, not an extrapolation;
-  - and, in the last step only, the ops of :attr:`final_drop` (the sampler: the last step samples
-    nothing) and their edges left out.
+  - and, in the last step only, the ops of :attr:`final_drop` and their edges left out (a tail the
+    last step does not run; captures keep the last step's sampler, as ``generate`` samples after its
+    last forward pass too, so theirs is empty).
 
 Capture builds a plan only after checking it (:mod:`opgraph.capture.generation`); a plan's step
 equals the step a full recording would give, op for op. Graph consumers need not know: ``graph.ops``

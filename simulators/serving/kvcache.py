@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from opgraph.ir import OpgraphError
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 
 __all__ = ["KvCacheError", "KvCacheSpec"]
 
@@ -25,10 +25,8 @@ class KvCacheError(OpgraphError):
     """The model does not fit the device (weights above the usable memory)."""
 
 
-class KvCacheSpec(BaseModel):
+class KvCacheSpec(FrozenModel):
     """What the KV cache of one rank holds."""
-
-    model_config = FROZEN
 
     bytes_per_token: Annotated[int, Field(ge=1)]
     """Bytes one token's keys and values take on one rank, all layers."""

@@ -19,10 +19,10 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from opgraph.ir import OpgraphError
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 
 __all__ = ["LengthDist", "Request", "WorkloadError", "load_trace", "poisson_workload"]
 
@@ -31,10 +31,8 @@ class WorkloadError(OpgraphError):
     """A request trace or workload setting is malformed."""
 
 
-class Request(BaseModel):
+class Request(FrozenModel):
     """One request: when it arrives, its prompt and how many tokens it generates."""
-
-    model_config = FROZEN
 
     id: Annotated[int, Field(ge=0)]
     """Position in the workload (arrival order)."""
@@ -113,10 +111,8 @@ def load_trace(path: Path) -> list[Request]:
     return [reqs[j].model_copy(update={"id": i}) for i, j in enumerate(order)]
 
 
-class LengthDist(BaseModel):
+class LengthDist(FrozenModel):
     """A token-length distribution: ``N`` (fixed), ``LO..HI`` (uniform) or ``exp:MEAN`` (geometric, at least 1)."""
-
-    model_config = FROZEN
 
     kind: str
     """``fixed``, ``uniform`` or ``exp``."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 from simulators.serving.requests import Request
 
 __all__ = [
@@ -23,10 +23,8 @@ __all__ = [
 ]
 
 
-class Percentiles(BaseModel):
+class Percentiles(FrozenModel):
     """Distribution of one latency in milliseconds (linear interpolation between ranks)."""
-
-    model_config = FROZEN
 
     p50: float
     p90: float
@@ -55,10 +53,8 @@ def percentiles(values: list[float]) -> Percentiles:
     return Percentiles(p50=q(0.5), p90=q(0.9), p99=q(0.99), mean=sum(xs) / len(xs), max=xs[-1], count=len(xs))
 
 
-class RequestRecord(BaseModel):
+class RequestRecord(FrozenModel):
     """What happened to one served request (times in seconds from the start)."""
-
-    model_config = FROZEN
 
     id: int
     arrival_s: float
@@ -92,19 +88,15 @@ class RequestRecord(BaseModel):
         )
 
 
-class DroppedRequest(BaseModel):
+class DroppedRequest(FrozenModel):
     """A request the simulation could not serve, and why."""
-
-    model_config = FROZEN
 
     id: int
     reason: str
 
 
-class StepRecord(BaseModel):
+class StepRecord(FrozenModel):
     """One step of the server."""
-
-    model_config = FROZEN
 
     index: int
     start_s: float
@@ -125,10 +117,8 @@ class StepRecord(BaseModel):
     """The bucketed shape whose simulation priced the step."""
 
 
-class ServingSettings(BaseModel):
+class ServingSettings(FrozenModel):
     """What was simulated."""
-
-    model_config = FROZEN
 
     model: str = ""
     hardware: str = ""
@@ -145,10 +135,8 @@ class ServingSettings(BaseModel):
     )
 
 
-class ServingSummary(BaseModel):
+class ServingSummary(FrozenModel):
     """Headline numbers."""
-
-    model_config = FROZEN
 
     completed: int
     dropped: int
@@ -201,10 +189,8 @@ def summarize(
     )
 
 
-class ServingResult(BaseModel):
+class ServingResult(FrozenModel):
     """A served-workload simulation, saved as JSON."""
-
-    model_config = FROZEN
 
     schema_version: int = 1
     settings: ServingSettings

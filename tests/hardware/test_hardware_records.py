@@ -1,5 +1,5 @@
 """Every pydantic record of the hardware package is frozen, rejects unknown fields and carries its
-field docstrings (most through :class:`hardware.record.Record`)."""
+field docstrings (most through :class:`opgraph.ir.FrozenModel`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 import hardware
-from hardware.record import Record
 from hardware.spec import HostOverhead
+from opgraph.ir import FrozenModel
 
 LENIENT = {"hardware.collective_fit.CollectiveSample"}
 """Records that read foreign files on purpose and so ignore unknown fields (a validators measurement)."""
@@ -39,7 +39,7 @@ def test_every_record_is_frozen_and_strict(record: type[BaseModel]) -> None:
 
 
 def test_a_record_subclass_cannot_be_changed_and_names_its_unknown_field() -> None:
-    assert issubclass(HostOverhead, Record)
+    assert issubclass(HostOverhead, FrozenModel)
     host = HostOverhead()
     with pytest.raises(ValidationError, match="frozen"):
         host.eager_us = 1.0

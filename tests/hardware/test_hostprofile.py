@@ -19,10 +19,12 @@ from hardware.hostprofile import (
     check_host_cpu,
     forward_starts,
     in_context,
+    in_generate_loop,
     load_host_profile,
     predict_gaps,
 )
 from opgraph.ir import (
+    SAMPLER_SCOPE,
     CaptureSettings,
     Elementwise,
     Gemm,
@@ -201,6 +203,18 @@ def test_in_context_scales_every_op_and_charges_each_forward_once() -> None:
     prof = toy_profile(op_scale=2.0, forward_us=100.0)
     assert in_context([1.0, 2.0, 3.0, 4.0], g, prof) == [102.0, 4.0, 106.0, 8.0]
     assert in_context([1.0, 2.0, 3.0, 4.0], g, toy_profile()) == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_generate_loop_terms_go_on_each_steps_first_sampler_op_and_before_the_prompt() -> None:
+    g = _two_step_graph()
+    sampled = [op.model_copy(update={"scope": SAMPLER_SCOPE}) if op.id in (1, 3) else op for op in g.ops]
+    g = OpGraph(metadata=g.metadata, ops=tuple(sampled))
+    prof = toy_profile(generate_step_us=300.0, generate_setup_us=1000.0)
+    assert in_generate_loop([1.0, 2.0, 3.0, 4.0], g, prof) == [1001.0, 302.0, 3.0, 304.0]
+    assert in_generate_loop([1.0, 2.0, 3.0, 4.0], g, toy_profile()) == [1.0, 2.0, 3.0, 4.0]
+    # A window of later steps (no step 0) pays no set-up; a step without a sampler, no step term.
+    later = OpGraph(metadata=g.metadata, ops=tuple(op.model_copy(update={"step": 5}) for op in g.ops[2:]))
+    assert in_generate_loop([3.0, 4.0], later, prof) == [3.0, 304.0]
 
 
 def _toy_wall(host_us: dict[str, float], device_us: dict[str, float]) -> Callable[[OpGraph, HostProfile], float]:

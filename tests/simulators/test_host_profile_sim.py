@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hardware.hostprofile import HostInfo
 from opgraph.cli.app import app
-from opgraph.ir import save_graph
+from opgraph.ir import SAMPLER_SCOPE, save_graph
 from simulators import HostConfig, HostMode, SimulationConfig, simulate
 from tests.hardware.host_builders import toy_graph, toy_profile
 
@@ -160,6 +160,23 @@ def test_in_context_terms_are_not_applied_to_the_steps_of_a_generation(tmp_path:
     assert any("not applied to the steps of a generation" in n for n in r.notes)
 
 
+def test_generate_loop_terms_add_their_time_per_sampled_step_and_before_the_prompt(tmp_path: Path) -> None:
+    """A host-bound generation pays the fitted loop time once per step that samples, the set-up once."""
+    steps = toy_graph(2, timed=False)
+    half = len(steps.ops) // 2
+    ops = tuple(op.model_copy(update={"step": 0 if i < half else 1}) for i, op in enumerate(steps.ops))
+    ops = tuple(op.model_copy(update={"scope": SAMPLER_SCOPE}) if op.id == ops[-1].id else op for op in ops)
+    md = steps.metadata.model_copy(update={"phase": "generate"})
+    steps = steps.model_copy(update={"metadata": md, "ops": ops})
+    plain = toy_profile(issue_us=4.0).save(tmp_path / "plain.host.json")
+    loop = toy_profile(issue_us=4.0, generate_step_us=50.0, generate_setup_us=200.0).save(tmp_path / "loop.host.json")
+    r = simulate(steps, hw(EAGER_US), PerOpCost(), _config(host_profile=str(loop)))
+    r_plain = simulate(steps, hw(EAGER_US), PerOpCost(), _config(host_profile=str(plain)))
+    assert r.stats().makespan_us == pytest.approx(r_plain.stats().makespan_us + 50.0 + 200.0)
+    assert any("generate's loop" in n and "0.050 ms more per step" in n for n in r.notes)
+    assert not any("generate's loop" in n for n in r_plain.notes)
+
+
 def test_a_busy_device_slows_the_host_by_the_fitted_busy_scale(tmp_path: Path) -> None:
     untimed = toy_graph(2, timed=False)
     truth = [op.host_gap_us or 0.0 for op in toy_graph(2).ops]
@@ -207,3 +224,15 @@ def test_ops_marked_as_host_syncs_make_the_eager_host_wait_for_the_device() -> N
     assert synced.stats().makespan_us > plain.stats().makespan_us
     graphs = SimulationConfig.standard(1, policy="stream", host=HostConfig(mode=HostMode.CUDA_GRAPH))
     assert simulate(marked, hw(EAGER_US), PerOpCost(), graphs).config.host.sync_ops == ()
+
+
+def test_a_config_files_host_profile_is_the_one_simulate_uses(tmp_path: Path) -> None:
+    """`opgraph simulate --config` with ``host.host_profile`` set: that file predicts the framework time."""
+    graph = save_graph(toy_graph(2, timed=False), tmp_path / "g.json")
+    mine = toy_profile(issue_us=4.0).save(tmp_path / "mine.host.json")
+    config = tmp_path / "sim.json"
+    config.write_text(SimulationConfig(host=HostConfig(host_profile=str(mine))).model_dump_json())
+    r = CliRunner().invoke(app, ["simulate", str(graph), "-H", "a6000", "--config", str(config), "-e", "1"])
+    assert r.exit_code == 0, r.output
+    # whitespace dropped: a narrow terminal folds the long path anywhere
+    assert f"predictedbythehostprofile{mine}" in "".join(r.output.split())

@@ -1,4 +1,4 @@
-"""What the TP benchmark scripts share: their records' base (``tp_run.FrozenRecord``) and their command
+"""What the TP benchmark scripts share: their records' base (``FrozenModel``) and their command
 line (``benchmarks/gpu/gpu_cli.py``)."""
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import gpu_cli  # noqa: E402
 import tp_predict  # noqa: E402
 import tp_run  # noqa: E402
 
+from opgraph.ir import FrozenModel  # noqa: E402
+
 RECORDS = [
     obj
     for module in (tp_run, tp_predict)
@@ -28,7 +30,7 @@ RECORDS = [
 
 def test_every_tp_record_is_a_frozen_record() -> None:
     assert len(RECORDS) >= 10
-    assert [r.__name__ for r in RECORDS if not issubclass(r, tp_run.FrozenRecord)] == []
+    assert [r.__name__ for r in RECORDS if not issubclass(r, FrozenModel)] == []
 
 
 def test_records_are_immutable_refuse_unknown_fields_and_document_their_schema() -> None:

@@ -14,20 +14,18 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from opgraph.ir import OpBase, OpGraph, OpgraphError
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 
 
 class ExpectationError(OpgraphError):
     """An expectation file is missing, malformed, or none fits the graph."""
 
 
-class MatchClause(BaseModel):
+class MatchClause(FrozenModel):
     """Conditions that must all hold for an op to count as an operator."""
-
-    model_config = FROZEN
 
     kind: str | None = None
     """IR kind (``gemm``, ``attention``)."""
@@ -59,10 +57,8 @@ class MatchClause(BaseModel):
         return True
 
 
-class OperatorSpec(BaseModel):
+class OperatorSpec(FrozenModel):
     """An operator of the coverage report and the ops that count as it."""
-
-    model_config = FROZEN
 
     description: str = ""
     """What it is, for the verbose report."""
@@ -74,10 +70,8 @@ class OperatorSpec(BaseModel):
         return any(c.matches(op) for c in self.match)
 
 
-class Expectation(BaseModel):
+class Expectation(FrozenModel):
     """The operators a model family must contain (required) and may contain (optional)."""
-
-    model_config = FROZEN
 
     family: str
     """Family name (``llama``)."""

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pydantic import BaseModel
-
 from opgraph.ir import GraphIdentity, OpGraph, OpKind
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 from validators.coverage.families import Expectation
 
 WIDTH = 70
 """Width of the report's rules."""
 
 
-class OperatorCoverage(BaseModel):
+class OperatorCoverage(FrozenModel):
     """One expected operator: whether the graph has it, and how often."""
-
-    model_config = FROZEN
 
     operator: str
     """Operator name (``rmsnorm``)."""
@@ -38,8 +34,6 @@ class OperatorCoverage(BaseModel):
 
 class CoverageReport(GraphIdentity):
     """The result of checking a graph against a family's expectations."""
-
-    model_config = FROZEN
 
     source: str = ""
     """The graph file."""

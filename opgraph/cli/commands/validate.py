@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from opgraph.cli.common import check_output_path, console, handle_errors, new_table
 from opgraph.ir import OpgraphError
-from opgraph.ir.tensor import FROZEN
+from opgraph.ir.tensor import FrozenModel
 
 if TYPE_CHECKING:
     from opgraph.ir import OpGraph, Timeline
@@ -39,10 +39,8 @@ class ValidateError(OpgraphError):
     """``validate`` cannot run as asked (no CUDA, a graph whose model cannot be found, ...)."""
 
 
-class ValidationStep(BaseModel):
+class ValidationStep(FrozenModel):
     """One step of a validation: done or skipped (and why), and the files it wrote."""
-
-    model_config = FROZEN
 
     name: str
     done: bool
@@ -53,10 +51,8 @@ class ValidationStep(BaseModel):
     seconds: float = 0.0
 
 
-class ValidationSummary(BaseModel):
+class ValidationSummary(FrozenModel):
     """What ``opgraph validate`` measured and predicted (``summary.json`` of its folder)."""
-
-    model_config = FROZEN
 
     model: str
     device: str

@@ -30,11 +30,11 @@ def test_generate_tags_stage_and_step(tiny_config: str) -> None:
         assert o.stage is (Stage.PREFILL if o.step == 0 else Stage.DECODE)
     att = g.ops_of(OpKind.ATTENTION)
     assert [(o.q_len, o.kv_len) for o in att] == [(8, 8)] * 2 + [(1, 9)] * 2 + [(1, 10)] * 2 + [(1, 11)] * 2  # type: ignore[attr-defined]
-    # Each step but the last picks its next token as generate does (tests/opgraph/capture/test_greedy_loop.py):
+    # Each step picks its next token as generate does (tests/opgraph/capture/test_greedy_loop.py):
     # one argmax among the loop's bookkeeping, the same ops every step.
     sampler = [o for o in g.ops if o.scope == "sampler"]
     by_step = [[o.kind for o in sampler if o.step == s] for s in range(4)]
-    assert [sum(o.kind is OpKind.TOPK for o in sampler if o.step == s) for s in range(4)] == [1, 1, 1, 0]
+    assert [sum(o.kind is OpKind.TOPK for o in sampler if o.step == s) for s in range(4)] == [1, 1, 1, 1]
     assert by_step[0] == by_step[1] and len(by_step[0]) > 1
     # Decode step 1 reads the KV cache the prefill wrote: a data edge across steps.
     writes = {o.id for o in g.ops if o.step == 0 and o.definition.startswith("kv_cache_write")}

@@ -68,9 +68,9 @@ def test_planned_summary_save_and_load(tmp_path: Path, tiny_config: str) -> None
     full = _full(tiny_config, 8, 9)
     assert planned.summary() == full.summary()
     assert planned.ops_of(OpKind.ATTENTION) == full.ops_of(OpKind.ATTENTION)
-    # The sampler's ops (an argmax, an isin left as 'other'), which the last step does not have:
+    # The sampler's ops (an argmax, an isin left as 'other'), in every step (the last one too):
     sampler = planned.ops_of(OpKind.TOPK, OpKind.OTHER)
-    assert sampler == full.ops_of(OpKind.TOPK, OpKind.OTHER) and len(sampler) == 2 * 9
+    assert sampler == full.ops_of(OpKind.TOPK, OpKind.OTHER) and len(sampler) == 2 * 10
     last = full.ops[-1]
     assert (
         planned.op(last.id) == last
