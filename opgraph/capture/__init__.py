@@ -9,6 +9,7 @@ torch; ``import opgraph`` does not.
 
 from opgraph.capture.api import CaptureOptions, Tracing, capture, graph_from_recording, tracing
 from opgraph.capture.lowering import DEFAULT_PIPELINE, PASSES
+from opgraph.capture.phase import GreedyLoop
 from opgraph.capture.profile import ProfiledCapture, profile_capture
 from opgraph.capture.recorder import Recorder
 from opgraph.capture.sources import (
@@ -28,6 +29,7 @@ __all__ = [
     "CaptureError",
     "CaptureOptions",
     "ConfigError",
+    "GreedyLoop",
     "LayersError",
     "ModelSource",
     "Preset",

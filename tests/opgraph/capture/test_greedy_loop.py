@@ -10,7 +10,7 @@ import torch
 import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from opgraph.capture.phase import GreedyLoop
+from opgraph.capture import GreedyLoop
 
 VOCAB = 97
 
