@@ -15,6 +15,7 @@ import pytest
 from benchmarks.generate_validate_report import (
     TRAIN,
     compare_steps,
+    fit_loop_terms,
     quiet_rounds,
     restrict,
     shipped_setup_us,
@@ -56,3 +57,13 @@ def test_generate_is_predicted_within_10_percent_in_total_and_every_step(name: s
     assert abs(predicted - measured) / measured <= TARGET
     errors = compare_steps(quiet, steps).errors
     assert len(errors) == case["new_tokens"] and max(abs(e) for e in errors) <= TARGET
+
+
+def test_the_shipped_loop_terms_are_what_the_fit_gives_on_the_committed_training_generations(tmp_path: Path) -> None:
+    path = hardware_host_profile("h100-sxm")
+    assert path is not None
+    shipped = load_host_profile(path)
+    fit = fit_loop_terms(_data(), tmp_path, path)
+    assert fit.step_us == pytest.approx(shipped.generate_step_us, abs=0.1)
+    assert fit.setup_us == pytest.approx(shipped.generate_setup_us, abs=0.1)
+    assert min(fit.residuals_us) > 0  # every training step missed host time without the terms
