@@ -67,8 +67,10 @@ class _Observed:
 
 
 BALANCED_ASSUMPTION = (
-    "MoE routing is modelled, not computed: token-expert pairs are spread evenly over the experts "
-    "(balanced); expert outputs are not numerically those of the model"
+    "MoE routing is modelled, not computed: token-expert pairs are spread evenly (balanced) over as many "
+    "experts as a router that picks each token's experts uniformly reaches in expectation "
+    "(E(1 - (1 - k/E)^T) of E experts for T tokens picking k each); expert outputs are not numerically "
+    "those of the model"
 )
 OBSERVED_ASSUMPTION = (
     "MoE routing is the model's own (unmodified router): the tokens per expert of each call are those "
@@ -100,17 +102,40 @@ def routing_assumption(skew: float | None, device: str) -> str:
     return skew_assumption(skew) if skew else BALANCED_ASSUMPTION
 
 
+def expected_active(experts: int, tokens: int, top_k: int) -> int:
+    """Experts that ``tokens`` tokens reach, in expectation, when each picks ``top_k`` distinct experts
+    uniformly: ``E (1 - (1 - k/E)^T)``, rounded (at least ``top_k``). A few decode tokens collide on
+    experts (8 tokens picking 8 of 128: 52, not 64); a prefill reaches them all.
+
+    >>> expected_active(128, 8, 8), expected_active(128, 1, 8), expected_active(8, 2048, 2)
+    (52, 8, 8)
+    """
+    if tokens <= 0 or top_k <= 0:
+        return 0
+    k = min(top_k, experts)
+    reached = experts * (1.0 - (1.0 - k / experts) ** tokens)
+    return min(experts, max(k, round(reached)))
+
+
 def expert_counts(pairs: int, experts: int, tokens: int, skew: float = 0.0) -> list[int]:
     """Rows per active expert for ``pairs`` token-expert pairs, busiest first; no expert exceeds ``tokens``.
+    Balanced (``skew`` 0): spread evenly over the :func:`expected_active` experts; skewed: over all
+    experts by a Zipf law of exponent ``skew``.
 
-    >>> expert_counts(16, 8, 8)
-    [2, 2, 2, 2, 2, 2, 2, 2]
+    >>> expert_counts(64, 128, 8)[:14], len(expert_counts(64, 128, 8))
+    ([2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1], 52)
     >>> expert_counts(4, 8, 1)
     [1, 1, 1, 1]
+    >>> expert_counts(4096, 8, 2048)
+    [512, 512, 512, 512, 512, 512, 512, 512]
     """
     if pairs <= 0:
         return []
-    weights = [(e + 1) ** (-skew) for e in range(experts)]
+    if skew:
+        weights = [(e + 1) ** (-skew) for e in range(experts)]
+    else:
+        active = expected_active(experts, tokens, pairs // max(tokens, 1))
+        weights = [1.0 if e < active else 0.0 for e in range(experts)]
     total_w = sum(weights)
     raw = [pairs * w / total_w for w in weights]
     counts = [int(r) for r in raw]

@@ -148,7 +148,6 @@ KNOWN_MISSES: dict[str, str | set[tuple[str, str]]] = {
         ("mixtral_decode_b16_kv2048_fp16_l2", "wall_err"),
         ("mixtral_prefill_b1_s2048_bf16_l2", "gpu_err"),
         ("qwen25_7b_decode_b4_kv8192_bf16_l4", "wall_err"),
-        ("qwen3moe_decode_b8_kv1024_bf16_l2", "gpu_err"),
     },
 }
 

@@ -12,22 +12,16 @@ from opgraph.transforms.tensor_parallel.tensors import Partial, Split, State, re
 
 
 def shard_experts(sh: Sharder, op: Gemm, rule: LinearRule, inputs: list[TensorSpec]) -> OpBase:
-    """Stacked experts split by expert: each rank runs ``groups / tp`` of them."""
+    """Stacked experts split by expert: each rank runs ``groups / tp`` of them; when tp does not divide
+    the active experts, every rank is modelled as the busiest one, ``ceil(groups / tp)``."""
     tp = sh.tp
-    if op.groups % tp:
-        raise sh.fail(
-            op,
-            "groups (active experts)",
-            op.groups,
-            tp,
-            hint="choose a tp that divides them, or no expert parallelism",
-        )
+    uneven = op.groups % tp != 0
     new_in: list[TensorSpec] = []
     for s in inputs:
         if isinstance(sh.state_of(s), Partial):
             s = sh.whole(op, s)
-        new_in.append(reshard(s, 0, tp) if len(s.shape) >= 2 and s.shape[0] == op.groups else s)
-    outs = [reshard(t, 0, tp) if t.shape and t.shape[0] == op.groups else t for t in op.outputs]
+        new_in.append(reshard(s, 0, tp, ceil=uneven) if len(s.shape) >= 2 and s.shape[0] == op.groups else s)
+    outs = [reshard(t, 0, tp, ceil=uneven) if t.shape and t.shape[0] == op.groups else t for t in op.outputs]
     if rule.style is ParallelStyle.ROW:
         states: list[State] = [Partial(o) for o in outs]
     else:
@@ -36,7 +30,7 @@ def shard_experts(sh: Sharder, op: Gemm, rule: LinearRule, inputs: list[TensorSp
         ]
     sh.set_outputs(op.outputs, states)
     sh.counts["column" if rule.style is not ParallelStyle.ROW else "row"] += 1
-    return sh.rebuild(op, new_in, outs, groups=op.groups // tp)
+    return sh.rebuild(op, new_in, outs, groups=-(-op.groups // tp))
 
 
 @register_handler(MoeRouting)
