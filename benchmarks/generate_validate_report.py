@@ -24,6 +24,7 @@ HOST_JSON, then reports with the CLI's defaults.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -414,24 +415,21 @@ def fit_loop_terms(data: dict[str, Any], tmp: Path, host_profile: Path) -> LoopF
 
 
 def main(argv: list[str]) -> int:
-    """``[DATA] [--fit-host-profile HOST_JSON]``: the report of DATA; with the option, first fit the host
-    profile's generate-loop terms on DATA's training cases and write them into HOST_JSON."""
-    args = list(argv)
-    fit_path: Path | None = None
-    if "--fit-host-profile" in args:
-        i = args.index("--fit-host-profile")
-        fit_path = Path(args[i + 1])
-        del args[i : i + 2]
-    path = Path(args[0] if args else DEFAULT)
+    """The report of DATA; with ``--fit-host-profile HOST_JSON``, first fit the host profile's
+    generate-loop terms on DATA's training cases and write them into HOST_JSON."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("data", nargs="?", type=Path, default=DEFAULT, help="generate_validate.json")
+    parser.add_argument("--fit-host-profile", type=Path, default=None, metavar="HOST_JSON")
+    args = parser.parse_args(argv)
+    path: Path = args.data
     data = json.loads(path.read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        if fit_path is not None:
+        if args.fit_host_profile is not None:
             from hardware import load_host_profile
 
-            fit_tmp = Path(tmp) / "fit"  # its own captures: the report's are simulated with the new terms
-            fit_tmp.mkdir()
-            fit = fit_loop_terms(data, fit_tmp, fit_path)
-            profile = load_host_profile(fit_path)
+            # The captures are kept for the report; only their simulations change with the new terms.
+            fit = fit_loop_terms(data, Path(tmp), args.fit_host_profile)
+            profile = load_host_profile(args.fit_host_profile)
             notes = [n for n in profile.notes if not n.startswith("generate_step_us ")]
             profile.model_copy(
                 update={
@@ -439,7 +437,7 @@ def main(argv: list[str]) -> int:
                     "generate_setup_us": round(fit.setup_us, 1),
                     "notes": (*notes, fit.note(f"{path.parent.name}/{path.name} ({data['date']})")),
                 }
-            ).save(fit_path)
+            ).save(args.fit_host_profile)
             print(f"fitted: {fit.note(path.name)}", file=sys.stderr)
         print("\n".join(report(data, Path(tmp), path.parent)))
     return 0

@@ -42,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from heldout import sync
 from make_traces import Case, build_config
 
 QWEN_DIMS = {
@@ -124,14 +125,6 @@ def host_probe(device: str, launches: int = 2000, loops: int = 200_000) -> dict[
         acc += i & 7
     t3 = time.perf_counter()
     return {"launch_us": (t1 - t0) * 1e6 / launches, "python_loop_ns": (t3 - t2) * 1e9 / loops}
-
-
-def sync(device: str) -> None:
-    """Wait for the device."""
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def build(case: GenCase, device: str, smoke: bool) -> tuple[Any, Any]:

@@ -16,7 +16,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from opgraph.capture.phase import CaptureOptions, PhaseRun, PreparedModel, token_ids
+from opgraph.capture.phase import (
+    CaptureOptions,
+    GreedyLoop,
+    PhaseRun,
+    PreparedModel,
+    _new_cache,
+    loop_max_length,
+    token_ids,
+)
 from opgraph.capture.recorder import Recorder
 from opgraph.ir.generation import DERIVED_FIELDS, EdgeTemplate, FieldDelta, GenerationPlan, Rederived
 from opgraph.ir.graph import Edge, OpGraph
@@ -213,8 +221,6 @@ def record_last_step(
     """
     import torch
 
-    from opgraph.capture.phase import GreedyLoop, _new_cache, loop_max_length
-
     step = opts.new_tokens
     rec = Recorder()
     rec.add_root(prepared.model)
@@ -241,8 +247,6 @@ def _grown_cache(like: Any, config: Any, length: int) -> Any:
 
     try:
         from transformers.cache_utils import DynamicLayer
-
-        from opgraph.capture.phase import _new_cache
 
         layers = like.layers
         if not layers or any(type(layer) is not DynamicLayer or not layer.is_initialized for layer in layers):

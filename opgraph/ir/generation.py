@@ -48,8 +48,8 @@ from opgraph.ir.ops import OP_TYPES, Op, OpBase, PosInt
 from opgraph.ir.tensor import FrozenModel, NonNegInt, TensorSpec
 
 SAMPLER_SCOPE = "sampler"
-"""Scope of the ops a generate graph's loop runs between two forward passes (picking the next token,
-the stopping criteria, the next inputs): the tail of each step but the last."""
+"""Scope of the ops a generate graph's loop runs after each forward pass (picking the next token, the
+stopping criteria, the next inputs): the tail of every step."""
 DERIVED_FIELDS: tuple[str, ...] = ("flops", "bytes_read", "bytes_written", "definition")
 """Op fields an op model derives from its other fields (re-derived per step by a plan)."""
 
