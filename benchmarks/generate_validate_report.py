@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heldout_pool import QUIET, probe_line, quiet_rounds
+
 from opgraph.ir.timeline import union_length
 from opgraph.trace.kineto import is_device_event, launch_times
 
@@ -296,16 +298,6 @@ def report(data: dict[str, Any], tmp: Path, base: Path | None = None) -> list[st
     return lines
 
 
-QUIET = 1.10
-"""A round is quiet when both host probes before it are within this factor of their fastest in the run."""
-
-
-def quiet_rounds(probes: Sequence[dict[str, Any]], within: float = QUIET) -> list[int]:
-    """The rounds whose host probes (launch and Python loop) were both within ``within`` of their fastest."""
-    fast = {k: min(p[k] for p in probes) for k in ("launch_us", "python_loop_ns")}
-    return [p["round"] for p in probes if all(p[k] <= within * v for k, v in fast.items())]
-
-
 def restrict(case: dict[str, Any], rounds: Sequence[int]) -> dict[str, Any]:
     """``case`` measured over ``rounds`` only: walls and per-forward medians of those rounds' runs."""
     if not rounds:
@@ -320,15 +312,6 @@ def restrict(case: dict[str, Any], rounds: Sequence[int]) -> dict[str, Any]:
         "setup_us": statistics.median(h["setup_us"] for h in hooked),
         "step_wall_us": steps,
     }
-
-
-def probe_line(probes: Sequence[dict[str, Any]]) -> str:
-    """The host probe's spread over the rounds."""
-    parts = []
-    for key, unit in (("launch_us", "us per tiny kernel launch"), ("python_loop_ns", "ns per Python loop step")):
-        v = sorted(p[key] for p in probes)
-        parts.append(f"{v[0]:.1f} / {statistics.median(v):.1f} / {v[-1]:.1f} {unit}")
-    return f"Host probe over {len(probes)} rounds (min / median / max): " + "; ".join(parts) + "."
 
 
 def trace_section(data: dict[str, Any], base: Path) -> list[str]:

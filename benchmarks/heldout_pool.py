@@ -9,6 +9,11 @@ each case records when each pass ran and what it measured alone.
     python benchmarks/heldout_pool.py PASS.tar.gz PASS.tar.gz... -o heldout.tar.gz
 
 Every pass must hold the same cases with the same torch and transformers.
+
+With ``--walls ROUND_ROBIN.tar.gz`` (``heldout.py --round-robin``: every case measured in rounds with a
+host probe each), each case's wall is the median over the *quiet* rounds instead (:func:`quiet_rounds`,
+chosen by the host probe alone, never by the walls); the passes' walls stay beside it
+(``wall_us_passes``).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 import tarfile
 import tempfile
@@ -32,8 +38,64 @@ POOLED = ("gpu_us", "wall_us", "busy_us")
 """The per-case measurements whose runs are pooled."""
 
 
+QUIET = 1.10
+"""A round is quiet when both host probes before it are within this factor of their fastest in the run."""
+MIN_WALLS = 9
+"""Fewest quiet walls a case's wall median may rest on."""
+
+
 class PoolError(Exception):
     """Passes that cannot be pooled."""
+
+
+def quiet_rounds(probes: Sequence[dict[str, Any]], within: float = QUIET) -> list[int]:
+    """The rounds whose host probes (launch and Python loop) were both within ``within`` of their fastest."""
+    fast = {k: min(p[k] for p in probes) for k in ("launch_us", "python_loop_ns")}
+    return [p["round"] for p in probes if all(p[k] <= within * v for k, v in fast.items())]
+
+
+def probe_line(probes: Sequence[dict[str, Any]]) -> str:
+    """The host probe's spread over the rounds."""
+    parts = []
+    for key, unit in (("launch_us", "us per tiny kernel launch"), ("python_loop_ns", "ns per Python loop step")):
+        v = sorted(p[key] for p in probes)
+        parts.append(f"{v[0]:.1f} / {statistics.median(v):.1f} / {v[-1]:.1f} {unit}")
+    return f"Host probe over {len(probes)} rounds (min / median / max): " + "; ".join(parts) + "."
+
+
+def load_walls(path: Path) -> dict[str, Any]:
+    """The ``walls.json`` of a ``heldout.py --round-robin`` run (its folder or ``.tar.gz``), with the run's
+    provenance from its ``summary.json`` (``started_utc``, ``gpu``, ``torch``, ``transformers``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _unpack(path, Path(tmp))
+        if not (folder / "walls.json").is_file():
+            raise PoolError(f"{path}: no walls.json (not a heldout.py --round-robin run)")
+        data: dict[str, Any] = json.loads((folder / "walls.json").read_text())
+        summary = json.loads((folder / "summary.json").read_text())
+    for key in ("started_utc", "gpu", "torch", "transformers"):
+        data.setdefault(key, summary.get(key))
+    return data
+
+
+def quiet_walls(data: dict[str, Any], role: str | None = None) -> dict[str, list[float]]:
+    """Per case (of ``role``, or every case), its walls (us) in the quiet rounds of a round-robin run."""
+    quiet = set(quiet_rounds(data["host_probes"]))
+    return {
+        c["case"]: [w["us"] for w in c["walls"] if w["round"] in quiet]
+        for c in data["cases"]
+        if role is None or c["role"] == role
+    }
+
+
+def walls_method(data: dict[str, Any]) -> str:
+    """How a round-robin run's quiet walls were measured and chosen, for reports."""
+    quiet = quiet_rounds(data["host_probes"])
+    return (
+        f"round robin over the cases ({len(data['host_probes'])} rounds, each starting with a host probe; "
+        f"{data['timed_per_round']} timed forwards per case per round after an untimed one), the "
+        f"{len(quiet)} rounds whose probes were both within {QUIET - 1:.0%} of their fastest kept. "
+        + probe_line(data["host_probes"])
+    )
 
 
 def _unpack(path: Path, into: Path) -> Path:
@@ -52,9 +114,10 @@ def _unpack(path: Path, into: Path) -> Path:
     return folder
 
 
-def pool(folders: Sequence[Path], out: Path) -> dict[str, Any]:
+def pool(folders: Sequence[Path], out: Path, walls: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write the pooled data set of the pass ``folders`` (first pass first) into the folder ``out``;
-    returns its summary."""
+    returns its summary. With ``walls`` (a round-robin run's ``walls.json``), each case's wall is the
+    median of its quiet-round walls."""
     summaries = [json.loads((f / "summary.json").read_text()) for f in folders]
     first = summaries[0]
     for f, s in zip(folders[1:], summaries[1:], strict=True):
@@ -62,6 +125,10 @@ def pool(folders: Sequence[Path], out: Path) -> dict[str, Any]:
             if s.get(key) != first.get(key):
                 raise PoolError(f"{f}: {key} {s.get(key)} where the first pass has {first.get(key)}")
     names = [c["case"] for c in first["cases"] if c.get("status", "ok") == "ok"]
+    quiet = quiet_walls(walls, "heldout") if walls is not None else None
+    for key in ("torch", "transformers"):
+        if walls is not None and walls.get(key) != first.get(key):
+            raise PoolError(f"--walls: {key} {walls.get(key)} where the passes have {first.get(key)}")
     out.mkdir(parents=True, exist_ok=True)
     for p in folders[0].iterdir():
         if p.name.endswith(".config.json") or p.suffix != ".json":  # traces, configs, the log
@@ -84,6 +151,12 @@ def pool(folders: Sequence[Path], out: Path) -> dict[str, Any]:
             {"started_utc": p["started_utc"], **{k: r[k]["median"] for k in ("gpu_us", "wall_us") if k in r}}
             for p, r in zip(passes, records, strict=True)
         ]
+        if quiet is not None:
+            kept = quiet.get(name, [])
+            if len(kept) < MIN_WALLS:
+                raise PoolError(f"{name}: {len(kept)} quiet round-robin walls, at least {MIN_WALLS} needed (--walls)")
+            pooled["wall_us_passes"] = pooled["wall_us"]
+            pooled["wall_us"] = stats(kept)
         (out / f"{name}.json").write_text(json.dumps(pooled, indent=1) + "\n")
         rows[name] = {
             **rows[name],
@@ -97,6 +170,8 @@ def pool(folders: Sequence[Path], out: Path) -> dict[str, Any]:
         "runs_per_case": sum(int(p["runs_per_case"] or 0) for p in passes),
         "passes": passes,
     }
+    if walls is not None:
+        summary["walls"] = {"method": walls_method(walls), "started_utc": walls.get("started_utc", "")}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -106,11 +181,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("passes", type=Path, nargs="+", help="heldout.tar.gz files (or folders) of heldout.py, first first")
     ap.add_argument("-o", "--out", type=Path, required=True, help="the pooled .tar.gz to write")
+    ap.add_argument("--walls", type=Path, help="a heldout.py --round-robin run: walls from its quiet rounds")
     args = ap.parse_args(argv)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folders = [_unpack(p, Path(tmp) / f"pass{i}") for i, p in enumerate(args.passes)]
-            summary = pool(folders, Path(tmp) / "pooled" / "heldout")
+            walls = load_walls(args.walls) if args.walls is not None else None
+            summary = pool(folders, Path(tmp) / "pooled" / "heldout", walls)
             part = args.out.with_name(args.out.name + ".part")
             with tarfile.open(part, "w:gz") as tar:
                 tar.add(Path(tmp) / "pooled" / "heldout", arcname="heldout")

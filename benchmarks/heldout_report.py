@@ -708,6 +708,7 @@ def build_report(
             "per_op": sum(p.get("median_op_err") is not None and p["median_op_err"] <= MEDIAN_OP_TARGET for p in preds),
             "per_op_na": sum(p.get("median_op_err") is None for p in preds),
         }
+    pass_times = ", ".join(str(x.get("started_utc", "?")) for x in summary.get("passes", []))
     return {
         "what": "held-out accuracy (issue 18): predicted on the CPU from meta captures, measured on the device",
         "hardware": hw.name,
@@ -729,13 +730,14 @@ def build_report(
             if host_timing
             else f"; framework time between ops: {host['source']}"
         ),
-        "gpu_time": "sum of device activity durations (kernels, memcpy, memset) of one run, median of the runs",
+        "gpu_time": "sum of device activity durations (kernels, memcpy, memset) of one run, median of the runs"
+        + (f" of {len(summary['passes'])} passes pooled ({pass_times})" if pass_times else ""),
         "wall_time": "CUDA-synchronised wall of one forward, median of the runs (min/max reported)"
         + (
-            f"; the runs of {len(summary['passes'])} passes pooled (started "
-            + ", ".join(str(x.get("started_utc", "?")) for x in summary["passes"])
-            + ", benchmarks/heldout_pool.py)"
-            if summary.get("passes")
+            f"; {summary['walls']['started_utc']}: {summary['walls']['method'].rstrip('.')}"
+            if summary.get("walls")
+            else f"; the runs of {len(summary['passes'])} passes pooled ({pass_times}, benchmarks/heldout_pool.py)"
+            if pass_times
             else ""
         ),
         "per_op": "median |error| over ops of at least 5 us, kernels attributed through the trace's aten calls",

@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from heldout import sync
+from heldout import host_probe, round_order, sync
 from make_traces import Case, build_config
 
 QWEN_DIMS = {
@@ -104,27 +104,6 @@ CASES += [
     GenCase("train_llama8b_b2_p1024_n16_l3", "llama-3.1-8b", 3, 2, 1024, 16, role="train"),
     GenCase("train_qwen25_7b_b1_p512_n24_l3", "qwen2.5-7b", 3, 1, 512, 24, role="train"),
 ]
-
-
-def host_probe(device: str, launches: int = 2000, loops: int = 200_000) -> dict[str, float]:
-    """The host's speed now: us per tiny kernel launch (host side only) and us per pure-Python loop step."""
-    import torch
-
-    x = torch.zeros(1, device=device)
-    for _ in range(50):
-        x.add_(1)
-    sync(device)
-    t0 = time.perf_counter()
-    for _ in range(launches):
-        x.add_(1)
-    t1 = time.perf_counter()
-    sync(device)
-    acc = 0
-    t2 = time.perf_counter()
-    for i in range(loops):
-        acc += i & 7
-    t3 = time.perf_counter()
-    return {"launch_us": (t1 - t0) * 1e6 / launches, "python_loop_ns": (t3 - t2) * 1e9 / loops}
 
 
 def build(case: GenCase, device: str, smoke: bool) -> tuple[Any, Any]:
@@ -300,13 +279,6 @@ def one_round(prepared: Sequence[Prepared], device: str) -> None:
         p.walls.append((time.perf_counter() - t0) * 1e6)
         clock = ForwardClock(cuda=device == "cuda", mark=False)
         p.hooked.append(clock.summary(*clock.record(p.model, p.run, device)))
-
-
-def round_order(n: int, r: int) -> list[int]:
-    """The cases' order in round ``r``: rotated by ``r``, reversed every other round (each case meets the
-    host's drift at every position)."""
-    order = [(i + r) % n for i in range(n)]
-    return order[::-1] if r % 2 else order
 
 
 def step_medians(hooked: Sequence[dict[str, Any]], key: str) -> list[float]:

@@ -91,6 +91,28 @@ CASES: list[dict[str, Any]] = [
      "seq_len": 1024, "dtype": "fp16", "layers": 2, "est_s": 30},
 ]  # fmt: skip
 
+# The dense training decodes whose walls fit the host profile's in-context terms
+# (benchmarks/gpu/host_profile.sh TRAIN, the lines measured on the GPU): ``--round-robin --train-walls``
+# measures them in the same rounds as the held-out cases, so both meet the same host states.
+TRAIN_WALL_CASES: list[dict[str, Any]] = [
+    {"case": f"{fam}_decode_b{b}_kv{kv}_{dt}_l{layers}", "preset": preset, "phase": "decode", "batch": b,
+     "kv_len": kv, "dtype": dt, "layers": layers, "est_s": 10}
+    for fam, preset, b, kv, dt, layers in [
+        ("llama1b", "llama-3.2-1b", 4, 2048, "bf16", 1),
+        ("llama1b", "llama-3.2-1b", 4, 2048, "bf16", 5),
+        ("qwen25_7b", "qwen2.5-7b", 2, 1024, "fp16", 3),
+        ("llama8b", "llama-3.1-8b", 16, 2048, "bf16", 1),
+        ("llama8b", "llama-3.1-8b", 16, 2048, "bf16", 5),
+        ("llama8b", "llama-3.1-8b", 32, 8192, "bf16", 1),
+        ("llama8b", "llama-3.1-8b", 32, 8192, "bf16", 3),
+        ("qwen25_7b", "qwen2.5-7b", 16, 4096, "bf16", 1),
+        ("qwen25_7b", "qwen2.5-7b", 16, 4096, "bf16", 5),
+        ("llama8b", "llama-3.1-8b", 1, 4096, "fp16", 3),
+        ("llama1b", "llama-3.2-1b", 16, 256, "fp16", 3),
+        ("qwen25_7b", "qwen2.5-7b", 64, 4096, "fp16", 3),
+    ]
+]  # fmt: skip
+
 # CPU smoke cases: tiny shapes of the same families (the config keys present in the preset shrunk).
 TINY_CASES: list[dict[str, Any]] = [
     {"case": "tiny_llama_prefill_b1_s32_bf16", "preset": "llama-3.1-8b", "phase": "prefill", "batch": 1,
@@ -261,6 +283,34 @@ def sync(device: str) -> None:
         import torch
 
         torch.cuda.synchronize()
+
+
+def host_probe(device: str, launches: int = 2000, loops: int = 200_000) -> dict[str, float]:
+    """The host's speed now: us per tiny kernel launch (host side only) and us per pure-Python loop step."""
+    import torch
+
+    x = torch.zeros(1, device=device)
+    for _ in range(50):
+        x.add_(1)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(launches):
+        x.add_(1)
+    t1 = time.perf_counter()
+    sync(device)
+    acc = 0
+    t2 = time.perf_counter()
+    for i in range(loops):
+        acc += i & 7
+    t3 = time.perf_counter()
+    return {"launch_us": (t1 - t0) * 1e6 / launches, "python_loop_ns": (t3 - t2) * 1e9 / loops}
+
+
+def round_order(n: int, r: int) -> list[int]:
+    """The cases' order in round ``r``: rotated by ``r``, reversed every other round (each case meets the
+    host's drift at every position)."""
+    order = [(i + r) % n for i in range(n)]
+    return order[::-1] if r % 2 else order
 
 
 def _nested(events: list[dict[str, Any]]) -> list[bool]:
@@ -462,24 +512,111 @@ def runtime_estimator(config_path: Path, case: dict[str, Any], device: str) -> d
     return {"total_us": None if ms is None else ms * 1e3, "note": why}
 
 
+def timed_wall(phase: Phase, device: str) -> float:
+    """The wall time (us) of one forward of ``phase`` from a fresh cache, after ``gc.collect()``,
+    synchronised before and after."""
+    cache = phase.fresh()
+    gc.collect()
+    sync(device)
+    t0 = time.perf_counter()
+    phase.run(cache)
+    sync(device)
+    return (time.perf_counter() - t0) * 1e6
+
+
 def timed_walls(phase: Phase, runs: int, device: str) -> list[float]:
-    """Wall times (us) of ``runs`` forwards of ``phase`` after two warm-up runs (allocator growth,
-    library init, autotuning): each from a fresh cache, after ``gc.collect()``, synchronised before and
-    after. How the held-out cases and the host profile's training walls are both measured."""
+    """Wall times (us) of ``runs`` forwards of ``phase`` (:func:`timed_wall`) after two warm-up runs
+    (allocator growth, library init, autotuning). How the held-out cases and the host profile's training
+    walls were measured one case after another."""
     for _ in range(2):
         phase.run(phase.fresh())
     sync(device)
-    walls: list[float] = []
-    for _ in range(runs):
-        cache = phase.fresh()
+    return [timed_wall(phase, device) for _ in range(runs)]
+
+
+def round_robin_walls(
+    groups: list[tuple[str, list[dict[str, Any]]]], args: argparse.Namespace, out: Path, t_start: float
+) -> dict[str, Any]:
+    """Walls of every case measured in rounds (the host of a shared GPU machine drifts in speed within
+    minutes, so cases measured one after another meet different host states).
+
+    Per group (``role``, cases): every case's model is built and warmed up (a case that does not fit in
+    the device's memory is skipped with a note), then ``args.round_robin`` rounds each start with a
+    host probe (:func:`host_probe`) and run every case in :func:`round_order`: one untimed forward
+    (the case's code and data warm again after the others ran), then ``args.timed_per_round`` timed
+    ones (:func:`timed_wall`). Rounds are numbered across the groups, so the report can keep the
+    rounds whose probe ran near the fastest seen. ``walls.json`` is rewritten after every round."""
+    import torch
+
+    device = args.device
+    data: dict[str, Any] = {"rounds_per_group": args.round_robin, "timed_per_round": args.timed_per_round,
+                            "host_probes": [], "cases": [], "notes": []}  # fmt: skip
+
+    def save() -> None:
+        data["elapsed_s"] = time.perf_counter() - t_start
+        (out / "walls.json").write_text(json.dumps(data, indent=1))
+
+    next_round = 0
+    for gi, (role, cases) in enumerate(groups):
+        # Each group gets an equal share of what is left of the budget.
+        now = time.perf_counter() - t_start
+        deadline = now + (args.budget_s - now) / (len(groups) - gi)
+        built: list[tuple[dict[str, Any], Phase]] = []
+        for case in cases:
+            if time.perf_counter() - t_start > deadline:
+                data["notes"].append(f"{case['case']}: not built, past the group's share of the budget")
+                continue
+            raw = case_config(case, args.tiny)
+            (out / f"{case['case']}.config.json").write_text(json.dumps(raw, indent=1))
+            t0 = time.perf_counter()
+            try:
+                model, config = build_model(raw, case["dtype"], device)
+                phase = Phase(model, config, case, device)
+                for _ in range(2):
+                    phase.run(phase.fresh())
+                sync(device)
+                if device == "cuda" and torch.cuda.mem_get_info()[0] < args.free_gib * 2**30:
+                    raise torch.OutOfMemoryError(f"less than {args.free_gib} GiB left")
+            except torch.OutOfMemoryError:
+                model = config = phase = None
+                gc.collect()
+                torch.cuda.empty_cache()
+                data["notes"].append(f"{case['case']}: skipped, out of device memory with {len(built)} models built")
+                log(data["notes"][-1])
+                continue
+            settings = {k: case[k] for k in ("phase", "batch", "seq_len", "kv_len", "dtype", "layers") if k in case}
+            row = {"case": case["case"], "role": role, "preset": case["preset"], "settings": settings,
+                   "config_file": f"{case['case']}.config.json", "build_s": time.perf_counter() - t0,
+                   "walls": []}  # fmt: skip
+            data["cases"].append(row)
+            built.append((row, phase))
+        log(f"{role}: {len(built)} of {len(cases)} cases built")
+        done = 0
+        for r in range(args.round_robin if built else 0):
+            if time.perf_counter() - t_start > deadline:
+                data["notes"].append(f"{role}: stopped after {r} rounds, past the group's share of the budget")
+                break
+            data["host_probes"].append({"round": next_round, "group": role, "t_s": time.perf_counter() - t_start,
+                                        **host_probe(device)})  # fmt: skip
+            for i in round_order(len(built), r):
+                row, phase = built[i]
+                phase.run(phase.fresh())
+                sync(device)
+                for _ in range(args.timed_per_round):
+                    row["walls"].append({"round": next_round, "us": round(timed_wall(phase, device), 1)})
+            next_round += 1
+            done += 1
+            save()
+        log(f"{role}: {done} rounds; probe " + ", ".join(
+            f"{k} {min(p[k] for p in data['host_probes']):.2f}-{max(p[k] for p in data['host_probes']):.2f}"
+            for k in ("launch_us", "python_loop_ns")))  # fmt: skip
+        built.clear()
+        model = config = phase = None  # type: ignore[assignment]
         gc.collect()
-        sync(device)
-        t0 = time.perf_counter()
-        phase.run(cache)
-        sync(device)
-        walls.append((time.perf_counter() - t0) * 1e6)
-        del cache
-    return walls
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    save()
+    return data
 
 
 def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -569,6 +706,18 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=400.0, help="skip cases that would end after this")
     ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
+    ap.add_argument(
+        "--round-robin",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="walls only, measured in ROUNDS rounds over the cases with a host probe each (walls.json)",
+    )
+    ap.add_argument("--timed-per-round", type=int, default=2, help="with --round-robin: timed forwards per case")
+    ap.add_argument(
+        "--train-walls", action="store_true", help="with --round-robin: the host profile's training decodes too"
+    )
+    ap.add_argument("--free-gib", type=float, default=6.0, help="with --round-robin: device memory to keep free")
     args = ap.parse_args()
     t_start = time.perf_counter()
     if args.runs < 9 and not args.tiny:
@@ -609,6 +758,17 @@ def main() -> int:
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
 
     save()
+    if args.round_robin:
+        groups = [("heldout", cases)]
+        if args.train_walls:
+            groups.append(("train", TINY_CASES[:2] if args.tiny else TRAIN_WALL_CASES))
+        walls = round_robin_walls(groups, args, out, t_start)
+        summary.update(finished_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), gpu_after=gpu_info(args.device))
+        save()
+        measured = sum(bool(c["walls"]) for c in walls["cases"])
+        rounds = len(walls["host_probes"])
+        log(f"done: walls of {measured} cases in {rounds} rounds, {time.perf_counter() - t_start:.0f} s")
+        return 0 if measured else 1
     for case in cases:
         elapsed = time.perf_counter() - t_start
         entry: dict[str, Any] = {"case": case["case"], "est_s": case["est_s"]}

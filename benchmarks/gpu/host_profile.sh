@@ -20,7 +20,11 @@
 # About 2-4 minutes: training cases past BUDGET seconds are skipped and logged. Without a GPU (a CPU
 # test) the walls are skipped and the fit keeps op scale 1 and no forward time.
 # REFIT=1 (CPU only): fit the two wall terms again from $OUT/h100-sxm.host.json and $OUT/host_graphs.tar.gz
-# of an earlier run (its graphs and measured walls), as this version of hardware.hostfit fits them. Writes:
+# of an earlier run (its graphs and measured walls), as this version of hardware.hostfit fits them; the
+# profile's generate-loop terms (fitted apart, benchmarks/generate_validate_report.py) are kept. With
+# WALLS=<heldout.py --round-robin --train-walls run (.tar.gz)>, the walls fitted are that run's instead:
+# each training decode's median over the rounds whose host probe ran near its fastest
+# (benchmarks/heldout_pool.py quiet_rounds), on the newest graph of its name. Writes:
 #   $OUT/h100-sxm.host.json   the host profile (commit as hardware/catalog/h100-sxm.host.json)
 #   $OUT/host_profile_log.txt the log (CPU, versions, each capture and wall, the fit summary)
 #   $OUT/host_graphs.tar.gz   train/*.json.gz (host-timed graphs), train/*.config.json, walls.json
@@ -49,10 +53,32 @@ old = load_host_profile(path)
 graphs = [load_graph(p) for p in sorted(train.glob("*.json.gz"))]
 notes = [n for n in old.notes if not n.startswith(("left out", "op scale"))]
 prof = fit_host_profile(graphs, host=old.host, issue_us=old.issue_us, issue_source=old.issue_source, notes=notes)
+prof = prof.model_copy(update={"generate_step_us": old.generate_step_us, "generate_setup_us": old.generate_setup_us})
 prof.save(path)
 print(f"gap tables from {len(prof.training)} of {len(graphs)} graphs; {len(prof.exact)} exact keys")
 print("\n".join(n for n in prof.notes if n.startswith("left out")))
 EOF
+  if [ -n "${WALLS:-}" ]; then
+    WALLS="$WALLS" TRAIN_DIR="$DIR/train" $PY - 2>&1 <<'EOF' | tee -a "$LOG"
+import json, os, statistics, sys
+from pathlib import Path
+sys.path.insert(0, "benchmarks")
+from heldout_pool import load_walls, quiet_walls, walls_method
+
+train, data = Path(os.environ["TRAIN_DIR"]), load_walls(Path(os.environ["WALLS"]))
+walls, detail = {}, {}
+for case, kept in quiet_walls(data, "train").items():
+    graphs = sorted(train.glob(f"*_{case}.json.gz")) or sorted(train.glob(f"{case}.json.gz"))
+    if not graphs or not kept:
+        print(f"no graph or no quiet wall for {case}: not fitted"); continue
+    name = graphs[-1].name.removesuffix(".json.gz")
+    walls[name] = statistics.median(kept)
+    detail[name] = {"median_us": walls[name], "min_us": min(kept), "max_us": max(kept), "runs_us": kept}
+(train / "walls.json").write_text(json.dumps(walls, indent=1))
+(train / "walls_detail.json").write_text(json.dumps(detail, indent=1))
+print(f"walls of {len(walls)} training decodes from {os.environ['WALLS']} ({data.get('started_utc')}): {walls_method(data)}")
+EOF
+  fi
 else
 {
   echo "# host profile on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)"
@@ -159,7 +185,7 @@ fi
 
 # The in-context terms: each training decode with a measured wall simulated as `opgraph simulate -H h100-sxm
 # -e 1 --policy stream` simulates a graph captured without host timing, with the candidate host profile.
-PROFILE="$OUT/h100-sxm.host.json" TRAIN_DIR="$DIR/train" timeout -k 5 120 $PY - 2>&1 <<'EOF' | tee -a "$LOG"
+PROFILE="$OUT/h100-sxm.host.json" TRAIN_DIR="$DIR/train" WALLS="${WALLS:-}" timeout -k 5 120 $PY - 2>&1 <<'EOF' | tee -a "$LOG"
 import json, os, tempfile, warnings
 from pathlib import Path
 from hardware import load_hardware, resolve_cost_model
@@ -190,12 +216,15 @@ with tempfile.TemporaryDirectory() as tmp:
         return tl.wall_us if tl.wall_us is not None else tl.makespan_us
 
     fitted = fit_wall_terms(profile, graphs, walls, wall)
+how = (f"in the quiet rounds of a round-robin run with the held-out cases ({os.environ['WALLS']})"
+       if os.environ.get("WALLS") else "as benchmarks/gpu/heldout.py measures its cases")
 notes = (*(n for n in fitted.notes if not n.startswith("op scale")), "op scale and forward time: fitted on the measured walls of the dense training decodes on "
-         "that machine's GPU (measured as benchmarks/gpu/heldout.py measures its cases)")
+         f"that machine's GPU (measured {how})")
 fitted.model_copy(update={"notes": notes}).save(path)
 print("\n".join(describe_walls(fitted)))
 EOF
 
-if [ -n "${REFIT:-}" ]; then rm -rf "$DIR"; else tar -czf "$OUT/host_graphs.tar.gz" -C "$OUT" host_graphs && rm -rf "$DIR"; fi
+# A refit on the same walls leaves the graphs' tarball as it was; new walls (WALLS) go into it.
+if [ -n "${REFIT:-}" ] && [ -z "${WALLS:-}" ]; then rm -rf "$DIR"; else tar -czf "$OUT/host_graphs.tar.gz" -C "$OUT" host_graphs && rm -rf "$DIR"; fi
 echo "# done in $(( $(date +%s) - START ))s" | tee -a "$LOG"
 ls -la "$OUT"

@@ -7,19 +7,24 @@ import importlib.util
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import REPO
 
 SCRIPT = REPO / "benchmarks" / "gpu" / "host_profile.sh"
 
 
-def _heldout_cases() -> list[dict[str, object]]:
+def _heldout_module() -> Any:
     spec = importlib.util.spec_from_file_location("heldout_for_host", REPO / "benchmarks" / "gpu" / "heldout.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["heldout_for_host"] = module
     spec.loader.exec_module(module)
-    return list(module.CASES)
+    return module
+
+
+def _heldout_cases() -> list[dict[str, object]]:
+    return list(_heldout_module().CASES)
 
 
 def _training(path: Path) -> list[tuple[str, str, int, int, str, int, bool]]:
@@ -56,3 +61,14 @@ def test_measured_walls_are_dense_decodes_of_several_layer_counts() -> None:
     assert not any(t[0] in ("qwen3-30b-a3b", "mixtral-8x7b") for t in walls)  # dense
     assert len({t[5] for t in walls}) >= 3  # per forward vs per layer
     assert len({t[2] for t in walls}) >= 3  # light and heavy device work per layer
+
+
+def test_round_robin_training_walls_are_the_scripts_measured_decodes() -> None:
+    # heldout.py --round-robin --train-walls measures the walls the in-context terms are fitted on (REFIT
+    # with WALLS=...): the same decodes as the script's TRAIN lines marked for a wall.
+    walls = [t[:6] for t in _training(SCRIPT) if t[6]]
+    rr = [
+        (c["preset"], c["phase"], c["batch"], c["kv_len"], c["dtype"], c["layers"])
+        for c in _heldout_module().TRAIN_WALL_CASES
+    ]
+    assert rr == walls

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,77 @@ def test_passes_of_other_library_versions_are_refused(tmp_path: Path) -> None:
         heldout_pool.pool([a, b], tmp_path / "out")
     assert heldout_pool.main([str(a), str(b), "-o", str(tmp_path / "x.tar.gz")]) == 2
     assert not (tmp_path / "x.tar.gz").exists()
+
+
+def _walls(probes: list[tuple[float, float]], runs: dict[str, list[list[float]]], **extra: str) -> dict[str, object]:
+    """A round-robin run's ``walls.json``: one probe per round, each case's walls per round."""
+    return {
+        "timed_per_round": 2,
+        "host_probes": [{"round": r, "launch_us": a, "python_loop_ns": b} for r, (a, b) in enumerate(probes)],
+        "cases": [
+            {"case": name, "role": "train" if name.startswith("t") else "heldout",
+             "walls": [{"round": r, "us": w} for r, ws in enumerate(per_round) for w in ws]}
+            for name, per_round in runs.items()
+        ],
+        "torch": "2.11", "transformers": "5.24.0", "started_utc": "14:50", **extra,
+    }  # fmt: skip
+
+
+def test_quiet_rounds_are_chosen_by_the_host_probe_alone() -> None:
+    # Round 1's launch probe and round 2's Python probe are slow; the walls play no part in the choice.
+    data = _walls([(6.5, 34.0), (9.5, 35.0), (6.6, 70.0), (7.0, 36.0)], {"c1": [[5.0], [1.0], [1.0], [5.2]]})
+    assert heldout_pool.quiet_rounds(data["host_probes"]) == [0, 3]  # type: ignore[arg-type]
+    assert heldout_pool.quiet_walls(data) == {"c1": [5.0, 5.2]}
+    assert heldout_pool.quiet_walls(data, "train") == {}
+    assert "the 2 rounds whose probes" in heldout_pool.walls_method(data)
+
+
+def test_round_robin_walls_replace_the_passes_walls(tmp_path: Path) -> None:
+    a = _pass(tmp_path / "a", "11:17", [8.0, 8.1, 8.2])
+    quiet = [[5.0 + i / 10, 5.05 + i / 10] for i in range(5)]
+    data = _walls([(6.5, 34.0)] * 5 + [(10.0, 70.0)], {"c1": [*quiet, [9.0, 9.0]], "t1": [[1.0, 1.0]] * 6})
+    summary = heldout_pool.pool([a], tmp_path / "out", data)
+    case = json.loads((tmp_path / "out" / "c1.json").read_text())
+    kept = sorted(w for ws in quiet for w in ws)
+    assert case["wall_us"]["runs"] == kept and case["wall_us"]["median"] == pytest.approx((kept[4] + kept[5]) / 2)
+    assert case["wall_us_passes"]["median"] == pytest.approx(8.1)  # the passes' walls kept beside it
+    assert summary["cases"][0]["wall_us"] == case["wall_us"]["median"]
+    assert "round robin" in summary["walls"]["method"] and summary["walls"]["started_utc"] == "14:50"
+
+
+def test_round_robin_walls_must_be_enough_and_of_the_same_libraries(tmp_path: Path) -> None:
+    a = _pass(tmp_path / "a", "11:17", [8.0, 8.1, 8.2])
+    few = _walls([(6.5, 34.0)] * 4, {"c1": [[5.0, 5.0]] * 4})  # 8 quiet walls
+    with pytest.raises(heldout_pool.PoolError, match="c1: 8 quiet round-robin walls, at least 9"):
+        heldout_pool.pool([a], tmp_path / "out", few)
+    other = _walls([(6.5, 34.0)] * 5, {"c1": [[5.0, 5.0]] * 5}, transformers="5.17.0")
+    with pytest.raises(heldout_pool.PoolError, match=r"--walls: transformers 5\.17\.0"):
+        heldout_pool.pool([a], tmp_path / "out2", other)
+
+
+def test_round_robin_run_on_the_cpu_measures_every_case_in_every_round(tmp_path: Path) -> None:
+    """``heldout.py --round-robin`` (tiny models on the CPU): rounds numbered across the groups, one probe
+    each, every built case timed ``--timed-per-round`` times per round; ``load_walls`` reads its tarball."""
+    out = tmp_path / "heldout"
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu" / "heldout.py"), "--device", "cpu", "--tiny",
+         "--round-robin", "2", "--timed-per-round", "2", "--train-walls", "--cases",
+         "tiny_llama_decode_b2_kv64_fp16,tiny_qwen2_prefill_b2_s16_fp16", "--out", str(out)],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    with tarfile.open(tmp_path / "walls.tar.gz", "w:gz") as tar:
+        tar.add(out, arcname="heldout")
+    data = heldout_pool.load_walls(tmp_path / "walls.tar.gz")
+    assert [(p["round"], p["group"]) for p in data["host_probes"]] == [
+        (0, "heldout"),
+        (1, "heldout"),
+        (2, "train"),
+        (3, "train"),
+    ]
+    roles = {c["case"] + "/" + c["role"]: sorted({w["round"] for w in c["walls"]}) for c in data["cases"]}
+    assert roles["tiny_qwen2_prefill_b2_s16_fp16/heldout"] == [0, 1]
+    assert [r for k, r in roles.items() if k.endswith("/train")] == [[2, 3], [2, 3]]
+    assert all(len(c["walls"]) == 4 and all(w["us"] > 0 for w in c["walls"]) for c in data["cases"])
+    assert all((out / c["config_file"]).is_file() for c in data["cases"])
+    assert data["transformers"] and data["started_utc"]  # the run's provenance, from its summary

@@ -142,12 +142,10 @@ KNOWN_MISSES: dict[str, str | set[tuple[str, str]]] = {
         ("qwen3moe_prefill_b2_s1024_fp16_l2", "wall_err"),
     },
     "profile": {
-        ("llama1b_decode_b1_kv512_fp16_l4", "wall_err"),
         ("llama70b_prefill_b1_s2048_bf16_l2", "gpu_err"),
         ("llama70b_prefill_b1_s2048_bf16_l2", "wall_err"),
-        ("mixtral_decode_b16_kv2048_fp16_l2", "wall_err"),
         ("mixtral_prefill_b1_s2048_bf16_l2", "gpu_err"),
-        ("qwen25_7b_decode_b4_kv8192_bf16_l4", "wall_err"),
+        ("qwen3moe_prefill_b2_s1024_fp16_l2", "wall_err"),
     },
 }
 

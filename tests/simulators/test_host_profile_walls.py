@@ -1,0 +1,65 @@
+"""The shipped H100 host profile's in-context terms rest on the committed round-robin walls: its wall
+samples are the quiet-round medians of ``benchmarks/results/gpu/h100/heldout/round-robin/`` (REFIT with
+``WALLS=``, ``benchmarks/gpu/host_profile.sh``), and simulating the committed training graphs with the
+shipped profile gives the fitted walls it records."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tarfile
+import warnings
+from pathlib import Path
+
+import pytest
+
+from hardware import load_hardware, resolve_cost_model
+from hardware.hostprofile import HostProfile, hardware_host_profile, load_host_profile
+from opgraph.capture.hosttime import without_host_gaps
+from opgraph.ir import load_graph
+from simulators import HostConfig, HostMode, SimulationConfig, simulate
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import heldout_pool
+
+RESULTS = REPO / "benchmarks" / "results" / "gpu" / "h100"
+WALLS = RESULTS / "heldout" / "round-robin" / "walls.tar.gz"
+GRAPHS = RESULTS / "host-profile" / "host_graphs.tar.gz"
+
+
+@pytest.fixture(scope="module")
+def shipped() -> HostProfile:
+    path = hardware_host_profile("h100-sxm")
+    assert path is not None
+    return load_host_profile(path)
+
+
+def test_wall_samples_are_the_quiet_round_robin_medians(shipped: HostProfile) -> None:
+    quiet = heldout_pool.quiet_walls(heldout_pool.load_walls(WALLS), "train")
+    samples = {w.name: w.measured_us for w in shipped.walls}
+    assert len(samples) == len(quiet) >= 10
+    for case, kept in quiet.items():
+        assert len(kept) >= 9
+        (name,) = [n for n in samples if n.endswith("_" + case)]
+        assert samples[name] == pytest.approx(statistics.median(kept), abs=0.1)
+
+
+def test_the_shipped_terms_give_the_fitted_walls(shipped: HostProfile, tmp_path: Path) -> None:
+    with tarfile.open(GRAPHS) as tar:
+        tar.extractall(tmp_path, filter="data")
+    hw = load_hardware("h100-sxm")
+    model = resolve_cost_model(str(REPO / "hardware" / "catalog" / "h100-sxm.profile.json"))
+    host = HostConfig(mode=HostMode.EAGER, host_profile=str(hardware_host_profile("h100-sxm")))
+    config = SimulationConfig.standard(1, policy="stream", host=host).model_copy(update={"skip_uncosted": True})
+    errors = []
+    for w in shipped.walls:
+        graph = without_host_gaps(load_graph(tmp_path / "host_graphs" / "train" / f"{w.name}.json.gz"))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tl = simulate(graph, hw, model, config).timeline()
+        wall = tl.wall_us if tl.wall_us is not None else tl.makespan_us
+        assert wall == pytest.approx(w.predicted_us, rel=1e-3), w.name
+        errors.append(abs(wall / w.measured_us - 1))
+    assert max(errors) < 0.10  # the training walls themselves, in sample
