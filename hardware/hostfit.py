@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from hardware.hostprofile import GapStat, HostInfo, HostProfile, TrainingGraph, WallSample, graph_keys
-from opgraph.ir import LoadError, OpGraph, OpgraphError, capture_settings
+from opgraph.ir import LoadError, OpGraph, OpgraphError, capture_settings, is_nested
 
 
 def _stat(values: Sequence[float]) -> GapStat:
@@ -196,12 +196,15 @@ WallFn = Callable[[OpGraph, HostProfile], float]
 ROBUST_FLOOR = 0.02
 """Relative error below which the robust wall fit weighs a training wall as if it were this large."""
 
-WALL_TERMS: tuple[str, ...] = ("op_scale", "forward_us", "busy_scale")
-"""The :class:`HostProfile` terms :func:`fit_wall_terms` fits, in order; the last is left at 0 when the
+WALL_TERMS: tuple[str, ...] = ("op_scale", "forward_us", "nested_scale", "busy_scale")
+"""The :class:`HostProfile` terms :func:`fit_wall_terms` fits, in order; ``nested_scale`` only when a
+training graph holds nested ops (:func:`~opgraph.ir.is_nested`), and the last is left at 0 when the
 training walls cannot tell it from the others."""
-_START = {"op_scale": 1.0, "forward_us": 0.0, "busy_scale": 0.0}
-_STEP = {"op_scale": 0.01, "forward_us": 20.0, "busy_scale": 0.02}
-_LOW = {"op_scale": 0.05, "forward_us": 0.0, "busy_scale": 0.0}
+_START = {"op_scale": 1.0, "forward_us": 0.0, "nested_scale": 1.0, "busy_scale": 0.0}
+_STEP = {"op_scale": 0.01, "forward_us": 20.0, "nested_scale": 0.01, "busy_scale": 0.02}
+_LOW = {"op_scale": 0.05, "forward_us": 0.0, "nested_scale": 0.05, "busy_scale": 0.0}
+_RELATIVE = frozenset({"op_scale", "nested_scale"})
+"""Terms stepped relative to their value (scales)."""
 
 
 def fit_wall_terms(
@@ -225,6 +228,8 @@ def fit_wall_terms(
     per-op terms cannot be told apart: :class:`~opgraph.ir.OpgraphError`.
     """
     names = [n for n in graphs if n in walls_us and walls_us[n] > 0]
+    if not any(is_nested(op) for n in names for op in graphs[n].ops):
+        terms = [t for t in terms if t != "nested_scale"]  # nothing to tell it from: it stays 1
     if len(names) < 2:
         raise OpgraphError(
             f"{len(names)} training graph(s) with a measured wall: the per-forward and per-op terms need two or more",
@@ -296,7 +301,7 @@ def _gauss_newton(
         w = [1 / max(abs(r), ROBUST_FLOOR) if robust else 1.0 for r in res]
         cols: dict[str, list[float]] = {}
         for t in terms:
-            d = _STEP[t] * (values[t] if t == "op_scale" else 1.0)
+            d = _STEP[t] * (values[t] if t in _RELATIVE else 1.0)
             moved = residuals({**values, t: values[t] + d})
             cols[t] = [(a - b) / d for a, b in zip(moved, res, strict=True)]
         active = list(terms)
@@ -331,8 +336,9 @@ def describe_walls(profile: HostProfile) -> list[str]:
     if not profile.walls:
         return ["no wall terms: op scale 1, no forward time (fitted without measured walls)"]
     busy = f" x(1 + {profile.busy_scale:.3f} x device busy share)" if profile.busy_scale else ""
+    nested = f", nested calls' issue time x{profile.nested_scale:.3f}" if profile.nested_scale != 1.0 else ""
     lines = [
-        f"in context: op host time x{profile.op_scale:.3f}{busy}, {profile.forward_us:.1f} us per forward "
+        f"in context: op host time x{profile.op_scale:.3f}{busy}{nested}, {profile.forward_us:.1f} us per forward "
         f"(fitted on {len(profile.walls)} measured walls)"
     ]
     for w in profile.walls:

@@ -17,19 +17,21 @@ Each op is looked up by its :func:`structure_keys`, most specific first:
 3. ``kind``: kind and position;
 4. ``global``: the median over every training op.
 
-Two terms fitted from measured walls (:func:`hardware.hostfit.fit_wall_terms`) carry what a ``meta``
+Terms fitted from measured walls (:func:`hardware.hostfit.fit_wall_terms`) carry what a ``meta``
 capture cannot see: on the real device each op's host time in context (its issue and the framework
 before it) is :attr:`HostProfile.op_scale` times what replay and the ``meta`` timing measure alone, and
 each forward pass pays :attr:`HostProfile.forward_us` more (the call, HF's preamble and output
 wrapping as they run on the device, and what a short forward pays cold) whatever its layer count;
 :attr:`HostProfile.busy_scale` (a third term, fitted when the training walls tell it) makes the host
-slower in a forward pass whose device is busy a larger share of the time.
-:func:`in_context` applies both.
+slower in a forward pass whose device is busy a larger share of the time, and
+:attr:`HostProfile.nested_scale` (fitted when training graphs hold nested calls, below) scales the
+issue time of calls made from C++. :func:`in_context` applies them.
 
 An op issued from C++ inside another aten call (:func:`is_nested`: torch's fallback of ``_grouped_mm``
 for fp16/fp32 runs one ``mm`` per expert from one Python-level call) pays no framework time: no Python
-runs between it and the call before it. Its issue time stays the cost model's (the dispatcher, the
-library's host work and the launch).
+runs between it and the call before it. Its issue time is the cost model's (measured for a call from
+Python) times :attr:`HostProfile.nested_scale`, fitted on training walls whose graphs hold such calls
+(1 without them).
 
 Catalog devices name their host profile in their TOML (``host_profile = "h100-sxm.host.json"``, the
 CPU of the machine that measured the device profile); :func:`hardware_host_profile` finds it.
@@ -164,6 +166,10 @@ class HostProfile(FrozenModel):
     op_scale: Annotated[float, Field(gt=0)] = 1.0
     """Each op's host time in context on the real device over its issue time plus framework time as
     measured alone (fitted from measured walls; 1 without them)."""
+    nested_scale: Annotated[float, Field(gt=0)] = 1.0
+    """Host time of an op issued from C++ inside the call before it (:func:`is_nested`) over the cost
+    model's issue time of the same op called from Python (fitted from measured walls of graphs holding
+    such ops; 1 without them): the Python binding and argument parsing it does not pay."""
     busy_scale: NonNegFloat = 0.0
     """How much slower the host runs while the device is busy: each op's host time in a forward pass
     whose device time is a share ``u = min(1, device / host)`` of its host time is ``1 + busy_scale * u``
@@ -310,11 +316,12 @@ def in_context(
     share ``u`` when ``device_us``, each op's device time, is given), plus :attr:`HostProfile.forward_us`
     on the first op of each forward pass (:func:`forward_starts`).
 
-    An op nested in the call before it (:func:`is_nested`) keeps its time as measured: the terms
-    describe a Python-level call issued among the framework's Python (cold caches), and a C++ loop
-    issues its calls back to back, as the device profile's issue timing does."""
+    An op nested in the call before it (:func:`is_nested`) takes :attr:`HostProfile.nested_scale`
+    instead: the other terms describe a Python-level call issued among the framework's Python (cold
+    caches), and a C++ loop issues its calls back to back without Python."""
     nested = [is_nested(op) for op in graph.ops]
-    out = [h if n else h * profile.op_scale for h, n in zip(host_us, nested, strict=True)]
+    scales = (profile.nested_scale, profile.op_scale)
+    out = [h * scales[0 if n else 1] for h, n in zip(host_us, nested, strict=True)]
     starts = forward_starts(graph) if out else []
     if profile.busy_scale and device_us is not None:
         for a, b in zip(starts, [*starts[1:], len(out)], strict=True):

@@ -162,7 +162,9 @@ def _add_framework_time(
         "uses its own, --no-framework-time drops it"
     )
     total = [h + f for h, f in zip(host_us, predicted.gaps_us, strict=True)]
-    in_context_terms = profile.op_scale != 1.0 or profile.forward_us or profile.busy_scale
+    in_context_terms = (
+        profile.op_scale != 1.0 or profile.forward_us or profile.busy_scale or profile.nested_scale != 1.0
+    )
     if problem.graph.metadata.phase == "generate":
         # The in-context terms were fitted on walls of forward passes called on their own (a fresh cache,
         # a sync after each); generate's loop runs its steps warm, back to back: its own terms apply.
@@ -179,9 +181,14 @@ def _add_framework_time(
             total = in_generate_loop(total, problem.graph, profile)
     elif in_context_terms:
         busy = f", x(1 + {profile.busy_scale:.3f} x the device's busy share)" if profile.busy_scale else ""
+        nested = (
+            f"; calls issued from C++ inside another (nested) x{profile.nested_scale:.3f}"
+            if profile.nested_scale != 1.0 and any(is_nested(op) for op in problem.graph.ops)
+            else ""
+        )
         notes.append(
             f"host: in context on the device (fitted from measured walls): each op's host time "
-            f"x{profile.op_scale:.3f}{busy}, {profile.forward_us / 1e3:.3f} ms more per forward pass"
+            f"x{profile.op_scale:.3f}{busy}, {profile.forward_us / 1e3:.3f} ms more per forward pass{nested}"
         )
         total = in_context(total, problem.graph, profile, problem.dur_us)
     return total, per_op_us

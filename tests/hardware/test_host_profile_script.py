@@ -54,13 +54,18 @@ def test_no_training_shape_is_a_held_out_case() -> None:
     assert {str(c["preset"]) for c in held} - {t[0] for t in train} == {"llama-3.1-70b"}
 
 
-def test_measured_walls_are_dense_decodes_of_several_layer_counts() -> None:
+def test_measured_walls_tell_each_term_apart() -> None:
     walls = [t for t in _training(SCRIPT) if t[6]]
-    assert len(walls) >= 6
-    assert {t[1] for t in walls} == {"decode"}  # host-bound: their wall is the host's
-    assert not any(t[0] in ("qwen3-30b-a3b", "mixtral-8x7b") for t in walls)  # dense
-    assert len({t[5] for t in walls}) >= 3  # per forward vs per layer
-    assert len({t[2] for t in walls}) >= 3  # light and heavy device work per layer
+    dense = [t for t in walls if t[0] not in ("qwen3-30b-a3b", "mixtral-8x7b")]
+    assert len(dense) >= 6
+    assert {t[1] for t in dense} == {"decode"}  # host-bound: their wall is the host's
+    assert len({t[5] for t in dense}) >= 3  # per forward vs per layer
+    assert len({t[2] for t in dense}) >= 3  # light and heavy device work per layer
+    # MoE walls in fp16, where torch's C++ fallback of _grouped_mm issues the expert products (nested
+    # calls): of two layer counts at least, so the nested scale is told from the per-forward time.
+    moe = [t for t in walls if t not in dense]
+    assert moe and {t[4] for t in moe} == {"fp16"}
+    assert len({t[5] for t in moe if t[0] == "qwen3-30b-a3b"}) >= 2
 
 
 def test_round_robin_training_walls_are_the_scripts_measured_decodes() -> None:
@@ -68,7 +73,7 @@ def test_round_robin_training_walls_are_the_scripts_measured_decodes() -> None:
     # with WALLS=...): the same decodes as the script's TRAIN lines marked for a wall.
     walls = [t[:6] for t in _training(SCRIPT) if t[6]]
     rr = [
-        (c["preset"], c["phase"], c["batch"], c["kv_len"], c["dtype"], c["layers"])
+        (c["preset"], c["phase"], c["batch"], c.get("kv_len", c.get("seq_len")), c["dtype"], c["layers"])
         for c in _heldout_module().TRAIN_WALL_CASES
     ]
-    assert rr == walls
+    assert sorted(rr) == sorted(walls) and len(rr) == len(set(rr))

@@ -24,6 +24,7 @@ from hardware.hostprofile import (
     predict_gaps,
 )
 from opgraph.ir import (
+    NESTED_MARK,
     SAMPLER_SCOPE,
     CaptureSettings,
     Elementwise,
@@ -321,3 +322,38 @@ def test_a_training_graph_timed_while_the_host_was_disturbed_is_left_out() -> No
     assert any(n.startswith("left out toy decode") and "5.0x the median" in n for n in prof.notes)
     kept = fit_host_profile([toy_graph(2), toy_graph(3), toy_graph(2), slow], max_outlier=None)
     assert len(kept.training) == 4 and kept.exact != clean.exact
+
+
+def _with_nested(g: OpGraph, ids: set[int]) -> OpGraph:
+    ops = tuple(
+        op.model_copy(update={"definition": op.definition + NESTED_MARK}) if op.id in ids else op for op in g.ops
+    )
+    return g.model_copy(update={"ops": ops})
+
+
+def test_in_context_scales_nested_calls_by_their_own_term() -> None:
+    g = _with_nested(_two_step_graph(), {1})
+    prof = toy_profile(op_scale=2.0, forward_us=100.0, nested_scale=0.5, busy_scale=1.0)
+    # op 1 is issued from C++ inside op 0: x0.5, no busy slowdown; the others x2 x(1 + u)
+    assert in_context([1.0, 4.0, 3.0, 4.0], g, prof) == [102.0, 2.0, 106.0, 8.0]
+    assert in_context([10.0, 10.0, 3.0, 4.0], g, prof, [0.0, 20.0, 0.0, 0.0]) == [140.0, 5.0, 106.0, 8.0]
+
+
+def test_wall_fit_tells_the_nested_calls_scale_when_training_graphs_hold_them() -> None:
+    host = {"l1": 900.0, "l3": 2500.0, "l5": 4100.0, "m1": 1000.0, "m3": 2600.0}
+    nested = {"l1": 0.0, "l3": 0.0, "l5": 0.0, "m1": 1500.0, "m3": 4500.0}
+
+    def wall(graph: OpGraph, profile: HostProfile) -> float:
+        n = graph.metadata.model
+        return profile.op_scale * host[n] + profile.nested_scale * nested[n] + profile.forward_us
+
+    graphs = {n: _with_nested(_named(n), {0}) if nested[n] else _named(n) for n in host}
+    truth = toy_profile(op_scale=1.1, nested_scale=0.6, forward_us=700.0)
+    walls = {n: wall(graphs[n], truth) for n in host}
+    fitted = fit_wall_terms(toy_profile(), graphs, walls, wall)
+    assert fitted.nested_scale == pytest.approx(0.6, rel=0.01)
+    assert fitted.op_scale == pytest.approx(1.1, rel=0.01)
+    assert "nested calls' issue time x0.600" in describe_walls(fitted)[0]
+    # Without a graph holding nested calls the term is not fitted: it stays 1.
+    dense = {n: g for n, g in graphs.items() if not nested[n]}
+    assert fit_wall_terms(toy_profile(), dense, walls, wall).nested_scale == 1.0
