@@ -35,10 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heldout_pool import QUIET, probe_line, quiet_rounds
-
 from opgraph.ir.timeline import union_length
 from opgraph.trace.kineto import is_device_event, launch_times
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from heldout_pool import QUIET, probe_line, quiet_rounds
 
 DEFAULT = Path(__file__).resolve().parent / "results" / "gpu" / "h100" / "generate" / "run4" / "generate_validate.json"
 

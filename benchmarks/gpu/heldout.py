@@ -31,6 +31,13 @@ and ``<case>.trace.json.gz`` per case, and ``summary.json`` (rewritten after eve
 short keeps what it measured). Cases run most-diverse first; a case whose estimate does not fit in
 what is left of ``--budget-s`` is skipped with a note.
 
+``--round-robin ROUNDS`` measures walls only, in rounds: every case's model is built first, then each
+round starts with a host probe and times every case (:func:`round_robin_walls`; ``--train-walls`` adds
+the host profile's training walls as a second group). The host of a shared GPU machine alternates
+between speeds within seconds, so walls measured one case after another compare host states, not cases;
+``benchmarks/heldout_pool.py --walls`` keeps the rounds whose probe ran near its fastest. Writes
+``walls.json`` (rewritten after every round) beside the configs and ``summary.json``.
+
 ``--device cpu --tiny`` runs tiny configs on the CPU to test the pipeline without a GPU: there is no
 device there, so every leaf aten op of the CPU trace stands in for a kernel (marked ``fake_device``
 in the outputs). That data is for tests only.
@@ -721,13 +728,17 @@ def main() -> int:
     )
     ap.add_argument("--timed-per-round", type=int, default=2, help="with --round-robin: timed forwards per case")
     ap.add_argument(
-        "--train-walls", action="store_true", help="with --round-robin: the host profile's training decodes too"
+        "--train-walls",
+        action="store_true",
+        help="with --round-robin: the host profile's training walls too (TRAIN_WALL_CASES)",
     )
     ap.add_argument("--free-gib", type=float, default=6.0, help="with --round-robin: device memory to keep free")
     args = ap.parse_args()
     t_start = time.perf_counter()
     if args.runs < 9 and not args.tiny:
         ap.error("--runs must be at least 9 (the targets are medians of at least 9 runs)")
+    if args.round_robin < 0 or args.timed_per_round < 1:
+        ap.error("--round-robin must be 0 or more and --timed-per-round at least 1")
     import torch
     import transformers
 

@@ -9,6 +9,9 @@
 # stays under 8 minutes). Writes $OUT/heldout.tar.gz (heldout/: summary.json, log.txt and per case
 # CASE.json, CASE.config.json, CASE.trace.json.gz), $OUT/heldout_summary.json and $OUT/heldout_log.txt.
 # Then, on any machine: python benchmarks/heldout_report.py heldout.tar.gz (the CPU-side report).
+# Walls round robin (a host probe per round, the training walls of the host profile after the held-out
+# cases; about 7.5 minutes): BUDGET=450 LIMIT=520 bash benchmarks/gpu/heldout_h100.sh --round-robin 40
+# --train-walls --no-estimator, then benchmarks/heldout_pool.py ... --walls heldout.tar.gz.
 set -uo pipefail
 . benchmarks/gpu/env.sh
 export PYTHONUNBUFFERED=1
