@@ -103,8 +103,11 @@ def _unpack(path: Path, into: Path) -> Path:
     if path.is_dir():
         folder = path
     else:
-        with tarfile.open(path) as tar:
-            tar.extractall(into, filter="data")
+        try:
+            with tarfile.open(path) as tar:
+                tar.extractall(into, filter="data")
+        except tarfile.TarError as exc:
+            raise PoolError(f"{path}: not a folder or .tar.gz of heldout.py ({str(exc).splitlines()[0]})") from exc
         found = sorted(into.rglob("summary.json"))
         if not found:
             raise PoolError(f"{path}: no summary.json inside")

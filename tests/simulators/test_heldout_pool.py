@@ -129,3 +129,15 @@ def test_round_robin_run_on_the_cpu_measures_every_case_in_every_round(tmp_path:
     assert all(len(c["walls"]) == 4 and all(w["us"] > 0 for w in c["walls"]) for c in data["cases"])
     assert all((out / c["config_file"]).is_file() for c in data["cases"])
     assert data["transformers"] and data["started_utc"]  # the run's provenance, from its summary
+
+
+def test_a_walls_file_that_is_no_round_robin_run_is_one_line_and_exit_2(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    a = _pass(tmp_path / "a", "11:17", [8.0, 8.1, 8.2])
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_text("not a tarball")
+    out = tmp_path / "x.tar.gz"
+    assert heldout_pool.main([str(a), "-o", str(out), "--walls", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {bad}: not a folder or .tar.gz") and "\n" not in err
+    assert heldout_pool.main([str(a), "-o", str(out), "--walls", str(a)]) == 2  # passes, not a round-robin run
+    assert "no walls.json" in capsys.readouterr().err and not out.exists()
