@@ -320,8 +320,7 @@ def in_context(
     instead: the other terms describe a Python-level call issued among the framework's Python (cold
     caches), and a C++ loop issues its calls back to back without Python."""
     nested = [is_nested(op) for op in graph.ops]
-    scales = (profile.nested_scale, profile.op_scale)
-    out = [h * scales[0 if n else 1] for h, n in zip(host_us, nested, strict=True)]
+    out = [h * (profile.nested_scale if n else profile.op_scale) for h, n in zip(host_us, nested, strict=True)]
     starts = forward_starts(graph) if out else []
     if profile.busy_scale and device_us is not None:
         for a, b in zip(starts, [*starts[1:], len(out)], strict=True):
