@@ -263,6 +263,22 @@ def _strided_kv_write(batch: int, seq: int, kv_heads: int = 8, head_dim: int = 1
     )  # fmt: skip
 
 
+def _fp32_weights_combine(tokens: int, experts: int, top_k: int, hidden: int) -> MoeRouting:
+    """An MoE combine as capture records Mixtral's: expert rows, float32 routing weights, the sort
+    order and the token index of each pair."""
+    pairs = tokens * top_k
+    ins = (
+        TensorSpec(shape=(pairs, hidden), dtype=DType.bf16),
+        TensorSpec(shape=(pairs, 1), dtype=DType.fp32),
+        TensorSpec(shape=(pairs,), dtype=DType.int64),
+        TensorSpec(shape=(pairs,), dtype=DType.int64),
+    )
+    return MoeRouting(
+        id=0, fn="combine", tokens=tokens, experts=experts, top_k=top_k, hidden=hidden, inputs=ins,
+        definition=f"moe_combine_e{experts}_topk{top_k}_weights_fp32",
+    )  # fmt: skip
+
+
 def _gpu_sweep() -> list[SweepPoint]:
     pts: list[SweepPoint] = []
     ops: Iterable[OpBase]
@@ -304,6 +320,10 @@ def _gpu_sweep() -> list[SweepPoint]:
                 for t in toks
             )
             pts += _series(f"moe.{name}.{fn}", ops, base=1)
+        # Mixtral's router keeps the routing weights in float32, so its combine weighs, gathers and sums
+        # in float32 (MoeRouting.weights_dtype): the inputs capture records for it, a kernel mix of its own.
+        ops = (_fp32_weights_combine(t, e, top, hidden) for t in toks)
+        pts += _series(f"moe.{name}.combine.weights_fp32", ops, base=2)
     # Attention: decode over the KV length, prefill over the sequence.
     for i, (name, h, kvh, d) in enumerate(ATTENTION_HEADS):
         heads = (h, kvh, d)

@@ -207,7 +207,12 @@ def profile_features(op: OpBase) -> Features | None:
     elif isinstance(op, Embedding):
         simple[Embedding] = ("embedding", (_lg(op.hidden),), ("hidden",))
     elif isinstance(op, MoeRouting):
-        simple[MoeRouting] = (f"moe_routing:{op.fn}", (_lg(op.experts), _lg(op.top_k)), ("experts", "top_k"))
+        regime = f"moe_routing:{op.fn}"
+        if op.fn == "combine" and op.weights_dtype is not op.dtype:
+            # Routing weights in another dtype (Mixtral's float32) make the combine weigh, gather and
+            # sum in that dtype before casting back: another kernel mix than the op's dtype alone.
+            regime += f"{WEIGHTS}{op.weights_dtype.value}"
+        simple[MoeRouting] = (regime, (_lg(op.experts), _lg(op.top_k)), ("experts", "top_k"))
     if not simple:
         return None
     regime, shape, names = next(iter(simple.values()))
@@ -218,6 +223,20 @@ def profile_features(op: OpBase) -> Features | None:
 
 STRIDED = ":strided"
 """Regime suffix of an op that reads a non-contiguous input (see :func:`strided_input`)."""
+WEIGHTS = ":weights_"
+"""Regime suffix of an MoE combine whose routing weights are in another dtype (``:weights_fp32``)."""
+VARIANTS = (STRIDED, WEIGHTS)
+"""Regime suffixes of a variant of a regime: a profile without the variant's points predicts it from
+the plain regime's, and says so."""
+
+
+def variant_base(regime: str) -> str:
+    """``regime`` without its variant suffix (:data:`VARIANTS`), or itself."""
+    for suffix in VARIANTS:
+        head, sep, _ = regime.partition(suffix)
+        if sep:
+            return head
+    return regime
 LAYOUT_BOUND: tuple[type[OpBase], ...] = (Activation, Elementwise, Memory)
 """Kinds whose kernel changes with the input layout: a copy out of a transposed view (a prefill's
 KV-cache write, 3.5-6x the time of a contiguous one), a gated activation over the two halves of one
@@ -419,8 +438,9 @@ class _Index:
         """The regime's points for ``dtype`` (or the nearest dtype, or a sibling regime of the kind);
         ``pooled``: with the shapes only a twin dtype measured."""
         dtypes = (dtype, *_DTYPE_FALLBACK.get(dtype, (DType.bf16, DType.fp16, DType.fp32)))
-        # A layout the profile did not measure: the contiguous points of the regime, said so.
-        regimes = (f.regime, f.regime.removesuffix(STRIDED)) if f.regime.endswith(STRIDED) else (f.regime,)
+        # A variant the profile did not measure (a layout, a weights dtype): the plain regime's points, said so.
+        base = variant_base(f.regime)
+        regimes = (f.regime, base) if base != f.regime else (f.regime,)
         for name in regimes:
             for dt in dtypes:
                 hit = (self.pooled.get((name, dt)) if pooled else None) or self.regimes.get((name, dt))

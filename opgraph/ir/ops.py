@@ -479,6 +479,24 @@ class MoeRouting(OpBase):
     top_k: PosInt
     hidden: PosInt = 1
 
+    @property
+    def weights_dtype(self) -> DType:
+        """The routing weights' dtype: that of an input holding one float per token-expert pair in
+        another dtype than the op's (Mixtral keeps them in float32, so its combine weights, gathers and
+        sums in float32 before casting back; Qwen3-MoE casts them to the hidden dtype), else the op's.
+
+        >>> w = TensorSpec(shape=(8, 1), dtype=DType.fp32)
+        >>> MoeRouting(id=0, fn="combine", tokens=4, experts=8, top_k=2, hidden=16, inputs=(w,)).weights_dtype.value
+        'fp32'
+        >>> MoeRouting(id=0, fn="combine", tokens=4, experts=8, top_k=2, hidden=16).weights_dtype.value
+        'bf16'
+        """
+        pairs = self.tokens * self.top_k
+        for t in self.inputs:
+            if t.dtype.is_float and t.dtype is not self.dtype and math.prod(t.shape) == pairs:
+                return t.dtype
+        return self.dtype
+
     def default_flops(self) -> float:
         if self.fn == "route":
             return self.tokens * self.experts * 6

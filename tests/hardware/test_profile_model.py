@@ -302,6 +302,38 @@ def test_a_strided_input_is_its_own_regime_and_falls_back_to_the_contiguous_one_
     assert "strided" not in _quiet(both, act(16, False).model_copy(update={"inputs": (dense,)}))[1]
 
 
+def test_a_combine_with_float32_routing_weights_is_its_own_regime_and_falls_back_saying_so() -> None:
+    """Held-out Mixtral prefill: its router keeps the routing weights in float32, so the combine weighs,
+    gathers and sums in float32: 189 us at 2048 tokens where the bf16-weight points measured 110 us."""
+    from opgraph.ir import MoeRouting, TensorSpec
+
+    def combine(tokens: int, weights: DType) -> MoeRouting:
+        w = TensorSpec(shape=(tokens * 2, 1), dtype=weights)
+        return MoeRouting(id=0, fn="combine", tokens=tokens, experts=8, top_k=2, hidden=4096, inputs=(w,))
+
+    assert combine(8, DType.fp32).weights_dtype is DType.fp32 and combine(8, DType.bf16).weights_dtype is DType.bf16
+    sizes = (8, 512, 8192)
+    plain = [_timed(combine(t, DType.bf16), roofline_seconds(combine(t, DType.bf16), H100) / 0.5) for t in sizes]
+    fp32 = [_timed(combine(t, DType.fp32), roofline_seconds(combine(t, DType.fp32), H100) / 0.3) for t in sizes]
+    op = combine(2048, DType.fp32)
+    alone = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *plain]))
+    seconds, detail = _quiet(alone, op)
+    assert roofline_seconds(op, H100) / seconds == pytest.approx(0.5)
+    assert "no moe_routing:combine:weights_fp32 points, from moe_routing:combine" in detail
+    both = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *plain, *fp32]))
+    assert roofline_seconds(op, H100) / _quiet(both, op)[0] == pytest.approx(0.3)
+    assert roofline_seconds(op, H100) / _quiet(both, combine(2048, DType.bf16))[0] == pytest.approx(0.5)
+
+
+def test_the_sweep_measures_the_combine_as_mixtral_runs_it() -> None:
+    from validators.profile import sweep_points
+
+    fp32 = [p.op for p in sweep_points("cuda", kinds=("moe_routing",)) if "weights_fp32" in p.op.definition]
+    assert {(op.experts, op.top_k) for op in fp32} == {(8, 2), (128, 8)}  # type: ignore[attr-defined]
+    assert all(op.weights_dtype is DType.fp32 and op.fn == "combine" for op in fp32)  # type: ignore[attr-defined]
+    assert len({op.tokens for op in fp32}) >= 6  # type: ignore[attr-defined]
+
+
 def test_a_decode_is_placed_by_its_sequence_kv_head_pairs() -> None:
     """Held-out Qwen2.5-7B decode (batch 4, 4 KV heads: 16 pairs) took batch 8's efficiency of its head
     layout (32 pairs), 0.81 of the roofline where it ran at 0.61: a decode kernel's parallelism is

@@ -9,10 +9,9 @@ the expert loads the graph was captured with.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from opgraph.ir import DType, MoeRouting, TensorSpec
+from opgraph.ir import MoeRouting, TensorSpec
 from validators.inputs import make_tensor, routing_counts, torch_dtype
 from validators.recipes.base import BuildContext, Case, Compare, Recipe
 from validators.recipes.registry import register_recipe
@@ -35,16 +34,6 @@ def assignment(tokens: int, experts: int, top_k: int, skew: float) -> list[list[
             picks[t].append(e)
             t = (t + 1) % tokens
     return picks
-
-
-def _weights_dtype(op: MoeRouting) -> DType:
-    """The routing weights' dtype: the recorded one (Mixtral keeps them float32, so its combine
-    weights, sums and casts in float32; Qwen3-MoE casts them to the hidden dtype), else the op's."""
-    pairs = op.tokens * op.top_k
-    for t in op.inputs:
-        if t.dtype.is_float and t.dtype is not op.dtype and math.prod(t.shape) == pairs:
-            return t.dtype
-    return op.dtype
 
 
 @register_recipe(MoeRouting)
@@ -81,7 +70,7 @@ class MoeRoutingRecipe(Recipe[MoeRouting]):
             return Case(inputs=(logits,), run=run, compare=Compare.FLOAT_ONLY, note=f"router, {skew} routing")
         pairs = tokens * top_k
         index = torch.tensor(picks, device=ctx.device, dtype=torch.long)  # (tokens, top_k)
-        weights = torch.rand(tokens, top_k, device=ctx.device, generator=ctx.gen).to(torch_dtype(_weights_dtype(op)))
+        weights = torch.rand(tokens, top_k, device=ctx.device, generator=ctx.gen).to(torch_dtype(op.weights_dtype))
         if op.fn == "dispatch":
             hidden = make_tensor(TensorSpec(shape=(tokens, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
 
