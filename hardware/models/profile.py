@@ -18,6 +18,9 @@ the dense GEMM one):
 - a memory-bound op also sees the shapes only a twin dtype measured (:func:`twin_dtypes`: fp16 and
   bf16), where its own dtype's sweep is sparse.
 
+A ``_grouped_mm`` expert GEMM pays whole row tiles of torch's grouped kernel (:data:`TILE_ROWS`) for
+the uneven loads a router deals, where the profile measured even ones (:func:`row_tiles_factor`).
+
 Past the largest measured size the efficiency stays that of the edge, so the roofline carries the
 op across a regime boundary (a GEMM measured at decode sizes is never scaled by FLOPs into a
 prefill); under the smallest measured bytes the smallest point's time stays (a kernel that small
@@ -106,6 +109,9 @@ class Features:
         return ",".join(f"{n}={2**v:.4g}" for n, v in zip(self.shape_names, self.shape, strict=True))
 
 
+GROUPED_MM = "gemm:grouped:grouped_mm"
+"""The regime of ``_grouped_mm`` expert GEMMs (torch's grouped kernel)."""
+
 _NEAREST_REGIME: dict[str, tuple[str, ...]] = {
     "gemm:grouped:grouped_mm": ("gemm:grouped:bmm",),
     "gemm:grouped:bmm": ("gemm:grouped:grouped_mm",),
@@ -143,6 +149,49 @@ def _expert_product(op: Gemm) -> int | None:
         return None
     hit = _LOOP_EXPERTS.search(op.definition)
     return int(hit.group(1)) if hit else 1
+
+
+TILE_ROWS = 128
+"""Rows per tile of the grouped GEMM kernel torch runs for ``_grouped_mm`` on sm90 (CUTLASS, 128 x 256 x 64
+tiles, as its kernel name says): an expert with ``r`` rows costs ``ceil(r / 128)`` row tiles."""
+_ROUTED = re.compile(r"_e(\d+)_.*_topk(\d+)_")
+"""Experts and top-k in an expert GEMM's definition (``moe_grouped_mm_e8_h4096_i14336_topk2_gate_up``)."""
+
+
+def expected_row_tiles(rows: float, experts: int, top_k: int) -> float:
+    """Expected :data:`TILE_ROWS` row tiles of one expert whose rows a uniform router deals: each of the
+    ``T = rows * experts / top_k`` tokens picks it with probability ``top_k / experts``, so its rows are
+    Binomial(T, k/E) with mean ``rows``.
+
+    >>> round(expected_row_tiles(512, 8, 2), 1), expected_row_tiles(512, 8, 8)
+    (4.5, 4.0)
+    """
+    p = min(1.0, top_k / experts)
+    n = max(1, round(rows / p))
+    if p >= 1.0:
+        return float(math.ceil(n / TILE_ROWS))
+    sd = math.sqrt(n * p * (1.0 - p))
+    lo, hi = max(0, math.floor(rows - 12 * sd - 1)), min(n, math.ceil(rows + 12 * sd + 1))
+    log_p, log_q, log_n = math.log(p), math.log1p(-p), math.lgamma(n + 1)
+    total = weight = 0.0
+    for x in range(lo, hi + 1):
+        w = math.exp(log_n - math.lgamma(x + 1) - math.lgamma(n - x + 1) + x * log_p + (n - x) * log_q)
+        total += w * math.ceil(x / TILE_ROWS)
+        weight += w
+    return total / weight if weight > 0 else float(math.ceil(rows / TILE_ROWS))
+
+
+def row_tiles_factor(op: Gemm) -> float:
+    """How much longer a ``_grouped_mm`` expert GEMM runs for a router's uneven loads than for the even
+    loads the profile measured (``validators.inputs.routing_counts``): the expected row tiles of a
+    uniform router (:func:`expected_row_tiles`) over those of ``m`` rows per expert (below 1 where some
+    experts' loads fall under a tile boundary the even loads cross). 1 when the definition does not name
+    the experts and top-k, or below a tile (one partly filled tile either way)."""
+    hit = _ROUTED.search(op.definition)
+    if op.groups <= 1 or hit is None or op.m < TILE_ROWS:
+        return 1.0
+    even = math.ceil(op.m / TILE_ROWS)
+    return expected_row_tiles(op.m, int(hit.group(1)), int(hit.group(2))) / even
 
 
 def _issued_as(op: OpBase, f: Features | None) -> Features | None:
@@ -237,6 +286,8 @@ def variant_base(regime: str) -> str:
         if sep:
             return head
     return regime
+
+
 LAYOUT_BOUND: tuple[type[OpBase], ...] = (Activation, Elementwise, Memory)
 """Kinds whose kernel changes with the input layout: a copy out of a transposed view (a prefill's
 KV-cache write, 3.5-6x the time of a contiguous one), a gated activation over the two halves of one
@@ -585,6 +636,16 @@ class ProfileModel:
         log_eff, used, outside = self._interpolate(regime, f, None if f.axis == "m" else math.log(roof))
         eff = math.exp(log_eff)
         launch = (profile.launch_us if profile.launch_us is not None else hw.launch_latency_us) * 1e-6
+        # A grouped kernel's points were measured with even loads; a router's loads are uneven, and each
+        # expert pays whole row tiles.
+        tiles, tiles_note = 1.0, ""
+        if isinstance(op, Gemm) and f.regime == GROUPED_MM and regime_name == GROUPED_MM:
+            tiles = row_tiles_factor(op)
+            tiles_note = (
+                f"row tiles x{tiles:.3f} (a uniform router's loads of {op.m} rows per expert on average against "
+                f"the even loads measured; {TILE_ROWS}-row tiles)"
+            )
+        eff /= tiles
         seconds = roof / eff
         bound = Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY
         shape_far = regime.shape_outside(f.shape)
@@ -595,6 +656,8 @@ class ProfileModel:
             notes.append(f"no {f.regime} points, from {regime_name}")
         if dtype is not op.dtype:
             notes.append(f"no {op.dtype.value} points, from {dtype.value}")
+        if abs(tiles - 1.0) > 5e-4:
+            notes.append(tiles_note)
         beyond = max(f.size - regime.hi, regime.lo - f.size, 0.0)
         if outside > 1e-9 or shape_far > 1e-9:
             where_out = []

@@ -144,7 +144,6 @@ KNOWN_MISSES: dict[str, str | set[tuple[str, str]]] = {
     "profile": {
         ("llama70b_prefill_b1_s2048_bf16_l2", "gpu_err"),
         ("llama70b_prefill_b1_s2048_bf16_l2", "wall_err"),
-        ("mixtral_prefill_b1_s2048_bf16_l2", "gpu_err"),
     },
 }
 
