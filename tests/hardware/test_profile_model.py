@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,24 @@ def test_a_latency_bound_neighbour_lends_its_time_not_its_efficiency() -> None:
     assert roofline_seconds(d64_bw, H100) / _quiet(model, d64_bw)[0] == pytest.approx(0.8, rel=0.05)
 
 
+def _variant_falls_back(
+    plain: Callable[[int], OpBase], variant: Callable[[int], OpBase], sizes: tuple[int, ...], at: int, note: str
+) -> ProfileModel:
+    """A variant of a regime (its points at efficiency 0.25) is predicted from its own points; a profile
+    without them predicts it from the plain regime's (0.5) and says so (``note``); the plain op keeps
+    the plain points. Returns the profile with both."""
+    base = [_timed(plain(t), roofline_seconds(plain(t), H100) / 0.5) for t in sizes]
+    own = [_timed(variant(t), roofline_seconds(variant(t), H100) / 0.25) for t in sizes]
+    op = variant(at)
+    seconds, detail = _quiet(ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *base])), op)
+    assert roofline_seconds(op, H100) / seconds == pytest.approx(0.5)
+    assert note in detail
+    both = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *base, *own]))
+    assert roofline_seconds(op, H100) / _quiet(both, op)[0] == pytest.approx(0.25)
+    assert roofline_seconds(op, H100) / _quiet(both, plain(at))[0] == pytest.approx(0.5)
+    return both
+
+
 def test_a_strided_input_is_its_own_regime_and_falls_back_to_the_contiguous_one_saying_so() -> None:
     """Held-out Mixtral prefill: the gated activation over the chunked gate_up ran 1.8x the contiguous
     kernel's time; a prefill's KV-cache write of a transposed view 3.5-6x."""
@@ -287,17 +306,10 @@ def test_a_strided_input_is_its_own_regime_and_falls_back_to_the_contiguous_one_
         spec = TensorSpec(shape=(tokens, 4096), dtype=DType.bf16, strides=(8192, 1) if chunked else None)
         return Activation(id=0, fn="swiglu", gated=True, numel=tokens * 4096, hidden=4096, inputs=(spec,))
 
-    sizes = (16, 256, 4096)
-    contiguous = [_timed(act(t, False), roofline_seconds(act(t, False), H100) / 0.5) for t in sizes]
-    strided = [_timed(act(t, True), roofline_seconds(act(t, True), H100) / 0.25) for t in sizes]
-    op = act(1024, True)
-    alone = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *contiguous]))
-    seconds, detail = _quiet(alone, op)
-    assert roofline_seconds(op, H100) / seconds == pytest.approx(0.5)
-    assert "no activation:swiglu:strided points, from activation:swiglu" in detail
-    both = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *contiguous, *strided]))
-    assert roofline_seconds(op, H100) / _quiet(both, op)[0] == pytest.approx(0.25)
-    assert roofline_seconds(op, H100) / _quiet(both, act(1024, False))[0] == pytest.approx(0.5)
+    both = _variant_falls_back(
+        lambda t: act(t, False), lambda t: act(t, True), (16, 256, 4096), 1024,
+        "no activation:swiglu:strided points, from activation:swiglu",
+    )  # fmt: skip
     dense = TensorSpec(shape=(16, 1, 4096), dtype=DType.bf16, strides=(4096, 1, 1))  # size-1 dims aside: dense
     assert "strided" not in _quiet(both, act(16, False).model_copy(update={"inputs": (dense,)}))[1]
 
@@ -312,17 +324,10 @@ def test_a_combine_with_float32_routing_weights_is_its_own_regime_and_falls_back
         return MoeRouting(id=0, fn="combine", tokens=tokens, experts=8, top_k=2, hidden=4096, inputs=(w,))
 
     assert combine(8, DType.fp32).weights_dtype is DType.fp32 and combine(8, DType.bf16).weights_dtype is DType.bf16
-    sizes = (8, 512, 8192)
-    plain = [_timed(combine(t, DType.bf16), roofline_seconds(combine(t, DType.bf16), H100) / 0.5) for t in sizes]
-    fp32 = [_timed(combine(t, DType.fp32), roofline_seconds(combine(t, DType.fp32), H100) / 0.3) for t in sizes]
-    op = combine(2048, DType.fp32)
-    alone = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *plain]))
-    seconds, detail = _quiet(alone, op)
-    assert roofline_seconds(op, H100) / seconds == pytest.approx(0.5)
-    assert "no moe_routing:combine:weights_fp32 points, from moe_routing:combine" in detail
-    both = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *plain, *fp32]))
-    assert roofline_seconds(op, H100) / _quiet(both, op)[0] == pytest.approx(0.3)
-    assert roofline_seconds(op, H100) / _quiet(both, combine(2048, DType.bf16))[0] == pytest.approx(0.5)
+    _variant_falls_back(
+        lambda t: combine(t, DType.bf16), lambda t: combine(t, DType.fp32), (8, 512, 8192), 2048,
+        "no moe_routing:combine:weights_fp32 points, from moe_routing:combine",
+    )  # fmt: skip
 
 
 def test_the_sweep_measures_the_combine_as_mixtral_runs_it() -> None:
