@@ -98,6 +98,19 @@ CASES: list[dict[str, Any]] = [
      "seq_len": 1024, "dtype": "fp16", "layers": 2, "est_s": 30},
 ]  # fmt: skip
 
+# Out-of-sample checks of the profile model's row-tile charge for grouped expert GEMMs (not in the held-out
+# table; ``--cases`` names them): bf16 prefills whose loads sit on a tile boundary with the experts'
+# weights bounding the kernel (Qwen3-MoE, 128 rows per expert), near the compute/memory balance (Mixtral,
+# 256 rows) and compute-bound a tile off the profile's points (Mixtral, 1024 rows).
+MOE_CHECK_CASES: list[dict[str, Any]] = [
+    {"case": "check_qwen3moe_prefill_b1_s2048_bf16_l2", "preset": "qwen3-30b-a3b", "phase": "prefill",
+     "batch": 1, "seq_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 30},
+    {"case": "check_mixtral_prefill_b1_s1024_bf16_l2", "preset": "mixtral-8x7b", "phase": "prefill",
+     "batch": 1, "seq_len": 1024, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "check_mixtral_prefill_b1_s4096_bf16_l2", "preset": "mixtral-8x7b", "phase": "prefill",
+     "batch": 1, "seq_len": 4096, "dtype": "bf16", "layers": 2, "est_s": 30},
+]  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, and fp16 MoE whose experts torch's C++ fallback
 # issues): ``--round-robin --train-walls`` measures them in the same rounds as the held-out cases, so both
@@ -717,7 +730,9 @@ def main() -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny configs (CPU smoke test of the pipeline)")
     ap.add_argument("--runs", type=int, default=9, help="timed runs (and profiled runs) per case, at least 9")
     ap.add_argument("--budget-s", type=float, default=400.0, help="skip cases that would end after this")
-    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument(
+        "--cases", default="", help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES by name)"
+    )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
         "--round-robin",
@@ -747,12 +762,13 @@ def main() -> int:
         return 2
     cases = TINY_CASES if args.tiny else CASES
     if args.cases:
+        known = cases if args.tiny else [*CASES, *MOE_CHECK_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
-        unknown = sorted(set(wanted) - {c["case"] for c in cases})
+        unknown = sorted(set(wanted) - {c["case"] for c in known})
         if unknown:
             print(f"error: unknown case(s) {', '.join(unknown)} (--cases)", file=sys.stderr)
             return 2
-        cases = [c for c in cases if c["case"] in wanted]
+        cases = [c for c in known if c["case"] in wanted]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {

@@ -19,7 +19,8 @@ the dense GEMM one):
   bf16), where its own dtype's sweep is sparse.
 
 A ``_grouped_mm`` expert GEMM pays whole row tiles of torch's grouped kernel (:data:`TILE_ROWS`) for
-the uneven loads a router deals, where the profile measured even ones (:func:`row_tiles_factor`).
+the uneven loads a router deals, where the profile measured even ones (:func:`row_tiles_factor`): the
+roofline's compute term grows with the tiles (padded rows are MMA work), its memory term stays.
 
 Past the largest measured size the efficiency stays that of the edge, so the roofline carries the
 op across a regime boundary (a GEMM measured at decode sizes is never scaled by FLOPs into a
@@ -640,10 +641,13 @@ class ProfileModel:
         # expert pays whole row tiles.
         tiles, tiles_note = 1.0, ""
         if isinstance(op, Gemm) and f.regime == GROUPED_MM and regime_name == GROUPED_MM:
-            tiles = row_tiles_factor(op)
+            # The padded rows of the extra tiles cost MMA work, not weight traffic: the roofline's compute
+            # term grows with the tiles, its memory term stays.
+            rows = row_tiles_factor(op)
+            tiles = max(compute_s * rows, memory_s) / roof
             tiles_note = (
-                f"row tiles x{tiles:.3f} (a uniform router's loads of {op.m} rows per expert on average against "
-                f"the even loads measured; {TILE_ROWS}-row tiles)"
+                f"row tiles x{rows:.3f} (a uniform router's loads of {op.m} rows per expert on average against "
+                f"the even loads measured; {TILE_ROWS}-row tiles): x{tiles:.3f} on the roofline"
             )
         eff /= tiles
         seconds = roof / eff
