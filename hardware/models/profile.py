@@ -114,8 +114,8 @@ GROUPED_MM = "gemm:grouped:grouped_mm"
 """The regime of ``_grouped_mm`` expert GEMMs (torch's grouped kernel)."""
 
 _NEAREST_REGIME: dict[str, tuple[str, ...]] = {
-    "gemm:grouped:grouped_mm": ("gemm:grouped:bmm",),
-    "gemm:grouped:bmm": ("gemm:grouped:grouped_mm",),
+    GROUPED_MM: ("gemm:grouped:bmm",),
+    "gemm:grouped:bmm": (GROUPED_MM,),
 }
 """Regimes to try, in order, before any other of the same kind when a profile lacks one."""
 
@@ -637,12 +637,11 @@ class ProfileModel:
         log_eff, used, outside = self._interpolate(regime, f, None if f.axis == "m" else math.log(roof))
         eff = math.exp(log_eff)
         launch = (profile.launch_us if profile.launch_us is not None else hw.launch_latency_us) * 1e-6
-        # A grouped kernel's points were measured with even loads; a router's loads are uneven, and each
-        # expert pays whole row tiles.
+        # A grouped kernel's points were measured with even loads; a router's are uneven and each expert
+        # pays whole row tiles, whose padded rows are MMA work: the roofline's compute term grows, its
+        # memory term stays.
         tiles, tiles_note = 1.0, ""
         if isinstance(op, Gemm) and f.regime == GROUPED_MM and regime_name == GROUPED_MM:
-            # The padded rows of the extra tiles cost MMA work, not weight traffic: the roofline's compute
-            # term grows with the tiles, its memory term stays.
             rows = row_tiles_factor(op)
             tiles = max(compute_s * rows, memory_s) / roof
             tiles_note = (
