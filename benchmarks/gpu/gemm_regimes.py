@@ -19,21 +19,17 @@ import argparse
 import functools
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from heldout import sm_clock as heldout_sm_clock
+
 
 def sm_clock() -> float | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10,
-        )  # fmt: skip
-        return float(out.stdout.strip().splitlines()[0])
-    except Exception:
-        return None
+    """The SM clock now, MHz (``heldout.sm_clock``'s reading)."""
+    reading = heldout_sm_clock()
+    return float(reading.split()[0]) if reading else None
 
 
 def event_time_us(fn: Any, torch: Any) -> float:

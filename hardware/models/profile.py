@@ -155,7 +155,7 @@ def _expert_product(op: Gemm) -> int | None:
 TILE_ROWS = 128
 """Rows per tile of the grouped GEMM kernel torch runs for ``_grouped_mm`` on sm90 (CUTLASS, 128 x 256 x 64
 tiles, as its kernel name says): an expert with ``r`` rows costs ``ceil(r / 128)`` row tiles."""
-_ROUTED = re.compile(r"_e(\d+)_.*_topk(\d+)_")
+_EXPERTS_TOPK = re.compile(r"_e(\d+)_.*_topk(\d+)_")
 """Experts and top-k in an expert GEMM's definition (``moe_grouped_mm_e8_h4096_i14336_topk2_gate_up``)."""
 
 
@@ -188,7 +188,7 @@ def row_tiles_factor(op: Gemm) -> float:
     uniform router (:func:`expected_row_tiles`) over those of ``m`` rows per expert (below 1 where some
     experts' loads fall under a tile boundary the even loads cross). 1 when the definition does not name
     the experts and top-k, or below a tile (one partly filled tile either way)."""
-    hit = _ROUTED.search(op.definition)
+    hit = _EXPERTS_TOPK.search(op.definition)
     if op.groups <= 1 or hit is None or op.m < TILE_ROWS:
         return 1.0
     even = math.ceil(op.m / TILE_ROWS)
