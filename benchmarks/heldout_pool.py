@@ -10,9 +10,10 @@ each case records when each pass ran and what it measured alone.
 
 Every pass must hold the same cases with the same torch and transformers.
 
-With ``--walls ROUND_ROBIN.tar.gz`` (``heldout.py --round-robin``: every case measured in rounds with a
+With ``--walls ROUND_ROBIN.tar.gz...`` (``heldout.py --round-robin``: every case measured in rounds with a
 host probe each), each case's wall is the median over the *quiet* rounds instead (:func:`quiet_rounds`,
-chosen by the host probe alone, never by the walls); the passes' walls stay beside it
+chosen by the host probe alone, never by the walls), of every run given (:func:`pooled_quiet_walls`: the
+host's speed differs from run to run too, so a wall rests on several); the passes' walls stay beside it
 (``wall_us_passes``).
 """
 
@@ -87,6 +88,16 @@ def quiet_walls(data: dict[str, Any], role: str | None = None) -> dict[str, list
     }
 
 
+def pooled_quiet_walls(runs: Sequence[dict[str, Any]], role: str | None = None) -> dict[str, list[float]]:
+    """Per case, its quiet-round walls (:func:`quiet_walls`, each run's rounds chosen by that run's own
+    probes) of every run that measured it, first run first."""
+    out: dict[str, list[float]] = {}
+    for data in runs:
+        for case, kept in quiet_walls(data, role).items():
+            out.setdefault(case, []).extend(kept)
+    return out
+
+
 def walls_method(data: dict[str, Any]) -> str:
     """How a round-robin run's quiet walls were measured and chosen, for reports."""
     quiet = quiet_rounds(data["host_probes"])
@@ -95,6 +106,21 @@ def walls_method(data: dict[str, Any]) -> str:
         f"{data['timed_per_round']} timed forwards per case per round after an untimed one), the "
         f"{len(quiet)} rounds whose probes were both within {QUIET - 1:.0%} of their fastest kept. "
         + probe_line(data["host_probes"])
+    )
+
+
+def runs_method(runs: Sequence[dict[str, Any]]) -> str:
+    """How the quiet walls of several round-robin runs were measured, chosen and pooled, for reports."""
+    if len(runs) == 1:
+        return walls_method(runs[0])
+    each = "; ".join(
+        f"{d.get('started_utc', '?')}: {len(d['host_probes'])} rounds, {len(quiet_rounds(d['host_probes']))} quiet"
+        for d in runs
+    )
+    return (
+        f"{len(runs)} round-robin runs pooled (each round starting with a host probe; "
+        f"{runs[0]['timed_per_round']} timed forwards per case per round after an untimed one; a round quiet "
+        f"when both its probes were within {QUIET - 1:.0%} of their fastest in its run): {each}."
     )
 
 
@@ -117,10 +143,10 @@ def _unpack(path: Path, into: Path) -> Path:
     return folder
 
 
-def pool(folders: Sequence[Path], out: Path, walls: dict[str, Any] | None = None) -> dict[str, Any]:
+def pool(folders: Sequence[Path], out: Path, walls: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
     """Write the pooled data set of the pass ``folders`` (first pass first) into the folder ``out``;
-    returns its summary. With ``walls`` (a round-robin run's ``walls.json``), each case's wall is the
-    median of its quiet-round walls."""
+    returns its summary. With ``walls`` (round-robin runs' ``walls.json``, :func:`load_walls`), each case's
+    wall is the median of its quiet-round walls over the runs (:func:`pooled_quiet_walls`)."""
     summaries = [json.loads((f / "summary.json").read_text()) for f in folders]
     first = summaries[0]
     for f, s in zip(folders[1:], summaries[1:], strict=True):
@@ -128,10 +154,14 @@ def pool(folders: Sequence[Path], out: Path, walls: dict[str, Any] | None = None
             if s.get(key) != first.get(key):
                 raise PoolError(f"{f}: {key} {s.get(key)} where the first pass has {first.get(key)}")
     names = [c["case"] for c in first["cases"] if c.get("status", "ok") == "ok"]
-    quiet = quiet_walls(walls, "heldout") if walls is not None else None
-    for key in ("torch", "transformers"):
-        if walls is not None and walls.get(key) != first.get(key):
-            raise PoolError(f"--walls: {key} {walls.get(key)} where the passes have {first.get(key)}")
+    quiet = pooled_quiet_walls(walls, "heldout") if walls else None
+    for run in walls:
+        for key in ("torch", "transformers"):
+            if run.get(key) != first.get(key):
+                raise PoolError(
+                    f"--walls run of {run.get('started_utc')}: {key} {run.get(key)} where the passes have "
+                    f"{first.get(key)}"
+                )
     out.mkdir(parents=True, exist_ok=True)
     for p in folders[0].iterdir():
         if p.name.endswith(".config.json") or p.suffix != ".json":  # traces, configs, the log
@@ -173,8 +203,11 @@ def pool(folders: Sequence[Path], out: Path, walls: dict[str, Any] | None = None
         "runs_per_case": sum(int(p["runs_per_case"] or 0) for p in passes),
         "passes": passes,
     }
-    if walls is not None:
-        summary["walls"] = {"method": walls_method(walls), "started_utc": walls.get("started_utc", "")}
+    if walls:
+        summary["walls"] = {
+            "method": runs_method(walls),
+            "started_utc": ", ".join(str(run.get("started_utc", "")) for run in walls),
+        }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -184,12 +217,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("passes", type=Path, nargs="+", help="heldout.tar.gz files (or folders) of heldout.py, first first")
     ap.add_argument("-o", "--out", type=Path, required=True, help="the pooled .tar.gz to write")
-    ap.add_argument("--walls", type=Path, help="a heldout.py --round-robin run: walls from its quiet rounds")
+    ap.add_argument(
+        "--walls",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="heldout.py --round-robin runs: walls from their quiet rounds, pooled",
+    )
     args = ap.parse_args(argv)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folders = [_unpack(p, Path(tmp) / f"pass{i}") for i, p in enumerate(args.passes)]
-            walls = load_walls(args.walls) if args.walls is not None else None
+            walls = [load_walls(p) for p in args.walls]
             summary = pool(folders, Path(tmp) / "pooled" / "heldout", walls)
             part = args.out.with_name(args.out.name + ".part")
             with tarfile.open(part, "w:gz") as tar:

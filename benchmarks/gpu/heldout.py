@@ -112,9 +112,10 @@ MOE_CHECK_CASES: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
-# TRAIN, the lines measured on the GPU: dense decodes, and fp16 MoE whose experts torch's C++ fallback
-# issues): ``--round-robin --train-walls`` measures them in the same rounds as the held-out cases, so both
-# meet the same host states. The b64 decode first: its cache fill needs the most memory.
+# TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
+# and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
+# same rounds as the held-out cases, so both meet the same host states. The b64 decode first: its cache
+# fill needs the most memory.
 TRAIN_WALL_CASES: list[dict[str, Any]] = [
     {"case": f"{fam}_{phase}_b{b}_{'kv' if phase == 'decode' else 's'}{tokens}_{dt}_l{layers}", "preset": preset,
      "phase": phase, "batch": b, ("kv_len" if phase == "decode" else "seq_len"): tokens, "dtype": dt,
@@ -136,6 +137,12 @@ TRAIN_WALL_CASES: list[dict[str, Any]] = [
         ("llama1b", "llama-3.2-1b", "decode", 16, 256, "fp16", 3),
         ("qwen3moe", "qwen3-30b-a3b", "prefill", 1, 512, "fp16", 1),
         ("qwen3moe", "qwen3-30b-a3b", "prefill", 1, 512, "fp16", 3),
+        ("llama8b", "llama-3.1-8b", "prefill", 1, 2048, "bf16", 3),
+        ("llama1b", "llama-3.2-1b", "prefill", 1, 1024, "bf16", 3),
+        ("qwen25_7b", "qwen2.5-7b", "prefill", 1, 2048, "bf16", 1),
+        ("llama8b", "llama-3.1-8b", "prefill", 2, 512, "fp16", 5),
+        ("mixtral", "mixtral-8x7b", "prefill", 1, 1024, "bf16", 1),
+        ("qwen3moe", "qwen3-30b-a3b", "prefill", 1, 512, "bf16", 3),
     ]
 ]  # fmt: skip
 
@@ -731,7 +738,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=9, help="timed runs (and profiled runs) per case, at least 9")
     ap.add_argument("--budget-s", type=float, default=400.0, help="skip cases that would end after this")
     ap.add_argument(
-        "--cases", default="", help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES by name)"
+        "--cases",
+        default="",
+        help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES and TRAIN_WALL_CASES by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -762,7 +771,7 @@ def main() -> int:
         return 2
     cases = TINY_CASES if args.tiny else CASES
     if args.cases:
-        known = cases if args.tiny else [*CASES, *MOE_CHECK_CASES]
+        known = cases if args.tiny else [*CASES, *MOE_CHECK_CASES, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})
         if unknown:

@@ -6,10 +6,12 @@
 # 2. what the meta timing cannot see: each op's host time in context on the real device (its issue time
 #    comes from the shipped device profile, measured by replay in isolation) and the host time per forward
 #    pass that no op's gap holds. Both are fitted (hardware.hostfit.fit_wall_terms) on the measured wall
-#    of one forward of the dense training DECODES on the GPU (host-bound, so their wall is the host's),
-#    measured as benchmarks/gpu/heldout.py measures its cases (unmodified HF model, random weights, SDPA,
-#    fresh filled cache, gc.collect, CUDA-synchronised before and after, median of RUNS). Training decodes
-#    have 1, 3 or 5 layers, so the per-forward and per-layer terms can be told apart.
+#    of one forward of the training cases marked for a wall, measured as benchmarks/gpu/heldout.py
+#    measures its cases (unmodified HF model, random weights, SDPA, fresh filled cache, gc.collect,
+#    CUDA-synchronised before and after): dense decodes (host-bound, so their wall is the host's) of 1, 3
+#    or 5 layers, so the per-forward and per-layer terms can be told apart; fp16 MoE forwards (nested
+#    calls); and prefills whose device work outlasts the host's, which show how much of the host time the
+#    device hides.
 #
 # Honesty: the training shapes are none of benchmarks/gpu/heldout.py's CASES (checked below): no training
 # graph has 2 or 4 layers (the held-out cases' counts) and Llama-3.1-70B is not in the training set.
@@ -23,8 +25,9 @@
 # of an earlier run (its graphs and measured walls), as this version of hardware.hostfit fits them; the
 # profile's generate-loop terms (fitted apart, benchmarks/generate_validate_report.py) are kept. With
 # WALLS=<heldout.py --round-robin --train-walls run (.tar.gz)>, the walls fitted are that run's instead:
-# each training decode's median over the rounds whose host probe ran near its fastest
-# (benchmarks/heldout_pool.py quiet_rounds), on the newest graph of its name. Writes:
+# each training wall's median over the rounds whose host probe ran near its fastest
+# (benchmarks/heldout_pool.py quiet_rounds); WALLS="RUN RUN ...": the quiet walls of every run given,
+# pooled (heldout_pool.pooled_quiet_walls). Each on the newest graph of its name. Writes:
 #   $OUT/h100-sxm.host.json   the host profile (commit as hardware/catalog/h100-sxm.host.json)
 #   $OUT/host_profile_log.txt the log (CPU, versions, each capture and wall, the fit summary)
 #   $OUT/host_graphs.tar.gz   train/*.json.gz (host-timed graphs), train/*.config.json, walls.json
@@ -37,6 +40,41 @@ DIR="$OUT/host_graphs"
 mkdir -p "$DIR/train"
 LOG="$OUT/host_profile_log.txt"
 START=$(date +%s)
+# name preset phase batch tokens(seq for prefill, kv for decode) dtype layers wall: 0 none; 1 measured on the
+# GPU and fitted (host-bound forwards, whose wall is the host's); 2 measured on the GPU as a check of the
+# fitted terms, not fitted (prefills whose device work outlasts the host's: their wall is mostly the
+# device's, and fitting host terms to it would carry the device profile's errors into them).
+# The b32 kv8192 and b64 kv4096 decodes stream 1-1.5 GB per layer (KV cache and weights), as the largest
+# held-out decodes do: their walls tell whether the host runs slower while the device is busy. The fp16
+# MoE walls hold the expert products torch's C++ fallback of _grouped_mm issues (nested calls): they fit
+# the nested calls' issue scale.
+# Round-robin over families, phases and layer counts, so a budget stop still covers them.
+TRAIN="
+llama1b_decode_b4_kv2048_bf16_l1 llama-3.2-1b decode 4 2048 bf16 1 1
+llama1b_decode_b4_kv2048_bf16_l5 llama-3.2-1b decode 4 2048 bf16 5 1
+qwen25_7b_decode_b2_kv1024_fp16_l3 qwen2.5-7b decode 2 1024 fp16 3 1
+llama8b_decode_b16_kv2048_bf16_l1 llama-3.1-8b decode 16 2048 bf16 1 1
+llama8b_decode_b16_kv2048_bf16_l5 llama-3.1-8b decode 16 2048 bf16 5 1
+llama8b_decode_b32_kv8192_bf16_l1 llama-3.1-8b decode 32 8192 bf16 1 1
+llama8b_decode_b32_kv8192_bf16_l3 llama-3.1-8b decode 32 8192 bf16 3 1
+llama1b_prefill_b1_s1024_bf16_l3 llama-3.2-1b prefill 1 1024 bf16 3 2
+qwen3moe_decode_b4_kv512_fp16_l1 qwen3-30b-a3b decode 4 512 fp16 1 1
+qwen25_7b_decode_b16_kv4096_bf16_l1 qwen2.5-7b decode 16 4096 bf16 1 1
+qwen25_7b_decode_b16_kv4096_bf16_l5 qwen2.5-7b decode 16 4096 bf16 5 1
+llama8b_decode_b1_kv4096_fp16_l3 llama-3.1-8b decode 1 4096 fp16 3 1
+mixtral_prefill_b2_s512_fp16_l1 mixtral-8x7b prefill 2 512 fp16 1 1
+llama1b_decode_b16_kv256_fp16_l3 llama-3.2-1b decode 16 256 fp16 3 1
+qwen25_7b_decode_b64_kv4096_fp16_l3 qwen2.5-7b decode 64 4096 fp16 3 1
+llama8b_prefill_b2_s512_fp16_l5 llama-3.1-8b prefill 2 512 fp16 5 2
+qwen3moe_prefill_b1_s512_bf16_l3 qwen3-30b-a3b prefill 1 512 bf16 3 2
+qwen25_7b_prefill_b1_s2048_bf16_l1 qwen2.5-7b prefill 1 2048 bf16 1 2
+mixtral_decode_b1_kv1024_bf16_l1 mixtral-8x7b decode 1 1024 bf16 1 0
+qwen3moe_prefill_b1_s512_fp16_l1 qwen3-30b-a3b prefill 1 512 fp16 1 1
+qwen3moe_prefill_b1_s512_fp16_l3 qwen3-30b-a3b prefill 1 512 fp16 3 1
+llama8b_prefill_b1_s2048_bf16_l3 llama-3.1-8b prefill 1 2048 bf16 3 2
+mixtral_prefill_b1_s1024_bf16_l1 mixtral-8x7b prefill 1 1024 bf16 1 2
+"
+
 if [ -n "${REFIT:-}" ]; then
   tar -xzf "$OUT/host_graphs.tar.gz" -C "$OUT" || exit 1
   echo "# REFIT on $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1) ($(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null))" | tee -a "$LOG"
@@ -60,19 +98,25 @@ print("\n".join(n for n in prof.notes if n.startswith("left out")))
 EOF
   if [ -n "${WALLS:-}" ]; then
     WALLS_DIR="$OUT/walls_run"
-    rm -rf "$WALLS_DIR" && mkdir -p "$WALLS_DIR" && tar -xzf "$WALLS" -C "$WALLS_DIR" --strip-components=1 || exit 1
+    rm -rf "$WALLS_DIR" && mkdir -p "$WALLS_DIR" || exit 1
+    i=0
+    for w in $WALLS; do  # each run's configs in a folder of its own
+      mkdir -p "$WALLS_DIR/$i" && tar -xzf "$w" -C "$WALLS_DIR/$i" --strip-components=1 || exit 1
+      i=$((i + 1))
+    done
     WALLS="$WALLS" WALLS_DIR="$WALLS_DIR" TRAIN_DIR="$DIR/train" $PY - 2>&1 <<'EOF' | tee -a "$LOG"
 import json, os, statistics, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
-from heldout_pool import load_walls, quiet_walls, walls_method
+from heldout_pool import load_walls, pooled_quiet_walls, runs_method
 
-train, data = Path(os.environ["TRAIN_DIR"]), load_walls(Path(os.environ["WALLS"]))
+train = Path(os.environ["TRAIN_DIR"])
+runs = [load_walls(Path(w)) for w in os.environ["WALLS"].split()]
 walls, detail = {}, {}
 meta = train.parent / "walls"  # graphs of training walls no host-timed capture has: captured on meta
 meta.mkdir(exist_ok=True)
-configs = {c["case"]: c for c in data["cases"]}
-for case, kept in quiet_walls(data, "train").items():
+configs = {c["case"]: (i, c) for i, data in reversed(list(enumerate(runs))) for c in data["cases"]}
+for case, kept in pooled_quiet_walls(runs, "train").items():
     if not kept:
         print(f"no quiet wall for {case}: not fitted"); continue
     graphs = sorted(train.glob(f"*_{case}.json.gz")) or sorted(train.glob(f"{case}.json.gz"))
@@ -81,9 +125,9 @@ for case, kept in quiet_walls(data, "train").items():
     else:
         from opgraph.capture import capture
         from opgraph.ir import save_graph
-        c, name = configs[case], case
+        (run, c), name = configs[case], case
         cfg = meta / f"{case}.config.json"
-        cfg.write_bytes(Path(os.environ["WALLS_DIR"], c["config_file"]).read_bytes())
+        cfg.write_bytes(Path(os.environ["WALLS_DIR"], str(run), c["config_file"]).read_bytes())
         s = c["settings"]
         kw = {"kv_len": s["kv_len"]} if s["phase"] == "decode" else {"seq_len": s["seq_len"]}
         g = capture(str(cfg), phase=s["phase"], batch=s["batch"], dtype=s["dtype"], layers=s["layers"], device="meta", **kw)
@@ -93,7 +137,7 @@ for case, kept in quiet_walls(data, "train").items():
     detail[name] = {"median_us": walls[name], "min_us": min(kept), "max_us": max(kept), "runs_us": kept}
 (train / "walls.json").write_text(json.dumps(walls, indent=1))
 (train / "walls_detail.json").write_text(json.dumps(detail, indent=1))
-print(f"walls of {len(walls)} training cases from {os.environ['WALLS']} ({data.get('started_utc')}): {walls_method(data)}")
+print(f"walls of {len(walls)} training cases from {os.environ['WALLS']}: {runs_method(runs)}")
 EOF
     rm -rf "$WALLS_DIR"
   fi
@@ -103,36 +147,6 @@ else
   echo "cpu: $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1); nproc $(nproc)"
   echo "load: $(cat /proc/loadavg)"
 } 2>&1 | tee "$LOG"
-
-# name preset phase batch tokens(seq for prefill, kv for decode) dtype layers wall(1: measure on the GPU)
-# The b32 kv8192 and b64 kv4096 decodes stream 1-1.5 GB per layer (KV cache and weights), as the largest
-# held-out decodes do: their walls tell whether the host runs slower while the device is busy. The fp16
-# MoE walls hold the expert products torch's C++ fallback of _grouped_mm issues (nested calls): they fit
-# the nested calls' issue scale.
-# Round-robin over families, phases and layer counts, so a budget stop still covers them.
-TRAIN="
-llama1b_decode_b4_kv2048_bf16_l1 llama-3.2-1b decode 4 2048 bf16 1 1
-llama1b_decode_b4_kv2048_bf16_l5 llama-3.2-1b decode 4 2048 bf16 5 1
-qwen25_7b_decode_b2_kv1024_fp16_l3 qwen2.5-7b decode 2 1024 fp16 3 1
-llama8b_decode_b16_kv2048_bf16_l1 llama-3.1-8b decode 16 2048 bf16 1 1
-llama8b_decode_b16_kv2048_bf16_l5 llama-3.1-8b decode 16 2048 bf16 5 1
-llama8b_decode_b32_kv8192_bf16_l1 llama-3.1-8b decode 32 8192 bf16 1 1
-llama8b_decode_b32_kv8192_bf16_l3 llama-3.1-8b decode 32 8192 bf16 3 1
-llama1b_prefill_b1_s1024_bf16_l3 llama-3.2-1b prefill 1 1024 bf16 3 0
-qwen3moe_decode_b4_kv512_fp16_l1 qwen3-30b-a3b decode 4 512 fp16 1 1
-qwen25_7b_decode_b16_kv4096_bf16_l1 qwen2.5-7b decode 16 4096 bf16 1 1
-qwen25_7b_decode_b16_kv4096_bf16_l5 qwen2.5-7b decode 16 4096 bf16 5 1
-llama8b_decode_b1_kv4096_fp16_l3 llama-3.1-8b decode 1 4096 fp16 3 1
-mixtral_prefill_b2_s512_fp16_l1 mixtral-8x7b prefill 2 512 fp16 1 1
-llama1b_decode_b16_kv256_fp16_l3 llama-3.2-1b decode 16 256 fp16 3 1
-qwen25_7b_decode_b64_kv4096_fp16_l3 qwen2.5-7b decode 64 4096 fp16 3 1
-llama8b_prefill_b2_s512_fp16_l5 llama-3.1-8b prefill 2 512 fp16 5 0
-qwen3moe_prefill_b1_s512_bf16_l3 qwen3-30b-a3b prefill 1 512 bf16 3 0
-qwen25_7b_prefill_b1_s2048_bf16_l1 qwen2.5-7b prefill 1 2048 bf16 1 0
-mixtral_decode_b1_kv1024_bf16_l1 mixtral-8x7b decode 1 1024 bf16 1 0
-qwen3moe_prefill_b1_s512_fp16_l1 qwen3-30b-a3b prefill 1 512 fp16 1 1
-qwen3moe_prefill_b1_s512_fp16_l3 qwen3-30b-a3b prefill 1 512 fp16 3 1
-"
 
 TRAIN="$TRAIN" DIR="$DIR/train" BUDGET="$BUDGET" RUNS="$RUNS" START="$START" $PY - 2>&1 <<'EOF' | grep --line-buffered -v '^USDT:' | tee -a "$LOG"
 import gc, importlib.util, json, os, platform, statistics, sys, time
@@ -178,7 +192,7 @@ for line in os.environ["TRAIN"].strip().splitlines():
         msg = f"ok {name}: host time between ops {timing.total_us:.1f} us on {timing.cpu}; {time.time() - t0:.1f}s"
     except Exception as exc:  # a capture that fails is logged, the rest go on
         print(f"FAILED {name}: {type(exc).__name__}: {str(exc)[:200]}"); continue
-    if wall == "1" and cuda:
+    if wall in ("1", "2") and cuda:
         t1 = time.time()
         try:
             model, config = heldout.build_model(raw, dtype, "cuda")
@@ -205,9 +219,10 @@ timeout -k 5 60 $PY -m hardware.hostfit "$DIR"/train/*.json.gz -o "$OUT/h100-sxm
   2>&1 | tee -a "$LOG"
 fi
 
-# The in-context terms: each training decode with a measured wall simulated as `opgraph simulate -H h100-sxm
-# -e 1 --policy stream` simulates a graph captured without host timing, with the candidate host profile.
-PROFILE="$OUT/h100-sxm.host.json" TRAIN_DIR="$DIR/train" WALLS="${WALLS:-}" timeout -k 5 120 $PY - 2>&1 <<'EOF' | tee -a "$LOG"
+# The in-context terms: each training wall marked 1 simulated as `opgraph simulate -H h100-sxm -e 1 --policy
+# stream` simulates a graph captured without host timing, with the candidate host profile; those marked 2
+# simulated with the fitted one, as checks.
+PROFILE="$OUT/h100-sxm.host.json" TRAIN_DIR="$DIR/train" WALLS="${WALLS:-}" TRAIN="$TRAIN" timeout -k 5 120 $PY - 2>&1 <<'EOF' | tee -a "$LOG"
 import json, os, tempfile, warnings
 from pathlib import Path
 from hardware import load_hardware, resolve_cost_model
@@ -218,7 +233,12 @@ from opgraph.ir import load_graph
 from simulators import HostConfig, HostMode, SimulationConfig, simulate
 
 path, train = Path(os.environ["PROFILE"]), Path(os.environ["TRAIN_DIR"])
-walls = json.loads((train / "walls.json").read_text()) if (train / "walls.json").is_file() else {}
+measured = json.loads((train / "walls.json").read_text()) if (train / "walls.json").is_file() else {}
+flags = {line.split()[0]: line.split()[-1] for line in os.environ["TRAIN"].strip().splitlines()}
+def flag(name):  # the TRAIN flag of a wall's graph (REFIT names some graphs <run>_<case>)
+    return next((f for case, f in flags.items() if name == case or name.endswith("_" + case)), "1")
+walls = {n: w for n, w in measured.items() if flag(n) == "1"}
+checks = {n: w for n, w in measured.items() if flag(n) == "2"}
 profile = load_host_profile(path)
 if len(walls) < 2:
     print(f"{len(walls)} measured training walls: no wall terms (op scale 1, no forward time)")
@@ -230,7 +250,7 @@ def graph_path(name):  # a host-timed training graph, else one captured on meta 
     return own if own.is_file() else train.parent / "walls" / f"{name}.json.gz"
 
 
-graphs = {n: without_host_gaps(load_graph(graph_path(n))) for n in walls}
+graphs = {n: without_host_gaps(load_graph(graph_path(n))) for n in measured}
 warnings.simplefilter("ignore")  # the device profile's extrapolation warnings, once per simulation
 with tempfile.TemporaryDirectory() as tmp:
     count = [0]
@@ -242,13 +262,18 @@ with tempfile.TemporaryDirectory() as tmp:
         tl = simulate(graph, hw, model, config).timeline()
         return tl.wall_us if tl.wall_us is not None else tl.makespan_us
 
-    fitted = fit_wall_terms(profile, graphs, walls, wall)
-how = (f"in the quiet rounds of a round-robin run with the held-out cases ({os.environ['WALLS']})"
+    fitted = fit_wall_terms(profile, {n: graphs[n] for n in walls}, walls, wall)
+    checked = [(n, wall(graphs[n], fitted), w) for n, w in checks.items()]
+how = (f"in the quiet rounds of round-robin runs with the held-out cases ({os.environ['WALLS']})"
        if os.environ.get("WALLS") else "as benchmarks/gpu/heldout.py measures its cases")
-notes = (*(n for n in fitted.notes if not n.startswith("op scale")), "op scale and forward time: fitted on the measured walls of the dense training decodes on "
+notes = (*(n for n in fitted.notes if not n.startswith("op scale")), "op scale and forward time: fitted on the measured walls of the host-bound training forwards (dense decodes, fp16 MoE) on "
          f"that machine's GPU (measured {how})")
 fitted.model_copy(update={"notes": notes}).save(path)
 print("\n".join(describe_walls(fitted)))
+if checked:
+    print(f"checks, not fitted (walls of {len(checked)} device-bound training prefills):")
+for n, predicted, w in checked:
+    print(f"  {n}: measured {w / 1e3:.3f} ms, predicted {predicted / 1e3:.3f} ms ({100 * (predicted / w - 1):+.1f}%)")
 EOF
 
 # A refit on the same walls leaves the graphs' tarball as it was; new walls (WALLS) go into it.

@@ -84,7 +84,7 @@ def test_round_robin_walls_replace_the_passes_walls(tmp_path: Path) -> None:
     a = _pass(tmp_path / "a", "11:17", [8.0, 8.1, 8.2])
     quiet = [[5.0 + i / 10, 5.05 + i / 10] for i in range(5)]
     data = _walls([(6.5, 34.0)] * 5 + [(10.0, 70.0)], {"c1": [*quiet, [9.0, 9.0]], "t1": [[1.0, 1.0]] * 6})
-    summary = heldout_pool.pool([a], tmp_path / "out", data)
+    summary = heldout_pool.pool([a], tmp_path / "out", [data])
     case = json.loads((tmp_path / "out" / "c1.json").read_text())
     kept = sorted(w for ws in quiet for w in ws)
     assert case["wall_us"]["runs"] == kept and case["wall_us"]["median"] == pytest.approx((kept[4] + kept[5]) / 2)
@@ -97,10 +97,25 @@ def test_round_robin_walls_must_be_enough_and_of_the_same_libraries(tmp_path: Pa
     a = _pass(tmp_path / "a", "11:17", [8.0, 8.1, 8.2])
     few = _walls([(6.5, 34.0)] * 4, {"c1": [[5.0, 5.0]] * 4})  # 8 quiet walls
     with pytest.raises(heldout_pool.PoolError, match="c1: 8 quiet round-robin walls, at least 9"):
-        heldout_pool.pool([a], tmp_path / "out", few)
+        heldout_pool.pool([a], tmp_path / "out", [few])
     other = _walls([(6.5, 34.0)] * 5, {"c1": [[5.0, 5.0]] * 5}, transformers="5.17.0")
-    with pytest.raises(heldout_pool.PoolError, match=r"--walls: transformers 5\.17\.0"):
-        heldout_pool.pool([a], tmp_path / "out2", other)
+    with pytest.raises(heldout_pool.PoolError, match=r"--walls run of 14:50: transformers 5\.17\.0"):
+        heldout_pool.pool([a], tmp_path / "out2", [few, other])
+
+
+def test_walls_of_several_round_robin_runs_pool_each_runs_quiet_rounds(tmp_path: Path) -> None:
+    # Run 2's host is slower throughout: its quiet rounds are those near ITS fastest probe, not run 1's.
+    a = _pass(tmp_path / "a", "11:17", [8.0, 8.1, 8.2])
+    run1 = _walls([(6.5, 34.0)] * 3 + [(10.0, 70.0)], {"c1": [[5.0, 5.0]] * 3 + [[9.0, 9.0]]})
+    run2 = _walls([(7.5, 40.0)] * 2 + [(12.0, 90.0)], {"c1": [[5.4, 5.4]] * 2 + [[9.5, 9.5]]}, started_utc="16:31")
+    assert heldout_pool.pooled_quiet_walls([run1, run2]) == {"c1": [5.0] * 6 + [5.4] * 4}
+    summary = heldout_pool.pool([a], tmp_path / "out", [run1, run2])
+    assert summary["cases"][0]["wall_us"] == pytest.approx(5.0)
+    assert summary["walls"]["started_utc"] == "14:50, 16:31"
+    assert (
+        "2 round-robin runs pooled" in summary["walls"]["method"]
+        and "16:31: 3 rounds, 2 quiet" in (summary["walls"]["method"])
+    )
 
 
 def test_round_robin_run_on_the_cpu_measures_every_case_in_every_round(tmp_path: Path) -> None:
