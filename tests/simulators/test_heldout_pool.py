@@ -112,10 +112,8 @@ def test_walls_of_several_round_robin_runs_pool_each_runs_quiet_rounds(tmp_path:
     summary = heldout_pool.pool([a], tmp_path / "out", [run1, run2])
     assert summary["cases"][0]["wall_us"] == pytest.approx(5.0)
     assert summary["walls"]["started_utc"] == "14:50, 16:31"
-    assert (
-        "2 round-robin runs pooled" in summary["walls"]["method"]
-        and "16:31: 3 rounds, 2 quiet" in (summary["walls"]["method"])
-    )
+    method = summary["walls"]["method"]
+    assert "2 round-robin runs pooled" in method and "16:31: 3 rounds, 2 quiet" in method
 
 
 def test_round_robin_run_on_the_cpu_measures_every_case_in_every_round(tmp_path: Path) -> None:
