@@ -8,12 +8,6 @@ activations, elementwise ops, softmax, copies, casts, concatenations, KV-cache w
 lookups, MoE routing, dispatch, grouped expert GEMMs and combine as the HF implementations run
 them, and an empty-ish kernel for the launch floor and the host time per aten call.
 
-Every point is timed in the device's sustained state (a second of GEMMs before the first point, and the
-sweep itself keeps the device busy): what a model's forwards meet once they have run for a while. A few
-dense GEMMs are timed once more after :data:`AFTER_IDLE_S` of idle (tag :data:`AFTER_IDLE`), the state
-a short run starting from idle meets before the power limit brings the clocks down; the profile model's
-``state=after-idle`` predicts that state from them.
-
 Each point is replayed through the replay recipes and timer (:class:`~validators.Replayer`): cold
 L2 with the op's activations read back, as in a model run (:func:`sweep_timing`), no numeric
 check. Points are ordered coarse to fine (:func:`order_points`: the ends and middle of every size
@@ -32,7 +26,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -87,7 +81,7 @@ class SweepPoint:
     warm_inputs: tuple[int, ...] = ()
     """The op's inputs that are activations in a model (read back into L2 after each flush)."""
     tag: str = ""
-    """``launch`` for the empty-ish kernels; :data:`AFTER_IDLE` for points timed after idle."""
+    """``launch`` for the empty-ish kernels."""
 
     @property
     def key(self) -> str:
@@ -146,25 +140,6 @@ MOE: tuple[tuple[str, int, int, int, int], ...] = (
     ("mixtral", 8, 2, 4096, 14336),
 )
 """(name, experts, top_k, hidden, expert intermediate size) of MoE layers."""
-
-AFTER_IDLE = "after_idle"
-"""Tag of the points timed after :data:`AFTER_IDLE_S` of idle (``TimingConfig.idle_s``): the device's
-state before sustained work has brought it to its power limit. Every other point is timed in that
-sustained state (``TimingConfig.device_warmup_s``); the profile model's ``state=after-idle`` reads these."""
-AFTER_IDLE_S = 1.0
-"""Idle before each after-idle point (the power controller's average falls back within it)."""
-AFTER_IDLE_NK: tuple[tuple[str, int, int], ...] = (
-    ("llama8b.gate_up", 14336, 4096),
-    ("llama8b.down", 4096, 14336),
-    ("llama8b.lm_head", 128256, 4096),
-    ("llama70b.q_o", 8192, 8192),
-    ("llama70b.gate_up", 28672, 8192),
-    ("qwen25_7b.gate_up", 18944, 3584),
-)
-"""Dense GEMMs of the sweep timed after idle too, from memory-bound (m 64) to compute-bound (m 4096)."""
-AFTER_IDLE_M = (64, 512, 2048, 4096)
-AFTER_IDLE_LEVEL = 10
-"""The after-idle points' coarse-to-fine level: past every other point's."""
 
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192, 16384)
 """Token counts of pointwise ops: decode batches to long prefills."""
@@ -457,15 +432,7 @@ def _gpu_sweep() -> list[SweepPoint]:
     for hidden, vocab in ((4096, 128256), (2048, 128256), (3584, 152064)):
         ops = (Embedding(id=0, tokens=t, vocab=vocab, hidden=hidden) for t in TOKENS)
         pts += _series(f"embedding.h{hidden}", ops, base=0 if hidden == 4096 else 1)
-    # Some of the same GEMMs after idle (sweep_points puts them last).
-    for name, n, k in AFTER_IDLE_NK:
-        ops = (_gemm(m, n, k) for m in AFTER_IDLE_M)
-        pts += _after_idle(_series(f"gemm.after_idle.{name}", ops, base=AFTER_IDLE_LEVEL, warm=(0,)))
     return pts
-
-
-def _after_idle(points: list[SweepPoint]) -> list[SweepPoint]:
-    return [replace(p, tag=AFTER_IDLE) for p in points]
 
 
 def _cpu_sweep() -> list[SweepPoint]:
@@ -490,9 +457,6 @@ def _cpu_sweep() -> list[SweepPoint]:
     pts += _series(
         "moe.experts", (_experts("tiny", "down", t, 8, 2, 256, 128, "bmm") for t in (8, 64)), base=1, warm=(0,)
     )
-    pts += _after_idle(
-        _series("gemm.after_idle.256", (_gemm(m, 256, 256) for m in (1, 128)), base=AFTER_IDLE_LEVEL, warm=(0,))
-    )
     return pts
 
 
@@ -516,10 +480,7 @@ def sweep_points(
         if p.key not in seen:
             seen.add(p.key)
             unique.append(p)
-    # The after-idle points last: the sustained ones run back to back first, then each after its idle.
-    return order_points(p for p in unique if p.tag != AFTER_IDLE) + order_points(
-        p for p in unique if p.tag == AFTER_IDLE
-    )
+    return order_points(unique)
 
 
 def order_points(points: Iterable[SweepPoint]) -> list[SweepPoint]:
@@ -735,7 +696,6 @@ def run_profile(
 
         hardware = load_hardware(hardware).name
     rep = Replayer(device, sweep_options(timing))
-    idle_timing = replace(timing, idle_s=AFTER_IDLE_S)  # the CUDA timer's (the CPU timer has no idle state)
     try:
         plan = points if points is not None else sweep_points(rep.device.type)
         info = provenance(rep, hardware)
@@ -765,7 +725,7 @@ def run_profile(
             t0 = time.monotonic()
             cfg = OpConfig(key=sp.key, op=sp.op, count=1, op_ids=[0], warm_inputs=sp.warm_inputs)
             try:
-                result = rep.replay(cfg, timing=idle_timing if sp.tag == AFTER_IDLE else None)
+                result = rep.replay(cfg)
             except DeviceLostError as exc:
                 _append(parts, {"key": sp.key, "failed": f"device lost: {exc.message}"[:300]})
                 done.add(sp.key)
@@ -886,6 +846,5 @@ def profile_from_replays(results: Iterable[ReplayResult], *, hardware: str = "",
 
 
 def estimated_seconds(points: list[SweepPoint], per_point_s: float = 0.35) -> float:
-    """A rough wall time of a sweep on a GPU (profiler sessions dominate small points; an after-idle
-    point idles :data:`AFTER_IDLE_S` first)."""
-    return math.ceil(len(points) * per_point_s + sum(AFTER_IDLE_S for p in points if p.tag == AFTER_IDLE))
+    """A rough wall time of a sweep on a GPU (profiler sessions dominate small points)."""
+    return math.ceil(len(points) * per_point_s)

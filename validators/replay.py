@@ -178,9 +178,8 @@ class Replayer:
         except Exception:
             return None
 
-    def replay(self, cfg: OpConfig, *, moe_skew: float = 0.0, timing: TimingConfig | None = None) -> ReplayResult:
-        """Replay one config: never raises for the op's own failures (only :class:`DeviceLostError`).
-        ``timing`` replaces the options' timing for this config."""
+    def replay(self, cfg: OpConfig, *, moe_skew: float = 0.0) -> ReplayResult:
+        """Replay one config: never raises for the op's own failures (only :class:`DeviceLostError`)."""
         op = cfg.op
         sel = self.selector.select(op)
         if sel.recipe is None:
@@ -196,7 +195,7 @@ class Replayer:
                 stage = "check"
                 numerics = self._check(case, op)
             stage = "time"
-            stats = self._time(case, cfg, timing or self.options.timing)
+            timing = self._time(case, cfg)
             energy: EnergyStats | None = None
             if self._energy is not None:
                 stage = "energy"
@@ -208,9 +207,9 @@ class Replayer:
         if numerics is not None and not numerics.ok:
             return self._result(
                 cfg, ReplayStatus.MISMATCH, f"mismatch: {numerics.note}", recipe.name,
-                timing=stats, numerics=numerics, energy=energy,
+                timing=timing, numerics=numerics, energy=energy,
             )  # fmt: skip
-        return self._result(cfg, ReplayStatus.OK, "", recipe.name, timing=stats, numerics=numerics, energy=energy)
+        return self._result(cfg, ReplayStatus.OK, "", recipe.name, timing=timing, numerics=numerics, energy=energy)
 
     def _failure(self, cfg: OpConfig, exc: BaseException, stage: str, recipe: str) -> ReplayResult:
         import torch
@@ -245,7 +244,8 @@ class Replayer:
         del ref_in, out
         return result
 
-    def _time(self, case: Case, cfg: OpConfig, timing: TimingConfig) -> TimingStats:
+    def _time(self, case: Case, cfg: OpConfig) -> TimingStats:
+        timing = self.options.timing
         if self._timer is None:
             return time_cpu(case, timing)
         warm_idx: tuple[int, ...] | None = None

@@ -97,11 +97,6 @@ class TimingConfig:
     """Device work per profiler session: long enough to average out clock and power transients."""
     device_warmup_s: float = 1.0
     """Before the first op, keep the GPU busy this long so every run starts from a steady power state."""
-    idle_s: float = 0.0
-    """Before timing an op, leave the device idle this long: the op then meets the device's state after
-    idle (clocks up to their limit, the power budget unspent) rather than the steady state of sustained
-    work. Its timed work stays short (warm-up plus a few sessions), well inside that state's first 100 ms.
-    The CUDA timer's only: a CPU has no such state."""
 
     def __post_init__(self) -> None:
         if self.timer not in get_args(CudaTimerKind):
@@ -354,15 +349,7 @@ class CudaTimer:
         with torch.cuda.device(self.device):
             if not self._warmed and cfg.device_warmup_s > 0:
                 self._warm_device(cfg.device_warmup_s, torch)
-            prepare = self._prepare(cfg, warm, dirty_bytes)
-            if cfg.idle_s <= 0:
-                return self._time(fn, cfg, torch, prepare, busy)
-            torch.cuda.synchronize(self.device)
-            time.sleep(cfg.idle_s)
-            # After idle the timed calls come first; the issue-time bursts (dozens of calls) would spend
-            # the state being measured, so they run after.
-            stats = self._time(fn, cfg, torch, prepare, busy, issue_first=False)
-            return stats.model_copy(update={"host_us": self._issue_us(fn, torch)})
+            return self._time(fn, cfg, torch, self._prepare(cfg, warm, dirty_bytes), busy)
 
     def _warm_device(self, seconds: float, torch: Any) -> None:
         # Clocks and power settle within about a second of sustained work; measure from there.
@@ -395,8 +382,6 @@ class CudaTimer:
         torch: Any,
         prepare: Callable[[], None] | None,
         busy: BusyWindows | None = None,
-        *,
-        issue_first: bool = True,
     ) -> TimingStats:
         clock = time.perf_counter_ns
         # Warm-up: also measures a rough device time.
@@ -415,7 +400,7 @@ class CudaTimer:
         w1.record()
         torch.cuda.synchronize()
         rough_us = w0.elapsed_time(w1) * 1e3 / warm
-        host_us = self._issue_us(fn, torch) if issue_first else 0.0
+        host_us = self._issue_us(fn, torch)
         reps = 1
         if not cfg.cold_l2 and rough_us < cfg.min_sample_us:
             reps = min(64, max(1, math.ceil(cfg.min_sample_us / max(rough_us, 0.5))))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -15,8 +14,6 @@ from hardware.models.profile import profile_features
 from opgraph.cli.app import app
 from opgraph.ir import Attention, DType, Gemm, OpKind, load_graph
 from validators.profile import (
-    AFTER_IDLE,
-    AFTER_IDLE_S,
     ProfileError,
     SweepPoint,
     coarse_to_fine,
@@ -87,37 +84,6 @@ def test_cpu_sweep_streams_points_and_writes_a_profile(tmp_path: Path) -> None:
     lines = (tmp_path / "cpu.profile.json.parts.jsonl").read_text().splitlines()
     assert "header" in json.loads(lines[0]) and [json.loads(x)["key"] for x in lines[1:]] == seen
     assert prof.launch_us is not None and prof.launch_us > 0  # the first CPU point is the launch kernel
-
-
-def test_after_idle_points_are_sweep_gemms_timed_last_after_idle() -> None:
-    # Each after-idle GEMM is also in the sweep untagged (its sustained twin), and they come last: the
-    # sustained points run back to back, then each after-idle one after its idle.
-    pts = sweep_points("cuda")
-    idle = [p for p in pts if p.tag == AFTER_IDLE]
-    assert len(idle) >= 12 and pts[-len(idle) :] == idle
-    sustained = {p.key for p in pts if not p.tag}
-    assert all(p.key.removesuffix(f"-{AFTER_IDLE}") in sustained for p in idle)
-    assert {p.op.kind for p in idle} == {OpKind.GEMM}
-    assert {p.op.m for p in idle if isinstance(p.op, Gemm)} >= {64, 4096}  # memory- to compute-bound
-
-
-def test_run_profile_times_after_idle_points_after_idle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from validators.replay import Replayer
-
-    seen: dict[str, float] = {}
-    replay = Replayer.replay
-
-    def spy(self: Replayer, cfg: Any, **kw: Any) -> Any:
-        timing = kw.get("timing") or self.options.timing
-        seen[cfg.key] = timing.idle_s
-        return replay(self, cfg, **kw)
-
-    monkeypatch.setattr(Replayer, "replay", spy)
-    pts = sweep_points("cpu")
-    prof = run_profile(tmp_path / "p.profile.json", "cpu", points=pts, hardware="h100")
-    assert {k: v for k, v in seen.items() if v} == {p.key: AFTER_IDLE_S for p in pts if p.tag == AFTER_IDLE}
-    tagged = [p for p in prof.points if p.tag == AFTER_IDLE]
-    assert len(tagged) == 2 and all(p.seconds > 0 for p in tagged)
 
 
 def test_resume_skips_done_points_and_a_cut_last_line(tmp_path: Path) -> None:
