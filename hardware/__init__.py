@@ -82,6 +82,7 @@ from hardware.models import (
 )
 from hardware.profile import (
     PROFILE_SCHEMA_VERSION,
+    AfterIdle,
     DeviceProfile,
     ProfileDevice,
     ProfilePoint,
@@ -97,6 +98,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "HOST_PROFILE_SCHEMA_VERSION",
     "PROFILE_SCHEMA_VERSION",
+    "AfterIdle",
     "AlphaBetaCollectiveModel",
     "Bound",
     "CalibratedCollectiveModel",

@@ -10,6 +10,9 @@
    (power-capped); the same GEMMs in a two-layer model ran faster. This times three Llama-70B GEMMs
    after the device idled (one call, then idle again) and in a sustained loop, with the SM clock.
 
+3. **After idle.** Dense GEMMs after 1 s of idle, the clock ramped first by 0, 10 or 30 ms of light
+   work, against the same GEMMs sustained (``--only-after-idle`` runs this part alone).
+
     python3 benchmarks/gpu/gemm_regimes.py --out $OUT/gemm_regimes.json
 """
 
@@ -101,19 +104,68 @@ def dense(torch: Any) -> list[dict[str, Any]]:
     return out
 
 
+AFTER_IDLE_SHAPES = ((14336, 4096), (4096, 14336), (128256, 4096), (8192, 8192), (28672, 8192), (18944, 3584))
+"""(n, k) of dense GEMMs of the sweep (Llama-8B, Llama-70B, Qwen2.5-7B) timed after idle."""
+
+
+def after_idle(torch: Any, ramps_ms: tuple[float, ...] = (0.0, 10.0, 30.0)) -> list[dict[str, Any]]:
+    """Dense GEMMs after 1 s of idle, the clock first ramped by ``ramp`` ms of light work (zeroing a
+    256 MB buffer: memory-bound, little power), then 5 calls timed one by one; against the same calls
+    after 1.5 s back to back (sustained)."""
+    buf = torch.empty(128 << 20, device="cuda", dtype=torch.bfloat16)
+
+    def light(ms: float) -> None:
+        end = time.perf_counter() + ms / 1e3
+        while time.perf_counter() < end:
+            buf.zero_()
+            torch.cuda.synchronize()
+
+    out = []
+    for m in (2048, 4096):
+        for n, k in AFTER_IDLE_SHAPES:
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+            mm = functools.partial(torch.matmul, a, b)
+            mm()
+            torch.cuda.synchronize()
+            row: dict[str, Any] = {"m": m, "n": n, "k": k}
+            for ramp in ramps_ms:
+                time.sleep(1.0)
+                light(ramp)
+                row[f"after_idle_ramp{ramp:g}ms_us"] = statistics.median(event_time_us(mm, torch) for _ in range(5))
+            t_end = time.perf_counter() + 1.5
+            while time.perf_counter() < t_end:
+                for _ in range(10):
+                    mm()
+                torch.cuda.synchronize()
+            row["sustained_us"] = statistics.median(event_time_us(mm, torch) for _ in range(10))
+            row["sm_clock_sustained"] = sm_clock()
+            out.append(row)
+            ratios = ", ".join(
+                f"ramp {r:g} ms {row[f'after_idle_ramp{r:g}ms_us'] / row['sustained_us']:.3f}" for r in ramps_ms
+            )
+            print(f"after idle m{m} n{n} k{k}: sustained {row['sustained_us']:.1f} us; {ratios}", flush=True)
+            del a, b
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--only-after-idle", action="store_true", help="only the GEMMs after idle (question 3)")
     args = ap.parse_args()
     import torch
 
     if not torch.cuda.is_available():
         print("error: needs a CUDA device")
         return 2
-    result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "grouped": grouped(torch, args.seeds), "dense": dense(torch)}  # fmt: skip
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+    if args.only_after_idle:
+        result["after_idle"] = after_idle(torch)
+    else:
+        result |= {"grouped": grouped(torch, args.seeds), "dense": dense(torch), "after_idle": after_idle(torch)}
     args.out.write_text(json.dumps(result, indent=1))
     return 0
 
