@@ -82,7 +82,6 @@ from hardware.models import (
 )
 from hardware.profile import (
     PROFILE_SCHEMA_VERSION,
-    AfterIdle,
     DeviceProfile,
     ProfileDevice,
     ProfilePoint,
@@ -98,7 +97,6 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "HOST_PROFILE_SCHEMA_VERSION",
     "PROFILE_SCHEMA_VERSION",
-    "AfterIdle",
     "AlphaBetaCollectiveModel",
     "Bound",
     "CalibratedCollectiveModel",

@@ -83,24 +83,6 @@ class ProfilePoint(FrozenModel):
     """A role beyond the op (``launch``: the empty-ish kernel that measures the launch floor)."""
 
 
-class AfterIdle(FrozenModel):
-    """Compute-bound work after idle against the sustained state the points were timed in.
-
-    Every point is timed with the device in the steady state of sustained work, where its power limit
-    holds the clocks down; a short run that starts from an idle device meets full clocks first. The
-    sweep times a few large compute-bound GEMMs both ways; the profile model's ``state=after-idle``
-    scales each op's compute-bound share by :attr:`compute_ratio`."""
-
-    compute_ratio: Annotated[float, Field(gt=0)]
-    """Median over the reference GEMMs of their time after idle over their time sustained."""
-    ratios: tuple[float, ...] = ()
-    """Each reference GEMM's ratio, in :attr:`gemms` order."""
-    gemms: tuple[str, ...] = ()
-    """The reference GEMMs (``4096x14336x4096 bf16``: m x n x k)."""
-    idle_s: NonNegFloat = 0.0
-    """Idle before each timing after idle."""
-
-
 class DeviceProfile(FrozenModel):
     """A device's measured profile (see the module docstring)."""
 
@@ -124,9 +106,6 @@ class DeviceProfile(FrozenModel):
     """The sweep measured every planned point."""
     notes: tuple[str, ...] = ()
     """Remarks (budget stop, failed points)."""
-    after_idle: AfterIdle | None = None
-    """Compute-bound work after idle against sustained (measured on GPUs; ``None`` on a CPU, in a sweep
-    stopped before it, or in a profile made before opgraph measured it)."""
 
     def save(self, path: str | Path) -> Path:
         """Write the profile as JSON, atomically."""

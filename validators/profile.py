@@ -8,12 +8,6 @@ activations, elementwise ops, softmax, copies, casts, concatenations, KV-cache w
 lookups, MoE routing, dispatch, grouped expert GEMMs and combine as the HF implementations run
 them, and an empty-ish kernel for the launch floor and the host time per aten call.
 
-Every point is timed in the device's sustained state (a second of GEMMs before the first point, and the
-sweep keeps the device busy): what a model's forwards meet once they have run for a while, the power
-limit holding the clocks down. On a GPU the sweep ends by timing a few compute-bound GEMMs after idle as
-well (:func:`measure_after_idle`): the profile's :class:`~hardware.profile.AfterIdle`, from which the
-profile model's ``state=after-idle`` predicts a short run that starts from an idle device.
-
 Each point is replayed through the replay recipes and timer (:class:`~validators.Replayer`): cold
 L2 with the op's activations read back, as in a model run (:func:`sweep_timing`), no numeric
 check. Points are ordered coarse to fine (:func:`order_points`: the ends and middle of every size
@@ -24,7 +18,6 @@ last line) and the :class:`~hardware.profile.DeviceProfile` is written at the en
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -41,7 +34,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from hardware.profile import (
-    AfterIdle,
     DeviceProfile,
     ProfileDevice,
     ProfilePoint,
@@ -637,71 +629,11 @@ def _append(path: Path, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-AFTER_IDLE_GEMMS: tuple[tuple[int, int, int], ...] = (
-    (4096, 14336, 4096),
-    (4096, 4096, 14336),
-    (4096, 128256, 4096),
-    (4096, 8192, 8192),
-    (4096, 28672, 8192),
-    (4096, 18944, 3584),
-)
-"""(m, n, k) of the compute-bound bf16 GEMMs timed after idle and sustained: the sweep's Llama-8B, Llama-70B
-and Qwen2.5-7B shapes at 4096 rows."""
-AFTER_IDLE_S = 1.0
-"""Idle before each timing after idle (the power controller's average falls back within it)."""
-AFTER_IDLE_REPEATS = 3
-"""Timings after idle per GEMM (each the median of 5 calls); their median is the GEMM's."""
-AFTER_IDLE_BUDGET_S = 30.0
-"""About how long :func:`measure_after_idle` takes: a sweep whose time budget has less left skips it."""
-
-
-def measure_after_idle(device: str) -> AfterIdle:
-    """Each of :data:`AFTER_IDLE_GEMMS` timed with CUDA events after 1 s back to back (sustained: the
-    median of 9 calls) and after :data:`AFTER_IDLE_S` of idle (the median of 5 calls, the median over
-    :data:`AFTER_IDLE_REPEATS` such timings); the profile's :class:`~hardware.profile.AfterIdle` holds
-    each GEMM's ratio and their median."""
-    import torch
-
-    dev = torch.device(device)
-    event: Any = torch.cuda.Event
-
-    def timed(fn: Callable[[], object]) -> float:
-        start, end = event(enable_timing=True), event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end))
-
-    ratios: list[float] = []
-    names: list[str] = []
-    for m, n, k in AFTER_IDLE_GEMMS:
-        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        b = torch.randn(n, k, device=dev, dtype=torch.bfloat16).t()
-        mm = functools.partial(torch.matmul, a, b)
-        end = time.perf_counter() + 1.0
-        while time.perf_counter() < end:
-            for _ in range(10):
-                mm()
-            torch.cuda.synchronize(dev)
-        sustained = statistics.median(timed(mm) for _ in range(9))
-        after: list[float] = []
-        for _ in range(AFTER_IDLE_REPEATS):
-            time.sleep(AFTER_IDLE_S)
-            after.append(statistics.median(timed(mm) for _ in range(5)))
-        ratios.append(round(statistics.median(after) / sustained, 4))
-        names.append(f"{m}x{n}x{k} bf16")
-        del a, b, mm
-    return AfterIdle(
-        compute_ratio=statistics.median(ratios), ratios=tuple(ratios), gemms=tuple(names), idle_s=AFTER_IDLE_S
-    )
-
-
 def _resume_state(
     parts: Path, device: ProfileDevice | None
-) -> tuple[ProfileDevice, dict[str, ProfilePoint], set[str], int, AfterIdle | None]:
-    """The provenance, points done (ok), keys done (ok or failed), unreadable lines and the after-idle
-    measurement of an earlier run's parts file; a parts file of another device than ``device`` is refused."""
+) -> tuple[ProfileDevice, dict[str, ProfilePoint], set[str], int]:
+    """The provenance, points done (ok), keys done (ok or failed) and unreadable lines of an earlier
+    run's parts file; a parts file of another device than ``device`` is refused."""
     header, records, bad = read_parts(parts)
     try:
         before = ProfileDevice.model_validate(header) if header is not None else None
@@ -718,14 +650,7 @@ def _resume_state(
         raise ProfileError("the parts file has no readable header (where the sweep ran)", where=str(parts))
     points: dict[str, ProfilePoint] = {}
     done: set[str] = set()
-    after_idle: AfterIdle | None = None
     for rec in records:
-        if "after_idle" in rec:
-            try:
-                after_idle = AfterIdle.model_validate(rec["after_idle"])
-            except ValidationError:
-                bad += 1
-            continue
         key = rec.get("key")
         if not isinstance(key, str):
             bad += 1
@@ -737,7 +662,7 @@ def _resume_state(
                 bad += 1
                 continue
         done.add(key)
-    return info, points, done, bad, after_idle
+    return info, points, done, bad
 
 
 def run_profile(
@@ -777,10 +702,9 @@ def run_profile(
         done_points: dict[str, ProfilePoint] = {}
         done: set[str] = set()
         bad = 0
-        after_idle: AfterIdle | None = None
         out.parent.mkdir(parents=True, exist_ok=True)
         if resume and parts.exists():
-            _, done_points, done, bad, after_idle = _resume_state(parts, info)
+            _, done_points, done, bad = _resume_state(parts, info)
         else:
             parts.write_text(json.dumps({"header": info.model_dump(mode="json")}) + "\n", encoding="utf-8")
         durations: list[float] = []
@@ -817,17 +741,9 @@ def run_profile(
             done.add(sp.key)
             if on_point is not None:
                 on_point(i, n, sp, result)
-        if rep.device.type == "cuda" and after_idle is None and not stopped and lost is None:
-            if budget_s is not None and time.monotonic() - start + AFTER_IDLE_BUDGET_S > budget_s:
-                stopped = True
-            else:
-                after_idle = measure_after_idle(str(rep.device))
-                _append(parts, {"after_idle": after_idle.model_dump(mode="json")})
     finally:
         rep.close()
-    profile = finish_profile(
-        plan, done_points, done, info, timing, stopped=stopped or lost is not None, bad_lines=bad, after_idle=after_idle
-    )
+    profile = finish_profile(plan, done_points, done, info, timing, stopped=stopped or lost is not None, bad_lines=bad)
     guessed = guess_hardware(info.name) if info.device_type == "cuda" else ""
     if guessed and info.hardware and guessed != info.hardware:
         note = f"measured on {info.name!r}, which looks like {guessed}, for --hardware {info.hardware}"
@@ -855,10 +771,10 @@ def profile_from_parts(
             where=str(parts),
             hint="run the sweep first (without --from-parts)",
         )
-    info, points_done, done, bad, after_idle = _resume_state(parts, None)
+    info, points_done, done, bad = _resume_state(parts, None)
     if hardware:
         info = info.model_copy(update={"hardware": hardware})
-    profile = finish_profile(points, points_done, done, info, timing, bad_lines=bad, after_idle=after_idle)
+    profile = finish_profile(points, points_done, done, info, timing, bad_lines=bad)
     profile.save(out)
     return profile
 
@@ -872,10 +788,9 @@ def finish_profile(
     *,
     stopped: bool = False,
     bad_lines: int = 0,
-    after_idle: AfterIdle | None = None,
 ) -> DeviceProfile:
     """The :class:`DeviceProfile` of the measured ``points`` of ``plan`` (in plan order), with the
-    launch floor and host time per aten call from the ``launch`` points, and ``after_idle``."""
+    launch floor and host time per aten call from the ``launch`` points."""
     ordered = [points[p.key] for p in plan if p.key in points]
     ordered += [p for k, p in points.items() if k not in {sp.key for sp in plan}]
     launch = [p for p in ordered if p.tag == "launch"]
@@ -883,10 +798,7 @@ def finish_profile(
     failed = len([k for k in done if k not in points])
     notes = []
     if stopped:
-        notes.append(
-            f"stopped at the time budget after {len(done)} of {len(plan)} planned points"
-            + ("" if after_idle is not None or device.device_type != "cuda" else ", before the after-idle GEMMs")
-        )
+        notes.append(f"stopped at the time budget after {len(done)} of {len(plan)} planned points")
     if failed:
         notes.append(f"{failed} point(s) failed (see the parts file)")
     if bad_lines:
@@ -909,7 +821,6 @@ def finish_profile(
         planned=len(plan),
         complete=all(p.key in done for p in plan),
         notes=tuple(notes),
-        after_idle=after_idle,
     )
 
 
@@ -935,6 +846,5 @@ def profile_from_replays(results: Iterable[ReplayResult], *, hardware: str = "",
 
 
 def estimated_seconds(points: list[SweepPoint], per_point_s: float = 0.35) -> float:
-    """A rough wall time of a sweep on a GPU (profiler sessions dominate small points; the after-idle
-    GEMMs at the end take :data:`AFTER_IDLE_BUDGET_S`)."""
-    return math.ceil(len(points) * per_point_s + AFTER_IDLE_BUDGET_S)
+    """A rough wall time of a sweep on a GPU (profiler sessions dominate small points)."""
+    return math.ceil(len(points) * per_point_s)

@@ -152,12 +152,6 @@ def _expert_product(op: Gemm) -> int | None:
     return int(hit.group(1)) if hit else 1
 
 
-SUSTAINED = "sustained"
-"""The device state of the profile's points: the steady state of sustained work (``ProfileModel`` default)."""
-AFTER_IDLE_STATE = "after-idle"
-"""A short run from an idle device (``ProfileModel(state=...)``, ``--cost-option state=after-idle``)."""
-STATES = (SUSTAINED, AFTER_IDLE_STATE)
-
 TILE_ROWS = 128
 """Rows per tile of the grouped GEMM kernel torch runs for ``_grouped_mm`` on sm90 (CUTLASS, 128 x 256 x 64
 tiles, as its kernel name says): an expert with ``r`` rows costs ``ceil(r / 128)`` row tiles."""
@@ -535,11 +529,6 @@ class ProfileModel:
         Refuse to predict for a device other than the one measured (catalog names compared).
     fallback:
         A cost model (or spec) for kinds the profile lacks and collectives; the datasheet roofline.
-    state:
-        The device state predicted: ``sustained`` (the profile's points as measured, in the steady state of
-        sustained work, which the power limit holds at lower clocks) or ``after-idle`` (a short run that
-        starts from an idle device: each op's compute-bound share scaled by the profile's measured
-        :class:`~hardware.profile.AfterIdle` ratio).
     """
 
     name = "profile"
@@ -551,7 +540,6 @@ class ProfileModel:
         path: str | Path | None = None,
         check_hardware: bool | str = True,
         fallback: CostModel | str | None = None,
-        state: str = SUSTAINED,
     ) -> None:
         source = profile if profile is not None else path
         self.path: str | None = None if source is None or isinstance(source, DeviceProfile) else str(source)
@@ -561,11 +549,6 @@ class ProfileModel:
         if isinstance(check_hardware, str):
             check_hardware = check_hardware.strip().lower() not in ("0", "false", "no", "off")
         self.check_hardware = check_hardware
-        if state not in STATES:
-            raise CostModelError(
-                f"unknown device state {state!r}", where="--cost-option state", hint=f"use {' or '.join(STATES)}"
-            )
-        self.state = state
         from hardware.models.registry import resolve_cost_model
 
         if fallback is None or isinstance(fallback, str):
@@ -666,8 +649,6 @@ class ProfileModel:
                 f"the even loads measured; {TILE_ROWS}-row tiles): x{tiles:.3f} on the roofline"
             )
         eff /= tiles
-        idle_factor, idle_note = self._after_idle(profile, where, compute_s, roof)
-        eff /= idle_factor
         seconds = roof / eff
         bound = Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY
         shape_far = regime.shape_outside(f.shape)
@@ -680,8 +661,6 @@ class ProfileModel:
             notes.append(f"no {op.dtype.value} points, from {dtype.value}")
         if abs(tiles - 1.0) > 5e-4:
             notes.append(tiles_note)
-        if idle_note:
-            notes.append(idle_note)
         beyond = max(f.size - regime.hi, regime.lo - f.size, 0.0)
         if outside > 1e-9 or shape_far > 1e-9:
             where_out = []
@@ -717,23 +696,6 @@ class ProfileModel:
             detail=detail,
             host_s=self._host_s(profile, idx, _issued_as(op, f)),
         )
-
-    def _after_idle(self, profile: DeviceProfile, where: str, compute_s: float, roof: float) -> tuple[float, str]:
-        """(time factor, detail note) of the device state: 1 sustained; after idle, ``1 - (1 - r) * c`` with
-        ``r`` the profile's after-idle ratio and ``c`` the op's compute-bound share of its roofline."""
-        if self.state == SUSTAINED:
-            return 1.0, ""
-        if profile.after_idle is None:
-            raise CostModelError(
-                "the profile holds no after-idle measurement",
-                where=where,
-                hint="re-measure it with `opgraph profile --device cuda --resume` (this opgraph times GEMMs after "
-                "idle at the sweep's end), or predict the sustained state",
-            )
-        ratio = profile.after_idle.compute_ratio
-        share = compute_s / roof if roof > 0 else 0.0
-        factor = 1.0 - (1.0 - ratio) * share
-        return factor, f"after idle: x{factor:.3f} (after-idle ratio {ratio:.3f} on a compute share of {share:.2f})"
 
     @staticmethod
     def _interpolate(regime: _Regime, f: Features, log_roof: float | None = None) -> tuple[float, str, float]:
