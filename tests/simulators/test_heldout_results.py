@@ -208,6 +208,35 @@ def test_the_known_misses_are_what_the_data_shows(committed: tuple[dict[str, Any
     _check_misses(recomputed, label)
 
 
+SUSTAINED_RUNS = sorted((RESULTS.parent / "gemm-regimes").glob("burst_sustained_*.json.gz"))
+"""``benchmarks/gpu/sustained_prefill.py`` runs: prefills profiled after idle and after seconds of
+back-to-back forwards (the sustained state the device profile's sweep measured its points in)."""
+
+
+@pytest.mark.skipif(not SUSTAINED_RUNS, reason="no committed sustained-state runs (gemm-regimes/burst_sustained_*)")
+def test_every_held_out_prefill_is_within_the_gpu_target_in_the_sustained_state(
+    committed: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    # The table's protocol lands its runs between the state after idle and the sustained one (its one
+    # GPU-time miss, the Llama-70B prefill, sits near after-idle). Measured in the sustained state, every
+    # device-bound held-out prefill (all but the host-bound fp16 Qwen3-MoE one) is within the GPU target of
+    # the CLI default's prediction, on each run; after idle every one runs faster than sustained.
+    recomputed, _ = committed
+    label = recomputed["cli_default_cost_model"]
+    predicted = {r["case"]: r["predicted"][label]["gpu_us"] for r in recomputed["cases"]}
+    prefills = {c for c in predicted if "_prefill_" in c}
+    for path in SUSTAINED_RUNS:
+        with gzip.open(path, "rt") as f:
+            run = {c["case"]: c for c in json.load(f)["cases"]}
+        measured = prefills & set(run)
+        assert len(measured) >= 5, path.name
+        for case in measured:
+            sustained = run[case]["sustained_profiled"]["gpu_us"]["median"]
+            after_idle = run[case]["burst_profiled"]["gpu_us"]["median"]
+            assert abs(predicted[case] / sustained - 1) <= GPU_TARGET, (path.name, case)
+            assert after_idle < sustained, (path.name, case)
+
+
 # ---------------------------------------------------------------- the pipeline, on fake CPU data
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
