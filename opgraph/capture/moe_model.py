@@ -9,7 +9,8 @@ the inverse permutation and a ``sum`` over the top-k. :func:`install` keeps that
 
 - on a real device (cpu, cuda) without ``moe_skew``, the module runs **unmodified**; the routing
   indices it was given are kept and, after the run, become the observed tokens per expert of each call
-  (:func:`resolve_plan`);
+  (:func:`resolve_plan`). On a GPU, a ``_grouped_mm`` of a dtype without a grouped kernel is recorded as
+  torch's fallback runs it (one ``mm`` per expert at its observed rows; same values);
 - with ``moe_skew`` (``0``: balanced), or on ``meta`` (where routing cannot be computed; balanced by
   default), the routing indices are replaced by indices that realise the modelled loads
   (:func:`expert_counts`) and the module's own forward runs with them. On ``meta``, a ``_grouped_mm``
@@ -30,6 +31,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+FALLBACK_DEVICES: tuple[str, ...] = ("cuda",)
+"""Device types whose ``_grouped_mm`` runs torch's per-expert fallback for dtypes without a grouped kernel
+(:func:`runs_per_expert`); ``meta`` models a GPU."""
 PLAN_ATTR = "_opgraph_plan"
 """Attribute an experts module sets during its forward; the recorder keeps it on the module call."""
 
@@ -217,19 +221,26 @@ def _per_expert_grouped_mm(loads: list[int]) -> Any:
     return grouped_mm
 
 
-@contextlib.contextmanager
-def _grouped_mm_as_device_runs(module: Any, dtype: Any, loads: list[int]) -> Iterator[None]:
-    """On ``meta``, swap transformers' ``_grouped_mm`` for the per-expert fallback unless the dtype has
-    a grouped kernel (bf16); elsewhere the module runs as written."""
+def runs_per_expert(module: Any, dtype: Any) -> bool:
+    """Whether a GPU runs ``module``'s experts as torch's per-expert fallback of ``_grouped_mm``: its
+    experts implementation is ``grouped_mm`` and ``dtype`` has no grouped kernel (only bf16 has one)."""
     import torch
 
+    return _impl(module) == "grouped_mm" and dtype != torch.bfloat16
+
+
+@contextlib.contextmanager
+def _grouped_mm_as_device_runs(module: Any, dtype: Any, loads: list[int]) -> Iterator[None]:
+    """Swap transformers' ``_grouped_mm`` for the per-expert fallback a GPU runs when
+    :func:`runs_per_expert` (on ``meta``, and for observed routing on a GPU); otherwise the module runs
+    as written."""
     try:
         from transformers.integrations import moe as hf_moe
     except ImportError:  # pragma: no cover - transformers without experts implementations
         yield
         return
     original = getattr(hf_moe, "_grouped_mm", None)
-    if original is None or dtype == torch.bfloat16 or _impl(module) != "grouped_mm":
+    if original is None or not runs_per_expert(module, dtype):
         yield
         return
     hf_moe._grouped_mm = _per_expert_grouped_mm(loads)
@@ -264,9 +275,22 @@ def routed_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_
 
 
 def observed_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-    """The module's own forward, unmodified; the routing indices are kept for :func:`resolve_plan`."""
+    """The module's own forward, unmodified; the routing indices are kept for :func:`resolve_plan`.
+
+    On a GPU, a ``_grouped_mm`` of a dtype without a grouped kernel runs as torch's fallback does (one
+    ``mm`` per expert at its observed rows, :func:`_grouped_mm_as_device_runs`), so the graph holds the
+    products the device launches rather than one grouped kernel it never runs; the values are the same."""
     setattr(self, PLAN_ATTR, _Observed(top_k_index, int(self.num_experts), _impl(self)))
-    return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
+    weight = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
+    if hidden_states.device.type not in FALLBACK_DEVICES or not runs_per_expert(self, weight.dtype):
+        return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
+    import torch
+
+    with _unrecorded():  # the fallback copies the offsets to the host as well: no extra wait
+        flat = top_k_index.reshape(-1)
+        loads = torch.bincount(flat[(flat >= 0) & (flat < self.num_experts)], minlength=self.num_experts).tolist()
+    with _grouped_mm_as_device_runs(self, weight.dtype, loads):
+        return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
 
 
 def resolve_plan(state: object) -> ExpertPlan | None:

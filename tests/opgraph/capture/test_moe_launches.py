@@ -104,6 +104,41 @@ def test_meta_without_a_grouped_kernel_emits_one_product_per_expert(tmp_path: Pa
     assert sorted(rows) == sorted(mm_rows[: len(rows)])
 
 
+def test_gpu_without_a_grouped_kernel_records_the_fallbacks_products_at_the_observed_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a GPU, an fp16 _grouped_mm runs torch's per-expert fallback: a capture with the model's own
+    # routing must hold those products (at each expert's observed rows), not one grouped kernel the device
+    # never launches, and the model's outputs must not change. The CPU stands in for the GPU here.
+    from opgraph.capture import moe_model
+
+    monkeypatch.setattr(moe_model, "FALLBACK_DEVICES", ("cpu",))
+    model = _tiny_model(tmp_path, "qwen3_moe").to(torch.float16)
+    model.config._experts_implementation = "grouped_mm"
+    routed: list[Any] = []
+    for m in model.modules():
+        if is_experts_module(m):
+            m.register_forward_pre_hook(lambda _m, args: routed.append(args[1].clone()))
+    ids = torch.arange(12).reshape(1, 12)
+    with torch.no_grad():
+        before = model(ids).logits
+    routed.clear()
+    g = capture(model, device="cpu", seq_len=12, dtype="fp16")
+    with torch.no_grad():
+        after = model(ids).logits
+    assert torch.equal(before, after)
+    seen = routed[0]
+    products = [o for o in g.ops_of(OpKind.GEMM) if o.target == "moe_experts_gate_up" and o.layer == 0]
+    loads = [c for c in torch.bincount(seen.reshape(-1)).tolist() if c]
+    assert sorted(o.m for o in products) == sorted(loads)  # type: ignore[attr-defined]
+    assert all(o.groups == 1 for o in products)  # type: ignore[attr-defined]
+    assert products[0].definition.endswith("@sync") and all(o.definition.endswith("@nested") for o in products[1:])
+    # bf16 has a grouped kernel: one grouped GEMM, as before.
+    bf16 = capture(_tiny_model(tmp_path, "qwen3_moe").to(torch.bfloat16), device="cpu", seq_len=12, dtype="bf16")
+    grouped = [o for o in bf16.ops_of(OpKind.GEMM) if o.target == "moe_experts_gate_up" and o.layer == 0]
+    assert len(grouped) == 1 and grouped[0].groups > 1  # type: ignore[attr-defined]
+
+
 def test_explicit_balanced_routing_is_stated_on_a_real_device(tmp_path: Path) -> None:
     g = capture(tiny_config(tmp_path, "mixtral"), device="cpu", seq_len=8, moe_skew=0.0)
     assert any("balanced" in a for a in g.metadata.assumptions)
