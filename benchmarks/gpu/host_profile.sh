@@ -27,7 +27,9 @@
 # WALLS=<heldout.py --round-robin --train-walls run (.tar.gz)>, the walls fitted are that run's instead:
 # each training wall's median over the rounds whose host probe ran near its fastest
 # (benchmarks/heldout_pool.py quiet_rounds); WALLS="RUN RUN ...": the quiet walls of every run given,
-# pooled (heldout_pool.pooled_quiet_walls). Each on the newest graph of its name. Writes:
+# pooled (heldout_pool.pooled_quiet_walls). Each on the newest graph of its name, or with
+# OBSERVED=<benchmarks/gpu/observed_graphs.py output (.tar.gz)> on the graph captured on the GPU with the
+# wall's own MoE routing where it holds one. Writes:
 #   $OUT/h100-sxm.host.json   the host profile (commit as hardware/catalog/h100-sxm.host.json)
 #   $OUT/host_profile_log.txt the log (CPU, versions, each capture and wall, the fit summary)
 #   $OUT/host_graphs.tar.gz   train/*.json.gz (host-timed graphs), train/*.config.json, walls.json
@@ -99,6 +101,9 @@ EOF
   if [ -n "${WALLS:-}" ]; then
     WALLS_DIR="$OUT/walls_run"
     rm -rf "$WALLS_DIR" && mkdir -p "$WALLS_DIR" || exit 1
+    if [ -n "${OBSERVED:-}" ]; then  # graphs captured on the GPU with the walls' own routing
+      mkdir -p "$WALLS_DIR/observed" && tar -xzf "$OBSERVED" -C "$WALLS_DIR/observed" --strip-components=1 || exit 1
+    fi
     i=0
     for w in $WALLS; do  # each run's configs in a folder of its own
       mkdir -p "$WALLS_DIR/$i" && tar -xzf "$w" -C "$WALLS_DIR/$i" --strip-components=1 || exit 1
@@ -116,11 +121,18 @@ walls, detail = {}, {}
 meta = train.parent / "walls"  # graphs of training walls no host-timed capture has: captured on meta
 meta.mkdir(exist_ok=True)
 configs = {c["case"]: (i, c) for i, data in reversed(list(enumerate(runs))) for c in data["cases"]}
+observed = Path(os.environ["WALLS_DIR"], "observed")
 for case, kept in pooled_quiet_walls(runs, "train").items():
     if not kept:
         print(f"no quiet wall for {case}: not fitted"); continue
     graphs = sorted(train.glob(f"*_{case}.json.gz")) or sorted(train.glob(f"{case}.json.gz"))
-    if graphs:
+    if (observed / f"{case}.json.gz").is_file():
+        # An MoE wall's graph with the run's own routing (benchmarks/gpu/observed_graphs.py): a meta
+        # capture spreads the tokens evenly where the measured model's router did not.
+        name = case
+        (meta / f"{case}.json.gz").write_bytes((observed / f"{case}.json.gz").read_bytes())
+        print(f"{case}: the graph captured on the GPU with the run's own routing")
+    elif graphs:
         name = graphs[-1].name.removesuffix(".json.gz")
     else:
         from opgraph.capture import capture
