@@ -17,6 +17,7 @@ import pytest
 from hardware import load_hardware, resolve_cost_model
 from hardware.hostprofile import HostProfile, hardware_host_profile, load_host_profile
 from opgraph.capture.hosttime import without_host_gaps
+from opgraph.capture.moe_model import OBSERVED_ASSUMPTION
 from opgraph.ir import load_graph
 from simulators import HostConfig, HostMode, SimulationConfig, simulate
 from tests.conftest import REPO
@@ -67,10 +68,15 @@ def test_the_shipped_terms_give_the_fitted_walls(shipped: HostProfile, tmp_path:
     config = SimulationConfig.standard(1, policy="stream", host=host).model_copy(update={"skip_uncosted": True})
     errors = []
     for w in shipped.walls:
-        # a host-timed training graph, else the one captured on meta for its wall (REFIT with WALLS=)
+        # a host-timed training graph, else the one captured for its wall (REFIT with WALLS=): an MoE wall's
+        # on the GPU with the wall's own routing (OBSERVED=), not a meta capture's even spread
         path = tmp_path / "host_graphs" / "train" / f"{w.name}.json.gz"
         path = path if path.is_file() else tmp_path / "host_graphs" / "walls" / f"{w.name}.json.gz"
-        graph = without_host_gaps(load_graph(path))
+        graph = load_graph(path)
+        if any(op.target.startswith("moe_experts") for op in graph.ops):
+            assert OBSERVED_ASSUMPTION in graph.metadata.assumptions, w.name
+            assert graph.metadata.capture.device == "cuda", w.name
+        graph = without_host_gaps(graph)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             tl = simulate(graph, hw, model, config).timeline()
