@@ -234,7 +234,7 @@ fi
 # The in-context terms: each training wall marked 1 simulated as `opgraph simulate -H h100-sxm -e 1 --policy
 # stream` simulates a graph captured without host timing, with the candidate host profile; those marked 2
 # simulated with the fitted one, as checks.
-PROFILE="$OUT/h100-sxm.host.json" TRAIN_DIR="$DIR/train" WALLS="${WALLS:-}" TRAIN="$TRAIN" timeout -k 5 120 $PY - 2>&1 <<'EOF' | tee -a "$LOG"
+PROFILE="$OUT/h100-sxm.host.json" TRAIN_DIR="$DIR/train" WALLS="${WALLS:-}" OBSERVED="${OBSERVED:-}" TRAIN="$TRAIN" timeout -k 5 120 $PY - 2>&1 <<'EOF' | tee -a "$LOG"
 import json, os, tempfile, warnings
 from pathlib import Path
 from hardware import load_hardware, resolve_cost_model
@@ -278,8 +278,9 @@ with tempfile.TemporaryDirectory() as tmp:
     checked = [(n, wall(graphs[n], fitted), w) for n, w in checks.items()]
 how = (f"in the quiet rounds of round-robin runs with the held-out cases ({os.environ['WALLS']})"
        if os.environ.get("WALLS") else "as benchmarks/gpu/heldout.py measures its cases")
+moe = " (the MoE walls on graphs captured on the GPU with their own routing)" if os.environ.get("OBSERVED") else ""
 notes = (*(n for n in fitted.notes if not n.startswith("op scale")), "op scale and forward time: fitted on the measured walls of the host-bound training forwards (dense decodes, fp16 MoE) on "
-         f"that machine's GPU (measured {how})")
+         f"that machine's GPU (measured {how}){moe}")
 fitted.model_copy(update={"notes": notes}).save(path)
 print("\n".join(describe_walls(fitted)))
 if checked:

@@ -62,21 +62,26 @@ def _tiny_model(tmp_path: Path, model_type: str) -> Any:
     return transformers.AutoModelForCausalLM.from_config(config).eval()
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
-def test_real_device_runs_the_unmodified_model_and_records_its_routing(tmp_path: Path, model_type: str) -> None:
-    model = _tiny_model(tmp_path, model_type)
+def _captured_with_routing(model: Any, tokens: int, dtype: str) -> tuple[Any, list[Any], Any, Any]:
+    """(graph captured on the CPU, routing indices of each experts call, logits before, logits after)."""
     routed: list[Any] = []
     for m in model.modules():
         if is_experts_module(m):
             m.register_forward_pre_hook(lambda _m, args: routed.append(args[1].clone()))
-    ids = torch.arange(10).reshape(1, 10)
+    ids = torch.arange(tokens).reshape(1, tokens)
     with torch.no_grad():
         before = model(ids).logits
     routed.clear()
-    g = capture(model, device="cpu", seq_len=10, dtype="fp32")
+    g = capture(model, device="cpu", seq_len=tokens, dtype=dtype)
     seen = list(routed)
     with torch.no_grad():
         after = model(ids).logits
+    return g, seen, before, after
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_real_device_runs_the_unmodified_model_and_records_its_routing(tmp_path: Path, model_type: str) -> None:
+    g, seen, before, after = _captured_with_routing(_tiny_model(tmp_path, model_type), 10, "fp32")
     # The capture left the model as it was: its own router and experts (no balanced stand-in).
     assert torch.equal(before, after)
     assert OBSERVED_ASSUMPTION in g.metadata.assumptions
@@ -115,17 +120,7 @@ def test_gpu_without_a_grouped_kernel_records_the_fallbacks_products_at_the_obse
     monkeypatch.setattr(moe_model, "FALLBACK_DEVICES", ("cpu",))
     model = _tiny_model(tmp_path, "qwen3_moe").to(torch.float16)
     model.config._experts_implementation = "grouped_mm"
-    routed: list[Any] = []
-    for m in model.modules():
-        if is_experts_module(m):
-            m.register_forward_pre_hook(lambda _m, args: routed.append(args[1].clone()))
-    ids = torch.arange(12).reshape(1, 12)
-    with torch.no_grad():
-        before = model(ids).logits
-    routed.clear()
-    g = capture(model, device="cpu", seq_len=12, dtype="fp16")
-    with torch.no_grad():
-        after = model(ids).logits
+    g, routed, before, after = _captured_with_routing(model, 12, "fp16")
     assert torch.equal(before, after)
     seen = routed[0]
     products = [o for o in g.ops_of(OpKind.GEMM) if o.target == "moe_experts_gate_up" and o.layer == 0]
