@@ -250,6 +250,20 @@ def _grouped_mm_as_device_runs(module: Any, dtype: Any, loads: list[int]) -> Ite
         hf_moe._grouped_mm = original
 
 
+def _up_weight(module: Any) -> Any:
+    """The stacked first-projection weights of an experts module (``gate_up_proj``, or ``up_proj``)."""
+    return module.gate_up_proj if getattr(module, "has_gate", True) else module.up_proj
+
+
+def _observed_loads(top_k_index: Any, experts: int) -> list[int]:
+    """Rows per expert (in expert order) of a call's routing indices, counted outside the recording."""
+    import torch
+
+    with _unrecorded():
+        flat = top_k_index.reshape(-1).to("cpu")
+        return [int(c) for c in torch.bincount(flat[(flat >= 0) & (flat < experts)], minlength=experts).tolist()]
+
+
 def routed_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
     """The module's own forward with modelled routing: indices that realise the modelled loads."""
     import torch
@@ -269,7 +283,7 @@ def routed_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_
         with _unrecorded():
             top_k_index.copy_(torch.tensor(routing_indices(loads, tokens, top_k), dtype=top_k_index.dtype))
     setattr(self, PLAN_ATTR, ExpertPlan(tokens, top_k, tuple(c for c in loads if c), routing, impl))
-    weight = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
+    weight = _up_weight(self)
     with _grouped_mm_as_device_runs(self, weight.dtype, loads) if meta else contextlib.nullcontext():
         return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
 
@@ -281,14 +295,10 @@ def observed_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, to
     ``mm`` per expert at its observed rows, :func:`_grouped_mm_as_device_runs`), so the graph holds the
     products the device launches rather than one grouped kernel it never runs; the values are the same."""
     setattr(self, PLAN_ATTR, _Observed(top_k_index, int(self.num_experts), _impl(self)))
-    weight = self.gate_up_proj if getattr(self, "has_gate", True) else self.up_proj
+    weight = _up_weight(self)
     if hidden_states.device.type not in FALLBACK_DEVICES or not runs_per_expert(self, weight.dtype):
         return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
-    import torch
-
-    with _unrecorded():  # the fallback copies the offsets to the host as well: no extra wait
-        flat = top_k_index.reshape(-1)
-        loads = torch.bincount(flat[(flat >= 0) & (flat < self.num_experts)], minlength=self.num_experts).tolist()
+    loads = _observed_loads(top_k_index, int(self.num_experts))  # the fallback copies the offsets too: no extra wait
     with _grouped_mm_as_device_runs(self, weight.dtype, loads):
         return type(self).forward(self, hidden_states, top_k_index, top_k_weights)
 
@@ -300,12 +310,7 @@ def resolve_plan(state: object) -> ExpertPlan | None:
         return state
     if not isinstance(state, _Observed) or state.top_k_index.device.type == "meta":
         return None
-    import torch
-
-    with _unrecorded():
-        flat = state.top_k_index.reshape(-1).to("cpu")
-        flat = flat[(flat >= 0) & (flat < state.experts)]
-        loads = torch.bincount(flat, minlength=state.experts).tolist()
+    loads = _observed_loads(state.top_k_index, state.experts)
     idx = state.top_k_index
     tokens = int(idx.shape[0]) if idx.ndim > 1 else int(idx.numel())
     return ExpertPlan(tokens, int(idx.shape[-1]), tuple(c for c in loads if c), "observed", state.impl)
@@ -327,7 +332,7 @@ def modelled_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, to
     has_gate = getattr(self, "has_gate", True)
     transposed = getattr(self, "is_transposed", False)
     has_bias = getattr(self, "has_bias", False)
-    up_w = self.gate_up_proj if has_gate else self.up_proj
+    up_w = _up_weight(self)
     up_b = (self.gate_up_proj_bias if has_gate else self.up_proj_bias) if has_bias else None
     down_b = self.down_proj_bias if has_bias else None
     # Dispatch: copy each token once per chosen expert, grouped by expert.
