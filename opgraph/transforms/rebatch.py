@@ -36,6 +36,7 @@ How dimensions are rewritten:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -74,6 +75,18 @@ _TOKEN_FIELDS: dict[OpKind, tuple[str, ...]] = {
     OpKind.TOPK: ("rows",),
     OpKind.ELEMENTWISE: ("hidden",),
 }
+_PRODUCT_FIELDS = ("batch", "m", "n", "k")
+"""A batched GEMM multiplies activations (eager attention's scores, the RoPE ``inv_freq @ position_ids``
+of transformers 5.17, a ``bmm`` even over one batch): any of its sizes may count sequences or
+tokens."""
+
+
+def _token_fields(op: OpBase) -> tuple[str, ...]:
+    if isinstance(op, Gemm) and (op.batch > 1 or "bmm" in op.target):
+        return _PRODUCT_FIELDS
+    return _TOKEN_FIELDS.get(op.kind, ())
+
+
 # Kind fields that are model sizes: a source size equal to one of them would be ambiguous.
 _MODEL_FIELDS = ("n", "k", "hidden", "heads", "kv_heads", "head_dim", "vocab", "experts", "top_k", "cols")
 _DERIVED = {"flops", "bytes_read", "bytes_written", "definition"}
@@ -145,7 +158,7 @@ def _model_sizes(graph: OpGraph) -> frozenset[int]:
         v
         for op in graph.ops
         for f in _MODEL_FIELDS
-        if f not in _TOKEN_FIELDS.get(op.kind, ()) and isinstance(v := getattr(op, f, None), int)
+        if f not in _token_fields(op) and isinstance(v := getattr(op, f, None), int)
     )
     if len(_SIZES_CACHE) >= 8:
         _SIZES_CACHE.pop(next(iter(_SIZES_CACHE)))
@@ -254,14 +267,14 @@ class _Rewriter:
     def _op(self, op: OpBase) -> OpBase:
         if isinstance(op, MoeRouting):
             return self._routing(op)
-        if self.in_moe and op.kind in (OpKind.GEMM, OpKind.ACTIVATION):
+        if self.in_moe and op.kind in (OpKind.GEMM, OpKind.ACTIVATION, OpKind.ELEMENTWISE):
             return self._expert_op(op)
         if isinstance(op, Attention):
             return self._attention(op)
         ins = tuple(_map_tensor(t, self.dims) for t in op.inputs)
         outs = tuple(_map_tensor(t, self.dims) for t in op.outputs)
         updates: dict[str, Any] = {"inputs": ins, "outputs": outs}
-        for f in _TOKEN_FIELDS.get(op.kind, ()):
+        for f in _token_fields(op):
             v = getattr(op, f)
             updates[f] = self.dims.get(v, v)
         if hasattr(op, "numel") and op.outputs:
@@ -274,8 +287,10 @@ class _Rewriter:
         keep = ("flops",) if isinstance(op, Gemm) and "flops" in op.model_fields_set else ()
         if keep:
             assert isinstance(op, Gemm)
-            m = updates.get("m", op.m)
-            updates["flops"] = self._scaled(op.flops, op.m, m) if op.m else op.flops
+            old = math.prod(getattr(op, f) for f in _PRODUCT_FIELDS)
+            updates["flops"] = self._scaled(
+                op.flops, old, math.prod(updates.get(f, getattr(op, f)) for f in _PRODUCT_FIELDS)
+            )
         return _rebuild(op, updates, keep)
 
     @staticmethod

@@ -47,8 +47,11 @@ def decode(model: str) -> OpGraph:
     return capture(model, phase="decode", batch=8, kv_len=2048, layers=2)
 
 
-def gemm_flops(graph: OpGraph) -> int:
-    return sum(o.flops for o in graph.ops if o.kind is OpKind.GEMM)
+def gemm_flops(graph: OpGraph, weights: bool | None = None) -> int:
+    """FLOPs of the GEMMs (``weights``: only the layers' products, or only the activations' ``bmm``)."""
+    return sum(
+        o.flops for o in graph.ops if o.kind is OpKind.GEMM and (weights is None or weights is ("bmm" not in o.target))
+    )
 
 
 def successors(graph: OpGraph, op_id: int) -> list[OpBase]:
@@ -65,7 +68,9 @@ def collectives(graph: OpGraph, kind: CollectiveKind | None = None) -> list[Coll
 def test_llama_gemm_flops_per_rank_are_total_over_tp(tp: int) -> None:
     g = decode("llama-3.1-70b")
     s = shard_tensor_parallel(g, tp)
-    assert gemm_flops(s) == pytest.approx(gemm_flops(g) / tp, rel=1e-9)
+    assert gemm_flops(s, weights=True) == pytest.approx(gemm_flops(g, weights=True) / tp, rel=1e-9)
+    # transformers 5.17's RoPE angles (a bmm inv_freq @ positions) run whole on every rank
+    assert gemm_flops(s, weights=False) == gemm_flops(g, weights=False)
     attn = sum(o.flops for o in g.ops_of(OpKind.ATTENTION))
     assert sum(o.flops for o in s.ops_of(OpKind.ATTENTION)) == pytest.approx(attn / tp, rel=1e-9)
 
