@@ -7,6 +7,7 @@ phase (host timing, profiling, benchmarks) does not import the capture API back.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -235,6 +236,11 @@ class PhaseRun:
         kwargs: dict[str, Any] = {"input_ids": ids, "use_cache": True, self.cache_kw: self.cache}
         if keep_last and self.has_keep:
             kwargs["logits_to_keep"] = 1
+        mask = self.loop.attention_mask if self.loop is not None else None
+        # Passed as generate passes it, where it keeps the mask; not unrecorded on meta, where the model
+        # cannot read whether the mask is all ones (the recorder stands in for that value when recording).
+        if mask is not None and (self.rec is not None or self.opts.device != "meta"):
+            kwargs["attention_mask"] = mask
         if self.rec is None:
             self.out = self.prepared.model(**kwargs)
         else:
@@ -291,6 +297,16 @@ def _eos_and_pad(config: Any) -> tuple[list[int], int | None]:
     return ids, int(pad) if pad is not None else (ids[0] if ids else None)
 
 
+@functools.cache
+def generate_keeps_all_ones_mask() -> bool:
+    """Whether the installed transformers' ``generate`` keeps an all-ones 2-D attention mask through its
+    loop (before 5.18), rather than dropping it before the loop (5.18 on)."""
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) < Version("5.18")
+
+
 class GreedyLoop:
     """What transformers' ``generate`` runs between two forward passes when it decodes greedily with the
     model's default stopping criteria (``GenerationMixin._sample`` and the helpers it calls), op for op:
@@ -298,6 +314,12 @@ class GreedyLoop:
     rows given the pad token (when the model has EOS tokens), the token appended to the ids, the stopping
     criteria (maximum length, EOS), the stop flag the host reads after every step (a device sync), and
     the next forward pass's inputs sliced out of the ids and position ids.
+
+    transformers before 5.18 keeps the all-ones attention mask (what ``generate`` makes for a prompt
+    without padding) and passes it to every forward pass, growing it by one column each step (a
+    ``new_ones`` and a ``cat`` over the whole mask); from 5.18 on ``generate`` drops it before the loop.
+    The loop follows the installed version (:func:`generate_keeps_all_ones_mask`): ``attention_mask``
+    is then that mask, else ``None``.
 
     ``tests/opgraph/capture/test_greedy_loop.py`` checks the aten calls against transformers' own loop.
     """
@@ -314,6 +336,8 @@ class GreedyLoop:
         self.pad = torch.tensor(pad if pad is not None else 0, dtype=torch.long, device=dev)
         self.unfinished = torch.ones(batch, dtype=torch.long, device=dev)
         self.max_length = max_length
+        self.attention_mask: Any = torch.ones_like(prompt) if generate_keeps_all_ones_mask() else None
+        """The 2-D mask ``generate`` passes to each forward pass, when the installed version keeps it."""
 
     def step(self, logits: Any, read_flag: bool = True) -> Any:
         """The next forward pass's input ids, from the last one's ``logits`` (``read_flag``: read the
@@ -323,6 +347,9 @@ class GreedyLoop:
         dev = self.input_ids.device
         step = torch.arange(1, dtype=self.position_ids.dtype, device=dev).view(1, -1)
         self.position_ids = torch.cat([self.position_ids, step + self.position_ids[..., -1:] + 1], dim=-1)
+        if self.attention_mask is not None:
+            mask = self.attention_mask
+            self.attention_mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
         scores = logits[:, -1].to(copy=True, dtype=torch.float32)
         tokens = torch.argmax(scores, dim=-1)
         if self.eos is not None:

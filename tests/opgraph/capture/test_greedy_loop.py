@@ -8,9 +8,16 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from packaging.version import Version
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from opgraph.capture import GreedyLoop
+from opgraph.capture.api import CaptureOptions, prepare
+from opgraph.capture.phase import generate_keeps_all_ones_mask, run_phase
+from opgraph.capture.recorder import Recorder
+
+KEEPS_MASK = Version(transformers.__version__) < Version("5.18")
+"""transformers before 5.18 keeps an all-ones attention mask through generate's loop; later ones drop it."""
 
 VOCAB = 97
 
@@ -94,6 +101,38 @@ def test_greedy_loop_issues_what_generate_issues(eos: int | None) -> None:
     assert ours == hf
     assert ("isin" in ours[0]) is (eos is not None)
     assert "_local_scalar_dense" in ours[0]  # the stop flag the host reads every step
+    # Which branch ran: the mask grown every step (new_ones + cat) only where generate keeps it.
+    assert ("new_ones" in ours[0]) is KEEPS_MASK
+
+
+def test_the_loop_holds_a_mask_iff_the_installed_generate_keeps_it() -> None:
+    assert generate_keeps_all_ones_mask() is KEEPS_MASK
+    loop = GreedyLoop(torch.tensor([[5, 6], [7, 8]]), _tiny(eos=2).config, max_length=10)
+    assert (loop.attention_mask is not None) is KEEPS_MASK
+    loop.step(torch.zeros(2, 1, VOCAB))
+    if KEEPS_MASK:
+        assert loop.attention_mask.dtype == torch.long and loop.attention_mask.tolist() == [[1, 1, 1]] * 2
+    else:
+        assert loop.attention_mask is None
+
+
+def test_captured_forward_passes_get_the_mask_iff_generate_passes_it(tiny_config: str) -> None:
+    opts = CaptureOptions(phase="generate", seq_len=5, new_tokens=3, batch=2)
+    prepared = prepare(tiny_config, opts)
+    masks: list[tuple[int, ...] | None] = []
+
+    def pre(_: Any, args: Any, kwargs: dict[str, Any]) -> None:
+        mask = kwargs.get("attention_mask")
+        masks.append(None if mask is None else tuple(mask.shape))
+
+    rec = Recorder()
+    rec.add_root(prepared.model)
+    hook = prepared.model.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        run_phase(prepared, opts, rec)
+    finally:
+        hook.remove()
+    assert masks == ([(2, 5 + step) for step in range(4)] if KEEPS_MASK else [None] * 4)
 
 
 def test_greedy_loop_appends_the_argmax_token_and_stops_rows_at_eos() -> None:
