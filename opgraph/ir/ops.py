@@ -478,6 +478,11 @@ class MoeRouting(OpBase):
     experts: PosInt
     top_k: PosInt
     hidden: PosInt = 1
+    masked: bool = False
+    """The experts code masks expert-parallel sentinel rows on this step (``dispatch``: the mask of
+    sorted expert ids past the last expert, the ids clamped in place, the gathered rows zeroed where
+    masked; ``combine``: the expert output zeroed where masked before the weighting). Transformers
+    5.17's ``grouped_mm`` experts do so on every call; from 5.18 only under expert parallelism."""
 
     @property
     def weights_dtype(self) -> DType:
@@ -506,8 +511,16 @@ class MoeRouting(OpBase):
         s = _isz(self.dtype)
         if self.fn == "route":
             return (self.tokens * self.experts * s, self.tokens * self.top_k * (s + 8))
-        n = self.tokens * self.top_k * self.hidden * s
-        return (n, n)
+        pairs = self.tokens * self.top_k
+        n = pairs * self.hidden * s
+        if not self.masked:
+            return (n, n)
+        # The mask pass over the S = tokens * top_k rows: a masked_fill reads the rows and the bool
+        # mask and writes the rows; a dispatch also builds the mask from the int64 sorted ids (ge)
+        # and clamps the ids in place (clamp_).
+        if self.fn == "dispatch":
+            return (2 * n + pairs * (1 + 8 + 8), 2 * n + pairs * (1 + 8))
+        return (2 * n + pairs, 2 * n)
 
 
 class CollectiveKind(str, Enum):

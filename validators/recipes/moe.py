@@ -1,6 +1,10 @@
 """MoE routing replayed as the captured model runs it: softmax in float32, top-k, renormalise; dispatch
 (sort the token-expert pairs by expert, gather, count rows into offsets); combine (weight, undo the
-sort, sum the top-k rows) as transformers' ``grouped_mm`` experts implementation runs them.
+sort, sum the top-k rows) as transformers' ``grouped_mm`` experts implementation runs them. A
+``masked`` step (:attr:`~opgraph.ir.MoeRouting.masked`: transformers 5.17 masks expert-parallel
+sentinel rows on every call) runs the masking calls too, where the model runs them: a dispatch builds
+the mask of sorted ids past the last expert, clamps the ids in place and zeroes the masked gathered
+rows; a combine zeroes the masked expert rows before weighting them.
 
 Routing follows the graph's assumption: router logits are built so that the top-k experts of each
 token are the ones balanced routing (or the recorded skew) assigns, so dispatch and combine see
@@ -71,8 +75,10 @@ class MoeRoutingRecipe(Recipe[MoeRouting]):
         pairs = tokens * top_k
         index = torch.tensor(picks, device=ctx.device, dtype=torch.long)  # (tokens, top_k)
         weights = torch.rand(tokens, top_k, device=ctx.device, generator=ctx.gen).to(torch_dtype(op.weights_dtype))
+        masked = op.masked
         if op.fn == "dispatch":
             hidden = make_tensor(TensorSpec(shape=(tokens, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
+            mask_note = ", sentinel mask" if masked else ""
 
             def run_dispatch(inputs: tuple[Any, ...], reference: bool) -> Any:
                 # As transformers' grouped_mm experts: sort the token-expert pairs by expert, gather
@@ -83,27 +89,40 @@ class MoeRoutingRecipe(Recipe[MoeRouting]):
                 w_g = w.reshape(-1)[perm]
                 counts_in = expert_ids.int() if hs.device.type == "cuda" else expert_ids.float()
                 per_expert = torch.histc(counts_in, bins=experts, min=0, max=experts - 1)
-                return rows, w_g, torch.cumsum(per_expert, dim=0, dtype=torch.int32)
+                offsets = torch.cumsum(per_expert, dim=0, dtype=torch.int32)
+                if not masked:
+                    return rows, w_g, offsets
+                # Transformers 5.17: mask the sentinel ids (none here), clamp them, zero their rows.
+                sentinel = (expert_ids >= experts).unsqueeze(-1)
+                expert_ids.clamp_(max=experts - 1)
+                rows.masked_fill_(sentinel, 0.0)
+                return rows, w_g, offsets, sentinel
 
             return Case(
                 inputs=(hidden, index, weights),
                 run=run_dispatch,
                 compare=Compare.NONE,
-                note=f"sort, gather, histc, cumsum ({skew} routing; equal experts may sort in any order)",
+                note=f"sort, gather, histc, cumsum{mask_note} ({skew} routing; equal experts may sort in any order)",
             )
-        # Combine as transformers' grouped_mm experts: weight each expert row, undo the sort (inverse
-        # permutation, gathered), sum the top-k rows per token, cast back.
+        # Combine as transformers' grouped_mm experts: (5.17: zero the sentinel rows) weight each expert
+        # row, undo the sort (inverse permutation, gathered), sum the top-k rows per token, cast back.
         expert_out = make_tensor(TensorSpec(shape=(pairs, op.hidden), dtype=op.dtype), ctx.device, ctx.gen)
-        perm = torch.sort(index.reshape(-1), stable=True).indices
+        expert_ids, perm = torch.sort(index.reshape(-1), stable=True)
         weights_g = weights.reshape(-1)[perm]
+        # The dispatch's sentinel mask (transformers 5.17), an input of the combine as in the model.
+        mask = ((expert_ids >= experts).unsqueeze(-1),) if masked else ()
 
         def run_combine(inputs: tuple[Any, ...], reference: bool) -> Any:
-            eo, w, order = inputs
+            eo, w, order, *sentinel = inputs
+            if sentinel:
+                eo = eo.masked_fill(sentinel[0], 0.0)
             weighted = eo * w.unsqueeze(-1)
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(order.numel(), device=order.device)
             return weighted[inverse].view(tokens, top_k, -1).sum(dim=1).to(eo.dtype)
 
         return Case(
-            inputs=(expert_out, weights_g, perm), run=run_combine, note=f"weighted, unsorted top-k sum, {skew} routing"
+            inputs=(expert_out, weights_g, perm, *mask),
+            run=run_combine,
+            note=f"{'sentinel mask, ' if masked else ''}weighted, unsorted top-k sum, {skew} routing",
         )

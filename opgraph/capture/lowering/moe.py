@@ -14,6 +14,9 @@ its definition ends with :data:`SYNC_MARK`), the others' with :data:`NESTED_MARK
 charges them no framework time. The eager loop's products are Python-level calls. A
 grouped GEMM moves the weights of the experts that received rows only: its bytes count those, not the
 whole stacked weight tensor it was handed.
+
+A dispatch or combine that claims the masking of expert-parallel sentinel rows (``masked_fill``,
+transformers 5.17's ``grouped_mm`` experts on every call) is ``masked``.
 """
 
 from __future__ import annotations
@@ -54,6 +57,9 @@ _DISPATCH = frozenset(
         "clone",
     }
 )
+_MASK = frozenset({"masked_fill", "masked_fill_"})
+"""The calls that mask expert-parallel sentinel rows (transformers 5.17's ``grouped_mm`` experts on
+every call, later ones under expert parallelism only): a routing step that claims one is ``masked``."""
 _COMBINE = frozenset({"sum", "index_add", "index_add_", "scatter_add", "scatter_add_", "mul"})
 
 
@@ -146,6 +152,8 @@ class LowerMoe:
         def routing(events: list[int], fn: str) -> None:
             if events:
                 fields = {"fn": fn, "tokens": tokens, "experts": experts, "top_k": top_k, "hidden": h}
+                if any(lw.events[i].fn in _MASK for i in events):  # sentinel rows masked (transformers 5.17)
+                    fields["masked"] = True
                 lw.claim(events, OpKind.MOE_ROUTING, fields, target=f"moe_{fn}", call=call)
 
         routing(disp, "dispatch")

@@ -17,7 +17,7 @@ from opgraph.capture import capture  # noqa: E402
 from opgraph.capture.api import record  # noqa: E402
 from opgraph.capture.moe_model import OBSERVED_ASSUMPTION, is_experts_module  # noqa: E402
 from opgraph.capture.phase import CaptureOptions  # noqa: E402
-from opgraph.ir.ops import OpKind  # noqa: E402
+from opgraph.ir.ops import MoeRouting, OpKind  # noqa: E402
 from tests.opgraph.capture.test_capture_architectures import tiny_config  # noqa: E402
 
 MOE = ["mixtral", "qwen3_moe", "gpt_oss", "deepseek_v3"]
@@ -54,6 +54,23 @@ def test_launch_counts_do_not_depend_on_the_routing(tmp_path: Path, model_type: 
     meta = Counter(fn for fn, _ in _expert_events(path, device="meta", seq_len=12))
     own = Counter(fn for fn, _ in _expert_events(path, device="cpu", seq_len=12))
     assert meta == own
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
+def test_routing_steps_are_masked_exactly_when_transformers_masks_sentinel_rows(
+    tmp_path: Path, model_type: str
+) -> None:
+    # transformers 5.17's grouped_mm experts mask expert-parallel sentinel rows on every call (a
+    # masked_fill_ before the first expert GEMM, a masked_fill after each); 5.18 on, under EP only.
+    from packaging.version import Version
+
+    masks = Version(transformers.__version__) < Version("5.18")
+    graph = capture(tiny_config(tmp_path, model_type), device="meta", seq_len=12)
+    routing = [op for op in graph.ops_of(OpKind.MOE_ROUTING) if isinstance(op, MoeRouting)]
+    steps = [op for op in routing if op.fn in ("dispatch", "combine")]
+    assert {op.fn for op in steps} == {"dispatch", "combine"}
+    assert {op.masked for op in steps} == {masks}
+    assert not any(op.masked for op in routing if op.fn == "route")
 
 
 def _tiny_model(tmp_path: Path, model_type: str) -> Any:

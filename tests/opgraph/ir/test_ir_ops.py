@@ -17,6 +17,7 @@ from opgraph.ir import (
     DType,
     Gemm,
     Memory,
+    MoeRouting,
     Norm,
     NormVariant,
     OpKind,
@@ -46,6 +47,21 @@ def test_bytes_from_tensors_when_present() -> None:
     t = TensorSpec(shape=(4, 8), dtype=DType.fp32)
     m = Memory(id=1, fn="copy", numel=32, inputs=(t,), outputs=(t,))
     assert (m.bytes_read, m.bytes_written) == (128, 128)
+
+
+def test_masked_moe_routing_adds_the_mask_pass_to_its_field_bytes() -> None:
+    fields = {"tokens": 4, "experts": 8, "top_k": 2, "hidden": 16}
+    rows = 4 * 2 * 16 * 2  # the S = 8 gathered bf16 rows
+    assert MoeRouting(id=0, fn="dispatch", **fields).field_bytes() == (rows, rows)
+    assert MoeRouting(id=0, fn="combine", **fields).field_bytes() == (rows, rows)
+    # dispatch: ge reads the int64 ids, writes the bool mask; clamp_ reads and writes the ids;
+    # masked_fill_ reads the rows and mask, writes the rows.
+    assert MoeRouting(id=0, fn="dispatch", masked=True, **fields).field_bytes() == (2 * rows + 8 * 17, 2 * rows + 8 * 9)
+    assert MoeRouting(id=0, fn="combine", masked=True, **fields).field_bytes() == (2 * rows + 8, 2 * rows)
+    masked = MoeRouting(id=0, fn="combine", masked=True, **fields)
+    assert (masked.flops, masked.definition) == (MoeRouting(id=0, fn="combine", **fields).flops, "moe_combine_e8_topk2")
+    # Graphs written before the field load unmasked.
+    assert MoeRouting.model_validate({"id": 0, "fn": "dispatch", **fields}).masked is False
 
 
 def test_attention_definitions() -> None:
