@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import check_golden
+from tests.conftest import CAPTURED_WITH, check_golden, skip_unless_captured_with
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.py"))
@@ -49,6 +49,8 @@ def test_example_output_matches_golden(
     runpy.run_path(str(path), run_name="__main__")
     out = capsys.readouterr().out
     assert out.strip(), f"{path.name} printed nothing"
+    if "opgraph.capture" in path.read_text():  # its numbers rest on a capture: they are that release's
+        skip_unless_captured_with(CAPTURED_WITH, f"{path.name}'s golden output")
     check_golden(f"examples/{path.stem}.out", out)
 
 

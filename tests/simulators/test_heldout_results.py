@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, skip_unless_captured_with
 
 RESULTS = REPO / "benchmarks" / "results" / "gpu" / "h100" / "heldout"
 
@@ -153,7 +153,10 @@ def committed() -> tuple[dict[str, Any], dict[str, Any]]:
     data = DATA if DATA.is_file() else RESULTS
     if not (data.is_file() or (RESULTS / "summary.json").is_file()) or not (RESULTS / "report.json").is_file():
         pytest.skip(f"no committed held-out GPU data yet ({RESULTS.relative_to(REPO)}: heldout.tar.gz, report.json)")
-    return report_mod.build_report(data), json.loads((RESULTS / "report.json").read_text())
+    report = json.loads((RESULTS / "report.json").read_text())
+    # The runs measured the models' code of one transformers release; a capture under another is another program.
+    skip_unless_captured_with(report["versions"]["transformers"], "the held-out GPU runs and their predictions")
+    return report_mod.build_report(data), report
 
 
 def test_committed_report_is_reproduced_on_the_cpu(committed: tuple[dict[str, Any], dict[str, Any]]) -> None:

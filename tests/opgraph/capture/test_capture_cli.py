@@ -14,7 +14,7 @@ from conftest import check_golden  # type: ignore[import-not-found]
 
 from opgraph.cli.app import app
 from opgraph.ir import load_graph
-from tests.conftest import TINY_LLAMA
+from tests.conftest import CAPTURED_WITH, TINY_LLAMA, skip_unless_captured_with
 
 runner = CliRunner()
 TINY = {
@@ -51,6 +51,7 @@ def test_capture_writes_graph_and_golden_summary(tmp_path: Path) -> None:
     summary["metadata"] = {
         k: v for k, v in g.metadata.model_dump(mode="json").items() if k not in ("model", "versions")
     }
+    skip_unless_captured_with(CAPTURED_WITH, "the capture summary golden")
     check_golden("capture/qwen3_moe_tiny_prefill.json", summary)
 
 
