@@ -198,6 +198,24 @@ def touch(views: Iterable[Any]) -> None:
         v.max()
 
 
+CUPTI_OVERHEAD = frozenset(
+    {
+        "Driver Compiler",
+        "Buffer Flush",
+        "Instrumentation",
+        "Resource",
+        "Runtime Triggered Module Loading",
+        "Lazy Function Loading",
+        "Command Buffer Full",
+        "Activity Buffer Request",
+        "UVM Activity Init",
+    }
+)
+"""CUPTI's overhead activities, which the profiler shows as CPU events. torch (2.11 at least) can append
+an op's kernels to such an event as well when their ids collide (pytorch/pytorch#196282), so a walk that
+counted them would count those kernels twice: they are never an op's."""
+
+
 def _on_cpu(e: Any) -> bool:
     dt = getattr(e, "device_type", None)
     return dt is not None and str(getattr(dt, "name", dt)).upper().endswith("CPU")
@@ -209,7 +227,8 @@ def range_kernel_us(events: Iterable[Any], name: str = OP_RANGE) -> tuple[float,
     ``events`` are the profiler's ``FunctionEvent`` objects (``prof.events()``). The kernels of a
     CPU-side event are those the profiler correlated with it (``FunctionEvent.kernels``); a range's
     kernels are those of its CPU subtree (what ``device_time_total`` sums), walked here so that a
-    device-side annotation of the range (``gpu_user_annotation``) is never counted as a kernel.
+    device-side annotation of the range (``gpu_user_annotation``) is never counted as a kernel, nor a
+    kernel twice through a CUPTI overhead event that lists it too (:data:`CUPTI_OVERHEAD`).
     Returns microseconds: (inside the ranges, every device event, number of ranges).
     """
     evs = list(events)
@@ -228,7 +247,7 @@ def range_kernel_us(events: Iterable[Any], name: str = OP_RANGE) -> tuple[float,
         while stack:
             ev = stack.pop()
             inside += sum(float(k.duration) for k in getattr(ev, "kernels", ()) if k.name != name)
-            stack.extend(c for c in getattr(ev, "cpu_children", ()) if c.name != name)
+            stack.extend(c for c in getattr(ev, "cpu_children", ()) if c.name != name and c.name not in CUPTI_OVERHEAD)
     return inside, total, ranges
 
 

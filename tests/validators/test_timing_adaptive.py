@@ -103,6 +103,21 @@ def test_range_kernels_are_the_ops_own() -> None:
     assert rng.device_time_total - 99.0 == pytest.approx(inside)
 
 
+def test_a_kernel_an_overhead_event_lists_too_counts_once() -> None:
+    # As torch 2.11 recorded it on an H100: the CUPTI buffer request under the op lists the op's kernel
+    # again (their ids collided), so a walk of the range's subtree saw it twice.
+    rng = _cpu_event(OP_RANGE, 2, 10, 30)
+    mm = _cpu_event("aten::mm", 3, 11, 20, [("gemm_kernel", 90.0)])
+    buffer = _cpu_event("Activity Buffer Request", 4, 12, 19, [("gemm_kernel", 90.0)])
+    rng.append_cpu_child(mm)
+    mm.set_cpu_parent(rng)
+    mm.append_cpu_child(buffer)
+    buffer.set_cpu_parent(mm)
+    inside, total, _ = range_kernel_us([rng, mm, buffer, _device_event("gemm_kernel", 5, 40, 90.0)])
+    assert inside == pytest.approx(90.0) == pytest.approx(total)
+    assert rng.device_time_total == pytest.approx(180.0)  # torch's own sum counts it twice
+
+
 def test_range_events_from_the_real_profiler() -> None:
     """The installed torch records one CPU-side range per call, with the op's aten calls under it."""
     x = torch.randn(32, 32)
