@@ -13,6 +13,13 @@ import pytest
 from click.testing import Result
 from typer.testing import CliRunner
 
+# The packages, imported here once: under xdist the controller imports a worker's warning category
+# (hardware's HardwareIgnoredWarning, ...) from one receiving thread per worker, and two threads
+# importing these mutually importing packages at once deadlock (seen with 14 workers on a 16-core host).
+import hardware  # noqa: F401
+import opgraph  # noqa: F401
+import simulators  # noqa: F401
+import validators  # noqa: F401
 from benchmarks._common import TINY_LLAMA
 
 REPO = Path(__file__).resolve().parents[1]

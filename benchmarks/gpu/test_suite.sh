@@ -17,9 +17,6 @@ echo "$PWD" > "$(python3 -c 'import site; print(site.getsitepackages()[0])')/opg
   timeout 10 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, transformers, typer, numpy, pytest; print('torch', torch.__version__, '| transformers', transformers.__version__, '| typer', typer.__version__, '| numpy', numpy.__version__, '| pytest', pytest.__version__)"
 } | tee "$OUT/versions.txt"
-# -p loads the packages up front: xdist's controller imports a warning's module from a worker thread and
-# can deadlock on the packages' lazy imports otherwise.
-timeout "${TIMEOUT_S:-500}" python3 -m pytest -n "${WORKERS:-14}" -p hardware -p opgraph -p simulators -p validators \
-  -q -rs -p no:cacheprovider tests > "$OUT/pytest.txt" 2>&1
+timeout "${TIMEOUT_S:-500}" python3 -m pytest -n "${WORKERS:-14}" -q -rs -p no:cacheprovider tests > "$OUT/pytest.txt" 2>&1
 echo "pytest exit $?" >> "$OUT/pytest.txt"
 grep -E '^(FAILED|ERROR)|passed|failed|pytest exit' "$OUT/pytest.txt" | tail -40
