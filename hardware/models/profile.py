@@ -195,6 +195,26 @@ def row_tiles_factor(op: Gemm) -> float:
     return expected_row_tiles(op.m, int(hit.group(1)), int(hit.group(2))) / even
 
 
+def router_tiles(op: OpBase, hw: HardwareSpec) -> tuple[float, str]:
+    """How much longer a ``_grouped_mm`` expert GEMM runs for a router's loads than for the even loads
+    that replay and the profile's sweep measure it with, and a note saying so (``(1.0, "")`` for any
+    other op): its padded row tiles (:func:`row_tiles_factor`) are MMA work, so the roofline's compute
+    term grows by their ratio and its memory term stays."""
+    if not isinstance(op, Gemm) or op.groups <= 1 or _grouped_impl(op) != "grouped_mm":
+        return 1.0, ""
+    rows = row_tiles_factor(op)
+    compute_s, memory_s = roofline_terms(op, hw)
+    roof = max(compute_s, memory_s)
+    if roof <= 0 or rows == 1.0:
+        return 1.0, ""
+    tiles = max(compute_s * rows, memory_s) / roof
+    note = (
+        f"row tiles x{rows:.3f} (a uniform router's loads of {op.m} rows per expert on average against "
+        f"the even loads measured; {TILE_ROWS}-row tiles): x{tiles:.3f} on the roofline"
+    )
+    return tiles, note
+
+
 def _issued_as(op: OpBase, f: Features | None) -> Features | None:
     """The features whose host time ``op`` pays: an expert product is one ``mm`` call (a dense GEMM's
     issue time), not the whole expert loop the regime's points issued."""
@@ -637,17 +657,10 @@ class ProfileModel:
         log_eff, used, outside = self._interpolate(regime, f, None if f.axis == "m" else math.log(roof))
         eff = math.exp(log_eff)
         launch = (profile.launch_us if profile.launch_us is not None else hw.launch_latency_us) * 1e-6
-        # A grouped kernel's points were measured with even loads; a router's are uneven and each expert
-        # pays whole row tiles, whose padded rows are MMA work: the roofline's compute term grows, its
-        # memory term stays.
+        # A grouped kernel's points were measured with even loads; a router's are uneven (router_tiles).
         tiles, tiles_note = 1.0, ""
-        if isinstance(op, Gemm) and f.regime == GROUPED_MM and regime_name == GROUPED_MM:
-            rows = row_tiles_factor(op)
-            tiles = max(compute_s * rows, memory_s) / roof
-            tiles_note = (
-                f"row tiles x{rows:.3f} (a uniform router's loads of {op.m} rows per expert on average against "
-                f"the even loads measured; {TILE_ROWS}-row tiles): x{tiles:.3f} on the roofline"
-            )
+        if f.regime == GROUPED_MM and regime_name == GROUPED_MM:
+            tiles, tiles_note = router_tiles(op, hw)
         eff /= tiles
         seconds = roof / eff
         bound = Bound.COMPUTE if compute_s >= memory_s else Bound.MEMORY

@@ -17,7 +17,9 @@ scaled by the efficiency (measured / fallback time) at the nearest measured shap
 measured only at decode sizes (memory-bound) is not scaled by FLOPs into a prefill (compute-bound).
 Such costs say "extrapolated" in their detail, and a shape more than :data:`FAR_EXTRAPOLATION`
 times outside the range raises a :class:`TableExtrapolationWarning` once per model. An unmeasured
-definition goes to the fallback model.
+definition goes to the fallback model. A ``_grouped_mm`` expert GEMM's time, measured by replay with
+even loads, pays a router's uneven row tiles (:func:`~hardware.models.profile.router_tiles`), as in the
+profile model.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pydantic import Field, ValidationError, model_validator
 from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarning, UncostedOpError
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams
 from hardware.models.efficiency import RooflineParams
+from hardware.models.profile import router_tiles
 from hardware.models.registry import resolve_cost_model
 from hardware.spec import HardwareSpec, NonNegFloat
 from opgraph.ir import DType, OpBase, OpCategory, OpgraphError, OpKind, Scalar, load_model, save_model
@@ -342,12 +345,15 @@ class TableModel:
         if kind is OpKind.VIEW:
             return Cost(0.0, Bound.FREE, detail="view: no kernel")
         self._check(hw)
+        # Replay times a grouped expert GEMM with even loads; a router's cost more row tiles (router_tiles).
+        tiles, tiles_note = router_tiles(op, hw)
+        tiles_note = f"; {tiles_note}" if tiles_note else ""
         exact = self._exact.get((op.definition, op.dtype, tuple(sorted(shape_key(op).items()))))
         if exact is not None:
             return Cost(
-                exact.seconds,
+                exact.seconds * tiles,
                 self._bound(op, hw),
-                detail=f"table: measured ({exact.samples} samples)",
+                detail=f"table: measured ({exact.samples} samples){tiles_note}",
                 host_s=exact.host_seconds if exact.host_seconds is not None else self._host.get(op.definition),
             )
         series = self._series.get((op.definition, op.dtype))
@@ -357,7 +363,12 @@ class TableModel:
             how = f"interpolated between measured shapes of {op.definition}"
             if seconds is None:
                 seconds, how = self._extrapolate(op, hw, series, work)
-            return Cost(seconds, self._bound(op, hw), detail=f"table: {how}", host_s=self._host.get(op.definition))
+            return Cost(
+                seconds * tiles,
+                self._bound(op, hw),
+                detail=f"table: {how}{tiles_note}",
+                host_s=self._host.get(op.definition),
+            )
         cost = self.fallback.estimate(op, hw)
         return dataclasses.replace(cost, detail=f"fallback (not in the table): {cost.detail}".rstrip(": "), host_s=None)
 

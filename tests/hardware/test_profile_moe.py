@@ -9,7 +9,8 @@ import math
 import pytest
 
 from hardware import ProfileModel, load_hardware
-from hardware.models.profile import roofline_seconds, roofline_terms
+from hardware.models.profile import roofline_seconds, roofline_terms, router_tiles
+from hardware.models.table import CostTable, TableEntry, TableModel
 from opgraph.ir import DType, Gemm
 from tests.hardware.profile_builders import gemm_points, point, synthetic_profile
 
@@ -117,3 +118,21 @@ def test_a_grouped_kernel_pays_the_row_tiles_of_a_routers_uneven_loads() -> None
     assert math.isclose(model.estimate(_grouped(64), H100).seconds, roofline_seconds(_grouped(64), H100) / 0.6)
     plain = _grouped(512, "grouped_gemm_e8_n28672_k4096_grouped_mm")
     assert "row tiles" not in model.estimate(plain, H100).detail
+
+
+def test_a_calibrated_table_charges_the_same_row_tiles() -> None:
+    """Replay times a grouped expert GEMM with even loads too: the table model charges a router's tiles
+    on its measured and interpolated times as the profile model does on its points."""
+    measured = [TableEntry.from_op(_grouped(m), seconds=1e-3 * m / 512, samples=9) for m in (256, 512, 1024)]
+    model = TableModel(CostTable(entries=tuple(measured)))
+    tiles, note = router_tiles(_grouped(512), H100)
+    assert tiles == pytest.approx(4.488 / 4, rel=2e-3)  # compute-bound: the tiles' share
+    exact = model.estimate(_grouped(512), H100)
+    assert exact.seconds == pytest.approx(1e-3 * tiles) and note in exact.detail and "measured" in exact.detail
+    between = model.estimate(_grouped(700), H100)
+    assert "interpolated" in between.detail and "row tiles" in between.detail
+    assert between.seconds == pytest.approx(1e-3 * 700 / 512 * router_tiles(_grouped(700), H100)[0], rel=1e-6)
+    # Within a tile, or not named as a router's experts: as measured.
+    small = TableModel(CostTable(entries=(TableEntry.from_op(_grouped(64), seconds=2e-4, samples=9),)))
+    assert small.estimate(_grouped(64), H100).seconds == pytest.approx(2e-4)
+    assert router_tiles(_grouped(512, "grouped_gemm_e8_n28672_k4096_grouped_mm"), H100) == (1.0, "")
