@@ -15,14 +15,16 @@ How dimensions are rewritten:
   head_dim, GEMM n/k, vocab, experts), else :class:`RebatchError`: capture the template at odd
   sizes (``batch=7, seq_len=37``), which :data:`TEMPLATE_PREFILL`/:data:`TEMPLATE_DECODE` do.
 - Kind fields that count tokens follow the same map (``Gemm.m``, ``Norm.rows``, ``Rope.tokens``,
-  ``Embedding.tokens``, ``MoeRouting.tokens``, ``Softmax/TopK.rows``, ``Elementwise.hidden``);
-  element counts (``numel``) are recomputed from the rewritten output tensors.
+  ``Embedding.tokens``, ``MoeRouting.tokens``, ``Softmax/TopK.rows``, ``Elementwise.hidden``; every
+  size of a batched GEMM, a ``bmm`` of activations); element counts (``numel``) are recomputed from the
+  rewritten output tensors.
 - Attention gets ``batch``/``q_len``/``kv_len`` directly; its key/value inputs take ``kv_len`` on
   their sequence dimension (so a prefill template also gives a chunk over a cached prefix).
 - Mixture-of-experts layers: per-expert rows are re-derived with the capture's balanced routing
   (:func:`opgraph.capture.moe_model.expert_counts` semantics, re-implemented here on plain ints);
-  experts the new shape leaves idle keep their ops with zero rows (a fresh capture drops them),
-  and the template's expert implementation is kept (a capture whose pairs split evenly over the
+  experts the new shape leaves idle keep their ops with zero rows (a fresh capture drops them); the
+  ops between an experts call's GEMMs (its activation, transformers 5.17's masking) take the
+  experts' rows; and the template's expert implementation is kept (a capture whose pairs split evenly over the
   experts records the batched ``bmm`` kernel instead of the per-expert loop).
 - Collectives scale their payload with the token count.
 
