@@ -92,6 +92,31 @@ def _check_positions(config: Any, opts: CaptureOptions, name: str) -> None:
         )
 
 
+OLDEST_TRANSFORMERS = "5.17"
+"""The oldest transformers release opgraph captures models with: the GPU machine's (5.17) to the newest
+(5.24) are tested. Older ones run other model code (before 5.4 the meta build itself fails; 5.4 to 5.16
+differ in MoE routing steps and generate's stopping) that the capture and the replay recipes do not follow."""
+
+
+def check_transformers(version: str) -> None:
+    """Refuse a transformers release older than :data:`OLDEST_TRANSFORMERS`.
+
+    >>> check_transformers("5.24.0")
+    >>> check_transformers("4.51.3")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    opgraph.capture.sources.CaptureError: transformers: version 4.51.3 is older than 5.17, the oldest ...
+    """
+    from packaging.version import Version
+
+    if Version(version) < Version(OLDEST_TRANSFORMERS):
+        raise CaptureError(
+            f"version {version} is older than {OLDEST_TRANSFORMERS}, the oldest opgraph captures with",
+            where="transformers",
+            hint=f"pip install -U 'transformers>={OLDEST_TRANSFORMERS}'",
+        )
+
+
 def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
     """Resolve and build the model on ``opts.device`` (or take a given ``nn.Module``)."""
     import torch
@@ -106,6 +131,7 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
     else:
         import transformers
 
+        check_transformers(transformers.__version__)
         transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
         source = resolve(str(model_or_id))
         config = build_config(source, layers=opts.layers, trust_remote_code=opts.trust_remote_code)

@@ -87,6 +87,23 @@ def test_bad_input_is_one_line_exit_2_no_file(tmp_path: Path, args: list[str], m
     assert not out.exists() and not list(tmp_path.glob(".g.json*"))
 
 
+@pytest.mark.parametrize("version", ["4.51.3", "5.16.1"])
+def test_an_older_transformers_is_one_line_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str
+) -> None:
+    import transformers
+
+    monkeypatch.setattr(transformers, "__version__", version)
+    out = tmp_path / "g.json"
+    res = runner.invoke(app, ["capture", "llama-3.2-1b", "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == (
+        f"error: transformers: version {version} is older than 5.17, the oldest opgraph captures with "
+        "(pip install -U 'transformers>=5.17')"
+    )
+    assert not out.exists()
+
+
 def test_unknown_model_lists_presets_and_other_ways(tmp_path: Path) -> None:
     res = runner.invoke(app, ["capture", "nope/nothing", "-o", str(tmp_path / "g.json")])
     assert "llama-3.1-8b" in res.stderr and "config.json" in res.stderr and "Hugging Face cache" in res.stderr
