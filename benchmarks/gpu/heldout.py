@@ -22,6 +22,11 @@ of opgraph's preset configs cut to a few layers. Per case:
 4. PyTorch's ``RuntimeEstimator`` on the same phase (as ``benchmarks/gpu/accuracy.py`` computes it:
    roofline mode, FakeTensorMode, eager attention), a side-by-side baseline that needs the device.
 
+``--settle-s S`` first runs each case's forward back to back for S seconds, so that it is timed in the
+sustained power state a model of full depth runs in (the profile's sweep measures its points there);
+without it, the two warm-ups leave a cut model's short forward in the power controller's transient from
+idle, up to about 10% faster for GEMM-heavy prefills (``sustained_prefill.py``).
+
 Prefill runs the prompt into an empty ``DynamicCache``; decode fills a ``DynamicCache`` with a
 prefill of ``kv_len`` tokens outside the timed region (a fresh copy per run) and times one decode
 forward. Token ids are seeded random, as in ``opgraph capture --device cuda``.
@@ -567,6 +572,21 @@ def timed_walls(phase: Phase, runs: int, device: str) -> list[float]:
     return [timed_wall(phase, device) for _ in range(runs)]
 
 
+def settle(phase: Phase, seconds: float, device: str) -> dict[str, Any]:
+    """Run ``phase``'s forward back to back (a fresh cache and a synchronize between) for ``seconds``:
+    the device's clock and power then sit where a model of full depth holds them (a cut model's
+    forward after a short warm-up meets the power controller's transient from idle instead, see
+    ``sustained_prefill.py``). Returns the forwards run, the seconds taken and the SM clock after."""
+    t0 = time.perf_counter()
+    n = 0
+    while n < 2 or time.perf_counter() - t0 < seconds:
+        phase.run(phase.fresh())
+        sync(device)
+        n += 1
+    return {"seconds": round(time.perf_counter() - t0, 3), "forwards": n,
+            "sm_clock": sm_clock() if device == "cuda" else None}  # fmt: skip
+
+
 def round_robin_walls(
     groups: list[tuple[str, list[dict[str, Any]]]], args: argparse.Namespace, out: Path, t_start: float
 ) -> dict[str, Any]:
@@ -665,6 +685,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
     model, config = build_model(raw, case["dtype"], device)
     params = sum(p.numel() for p in model.parameters())
     phase = Phase(model, config, case, device)
+    settled = settle(phase, args.settle_s, device) if args.settle_s > 0 else None
     walls = timed_walls(phase, args.runs, device)
     clock_after_runs = sm_clock() if device == "cuda" else None
 
@@ -722,6 +743,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
         "trace_run": chosen["index"],
         "trace_gpu_us": chosen["gpu_us"],
         "sm_clock_after_runs": clock_after_runs,
+        "settled": settled,
         "runtime_estimator": est,
         "seconds": {"measure": measured_s, "total": time.perf_counter() - t_case},
         "notes": ["CPU smoke data: leaf aten ops stand in for kernels"] if fake else [],
@@ -755,6 +777,13 @@ def main() -> int:
         "--train-walls",
         action="store_true",
         help="with --round-robin: the host profile's training walls too (TRAIN_WALL_CASES)",
+    )
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.0,
+        help="run each case back to back this long before timing it (the sustained power state; 0: the two "
+        "warm-ups only)",
     )
     ap.add_argument("--free-gib", type=float, default=6.0, help="with --round-robin: device memory to keep free")
     args = ap.parse_args()
@@ -790,6 +819,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%d"),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs_per_case": args.runs,
+        "settle_s": args.settle_s,
         "budget_s": args.budget_s,
         "tiny": args.tiny,
         "cases": [],
