@@ -2,7 +2,8 @@
 
 Output never depends on the terminal when it is not one: piped or redirected output (and test
 runners) get whole lines, never wrapped, folded or cropped with ``…``, whatever ``COLUMNS`` says.
-On a terminal, rich lays out tables to the window and folds long cells rather than cropping them.
+On a terminal, tables fit the window: long names fold rather than being cropped, numbers stay whole
+(:class:`CliTable`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
-from rich.console import Console, ConsoleDimensions
+from rich.console import Console, ConsoleDimensions, ConsoleOptions, RenderResult
 from rich.table import Column, Table
+from rich.text import Text
 
 from opgraph.fmt import fmt_bytes, fmt_count, fmt_us
 from opgraph.ir.errors import OpgraphError, RegistryError
@@ -99,13 +101,111 @@ def err_console() -> Console:
     return CliConsole(file=sys.stderr, highlight=False, soft_wrap=True)
 
 
+FOLD_WORD = 16
+"""A word longer than this may fold in a text column on a narrow terminal (kernel names, paths); numbers
+(cells of right-justified columns) never fold."""
+
+
 class CliTable(Table):
-    """A rich table whose columns fold long cells on a narrow terminal instead of cropping them with ``…``."""
+    """A rich table for a terminal of any width: long names fold instead of being cropped with ``…``, and
+    numbers stay whole (rich alone would fold ``12,687.9`` into ``12,6`` and ``87.9``).
+
+    A table of three or more columns that does not fit the window with its numbers whole and its words
+    up to :data:`FOLD_WORD` characters whole is drawn without borders and with one space between
+    columns; when even that does not fit, as records: one block per row, a line per column
+    (``header  value``)."""
 
     def add_column(self, header: Any = "", *args: Any, **kwargs: Any) -> None:
         """As :meth:`rich.table.Table.add_column`, with ``overflow="fold"`` unless given."""
         kwargs.setdefault("overflow", "fold")
         super().add_column(header, *args, **kwargs)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if len(self.columns) < 3:
+            yield from super().__rich_console__(console, options)
+            return
+        widths = self._widths(console, options)
+        saved = self.box, self.show_edge, self.padding, self.pad_edge
+        if widths is None:  # narrower: no borders, one space between columns
+            self.box, self.show_edge, self.padding, self.pad_edge = None, False, (0, 1, 0, 0), False
+            widths = self._widths(console, options)
+        try:
+            if widths is None:
+                yield from self._records(console, options)
+                return
+            fixed = [column.width for column in self.columns]
+            for column, width in zip(self.columns, widths, strict=True):
+                column.width = width - self._get_padding_width(column._index)
+            try:
+                yield from super().__rich_console__(console, options)
+            finally:
+                for column, was in zip(self.columns, fixed, strict=True):
+                    column.width = was
+        finally:
+            self.box, self.show_edge, self.padding, self.pad_edge = saved
+
+    def _widths(self, console: Console, options: ConsoleOptions) -> list[int] | None:
+        """Column widths (padding included) that keep numbers whole and words up to :data:`FOLD_WORD`
+        whole within the window, the room left shared in proportion to what more each column would
+        take; ``None`` when they cannot fit."""
+        room = options.max_width - self._extra_width
+        most = [self._measure_column(console, options, column).maximum for column in self.columns]
+        least = [min(m, self._least(console, column)) for m, column in zip(most, self.columns, strict=True)]
+        if sum(least) > room:
+            return None
+        if sum(most) <= room:
+            return most
+        wants = [m - low for m, low in zip(most, least, strict=True)]
+        spare = room - sum(least)
+        widths = [low + spare * want // sum(wants) for low, want in zip(least, wants, strict=True)]
+        for i in sorted(range(len(widths)), key=lambda i: most[i] - widths[i], reverse=True):
+            if sum(widths) >= room:
+                break
+            widths[i] += widths[i] < most[i]
+        return widths
+
+    def _least(self, console: Console, column: Column) -> int:
+        """The narrowest ``column`` may be (padding included): its header's longest word, and each cell
+        whole in a right-justified (number) column, else each cell's longest word up to :data:`FOLD_WORD`."""
+        words = [len(w) for w in _plain(console, column.header).split()]
+        for cell in column._cells:
+            text = _plain(console, cell)
+            if column.justify == "right":
+                words.append(len(text))
+            else:
+                words.extend(min(len(w), FOLD_WORD) for w in text.split())
+        return max(words, default=1) + self._get_padding_width(column._index)
+
+    def _records(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """One block per row, a line per non-empty cell (``header  value``)."""
+        if self.title:
+            yield console.render_str(self.title, style="table.title") if isinstance(self.title, str) else self.title
+        rows = [[column._cells[i] for column in self.columns] for i in range(self.row_count)]
+        if self.show_footer:
+            rows.append([column.footer for column in self.columns])
+        last_first: Any = ""
+        for i, cells in enumerate(rows):
+            # A row that leaves its first cell empty continues the group the row above named.
+            if _plain(console, cells[0]):
+                last_first = cells[0]
+            else:
+                cells = [last_first, *cells[1:]]
+            record = Table.grid(padding=(0, 1))
+            record.add_column(style="bold", overflow="fold", max_width=max(8, options.max_width // 2))
+            record.add_column(overflow="fold")
+            for column, cell in zip(self.columns, cells, strict=True):
+                if _plain(console, cell):
+                    record.add_row(column.header, cell)
+            if i:
+                yield ""
+            yield record
+
+
+def _plain(console: Console, cell: Any) -> str:
+    """The text of a table cell (markup rendered), stripped; empty for a cell without text."""
+    if isinstance(cell, str):
+        return console.render_str(cell).plain.strip()
+    return cell.plain.strip() if isinstance(cell, Text) else ("-" if cell is not None else "")
 
 
 def new_table(*headers: str | Column, **kwargs: Any) -> Table:

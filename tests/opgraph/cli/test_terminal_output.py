@@ -151,3 +151,51 @@ def test_cli_notes_do_not_name_library_keywords() -> None:
     )
     notes = cli_notes([library, "other"])
     assert notes == ("12 python_function events not imported (the CLI leaves Python stack events out)", "other")
+
+
+def _tty_render(table: object, width: int) -> list[str]:
+    class FakeTty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = FakeTty()
+    CliConsole(file=stream, width=width, color_system=None).print(table)
+    return stream.getvalue().splitlines()
+
+
+NUMBERS = ["12,687.9", "+523.6%", "683.95 us", "-0.4%"]
+
+
+def _numbers_table() -> object:
+    table = new_table("stage", "kind", "predicted", "measured", "error", title="by kind")
+    for col in table.columns[2:]:
+        col.justify = "right"
+    table.add_row("decode", "activation", NUMBERS[0], NUMBERS[2], NUMBERS[1])
+    table.add_row("", "elementwise", "5.69 us", "5.25 us", NUMBERS[3])
+    return table
+
+
+@pytest.mark.parametrize("width", [40, 44, 60])
+def test_a_narrow_terminal_never_splits_a_number(width: int) -> None:
+    lines = _tty_render(_numbers_table(), width)
+    assert max(len(line) for line in lines) <= width
+    for number in [*NUMBERS, "5.69 us", "activation", "elementwise"]:
+        assert any(number in line for line in lines), (number, lines)
+
+
+def test_a_table_too_wide_for_its_numbers_becomes_records() -> None:
+    table = new_table(*(f"column {i}" for i in range(7)), title="wide")
+    for col in table.columns:
+        col.justify = "right"
+    table.add_row(*(f"{i},{i}00,000.5 ms" for i in range(7)))
+    table.add_row("", *(f"{i}.25 us" for i in range(1, 7)))
+    lines = _tty_render(table, 40)
+    assert lines[0].strip() == "wide"
+    assert max(len(line) for line in lines) <= 40
+    # One line per cell, whole; the second row continues the first's group (its first cell is empty).
+    for i in range(1, 7):
+        assert sum(line.split() == ["column", str(i), f"{i},{i}00,000.5", "ms"] for line in lines) == 1
+    assert sum(line.split() == ["column", "0", "0,000,000.5", "ms"] for line in lines) == 2
+    second = lines[lines.index("") + 1 :]
+    assert second[0].split() == ["column", "0", "0,000,000.5", "ms"]
+    assert [line.split()[-2] for line in second[1:]] == [f"{i}.25" for i in range(1, 7)]
