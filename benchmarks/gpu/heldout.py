@@ -116,6 +116,18 @@ MOE_CHECK_CASES: list[dict[str, Any]] = [
      "batch": 1, "seq_len": 4096, "dtype": "bf16", "layers": 2, "est_s": 30},
 ]  # fmt: skip
 
+# Deeper cuts of held-out shapes (not in the held-out table; ``--cases`` names them): the same forwards
+# with many layers, whose GEMMs run for hundreds of milliseconds as a full model's do, so that the device
+# meets the power state of a whole model rather than the transient a 2-4 layer cut meets after idle.
+DEPTH_CASES: list[dict[str, Any]] = [
+    {"case": "depth_llama70b_prefill_b1_s2048_bf16_l24", "preset": "llama-3.1-70b", "phase": "prefill",
+     "batch": 1, "seq_len": 2048, "dtype": "bf16", "layers": 24, "est_s": 60},
+    {"case": "depth_llama70b_decode_b8_kv4096_bf16_l24", "preset": "llama-3.1-70b", "phase": "decode",
+     "batch": 8, "kv_len": 4096, "dtype": "bf16", "layers": 24, "est_s": 40},
+    {"case": "depth_llama8b_prefill_b1_s4096_bf16_l32", "preset": "llama-3.1-8b", "phase": "prefill",
+     "batch": 1, "seq_len": 4096, "dtype": "bf16", "layers": 32, "est_s": 40},
+]  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -762,7 +774,8 @@ def main() -> int:
     ap.add_argument(
         "--cases",
         default="",
-        help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES and TRAIN_WALL_CASES by name)",
+        help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, DEPTH_CASES and "
+        "TRAIN_WALL_CASES by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -800,7 +813,7 @@ def main() -> int:
         return 2
     cases = TINY_CASES if args.tiny else CASES
     if args.cases:
-        known = cases if args.tiny else [*CASES, *MOE_CHECK_CASES, *TRAIN_WALL_CASES]
+        known = cases if args.tiny else [*CASES, *MOE_CHECK_CASES, *DEPTH_CASES, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})
         if unknown:

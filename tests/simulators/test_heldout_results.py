@@ -258,6 +258,33 @@ def test_gpu_time_replicates_on_another_machine_and_hour() -> None:
     assert gpu_misses == {"llama70b_prefill_b1_s2048_bf16_l2"}
 
 
+DEPTH = RESULTS / "depth-2003"
+"""Deeper cuts of held-out shapes (``heldout.py --cases depth_...``, one pass): the Llama-70B prefill at 24
+layers beside its 2-layer held-out case in the same run, a 24-layer 70B decode and the full 32-layer 8B
+prefill; never fitted."""
+
+
+def test_deeper_cuts_meet_the_gpu_target_where_the_two_layer_cut_misses() -> None:
+    # The 2-layer 70B prefill's GPU-time miss is the power transient of a short forward after idle: the
+    # same shape at 24 layers (forwards of 150 ms, a full model's state) is within the target, in the
+    # same run on the same device, as are the other deeper cuts.
+    if not (DEPTH / "report.json").is_file():
+        pytest.skip(f"no committed deeper-cut run ({DEPTH.relative_to(REPO)})")
+    report = json.loads((DEPTH / "report.json").read_text())
+    skip_unless_captured_with(report["versions"]["transformers"], "the deeper-cut run and its predictions")
+    recomputed = report_mod.build_report(DEPTH / "heldout.tar.gz")
+    assert reproduction_gaps(recomputed, report) == []
+    label = recomputed["cli_default_cost_model"]
+    misses = target_misses(recomputed, label)
+    # The decode's wall in this sequential pass met the host's slow state (README: its quiet rounds).
+    assert misses == {
+        ("llama70b_prefill_b1_s2048_bf16_l2", "gpu_err"),
+        ("llama70b_prefill_b1_s2048_bf16_l2", "wall_err"),
+        ("depth_llama70b_decode_b8_kv4096_bf16_l24", "wall_err"),
+    }
+    assert {r["settings"]["layers"] for r in recomputed["cases"]} == {2, 24, 32}
+
+
 # ---------------------------------------------------------------- the pipeline, on fake CPU data
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
