@@ -2,16 +2,59 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
+import sys
+from collections.abc import Sequence
+from typing import Any
 
 import typer
+from typer._click.exceptions import ClickException, NoArgsIsHelpError  # typer's own click
+from typer.core import TyperGroup
 
 from opgraph.cli import commands
 from opgraph.cli.common import add_commands
 
+
+class OneLineUsageErrors(TyperGroup):
+    """The root command group: a usage error (a missing argument, an unknown option or command, a value
+    of the wrong type) is one line on stderr and exit code 2, as every other bad input, instead of
+    typer's usage line and boxed panel."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """As :meth:`TyperGroup.main`; in standalone mode, errors as ``error: COMMAND: what (see
+        'COMMAND -h')``."""
+        run = functools.partial(super().main, args, prog_name, complete_var, False, windows_expand_args, **extra)
+        if not standalone_mode:
+            return run()
+        try:
+            rv = run()
+        except NoArgsIsHelpError as exc:  # the help was printed
+            sys.exit(exc.exit_code)
+        except ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            where = ctx.command_path if ctx is not None else self.name or "opgraph"
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            print(f"error: {where}: {message} (see '{where} -h')", file=sys.stderr)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            print("error: aborted", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 app = typer.Typer(
     name="opgraph",
+    cls=OneLineUsageErrors,
     help=(
         "Capture a transformer into a typed operator graph, simulate it on hardware, "
         "and compare the prediction with measured runs."

@@ -65,6 +65,31 @@ def test_info_bad_input_is_one_line(tmp_path: Path, content: bytes, message: str
     assert "Traceback" not in res.output
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["simulate"], "opgraph simulate: Missing argument 'GRAPH' (see 'opgraph simulate -h')"),
+        (["simulate", "g.json", "--no-such-flag"], "opgraph simulate: No such option: --no-such-flag"),
+        (["simulate", "g.json", "--tp", "abc"], "opgraph simulate: Invalid value for '--tp'"),
+        (["export", "t.json", "-f", "pdf"], "'pdf' is not one of"),
+        (["hardware", "show"], "opgraph hardware show: Missing argument"),
+        (["no-such-command"], "opgraph: No such command 'no-such-command' (see 'opgraph -h')"),
+    ],
+)
+def test_usage_errors_are_one_line(args: list[str], message: str) -> None:
+    res = CliRunner(env=ENV).invoke(app, args, prog_name="opgraph")
+    assert res.exit_code == 2
+    err = res.stderr.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and message in err, err
+    assert "Traceback" not in res.output and "╭" not in res.output
+
+
+def test_no_arguments_still_prints_the_help() -> None:
+    res = CliRunner(env=ENV).invoke(app, [], prog_name="opgraph")
+    assert res.exit_code == 2
+    assert "Commands" in res.stdout and not res.stderr.strip()
+
+
 def test_schema_golden(runner: CliRunner) -> None:
     res = runner.invoke(app, ["schema"])
     assert res.exit_code == 0
