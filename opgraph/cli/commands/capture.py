@@ -39,7 +39,11 @@ def capture(
     batch: int = typer.Option(1, help="Sequences."),
     seq_len: int = typer.Option(512, help="Prompt tokens per sequence (prefill, generate)."),
     kv_len: int = typer.Option(2048, help="Tokens already in the KV cache (decode)."),
-    new_tokens: int = typer.Option(4, help="Decode steps after the prefill (generate)."),
+    new_tokens: int = typer.Option(
+        4,
+        help="Decode steps after the prefill (generate): N steps make N + 1 tokens, as HF's "
+        "generate(max_new_tokens=N + 1).",
+    ),
     dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
     layers: int = typer.Option(None, help="Cut the model to its first N layers."),
     attn_impl: str = typer.Option("sdpa", help="Attention implementation: sdpa or eager."),
