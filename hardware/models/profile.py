@@ -750,13 +750,20 @@ def _borrowed(g: _Group) -> str:
 def default_cost_model(hw: HardwareSpec) -> tuple[CostModel, str | None]:
     """The cost model a front end uses when none is named: the device's shipped profile, else the
     datasheet roofline with a one-line note that the device is uncalibrated."""
+    from hardware.hostprofile import hardware_host_profile
     from hardware.models.roofline import RooflineModel
 
     if hardware_profile(hw) is not None:
         return ProfileModel(), None
+    host = (
+        ""
+        if hardware_host_profile(hw) is not None
+        else "; nor a host profile, so the eager host is the spec's issue time per op with no framework time "
+        "between ops (do not compare its wall with a calibrated device's)"
+    )
     note = (
         f"{hw.name} is uncalibrated: no measured profile ships with it, so costs come from the datasheet "
-        "roofline (measure one with `opgraph profile --device cuda`)"
+        f"roofline (measure one with `opgraph profile --device cuda`){host}"
     )
     return RooflineModel(), note
 

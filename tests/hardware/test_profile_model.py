@@ -197,6 +197,7 @@ def test_device_without_profile_is_uncalibrated(tmp_path: Path) -> None:
     model, note = default_cost_model(hw)
     assert isinstance(model, RooflineModel)
     assert note is not None and "plaingpu is uncalibrated" in note and "\n" not in note
+    assert "nor a host profile" in note  # its wall must not be compared with a calibrated device's
     with pytest.raises(CostModelError, match="ships no measured profile"):
         resolve_cost_model("profile").estimate(Gemm(id=0, m=8, n=64, k=64), hw)
 
