@@ -445,10 +445,12 @@ class Analyzer:
         self.clf.classify(gpu)
         skip = window_leftovers(gpu, data.host)
         if skip:
+            kernels = sum(1 for g in gpu[:skip] if g.kind == "kernel")
             notes.append(
-                f"{skip} device events ({sum(g.dur for g in gpu[:skip]) / 1000:.3f} ms) at the start ran work "
-                "launched before the profiler window opened (no launch in the trace): set apart, not counted "
-                "in passes or layers"
+                f"{skip} device events ({kernels} kernels, {sum(g.dur for g in gpu[:skip]) / 1000:.3f} ms) at the "
+                "start ran work launched before the profiler window opened (no launch in the trace): set apart, "
+                "left out of every total and table here and of passes and layers, as `opgraph compare` leaves "
+                "them out"
             )
         passes, _ = self.passes(data, notes, skip)
         for p in passes:
@@ -567,9 +569,9 @@ class Analyzer:
                 )
             )
         self._outside_types(gpu, in_layer)
-        for j in range(skip):
-            in_layer[j] = True  # not an orphan: set apart
-        result = self._summarize(data, passes, pass_infos, layer_infos, labels, in_layer, notes, split_half_layers)
+        result = self._summarize(
+            data, passes, pass_infos, layer_infos, labels, in_layer, notes, split_half_layers, skip
+        )
         if skip:
             result = result.model_copy(
                 update={"window_events": skip, "window_time_us": round(sum(g.dur for g in gpu[:skip]), 3)}
@@ -606,9 +608,13 @@ class Analyzer:
         in_layer: list[bool],
         notes: list[str],
         split: bool,
+        skip: int = 0,
     ) -> AnalysisResult:
+        """The result's totals and tables: of the trace's own device work, the first ``skip`` events (work
+        launched before the profiler window opened, :func:`window_leftovers`) left out."""
         gpu = data.gpu
-        kernels = [(j, g) for j, g in enumerate(gpu) if g.kind == "kernel"]
+        own = gpu[skip:]
+        kernels = [(j, g) for j, g in enumerate(gpu) if j >= skip and g.kind == "kernel"]
         total = sum(g.dur for _, g in kernels) or 0.0
         denom = total or 1.0
         by_type: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
@@ -670,7 +676,7 @@ class Analyzer:
                 c = comm[self.patterns.short_name(g.name)]
                 c[0] += 1
                 c[1] += g.dur
-        mem = [g for g in gpu if g.kind != "kernel"]
+        mem = [g for g in own if g.kind != "kernel"]
         orphans = [g for j, g in kernels if not in_layer[j]]
         stage_passes = Counter(p.stage for p in pass_infos)
         attention = "none"
@@ -691,8 +697,8 @@ class Analyzer:
             kernel_time_us=round(total, 3),
             memcpy=len(mem),
             memcpy_time_us=round(sum(g.dur for g in mem), 3),
-            gpu_busy_us=round(union_length((g.ts, g.ts + g.dur) for g in gpu), 3),
-            makespan_us=round(max((g.ts + g.dur for g in gpu), default=0.0) - min((g.ts for g in gpu), default=0.0), 3),
+            gpu_busy_us=round(union_length((g.ts, g.ts + g.dur) for g in own), 3),
+            makespan_us=round(max((g.ts + g.dur for g in own), default=0.0) - min((g.ts for g in own), default=0.0), 3),
             unknown_pct=round(100 * unk_t / denom, 3),
             unknown_count_pct=round(100 * unk_n / max(len(kernels), 1), 3),
             attention=attention,

@@ -26,6 +26,16 @@ _REACH_BEFORE = 6
 _ROW_MAX_OPS = frozenset({"aten::max", "aten::amax", "aten::logsumexp"})
 """Row reductions that may sit before the softmax: the stabilising max a hand-written (sink) softmax takes
 first. Only these reductions: a router's top-k is not attention."""
+_MOE = KernelType.MOE
+_EXPERT_OPS = ("aten::bmm", "aten::baddbmm")
+"""Batched GEMM ops that run experts on their gathered weights (transformers' ``batched_mm`` experts: an
+``aten::index`` of the stacked ``[experts, n, k]`` weights by the routed expert ids, then one ``bmm``)."""
+_MOE_REACH = 24
+"""Kernels after an MoE kernel (the router's top-k, or an expert GEMM) within which a batched GEMM is taken
+for an expert's: the top-k weights' normalisation, casts, the expert-id clamp and the weight gathers."""
+_BLOCK_END = frozenset({KernelType.NORM, KernelType.ATTENTION, KernelType.SAMPLING, KernelType.EMBEDDING})
+"""Kernel types that end an MoE block: the next layer's norm and attention, or a new pass (the LM head's
+sampling, the embedding)."""
 
 
 _UNKNOWN = KernelType.UNKNOWN
@@ -140,12 +150,39 @@ def eager_attention(kernels: list[GpuEvent]) -> None:
             k.ktype = _ATTENTION
 
 
+def expert_gemms(kernels: list[GpuEvent]) -> None:
+    """Type as MoE the expert GEMMs that batched GEMM ops run, in one stream's kernel order.
+
+    A grouped GEMM op says it runs experts (``aten::_grouped_mm``, a ``[[launch]]`` rule); a plain
+    ``aten::bmm`` does not: transformers runs the same expert GEMMs with ``_grouped_mm`` in prefill and,
+    for a few tokens, as one ``bmm`` over the routed experts' gathered weights in decode. Such a GEMM is an
+    expert's when it follows an MoE kernel of the block (the router's top-k, or the expert GEMM before it)
+    by at most :data:`_MOE_REACH` kernels, with no norm, attention, sampling or embedding kernel or layer
+    start between: the block ends there. A batched GEMM elsewhere (eager attention, RoPE's angles) keeps
+    its type, and so does an unbatched one inside the block (a shared expert's ``linear``)."""
+    last_moe: int | None = None
+    for i, ev in enumerate(kernels):
+        kt = ev.ktype
+        if kt is _MOE:
+            last_moe = i
+        elif kt in _BLOCK_END or ev.layer_start:
+            last_moe = None
+        elif (
+            kt is _GEMM
+            and last_moe is not None
+            and i - last_moe <= _MOE_REACH
+            and any(op in _EXPERT_OPS for op in ev.launch_stack)
+        ):
+            ev.ktype = _MOE
+            last_moe = i
+
+
 class KernelClassifier:
     """Classifies kernel names with a :class:`PatternSet`, caching the answer per distinct name."""
 
     def __init__(self, patterns: PatternSet) -> None:
         self.patterns = patterns
-        self._cache: dict[str, tuple[KernelType, KernelType | None, str | None, bool, bool]] = {}
+        self._cache: dict[str, tuple[KernelType, KernelType | None, str | None, bool, bool, bool]] = {}
         self._mla: dict[str, bool] = {}
         self._launch: dict[tuple[str, ...], KernelType | None] = {}
 
@@ -156,18 +193,20 @@ class KernelClassifier:
             hit = self._mla[name] = self.patterns.is_mla(name)
         return hit
 
-    def lookup(self, name: str) -> tuple[KernelType, KernelType | None, str | None, bool, bool]:
-        """(type, type outside layers, stage vote, extra layer-start marker, extra FFN marker) of a name."""
+    def lookup(self, name: str) -> tuple[KernelType, KernelType | None, str | None, bool, bool, bool]:
+        """(type, type outside layers, stage vote, extra layer-start marker, extra FFN marker, type fixed
+        against launch rules) of a name."""
         hit = self._cache.get(name)
         if hit is None:
             ps = self.patterns
-            kt, outside = ps.kernel_type(name)
+            kt, outside, fixed = ps.name_type(name)
             hit = (
                 kt,
                 outside,
                 ps.stage_vote(name),
                 ps.is_layer_start(name),
                 ps.is_ffn(name),
+                fixed,
             )
             self._cache[name] = hit
         return hit
@@ -192,15 +231,17 @@ class KernelClassifier:
         """Set ``ktype``, ``vote`` and ``layer_start`` on every event (sorted by start time).
 
         The kernel's name decides, unless the CPU op that launched it says otherwise (``[[launch]]`` rules;
-        communication kernels keep their type); then sequences (an unfused RMSNorm) and eager attention
-        (batched GEMM, softmax, batched GEMM) are found in each stream's kernel order."""
+        communication kernels and those of a ``fixed`` name rule, copies, keep their type); then eager
+        attention (batched GEMM, softmax, batched GEMM), sequences (an unfused RMSNorm) and the expert GEMMs
+        of MoE blocks that batched GEMM ops run (:func:`expert_gemms`) are found in each stream's kernel
+        order."""
         launch = self.launch_type
         for ev in gpu:
             if ev.kind != "kernel":
                 ev.ktype = _MEMORY
                 continue
-            kt, _, vote, start, _ = self.lookup(ev.name)
-            if ev.launch_stack and kt is not _COMM:
+            kt, _, vote, start, _, fixed = self.lookup(ev.name)
+            if ev.launch_stack and kt is not _COMM and not fixed:
                 by_op = launch(ev.launch_stack)
                 if by_op is not None:
                     kt = by_op
@@ -218,6 +259,8 @@ class KernelClassifier:
         if self.patterns.sequences:
             for kernels in by_stream.values():
                 self._sequences(kernels)
+        for kernels in by_stream.values():  # after the sequences: their norms end MoE blocks
+            expert_gemms(kernels)
 
     def _sequences(self, kernels: list[GpuEvent]) -> None:
         match_cache: dict[tuple[int, int, str], bool] = {}

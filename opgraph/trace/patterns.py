@@ -34,12 +34,14 @@ _STAGES = ("prefill", "decode", "mixed", "idle")
 
 @dataclass(frozen=True)
 class TypeRule:
-    """Kernel names matching ``regex`` are of ``ktype`` (``outside_layer`` when outside every layer)."""
+    """Kernel names matching ``regex`` are of ``ktype`` (``outside_layer`` when outside every layer); a
+    ``fixed`` rule's type holds whatever CPU op launched the kernel (no ``[[launch]]`` rule retypes it)."""
 
     ktype: KernelType
     regex: re.Pattern[str]
     outside_layer: KernelType | None
     origin: str
+    fixed: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,13 @@ class PatternSet:
     files: list[str] = field(default_factory=list)
 
     def kernel_type(self, name: str) -> tuple[KernelType, KernelType | None]:
-        """Type of a kernel name, and its type outside layers when a rule gives one.
+        """Type of a kernel name, and its type outside layers when a rule gives one (see :meth:`name_type`)."""
+        kt, outside, _ = self.name_type(name)
+        return kt, outside
+
+    def name_type(self, name: str) -> tuple[KernelType, KernelType | None, bool]:
+        """Type of a kernel name, its type outside layers when a rule gives one, and whether the name fixes
+        the type (a ``fixed`` rule: no ``[[launch]]`` rule overrides it).
 
         Rules see the kernel's name without its argument list (:func:`core_name`): argument types
         (``flashinfer::QuantizationSFLayout``) say nothing about what the kernel computes. Built-in
@@ -103,18 +111,20 @@ class PatternSet:
             if not inductor_done and rule.origin.startswith(BUILTIN_ORIGIN):
                 inductor, inductor_done = inductor_type(core), True
                 if inductor is not None:
-                    return inductor, None
+                    return inductor, None, False
             if rule.regex.search(core):
-                return rule.ktype, rule.outside_layer
+                return rule.ktype, rule.outside_layer, rule.fixed
         if not inductor_done:
             inductor = inductor_type(core)
             if inductor is not None:
-                return inductor, None
-        return KernelType.UNKNOWN, None
+                return inductor, None, False
+        return KernelType.UNKNOWN, None, False
 
     def launch_type(self, ops: Sequence[str]) -> KernelType | None:
         """The type that the launching CPU ops give a kernel (``ops`` innermost first): the outermost op
-        matching a ``[[launch]]`` rule decides (``vllm::moe_forward`` around ``aten::mm`` is MoE)."""
+        matching a ``[[launch]]`` rule decides (``vllm::moe_forward`` around ``aten::mm`` is MoE). Kernels
+        whose name a ``fixed`` rule types keep that type (:meth:`name_type`): the copy that ``aten::matmul``
+        makes of a strided input is a copy, not GEMM work."""
         for op in reversed(ops):
             for rule in self.launch_rules:
                 if rule.regex.search(op):
@@ -332,9 +342,12 @@ def _add(ps: PatternSet, data: dict[str, Any], origin: str) -> None:
         where = f"{origin} [[type]] #{i + 1}"
         kt = _ktype(rule.get("type"), where)
         out = rule.get("outside_layer")
+        fixed = rule.get("fixed", False)
+        if not isinstance(fixed, bool):
+            raise PatternError("'fixed' must be true or false", where=where)
         for rx in _strs(rule.get("match", []), where, "match"):
             ps.type_rules.append(
-                TypeRule(kt, _compile(rx, where), _ktype(out, where) if out is not None else None, origin)
+                TypeRule(kt, _compile(rx, where), _ktype(out, where) if out is not None else None, origin, fixed)
             )
     for i, rule in enumerate(data.get("launch", [])):
         where = f"{origin} [[launch]] #{i + 1}"

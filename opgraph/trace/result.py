@@ -147,7 +147,8 @@ class AnalysisResult(FrozenModel):
     """False when events were skipped (see ``notes``): the numbers then cover part of the trace."""
     notes: tuple[str, ...] = ()
     kernels: int
-    """Kernel count (memcpy and memset excluded)."""
+    """Kernel count (memcpy and memset excluded). This and every total and table below count the trace's own
+    device work: the events set apart at the window's start (``window_events``) are left out."""
     kernel_time_us: float
     """Summed kernel time."""
     memcpy: int
@@ -180,8 +181,11 @@ class AnalysisResult(FrozenModel):
     orphan_time_us: float
     window_events: int = 0
     """Device events at the start that ran work launched before the profiler window opened (no launch in
-    the trace): set apart, in no pass or layer, and not orphans."""
+    the trace: an earlier step's tail): set apart, in no pass or layer, not orphans, and left out of every
+    total and table (kernels, times, busy, span, by type and stage, unique kernels), as ``opgraph compare``
+    and :func:`~opgraph.trace.attribute_kernels` leave them out."""
     window_time_us: float = 0.0
+    """Summed duration of those events."""
     unique_kernels: tuple[UniqueKernel, ...]
     unknown_kernels: tuple[UniqueKernel, ...]
     collectives: tuple[CollectiveInfo, ...]

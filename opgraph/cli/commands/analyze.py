@@ -272,7 +272,9 @@ def _debug(
         for g, lab in zip(data.gpu, labels, strict=True):
             if lab[0] == li:
                 mark = "*" if g.layer_start else " "
+                kind = getattr(g.ktype, "value", g.ktype)
                 console.print(
-                    f"  {mark} {g.ts:12.2f} {g.dur:9.2f} us  {g.ktype:<13} {ps.short_name(g.name)}"
-                    f"  [{g.launch_op or ''}]"
+                    f"  {mark} {g.ts:12.2f} {g.dur:9.2f} us  {kind:<13} {ps.short_name(g.name)}"
+                    f"  [{g.launch_op or ''}]",
+                    markup=False,
                 )

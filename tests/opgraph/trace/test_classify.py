@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from opgraph.ir.timeline import SpanCategory
-from opgraph.trace import KernelType, analyze, load_patterns, load_trace_data
+from opgraph.trace import KernelType, PatternError, analyze, load_patterns, load_trace_data
 from opgraph.trace.analysis import find_steps
 from opgraph.trace.events import HostEvent
 from opgraph.trace.patterns import core_name, inductor_type
@@ -54,6 +54,8 @@ PS = load_patterns(user_dirs=False)
             KernelType.NORM,
         ),
         ("void flashinfer::BatchDecodeWithPagedKVCacheKernel<true, 2u>(flashinfer::Params)", KernelType.ATTENTION),
+        # nor is FBGEMM's (the param DLRM trace): its permutes are data movement, not GEMMs
+        ("void fbgemm_gpu::permute_2D_data_kernel<true, int, float>(int, int, int const*, float*)", KernelType.MEMORY),
     ],
 )
 def test_kernel_types_from_names(name: str, expected: KernelType) -> None:
@@ -204,6 +206,30 @@ def test_window_leftovers_only_at_the_start(tmp_path: Path) -> None:
     assert r.layers_per_pass == (1,)
 
 
+def test_window_leftovers_are_left_out_of_the_totals_and_tables(tmp_path: Path) -> None:
+    # The earlier step's tail is not this trace's work: the headline and tables count the rest, as
+    # compare and attribute_kernels do (the TraceLens H100 Qwen1.5 trace: 509 such events).
+    b = _Builder()
+    for i in range(2):
+        b.events.append(_ev("kernel", GEMM, 100.0 + 10 * i, 5.0, device=0, stream=7))
+    b.events.append(_ev("gpu_memset", "Memset (Device)", 120.0, 1.0, device=0, stream=7))
+    _layer(b, "flash_fwd_kernel")
+    own = [e for e in b.events if e["cat"] in ("kernel", "gpu_memset") and e["ts"] > 500]
+    own_kernels = [e for e in own if e["cat"] == "kernel"]
+    r = analyze(b.write(tmp_path))
+    assert r.window_events == 3 and r.window_time_us == 11.0
+    assert r.kernels == len(own_kernels) == 8 and r.memcpy == 0
+    assert r.kernel_time_us == pytest.approx(sum(e["dur"] for e in own_kernels))
+    # the kernels are back to back at most: the span runs from the layer's first kernel to its last one
+    assert r.makespan_us == pytest.approx(max(e["ts"] + e["dur"] for e in own) - min(e["ts"] for e in own))
+    assert r.gpu_busy_us == pytest.approx(r.kernel_time_us)
+    assert sum(x.count for x in r.by_type) == sum(x.count for x in r.by_stage) == r.kernels
+    assert {x.name for x in r.by_stage} == {"unknown"} and r.passes[0].kernels == r.kernels
+    assert sum(u.count for u in r.unique_kernels) == r.kernels
+    (note,) = [n for n in r.notes if "before the profiler window" in n]
+    assert "3 device events (2 kernels, 0.011 ms)" in note and "left out of every total and table" in note
+
+
 @pytest.mark.parametrize(
     ("op", "expected"),
     [
@@ -292,6 +318,207 @@ def test_a_reduction_other_than_a_row_max_before_the_softmax_is_no_attention(tmp
         _eager_layer(b, 128, 128, (_SCALE, topk))
     r = analyze(b.write(tmp_path))
     assert r.layers_per_pass == () and "attention" not in {b.name for b in r.by_type}
+
+
+COPY = (
+    "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda"
+    "(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::"
+    "{lambda(c10::BFloat16)#1}>(at::TensorIteratorBase&, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+    "::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::{lambda(c10::BFloat16)#1} const&)"
+    "::{lambda(int)#1}>(int, at::native::gpu_kernel_impl_nocast<at::native::direct_copy_kernel_cuda"
+    "(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#12}::operator()() const::"
+    "{lambda(c10::BFloat16)#1}>(at::TensorIteratorBase&)::{lambda(int)#1})"
+)
+"""ATen's elementwise copy, as the TimeSformer trace names it."""
+MATMUL_COPY = ("aten::matmul", "aten::reshape", "aten::clone", "aten::copy_")
+"""The copy ``aten::matmul`` makes of a strided (transposed, permuted) input, outermost op first."""
+BMM = "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_64x1_nn_align8>(Params)"
+
+
+def _timesformer_layer(b: _Builder) -> None:
+    """TimeSformer's eager attention (the TraceLens H100 trace): ``torch.matmul`` of 4-D q, k and v copies
+    its strided inputs inside ``aten::matmul`` before each ``bmm``, then a plain MLP."""
+    b.kernel("void at::native::vectorized_layer_norm_kernel<float>(int, float*)", ("aten::native_layer_norm",))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    b.kernel(COPY, MATMUL_COPY)  # q
+    b.kernel(COPY, MATMUL_COPY)  # k^T
+    b.kernel(BMM, ("aten::matmul", "aten::bmm"), dims=[[96, 197, 64], [96, 64, 197]])
+    b.kernel(*_SCALE[:1], (_SCALE[1],))
+    b.kernel("void (anonymous namespace)::softmax_warp_forward<float>(float*)", ("aten::softmax", "aten::_softmax"))
+    b.kernel(COPY, MATMUL_COPY)  # v
+    b.kernel(BMM, ("aten::matmul", "aten::bmm"), dims=[[96, 197, 197], [96, 197, 64]])
+    b.kernel(COPY, ("aten::reshape", "aten::clone", "aten::copy_"))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    b.kernel("void at::native::vectorized_layer_norm_kernel<float>(int, float*)", ("aten::native_layer_norm",))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    b.kernel("void at::native::GeluCUDAKernelImpl<float>(float*)", ("aten::gelu",))
+    b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+
+
+def test_copies_inside_a_matmul_are_copies_and_both_bmm_of_eager_attention_are_attention(tmp_path: Path) -> None:
+    b = _Builder()
+    for _ in range(3):
+        _timesformer_layer(b)
+    data = load_trace_data(b.write(tmp_path))[0]
+    from opgraph.trace import KernelClassifier
+
+    KernelClassifier(PS).classify(data.gpu)
+    kernels = [g for g in data.gpu if g.kind == "kernel"]
+    bmm = [g for g in kernels if g.launch_op == "aten::bmm"]
+    copies = [g for g in kernels if g.launch_op == "aten::copy_"]
+    assert len(bmm) == 6 and len(copies) == 12
+    # the score and the value GEMM of every attention: not the copy before the value GEMM
+    assert {g.ktype for g in bmm} == {KernelType.ATTENTION}
+    # the copies of q and k and after the attention are data movement; the copy of v lies inside the
+    # attention (between its softmax and its value GEMM, as its scale does), so it counts as attention
+    assert [g.ktype.value for g in copies[:4]] == ["memory", "memory", "attention", "memory"]
+    assert KernelType.GEMM not in {g.ktype for g in copies}
+    r = analyze(tmp_path / "t.json")
+    types = {x.name: x.count for x in r.by_type}
+    assert types["gemm"] == 3 * 4 and types["attention"] == 3 * 5 and types["memory"] == 3 * 3
+    assert r.layers_per_pass == (3,)
+
+
+def test_a_fixed_name_rule_holds_against_launch_rules(tmp_path: Path) -> None:
+    name = "void my_ext::my_copy_kernel<float>(float*)"
+    for fixed, expected in ((False, KernelType.GEMM), (True, KernelType.MEMORY)):
+        rules = tmp_path / f"fixed_{fixed}.toml"
+        rules.write_text(f'[[type]]\ntype = "memory"\nfixed = {str(fixed).lower()}\nmatch = ["my_copy_kernel"]\n')
+        ps = load_patterns([rules], user_dirs=False)
+        assert ps.name_type(name) == (KernelType.MEMORY, None, fixed)
+        b = _Builder()
+        b.kernel(name, ("aten::linear", "aten::addmm"))
+        data = load_trace_data(b.write(tmp_path))[0]
+        from opgraph.trace import KernelClassifier
+
+        KernelClassifier(ps).classify(data.gpu)
+        assert data.gpu[0].ktype is expected
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[type]]\ntype = "memory"\nfixed = "yes"\nmatch = ["x"]\n')
+    with pytest.raises(PatternError, match="'fixed' must be true or false"):
+        load_patterns([bad], user_dirs=False)
+
+
+def test_gemm_in_a_library_namespace_is_no_gemm_op() -> None:
+    # the param DLRM trace: fbgemm:: ops launch embedding lookups, scans and permutes
+    assert PS.launch_type(("fbgemm::permute_2D_sparse_data",)) is None
+    assert PS.launch_type(("fbgemm::asynchronous_complete_cumsum",)) is None
+    assert PS.launch_type(("trtllm::fp8_block_scaling_gemm",)) is KernelType.GEMM
+    assert PS.launch_type(("aten::mm", "aten::matmul", "aten::linear")) is KernelType.GEMM
+
+
+_RMS = ("void at::native::vectorized_layer_norm_kernel<float>(int, float*)", "aten::native_layer_norm")
+_TOPK = "void at::native::sbtopk::gatherTopK<float, unsigned int, 1, false>(at::cuda::detail::TensorInfo<float>)"
+_SORT = "void at::native::bitonicSortKVInPlace<-2, -1, 16, 16, float, long>(at::cuda::detail::TensorInfo<float>)"
+_GATHER = "void at::native::vectorized_gather_kernel<16, long>(char*, char*, long*, int, long, long, long, long, bool)"
+_SILU = "void at::native::elementwise_kernel<128, 4, at::native::silu_kernel<c10::BFloat16>>(int)"
+_MUL = "void at::native::elementwise_kernel<128, 4, at::native::MulFunctor<float>>(int)"
+_SUM = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float>>>(float*)"
+_GROUPED = "void at::cuda::detail::prepare_grouped_gemm_data<cutlass::bfloat16_t>(cutlass::bfloat16_t*)"
+_EXPERT_BMM = "nvjet_sm90_tst_128x8_64x12_4x1_v_bz_TNT"
+_ARGMAX = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, ArgMaxOps<float>>>"
+_EMBED = "void at::native::indexSelectSmallIndex<c10::BFloat16, long, unsigned int, 2, 2, -2>(int)"
+_ROPE_BMM = "void cutlass::Kernel2<cutlass_80_simt_sgemm_128x32_8x5_nn_align1>(Params)"
+
+
+def _moe_layer(b: _Builder, tokens: int, *, decode: bool) -> None:
+    """A transformers MoE decoder layer (the HF Qwen3-MoE trace): SDPA attention, a router, then the experts
+    as ``_grouped_mm`` (prefill) or, for one token, gathered expert weights and one ``bmm`` each (decode)."""
+    b.kernel(*_RMS[:1], (_RMS[1],))
+    b.kernel(GEMM, ("aten::linear", "aten::matmul", "aten::mm"))
+    b.kernel(
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0",
+        ("aten::scaled_dot_product_attention", "aten::_cudnn_attention_forward"),
+        dims=[[1, 32, tokens, 128], [1, 32, tokens, 128], [1, 32, tokens, 128]],
+    )
+    b.kernel(GEMM, ("aten::linear", "aten::matmul", "aten::mm"))
+    b.kernel(*_RMS[:1], (_RMS[1],))
+    b.kernel(GEMM, ("aten::linear", "aten::matmul", "aten::mm"))  # router logits
+    b.kernel("void (anonymous namespace)::softmax_warp_forward<float>(float*)", ("aten::softmax", "aten::_softmax"))
+    b.kernel(_TOPK, ("aten::topk",))
+    b.kernel(_SORT, ("aten::topk",))
+    if decode:
+        b.kernel(COPY, ("aten::repeat_interleave", "aten::clone", "aten::copy_"))
+        b.kernel(_GATHER, ("aten::index",), dims=[[64, 1536, 2048], []])
+        b.kernel(_EXPERT_BMM, ("aten::bmm",), dims=[[8, 1536, 2048], [8, 2048, 1]])
+        b.kernel(_SILU, ("aten::silu",))
+        b.kernel(_MUL, ("aten::mul",))
+        b.kernel(_GATHER, ("aten::index",), dims=[[64, 2048, 768], []])
+        b.kernel(_EXPERT_BMM, ("aten::bmm",), dims=[[8, 2048, 768], [8, 768, 1]])
+    else:
+        b.kernel(_GATHER, ("aten::index",), dims=[[tokens, 2048], []])
+        b.kernel(_GROUPED, ("aten::_grouped_mm",))
+        b.kernel(GEMM, ("aten::_grouped_mm",))
+        b.kernel(_SILU, ("aten::silu",))
+        b.kernel(_MUL, ("aten::mul",))
+        b.kernel(_GROUPED, ("aten::_grouped_mm",))
+        b.kernel(GEMM, ("aten::_grouped_mm",))
+    b.kernel(_MUL, ("aten::mul",))
+    b.kernel(_SUM, ("aten::sum",))
+
+
+def _moe_pass(b: _Builder, tokens: int, *, decode: bool) -> None:
+    """Embedding, RoPE's angles (a batch-1 ``bmm`` in transformers 5.17), 2 layers, LM head, then a top-k
+    sampler: its top-k is no router, and no GEMM after it is an expert's."""
+    b.kernel(_EMBED, ("aten::embedding", "aten::index_select"))
+    b.kernel(_ROPE_BMM, ("aten::matmul", "aten::bmm"), dims=[[1, 64, 1], [1, 1, tokens]])
+    for _ in range(2):
+        _moe_layer(b, tokens, decode=decode)
+    b.kernel(*_RMS[:1], (_RMS[1],))
+    b.kernel(GEMM, ("aten::linear", "aten::matmul", "aten::mm"))
+    b.kernel(_TOPK, ("aten::topk",))
+    b.kernel(_ARGMAX, ("aten::argmax",))
+
+
+def test_expert_gemms_are_moe_in_decode_as_in_prefill(tmp_path: Path) -> None:
+    b = _Builder()
+    _moe_pass(b, 64, decode=False)
+    for _ in range(2):
+        _moe_pass(b, 1, decode=True)
+    data = load_trace_data(b.write(tmp_path))[0]
+    from opgraph.trace import KernelClassifier
+
+    KernelClassifier(PS).classify(data.gpu)
+    kernels = [g for g in data.gpu if g.kind == "kernel"]
+    expert = [g for g in kernels if g.launch_op in ("aten::bmm", "aten::_grouped_mm") and g.name != _ROPE_BMM]
+    assert len(expert) == 2 * 4 + 2 * 2 * 2
+    assert {g.ktype for g in expert} == {KernelType.MOE}
+    # RoPE's bmm after the embedding (and the sampler's top-k before it) is no expert's; nor are the
+    # weight gathers (copies) and the dense GEMMs of the block
+    rope = [g for g in kernels if g.name == _ROPE_BMM]
+    assert len(rope) == 3 and {g.ktype for g in rope} == {KernelType.GEMM}
+    assert {g.ktype for g in kernels if g.name == _GATHER} == {KernelType.MEMORY}
+    r = analyze(tmp_path / "t.json")
+    assert [p.stage for p in r.passes] == ["prefill", "decode", "decode"]
+    assert {x.kind for x in r.layers} == {"MHA_MOE"}
+    # MoE time: the router's top-k and sort, then the expert GEMMs (4 grouped-GEMM kernels in prefill, 2
+    # bmm in decode), 3 us each; GEMM time: the attention projections and the router's logits only
+    assert [(x.stage, x.moe_us, x.gemm_us) for x in r.layers] == [("prefill", 6 * 3.0, 3 * 3.0)] * 2 + [
+        ("decode", 4 * 3.0, 3 * 3.0)
+    ] * 4
+
+
+def test_a_batched_gemm_after_the_moe_block_ends_is_no_expert_gemm(tmp_path: Path) -> None:
+    # a norm ends the block: an eager attention's bmm after it keeps its GEMM type even right after a router
+    b = _Builder()
+    b.kernel(_TOPK, ("aten::topk",))
+    b.kernel(*_RMS[:1], (_RMS[1],))
+    b.kernel(_EXPERT_BMM, ("aten::bmm",))
+    b.kernel(_TOPK, ("aten::topk",))
+    b.kernel(_EXPERT_BMM, ("aten::mm",))  # an unbatched GEMM in the block: a shared expert's
+    b.kernel(_EXPERT_BMM, ("aten::bmm",))
+    data = load_trace_data(b.write(tmp_path))[0]
+    from opgraph.trace import KernelClassifier
+
+    KernelClassifier(PS).classify(data.gpu)
+    assert [g.ktype for g in data.gpu] == [
+        KernelType.MOE,
+        KernelType.NORM,
+        KernelType.GEMM,
+        KernelType.MOE,
+        KernelType.GEMM,
+        KernelType.MOE,
+    ]
 
 
 def _graph_layer(b: _Builder, dur: float) -> None:

@@ -382,6 +382,8 @@ def test_cli_analyze_outputs(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert "unknown kernels: none" in res.stdout
     assert "layer 0" in res.stdout and "MHA_FC" in res.stdout
+    # --debug-layers: each kernel's type by its value and the op that launched it, shown as text.
+    assert "KernelType." not in res.stdout and "[aten::" in res.stdout
     from opgraph.ir import load_timeline
     from opgraph.trace import AnalysisResult
 
