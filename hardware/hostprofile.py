@@ -321,7 +321,9 @@ def in_context(
     caches), and a C++ loop issues its calls back to back without Python."""
     nested = [is_nested(op) for op in graph.ops]
     out = [h * (profile.nested_scale if n else profile.op_scale) for h, n in zip(host_us, nested, strict=True)]
-    starts = forward_starts(graph) if out else []
+    if not out:  # a graph of no ops: no forward pass to charge
+        return out
+    starts = forward_starts(graph)
     if profile.busy_scale and device_us is not None:
         for a, b in zip(starts, [*starts[1:], len(out)], strict=True):
             host, device = sum(host_us[a:b]), sum(device_us[a:b])

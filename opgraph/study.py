@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from opgraph.ir import OpGraph, OpKind
 
@@ -56,54 +56,71 @@ class StudyResult:
         return self.results[self.recommended]
 
 
+_T = TypeVar("_T")
+
+
+def _pick(value: _T | None, default: _T) -> _T:
+    return default if value is None else value
+
+
 def study_config(
     engines: int = 1,
     *,
     base: SimulationConfig | None = None,
     copy_engines: int = 0,
     links: int = 1,
-    policy: str = "earliest",
-    tp: int = 1,
-    host_mode: str = "eager",
+    policy: str | None = None,
+    tp: int | None = None,
+    host_mode: str | None = None,
     host_us: float | None = None,
-    sync_each_step: bool = True,
+    sync_each_step: bool | None = None,
     framework: bool = True,
-    record_host: bool = True,
-    jitter: float = 0.0,
-    seed: int = 0,
-    skip_uncosted: bool = False,
+    record_host: bool | None = None,
+    jitter: float | None = None,
+    seed: int | None = None,
+    skip_uncosted: bool | None = None,
     independent_engines: bool | None = None,
 ) -> SimulationConfig:
     """The :class:`~simulators.SimulationConfig` of a study, from the settings the CLI and scenarios name.
 
     ``base`` (engine groups as data, e.g. from ``--config``) replaces ``copy_engines``/``links``;
     the host's ``sync_ops``/``free_ops`` and ``host_profile`` come from it, and ``framework`` only keeps
-    its framework time.
-    ``independent_engines`` (unset: the base's, off by default) gives every engine a whole device.
+    its framework time. A setting left ``None`` is the base's (without a base, the default of
+    :class:`~simulators.SimulationConfig`: ``earliest``, tp 1, eager host at the spec's time per op, a
+    sync each step, the host track recorded, no jitter, seed 0, uncosted ops an error, engines sharing
+    the device); a setting given overrides the base's.
+
+    >>> from simulators import SimulationConfig
+    >>> base = SimulationConfig.standard(2).model_copy(update={"policy": "critical-path", "tp": 2})
+    >>> cfg = study_config(2, base=base, jitter=0.5)
+    >>> cfg.policy, cfg.tp, cfg.jitter, study_config().policy
+    ('critical-path', 2, 0.5, 'earliest')
     """
     from simulators import HostConfig, HostMode, SimulationConfig
 
     if base is None:
         base = SimulationConfig.standard(engines, copy_engines=copy_engines, links=links)
+
+    bh = base.host
     host = HostConfig(
-        mode=HostMode(host_mode),
-        per_op_us=host_us,
-        sync_each_step=sync_each_step,
-        sync_ops=base.host.sync_ops,
-        free_ops=base.host.free_ops,
-        framework=framework and base.host.framework,
-        host_profile=base.host.host_profile,
-        record=record_host,
+        mode=HostMode(host_mode) if host_mode is not None else bh.mode,
+        per_op_us=_pick(host_us, bh.per_op_us),
+        sync_each_step=_pick(sync_each_step, bh.sync_each_step),
+        sync_ops=bh.sync_ops,
+        free_ops=bh.free_ops,
+        framework=framework and bh.framework,
+        host_profile=bh.host_profile,
+        record=_pick(record_host, bh.record),
     )
     config = base.model_copy(
         update={
-            "policy": policy,
-            "tp": tp,
+            "policy": _pick(policy, base.policy),
+            "tp": _pick(tp, base.tp),
             "host": host,
-            "jitter": jitter,
-            "seed": seed,
-            "skip_uncosted": skip_uncosted,
-            "independent_engines": base.independent_engines if independent_engines is None else independent_engines,
+            "jitter": _pick(jitter, base.jitter),
+            "seed": _pick(seed, base.seed),
+            "skip_uncosted": _pick(skip_uncosted, base.skip_uncosted),
+            "independent_engines": _pick(independent_engines, base.independent_engines),
         }
     ).with_engines(engines)
     return SimulationConfig.model_validate(config.model_dump())

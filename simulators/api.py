@@ -85,10 +85,14 @@ def run_problem(
     charge_free = config.host.free_ops
     free = problem.free
     host_us = [host_per_op_us if (charge_free or not free[i] or i in uncosted) else 0.0 for i in range(len(problem))]
-    if config.host.mode is HostMode.EAGER and problem.host_us:
-        # A calibrated cost model knows each op's measured eager issue time: it wins over the per-op default.
-        host_us = [h if (m is None or h == 0.0) else m for h, m in zip(host_us, problem.host_us, strict=True)]
     notes: list[str] = []
+    if config.host.mode is HostMode.EAGER and problem.host_us and config.host.per_op_us is None:
+        # A calibrated cost model knows each op's measured eager issue time: it wins over the per-op
+        # default, but not over a per-op time the user gave (``HostConfig.per_op_us``, ``--host-us``).
+        host_us = [h if (m is None or h == 0.0) else m for h, m in zip(host_us, problem.host_us, strict=True)]
+        own = sum(1 for h, m in zip(host_us, problem.host_us, strict=True) if m is not None and h == m)
+    else:
+        own = 0
     marked = host_syncs(problem.graph) if config.host.mode is HostMode.EAGER else ()
     if marked and not set(marked) <= set(config.host.sync_ops):
         # Ops after which the real run's host waits for the device (torch's _grouped_mm fallback copies
@@ -98,6 +102,13 @@ def run_problem(
     if config.host.mode is HostMode.EAGER and config.host.framework:
         host_us, host_per_op_us = _add_framework_time(
             problem, config, host_us, host_per_op_us, hardware_name, cost_model_name, notes
+        )
+    if own:
+        model = f"the cost model {cost_model_name}" if cost_model_name else "the cost model"
+        notes.insert(
+            0,
+            f"host: {own} of {len(host_us)} ops take their eager issue time from {model} (measured per aten "
+            f"call), the others {host_per_op_us:g} us; --host-us sets one time for every op",
         )
     with paused_gc():
         sim = Simulator(problem, config, policy, host_us, progress=progress)

@@ -1,7 +1,8 @@
 """Served workloads of a real model: op-graph step costs for :mod:`simulators.serving`.
 
 One prefill and one decode graph of the model are captured on meta at the template sizes of
-:mod:`opgraph.transforms.rebatch`; each bucketed step shape the scheduler meets becomes a graph
+:mod:`opgraph.transforms.rebatch` (others where a model's own sizes clash with them, or its experts
+need more tokens to each get their own GEMMs); each bucketed step shape the scheduler meets becomes a graph
 (:func:`step_graph`: the decode template rebatched for pure decode steps, the prefill template for
 uniform prefills, :func:`~opgraph.transforms.mixed_step` for ragged or mixed steps), is sharded for
 ``tp`` ranks like ``opgraph simulate`` does, and is simulated once by :func:`opgraph.study.run_study`
@@ -20,6 +21,7 @@ from opgraph.scenario.model import SERVING_METRICS, ServingSection
 
 if TYPE_CHECKING:
     from hardware import CostModel, HardwareSpec
+    from opgraph.capture.api import Recorded
     from opgraph.scenario.context import RunContext
     from opgraph.scenario.resolve import Resolved
     from opgraph.scenario.result import ExpectationResult
@@ -32,6 +34,7 @@ __all__ = [
     "StepGraphs",
     "capture_serving_model",
     "check_serving",
+    "context_window",
     "run_serving_section",
     "serving_costs",
     "simulate_serving",
@@ -61,6 +64,8 @@ class ServingModel:
     decode: OpGraph
     weights_bytes: int
     kv: KvShape
+    max_positions: int | None = None
+    """The model's context window (``max_position_embeddings``): longer requests are dropped."""
 
     def kv_spec(self, hardware: HardwareSpec, tp: int = 1, utilisation: float = 0.9) -> KvCacheSpec:
         """KV bytes per token and capacity on ``hardware`` with ``tp`` ranks."""
@@ -87,15 +92,31 @@ def _kv_shape(config: Any, layers: int | None, dtype_bytes: float) -> KvShape:
     return KvShape(layers=n_layers, kv_heads=kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes)
 
 
-def capture_serving_model(model: str, *, dtype: str = "bf16", layers: int | None = None) -> ServingModel:
-    """Capture the prefill and decode templates of ``model`` on meta (no weights)."""
+def _capture_template(model: str, phase: str, dtype: str, layers: int | None) -> Recorded:
+    """A ``phase`` template of ``model`` that rebatches to every shape: captured at the default template
+    sizes, or again at sizes picked from the refused one (its model sizes clash with them, or its experts
+    calls need more tokens to reach every expert)."""
     from opgraph.capture.api import record
     from opgraph.capture.phase import CaptureOptions
-    from opgraph.ir.dtypes import DType
-    from opgraph.transforms import TEMPLATE_DECODE, TEMPLATE_PREFILL
+    from opgraph.transforms import RebatchError, check_template, template_shape
 
-    pre = record(model, CaptureOptions(phase="prefill", dtype=dtype, layers=layers, **TEMPLATE_PREFILL))
-    dec = record(model, CaptureOptions(phase="decode", dtype=dtype, layers=layers, **TEMPLATE_DECODE))
+    rec = record(model, CaptureOptions(phase=phase, dtype=dtype, layers=layers, **template_shape(phase)))
+    try:
+        check_template(rec.graph)
+    except RebatchError:
+        sizes = template_shape(phase, refused=rec.graph)
+        rec = record(model, CaptureOptions(phase=phase, dtype=dtype, layers=layers, **sizes))
+        check_template(rec.graph)
+    return rec
+
+
+def capture_serving_model(model: str, *, dtype: str = "bf16", layers: int | None = None) -> ServingModel:
+    """Capture the prefill and decode templates of ``model`` on meta (no weights), at sizes that
+    :func:`opgraph.transforms.check_template` accepts."""
+    from opgraph.ir.dtypes import DType
+
+    pre = _capture_template(model, "prefill", dtype, layers)
+    dec = _capture_template(model, "decode", dtype, layers)
     params = sum(int(p.numel()) for p in pre.prepared.model.parameters())
     itemsize = DType(dtype).itemsize
     return ServingModel(
@@ -104,7 +125,21 @@ def capture_serving_model(model: str, *, dtype: str = "bf16", layers: int | None
         decode=dec.graph,
         weights_bytes=int(params * itemsize),
         kv=_kv_shape(pre.prepared.config, layers, itemsize),
+        max_positions=_context_window(pre.prepared.config),
     )
+
+
+def _context_window(config: Any) -> int | None:
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+
+
+def context_window(model: str, layers: int | None = None) -> int | None:
+    """The context window of ``model`` (a preset, config or folder) from its config, without capturing it:
+    what a served request's prompt plus output may not exceed (``None``: the config names none)."""
+    from opgraph.capture.sources import build_config, resolve
+
+    return _context_window(build_config(resolve(model), layers=layers))
 
 
 class StepGraphs:
@@ -202,6 +237,7 @@ def simulate_serving(
         kv_capacity_tokens=kv.capacity_tokens,
         kv_bytes_per_token=kv.bytes_per_token,
         settings=settings,
+        max_context_tokens=templates.max_positions,
     )
     notes = (
         f"{len(costs.memo)} step shapes simulated in {costs.build_s:.2f} s "

@@ -10,22 +10,29 @@ How dimensions are rewritten:
 
 - Every tensor dimension equal to a *source* size is mapped to the target size: prefill maps
   ``batch``, ``seq_len`` and ``batch * seq_len`` (flattened tokens); decode maps ``batch``,
-  ``kv_len`` (the cache read) and ``kv_len + 1`` (the cache after the new token). The source sizes
-  must differ from each other, from 1 and from every model size in the graph (hidden, heads,
-  head_dim, GEMM n/k, vocab, experts), else :class:`RebatchError`: capture the template at odd
-  sizes (``batch=7, seq_len=37``), which :data:`TEMPLATE_PREFILL`/:data:`TEMPLATE_DECODE` do.
+  ``kv_len`` (the cache read) and ``kv_len + 1`` (the cache after the new token); inside an experts
+  call, its token-expert pairs (``tokens * top_k``) too. The source sizes must differ from each
+  other, from 1 and from every model size in the graph (hidden, heads, head_dim, GEMM n/k, vocab,
+  experts), else :class:`RebatchError`: capture the template at odd sizes (``batch=7, seq_len=37``),
+  which :data:`TEMPLATE_PREFILL`/:data:`TEMPLATE_DECODE` do, or at those :func:`template_shape` picks
+  for a model they clash with (:func:`check_template` says whether a template serves every shape).
 - Kind fields that count tokens follow the same map (``Gemm.m``, ``Norm.rows``, ``Rope.tokens``,
   ``Embedding.tokens``, ``MoeRouting.tokens``, ``Softmax/TopK.rows``, ``Elementwise.hidden``; every
-  size of a batched GEMM, a ``bmm`` of activations); element counts (``numel``) are recomputed from the
-  rewritten output tensors.
+  size of a batched GEMM, a ``bmm`` of activations); rows that count tokens times heads (Qwen3's
+  per-head norms) grow with their input; element counts (``numel``) are recomputed from the rewritten
+  output tensors.
 - Attention gets ``batch``/``q_len``/``kv_len`` directly; its key/value inputs take ``kv_len`` on
   their sequence dimension (so a prefill template also gives a chunk over a cached prefix).
-- Mixture-of-experts layers: per-expert rows are re-derived with the capture's balanced routing
-  (:func:`opgraph.capture.moe_model.expert_counts` semantics, re-implemented here on plain ints);
-  experts the new shape leaves idle keep their ops with zero rows (a fresh capture drops them); the
-  ops between an experts call's GEMMs (its activation, transformers 5.17's masking) take the
-  experts' rows; and the template's expert implementation is kept (a capture whose pairs split evenly over the
-  experts records the batched ``bmm`` kernel instead of the per-expert loop).
+- Mixture-of-experts calls (:mod:`opgraph.transforms.rebatch_moe`): rows per expert are not template
+  sizes but derived ones, re-routed for the new token count by the capture's own routing model
+  (:func:`opgraph.capture.moe_model.expert_counts`, balanced or the template's ``moe_skew``). A
+  grouped GEMM takes the new mean rows, active experts and the bytes of their weights; a call with
+  one GEMM per expert gives the ``j``-th GEMM (and the ops on its rows) the ``j``-th busiest expert's
+  rows, and drops those of experts the new shape leaves idle, as a fresh capture does (the ops after
+  them are renumbered, and edges through them kept as order edges). Such a template must have GEMMs
+  for every expert the target routes to (:class:`RebatchError` otherwise), so serving templates are
+  captured with enough tokens to reach every expert. The template's experts implementation is kept
+  (a capture whose pairs split evenly over the experts records the batched ``bmm`` kernel instead).
 - Collectives scale their payload with the token count.
 
 >>> from opgraph.ir import GraphMetadata, Norm, OpGraph
@@ -39,26 +46,28 @@ How dimensions are rewritten:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
 from opgraph.ir import OpgraphError
-from opgraph.ir.graph import CaptureSettings, Edge, OpGraph
+from opgraph.ir.graph import CaptureSettings, Edge, EdgeKind, OpGraph
 from opgraph.ir.ops import OP_TYPES, Attention, Collective, Gemm, MoeRouting, OpBase, OpKind, Stage
 from opgraph.ir.tensor import TensorSpec
+from opgraph.transforms.rebatch_moe import moe_layout, routed_rows, tokens_reaching_all
 
 __all__ = [
     "TEMPLATE_DECODE",
     "TEMPLATE_PREFILL",
     "AttentionPart",
     "RebatchError",
-    "balanced_expert_rows",
+    "check_template",
     "mixed_step",
     "rebatch",
     "source_shape",
+    "template_shape",
 ]
 
 TEMPLATE_PREFILL = {"batch": 7, "seq_len": 37}
@@ -129,23 +138,70 @@ def source_shape(graph: OpGraph) -> tuple[str, int, int, int]:
     )
 
 
-def balanced_expert_rows(tokens: int, experts: int, top_k: int) -> list[int]:
-    """Rows per expert under balanced routing, busiest first (all ``experts`` listed, idle ones 0).
+def _odd_primes(start: int) -> Iterator[int]:
+    """Odd primes from ``start`` on (odd primes rarely equal a model size or a product of two)."""
+    n = max(3, start)
+    while True:
+        if n % 2 and all(n % d for d in range(3, math.isqrt(n) + 1, 2)):
+            yield n
+        n += 1
 
-    >>> balanced_expert_rows(15, 4, 2)
-    [8, 8, 7, 7]
-    >>> balanced_expert_rows(1, 4, 2)
-    [1, 1, 0, 0]
+
+def check_template(graph: OpGraph) -> None:
+    """Raise :class:`RebatchError` unless ``graph`` can be rebatched to every shape: a prefill or decode
+    graph whose capture sizes are unambiguous, and whose experts calls with one GEMM per expert have
+    GEMMs for every expert."""
+    _, b, q, _ = source_shape(graph)
+    _Rewriter(graph, b, q, q if graph.metadata.phase == "prefill" else 2)
+    for sec in moe_layout(graph).sections:
+        if sec.expert_rows and len(sec.expert_rows) < sec.experts:
+            need = tokens_reaching_all(sec.experts, sec.top_k)
+            raise RebatchError(
+                f"the template's experts call has GEMMs for {len(sec.expert_rows)} of {sec.experts} experts, "
+                "so it cannot be rebatched to shapes that reach the others",
+                where="graph capture settings",
+                hint=f"capture the template with at least {need} tokens (balanced routing then reaches every expert)",
+            )
+
+
+def template_shape(phase: str, refused: OpGraph | None = None) -> dict[str, int]:
+    """Capture sizes of a ``phase`` template: :data:`TEMPLATE_PREFILL`/:data:`TEMPLATE_DECODE`, or, given
+    a template of the model that :func:`check_template` ``refused``, the first odd primes that avoid
+    its model sizes and give each experts call with one GEMM per expert enough tokens to reach every
+    expert.
+
+    >>> template_shape("decode")
+    {'batch': 13, 'kv_len': 41}
     """
-    pairs = tokens * top_k
-    base, rem = divmod(pairs, experts)
-    return [min(tokens, base + (1 if e < rem else 0)) for e in range(experts)]
+    base = TEMPLATE_PREFILL if phase == "prefill" else TEMPLATE_DECODE
+    size_key = "seq_len" if phase == "prefill" else "kv_len"
+    if refused is None:
+        return dict(base)
+    avoid = _model_sizes(refused)
+    sections = moe_layout(refused).sections
+    need = max((tokens_reaching_all(s.experts, s.top_k) for s in sections if s.expert_rows), default=1)
+    top_ks = {s.top_k for s in sections if s.top_k > 1}
+    sizes = [p for p, _ in zip(_odd_primes(base[size_key]), range(8), strict=False)]
+    for batch in _odd_primes(base["batch"]):
+        for size in sizes:
+            tokens = batch * size if phase == "prefill" else batch
+            if tokens < need:
+                continue
+            if phase == "prefill":
+                sources = [batch, size, batch * size]
+            else:  # as _dim_map's: the batch, the cache before and after the new token, and batch x each
+                sources = [batch, size, size + 1, batch * size, batch * (size + 1)]
+            sources += [tokens * k for k in sorted(top_ks)]
+            if len(set(sources)) == len(sources) and not set(sources) & avoid:
+                return {"batch": batch, size_key: size}
+    raise AssertionError("unreachable: odd primes never run out")  # pragma: no cover
 
 
 def _dim_map(phase: str, b: int, q: int, kv: int, nb: int, nq: int, nkv: int) -> dict[int, int]:
     if phase == "prefill":
         return {b: nb, q: nq, b * q: nb * nq}
-    return {b: nb, kv - 1: nkv - 1, kv: nkv}
+    # MLA (transformers 5.18 on) up-projects the whole latent cache every step: batch x cache rows.
+    return {b: nb, kv - 1: nkv - 1, kv: nkv, b * (kv - 1): nb * (nkv - 1), b * kv: nb * nkv}
 
 
 _SIZES_CACHE: dict[int, tuple[OpGraph, frozenset[int]]] = {}
@@ -219,7 +275,7 @@ def _rebuild(op: OpBase, updates: dict[str, Any], keep_derived: Iterable[str] = 
 
 
 class _Rewriter:
-    """Rewrites ops of one graph for one target shape; keeps the per-expert bookkeeping of MoE layers."""
+    """Rewrites ops of one graph for one target shape; experts calls by their layout (:mod:`.rebatch_moe`)."""
 
     def __init__(self, graph: OpGraph, batch: int, q_len: int, kv_len: int, tensor_ids: bool = True) -> None:
         self.phase, b, q, kv = source_shape(graph)
@@ -227,29 +283,23 @@ class _Rewriter:
         self.tokens_old, self.tokens_new = b * q, batch * q_len
         self.batch, self.q_len, self.kv_len = batch, q_len, kv_len
         self.src_kv = kv
-        self.old_rows: list[int] = []
-        self.new_rows: list[int] = []
-        self.expert_of: dict[int, int] = {}
-        self.act_index = 0
-        self.in_moe = False
         self.done: dict[int, OpBase] = {}
         self.reps = _representatives(graph)
         self.tensor_ids = tensor_ids
-        old_moe = [self._moe_rows(op, self.tokens_old) for op in graph.ops_of(OpKind.MOE_ROUTING)]
-        moe_sizes = {r for rows in old_moe for r in rows}
-        _check_sources(graph, list(dict.fromkeys(self.dims)) + sorted(moe_sizes - set(self.dims)))
+        self.moe = moe_layout(graph)
+        self.skew = float(graph.metadata.capture.moe_skew or 0.0)
+        self._routes: dict[int, tuple[list[int], dict[int, int]]] = {}
+        # Token-expert pairs count rows of an experts call: a source size too (top-1 routing: the tokens).
+        pairs = sorted({s.pairs for s in self.moe.sections if s.top_k > 1})
+        _check_sources(graph, [*dict.fromkeys(self.dims), *pairs])
 
-    @staticmethod
-    def _moe_rows(op: OpBase, tokens: int) -> list[int]:
-        assert isinstance(op, MoeRouting)
-        return [r for r in balanced_expert_rows(tokens, op.experts, op.top_k) if r > 0]
-
-    def op(self, op: OpBase, index: int) -> OpBase:
-        """``op`` (at ``index`` in the template) at the target shape. Ops equal but for their place
-        (id, scope, layer, tensor ids), as every layer's are, are rewritten once and copied."""
+    def op(self, op: OpBase, index: int) -> OpBase | None:
+        """``op`` (at ``index`` in the template) at the target shape, or ``None`` where the target drops it
+        (an expert the new shape leaves idle). Ops equal but for their place (id, scope, layer, tensor
+        ids), as every layer's are, are rewritten once and copied."""
         rep = self.reps[index]
         if rep < 0:
-            return self._op(op)
+            return self._moe_op(op, index) if index in self.moe.section_of else self._op(op)
         done = self.done.get(rep)
         if done is None:
             done = self.done[rep] = self._op(op)
@@ -266,24 +316,31 @@ class _Rewriter:
             place["stage"] = done.stage
         return _replace(done, place)
 
-    def _op(self, op: OpBase) -> OpBase:
-        if isinstance(op, MoeRouting):
-            return self._routing(op)
-        if self.in_moe and op.kind in (OpKind.GEMM, OpKind.ACTIVATION, OpKind.ELEMENTWISE):
-            return self._expert_op(op)
+    def dropped(self) -> frozenset[int]:
+        """Indices of the template's ops that the target drops (the GEMMs and ops of idle experts)."""
+        out = set()
+        for i, j in self.moe.expert.items():
+            rows, _ = self._route(self.moe.section_of[i])
+            if j >= len(rows):
+                out.add(i)
+        return frozenset(out)
+
+    def _op(self, op: OpBase, dims: dict[int, int] | None = None) -> OpBase:
         if isinstance(op, Attention):
             return self._attention(op)
-        ins = tuple(_map_tensor(t, self.dims) for t in op.inputs)
-        outs = tuple(_map_tensor(t, self.dims) for t in op.outputs)
+        dims = self.dims if dims is None else dims
+        ins = tuple(_map_tensor(t, dims) for t in op.inputs)
+        outs = tuple(_map_tensor(t, dims) for t in op.outputs)
         updates: dict[str, Any] = {"inputs": ins, "outputs": outs}
         for f in _token_fields(op):
             v = getattr(op, f)
-            updates[f] = self.dims.get(v, v)
-        if hasattr(op, "numel") and op.outputs:
-            updates["numel"] = self._scaled(op.numel, _numel(op.outputs), _numel(outs))
-        if op.kind is OpKind.REDUCTION:
-            updates["numel_in"] = self._scaled(op.numel_in, _numel(op.inputs), _numel(ins))  # type: ignore[attr-defined]
-            updates["numel_out"] = self._scaled(op.numel_out, _numel(op.outputs), _numel(outs))  # type: ignore[attr-defined]
+            if v in dims:
+                updates[f] = dims[v]
+            elif f == "rows" and op.inputs and op.inputs[0].numel:
+                # Rows that count tokens times heads (Qwen3's per-head q/k norms): as the input grows.
+                old, new = op.inputs[0].numel, ins[0].numel
+                if v * new % old == 0:
+                    updates[f] = v * new // old
         if isinstance(op, Collective):
             updates["bytes"] = self._scaled(op.bytes, self.tokens_old, self.tokens_new)
         keep = ("flops",) if isinstance(op, Gemm) and "flops" in op.model_fields_set else ()
@@ -293,6 +350,16 @@ class _Rewriter:
             updates["flops"] = self._scaled(
                 op.flops, old, math.prod(updates.get(f, getattr(op, f)) for f in _PRODUCT_FIELDS)
             )
+        return self._with_tensors(op, updates, keep)
+
+    def _with_tensors(self, op: OpBase, updates: dict[str, Any], keep: Iterable[str] = ()) -> OpBase:
+        """``op`` rebuilt with ``updates`` (which hold its new tensors); element counts follow the tensors."""
+        ins, outs = updates["inputs"], updates["outputs"]
+        if hasattr(op, "numel") and op.outputs:
+            updates["numel"] = self._scaled(op.numel, _numel(op.outputs), _numel(outs))
+        if op.kind is OpKind.REDUCTION:
+            updates["numel_in"] = self._scaled(op.numel_in, _numel(op.inputs), _numel(ins))  # type: ignore[attr-defined]
+            updates["numel_out"] = self._scaled(op.numel_out, _numel(op.outputs), _numel(outs))  # type: ignore[attr-defined]
         return _rebuild(op, updates, keep)
 
     @staticmethod
@@ -302,88 +369,144 @@ class _Rewriter:
         return value * new // old
 
     def _attention(self, op: Attention) -> OpBase:
-        ins = list(op.inputs)
-        for i, t in enumerate(ins):
-            shape = list(t.shape)
-            if len(shape) >= 2:
-                if shape[0] == op.batch:
-                    shape[0] = self.batch
-                if i > 0 and shape[-2] == op.kv_len:  # keys and values: the attended length
-                    shape[-2] = self.kv_len
-                elif shape[-2] == op.q_len:
-                    shape[-2] = self.q_len
-            ins[i] = t.model_copy(update={"shape": tuple(shape), "strides": None})
-        outs = []
-        for t in op.outputs:
-            shape = list(t.shape)
-            if len(shape) >= 2:
-                shape[0] = self.batch if shape[0] == op.batch else shape[0]
-                shape[-2] = self.q_len if shape[-2] == op.q_len else shape[-2]
-            outs.append(t.model_copy(update={"shape": tuple(shape), "strides": None}))
+        kv_len = self.kv_len
+        if self.phase == "decode" and op.kv_len < self.src_kv:  # a sliding-window cache, capped at its size
+            kv_len = min(kv_len, op.kv_len)
+        ins = tuple(self._attention_tensor(op, t, kv_len, query=i == 0) for i, t in enumerate(op.inputs))
+        outs = tuple(self._attention_tensor(op, t, kv_len, query=True) for t in op.outputs)
         stage = Stage.DECODE if self.q_len == 1 and self.kv_len > 1 else op.stage
         upd = {
             "batch": self.batch,
             "q_len": self.q_len,
-            "kv_len": self.kv_len,
-            "inputs": tuple(ins),
-            "outputs": tuple(outs),
+            "kv_len": kv_len,
+            "inputs": ins,
+            "outputs": outs,
             "stage": stage,
+            # One query attends every key it is given, masked or not (the model passes no causal flag);
+            # a window no longer than the keys masks nothing (a capture records none).
+            "causal": op.causal and self.q_len > 1,
+            "window": op.window if op.window is not None and kv_len > op.window else None,
         }
         return _rebuild(op, upd)
 
-    def _routing(self, op: MoeRouting) -> OpBase:
-        if op.fn == "dispatch":
-            self.in_moe = True
-            self.old_rows = balanced_expert_rows(self.tokens_old, op.experts, op.top_k)
-            self.new_rows = balanced_expert_rows(self.tokens_new, op.experts, op.top_k)
-            self.old_rows = [r for r in self.old_rows if r > 0]
-            self.new_rows = self.new_rows[: len(self.old_rows)] + [0] * (len(self.old_rows) - len(self.new_rows))
-            self.expert_of, self.act_index = {}, 0
-        dims = dict(self.dims)
-        dims[self.tokens_old * op.top_k] = self.tokens_new * op.top_k
-        ins = self._expert_tensors(op.inputs, dims, None)
-        outs = tuple(_map_tensor(t, dims) for t in op.outputs)
-        if op.fn == "combine":
-            self.in_moe = False
-        return _rebuild(op, {"inputs": ins, "outputs": outs, "tokens": self.tokens_new})
-
-    def _expert_tensors(
-        self, ts: Sequence[TensorSpec], dims: dict[int, int], fixed: int | None
-    ) -> tuple[TensorSpec, ...]:
-        """Per-expert tensors (first dim an old expert row count) take the expert's new row count."""
-        out: list[TensorSpec] = []
-        pos = 0
-        for t in ts:
-            if self.in_moe and len(t.shape) == 2 and t.shape[0] in self.old_rows and t.shape[0] not in dims:
-                e = self.expert_of.get(t.id) if t.id is not None else None
-                if e is None:
-                    e = fixed if fixed is not None else pos
-                    if t.id is not None:
-                        self.expert_of[t.id] = e
-                pos += 1
-                rows = self.new_rows[e] if e < len(self.new_rows) else 0
-                out.append(t.model_copy(update={"shape": (rows, t.shape[1]), "strides": None}))
+    def _attention_tensor(self, op: Attention, t: TensorSpec, kv_len: int, query: bool) -> TensorSpec:
+        """An attention operand at the target: its leading batch (or batch x heads, the eager bmm
+        layout) and its query or key length. In a prefill template queries and keys have one length:
+        the query and outputs hold queries, an operand with a head-size dimension (keys, values,
+        transposed keys) keys, and a mask both, queries first."""
+        shape = list(t.shape)
+        if len(shape) < 2:
+            return t
+        b, nb = op.batch, self.batch
+        lead = {b: nb, b * op.heads: nb * op.heads, b * op.kv_heads: nb * op.kv_heads}
+        shape[0] = lead.get(shape[0], shape[0])
+        seq = [i for i in range(1, len(shape)) if shape[i] > 1 and shape[i] in (op.q_len, op.kv_len)]
+        keys = not query and any(shape[i] in (op.head_dim, op.dv) for i in range(1, len(shape)))
+        for n, i in enumerate(seq):
+            if op.q_len != op.kv_len:
+                is_q = shape[i] == op.q_len
             else:
-                out.append(_map_tensor(t, dims))
-        return tuple(out)
+                is_q = query or (len(seq) > 1 and n == 0) or (len(seq) == 1 and not keys)
+            shape[i] = self.q_len if is_q else kv_len
+        return t if tuple(shape) == t.shape else t.model_copy(update={"shape": tuple(shape), "strides": None})
 
-    def _expert_op(self, op: OpBase) -> OpBase:
-        fixed = None
-        if op.kind is OpKind.ACTIVATION:
-            fixed, self.act_index = self.act_index, self.act_index + 1
-        pairs_old = sum(self.old_rows)
-        pairs_new = sum(self.new_rows)
-        dims = self.dims
-        if pairs_old not in self.old_rows:  # a grouped kernel (and its gate) over all token-expert pairs
-            dims = {**self.dims, pairs_old: pairs_new}
-        ins = self._expert_tensors(op.inputs, dims, fixed)
-        outs = self._expert_tensors(op.outputs, dims, fixed)
-        if isinstance(op, Gemm):
-            active = max(1, sum(1 for r in self.new_rows if r > 0))
-            updates: dict[str, Any] = {"inputs": ins, "outputs": outs, "m": pairs_new // active, "groups": active}
-            updates["flops"] = self._scaled(op.flops, pairs_old, pairs_new)
-            return _rebuild(op, updates, ("flops", "definition"))
-        return _rebuild(op, {"inputs": ins, "outputs": outs, "numel": _numel(outs)})
+    # ------------------------------------------------------------------ experts calls
+    def _route(self, section: int) -> tuple[list[int], dict[int, int]]:
+        """Rows per routed expert (busiest first) of ``section`` at the target, and its dimension map."""
+        hit = self._routes.get(section)
+        if hit is not None:
+            return hit
+        sec = self.moe.sections[section]
+        tokens = self._scaled(sec.tokens, self.tokens_old, self.tokens_new)
+        rows = routed_rows(sec, tokens, self.skew)
+        if sec.expert_rows and len(rows) > len(sec.expert_rows):
+            need = tokens_reaching_all(sec.experts, sec.top_k)
+            raise RebatchError(
+                f"the template's experts call has GEMMs for {len(sec.expert_rows)} of {sec.experts} experts, "
+                f"and {tokens} tokens reach {len(rows)}",
+                where="graph capture settings",
+                hint=f"capture the template with at least {need} tokens (balanced routing then reaches every expert)",
+            )
+        hit = self._routes[section] = (rows, {**self.dims, sec.pairs: tokens * sec.top_k})
+        return hit
+
+    def _moe_op(self, op: OpBase, index: int) -> OpBase | None:
+        section = self.moe.section_of[index]
+        sec = self.moe.sections[section]
+        rows, dims = self._route(section)
+        role = self.moe.role[index]
+        if role == "pairs":
+            return self._op(op, dims)
+        if role == "expert":
+            j = self.moe.expert[index]
+            n = rows[j] if j < len(rows) else 0
+            if n == 0:
+                return None
+            ins = _expert_tensors(op.inputs, self.moe.rows_in.get(index, ()), rows)
+            outs = _expert_tensors(op.outputs, self.moe.rows_out.get(index, ()), rows)
+            if isinstance(op, Gemm):
+                upd = {"inputs": ins, "outputs": outs, "m": n, "flops": self._scaled(op.flops, op.m, n)}
+                return _rebuild(op, upd, ("flops", "definition"))
+            return self._with_tensors(op, {"inputs": ins, "outputs": outs})
+        ins = tuple(_map_tensor(t, dims) for t in op.inputs)
+        outs = tuple(_map_tensor(t, dims) for t in op.outputs)
+        pairs = dims[sec.pairs]
+        if role == "grouped":
+            assert isinstance(op, Gemm)
+            return _rebuild(op, {"inputs": ins, "outputs": outs, **_grouped_fields(op, pairs, len(rows))}, _KEEP)
+        if role == "batched":
+            assert isinstance(op, Gemm)
+            upd = {
+                "inputs": ins,
+                "outputs": outs,
+                "m": self._scaled(op.m, sec.pairs, pairs),
+                "flops": self._scaled(op.flops, sec.pairs, pairs),
+            }
+            return _rebuild(op, upd, ("flops", "definition"))
+        ins = _expert_tensors(op.inputs, self.moe.rows_in.get(index, ()), rows, dims, drop_empty=True)
+        return _rebuild(op, {"inputs": ins, "outputs": outs, "tokens": pairs // sec.top_k})
+
+
+_KEEP = ("flops", "bytes_read", "bytes_written", "definition")
+
+
+def _expert_tensors(
+    ts: Sequence[TensorSpec],
+    owners: Sequence[int | None],
+    rows: Sequence[int],
+    dims: dict[int, int] | None = None,
+    drop_empty: bool = False,
+) -> tuple[TensorSpec, ...]:
+    """Tensors whose first dimension counts an expert's rows take its new rows (an idle expert's are
+    left out with ``drop_empty``); the others follow ``dims`` (or stay, without it)."""
+    out: list[TensorSpec] = []
+    for pos, t in enumerate(ts):
+        j = owners[pos] if pos < len(owners) else None
+        if j is None:
+            out.append(t if dims is None else _map_tensor(t, dims))
+            continue
+        n = rows[j] if j < len(rows) else 0
+        if n or not drop_empty:
+            out.append(t.model_copy(update={"shape": (n, *t.shape[1:]), "strides": None}))
+    return tuple(out)
+
+
+def _grouped_fields(op: Gemm, pairs: int, active: int) -> dict[str, Any]:
+    """A grouped expert GEMM over ``pairs`` rows spread over ``active`` experts, as the capture lowers it
+    (:mod:`opgraph.capture.lowering.moe`): it moves the rows and the weights of the active experts only."""
+    active = max(1, active)
+    old_rows = op.flops // (2 * op.n * op.k)
+    fields: dict[str, Any] = {"m": pairs // active, "groups": active, "flops": 2 * pairs * op.n * op.k}
+    a, w = (*op.inputs, None, None)[:2]
+    if a is not None and w is not None and len(a.shape) == 2 and len(w.shape) == 3:
+        offsets = sum(t.numel * t.dtype.itemsize for t in op.inputs[2:])
+        out_isz = (op.outputs[0] if op.outputs else a).dtype.itemsize
+        fields["bytes_read"] = int(pairs * op.k * a.dtype.itemsize + active * op.k * op.n * w.dtype.itemsize + offsets)
+        fields["bytes_written"] = int(pairs * op.n * out_isz)
+    else:  # not the recorded layout: scale what the capture counted
+        fields["bytes_read"] = _Rewriter._scaled(op.bytes_read, old_rows, pairs)
+        fields["bytes_written"] = _Rewriter._scaled(op.bytes_written, old_rows, pairs)
+    return fields
 
 
 def _target(graph: OpGraph, batch: int, q_len: int | None, kv_len: int | None) -> tuple[str, int, int]:
@@ -411,7 +534,8 @@ def _attention_ops(graph: OpGraph, part: AttentionPart, tensor_ids: bool = True)
     """Only the attention ops of ``graph`` rebatched to ``part`` (what a mixed step takes from a template)."""
     _, q_len, kv_len = _target(graph, part.batch, part.q_len, part.kv_len)
     rw = _Rewriter(graph, part.batch, q_len, kv_len, tensor_ids)
-    return [rw.op(op, i) for i, op in enumerate(graph.ops) if op.kind is OpKind.ATTENTION]
+    out = [rw.op(op, i) for i, op in enumerate(graph.ops) if op.kind is OpKind.ATTENTION]
+    return [o for o in out if o is not None]  # attention is never dropped
 
 
 def _kv_dependent(graph: OpGraph) -> frozenset[int]:
@@ -437,20 +561,17 @@ _REPS_CACHE: dict[int, tuple[OpGraph, list[int]]] = {}
 
 
 def _representatives(graph: OpGraph) -> list[int]:
-    """For each op, the index of the first op equal to it but for its place; -1 for MoE-layer ops
-    (rewritten one by one: their per-expert rows depend on their position). Memoised per template."""
+    """For each op, the index of the first op equal to it but for its place; -1 for routing and the ops
+    of experts calls (rewritten one by one: their per-expert rows depend on their position). Memoised
+    per template."""
     hit = _REPS_CACHE.get(id(graph))
     if hit is not None and hit[0] is graph:
         return hit[1]
     first: dict[Any, int] = {}
     reps: list[int] = []
-    in_moe = False
+    in_call = moe_layout(graph).section_of
     for i, op in enumerate(graph.ops):
-        if isinstance(op, MoeRouting):
-            in_moe = op.fn != "combine" and (in_moe or op.fn == "dispatch")
-            reps.append(-1)
-            continue
-        if in_moe:
+        if i in in_call or isinstance(op, MoeRouting):
             reps.append(-1)
             continue
         key = (
@@ -463,6 +584,44 @@ def _representatives(graph: OpGraph) -> list[int]:
         _REPS_CACHE.pop(next(iter(_REPS_CACHE)))
     _REPS_CACHE[id(graph)] = (graph, reps)
     return reps
+
+
+def _without(template: OpGraph, ops: Sequence[OpBase | None]) -> tuple[tuple[OpBase, ...], tuple[Edge, ...]]:
+    """The rewritten ``ops`` of ``template`` less the dropped ones (``None``), renumbered in order, and
+    the template's edges among them: an edge into a dropped op continues to the ops after it (as an
+    order edge), so every dependency through a dropped op is kept."""
+    if all(o is not None for o in ops):
+        return tuple(o for o in ops if o is not None), template.edges
+    dropped = [t.id for t, o in zip(template.ops, ops, strict=True) if o is None]
+    gone = set(dropped)
+    after: dict[int, list[Edge]] = {}
+    for e in template.edges:
+        after.setdefault(e.src, []).append(e)
+    reach: dict[int, list[int]] = {}  # dropped op -> the kept ops it leads to through dropped ops only
+    for d in reversed(dropped):  # edges go forward in op order: what follows is known first
+        found: list[int] = []
+        for e in after.get(d, ()):
+            found += reach.get(e.dst, []) if e.dst in gone else [e.dst]
+        reach[d] = list(dict.fromkeys(found))
+    new_id: dict[int, int] = {}
+    kept: list[OpBase] = []
+    for o in ops:
+        if o is not None:
+            new_id[o.id] = len(kept)
+            kept.append(o if o.id == len(kept) else _replace(o, {"id": len(kept)}))
+    edges: list[Edge] = []
+    pairs = {(e.src, e.dst) for e in template.edges if e.src not in gone and e.dst not in gone}
+    for e in template.edges:
+        if e.src in gone:
+            continue
+        if e.dst not in gone:
+            edges.append(_replace(e, {"src": new_id[e.src], "dst": new_id[e.dst]}))
+            continue
+        for w in reach.get(e.dst, ()):
+            if (e.src, w) not in pairs:
+                pairs.add((e.src, w))
+                edges.append(Edge(src=new_id[e.src], dst=new_id[w], kind=EdgeKind.ORDER))
+    return tuple(kept), tuple(edges)
 
 
 def rebatch(
@@ -489,17 +648,27 @@ def rebatch(
     """
     phase, q_len, kv_len = _target(graph, batch, q_len, kv_len)
     rw = _Rewriter(graph, batch, q_len, kv_len, tensor_ids)
+    full: list[OpBase | None]
     if like is None:
-        ops = tuple(rw.op(op, i) for i, op in enumerate(graph.ops))
+        full = [rw.op(op, i) for i, op in enumerate(graph.ops)]
     else:
         lc = like.metadata.capture
         same_q = lc.seq_len == q_len if phase == "prefill" else True
-        if len(like.ops) != len(graph.ops) or lc.batch != batch or not same_q:
+        dropped = rw.dropped()  # the same ops as ``like``'s: they depend on the token count only
+        at = [i for i in range(len(graph.ops)) if i not in dropped]
+        if len(like.ops) != len(at) or lc.batch != batch or not same_q:
             raise RebatchError(
                 "`like` is not a rebatch of this graph at the same batch and q_len", where="rebatch(like=...)"
             )
         dependent = _kv_dependent(graph)
-        ops = tuple(rw.op(op, i) if i in dependent else like.ops[i] for i, op in enumerate(graph.ops))
+        full = [None] * len(graph.ops)
+        for k, i in enumerate(at):
+            if i in dependent:
+                full[i] = rw.op(graph.ops[i], i)
+            else:
+                lent, tid = like.ops[k], graph.ops[i].id
+                full[i] = lent if lent.id == tid else _replace(lent, {"id": tid})
+    ops, edges = _without(graph, full)
     cap = graph.metadata.capture.model_copy(
         update={
             "batch": batch,
@@ -508,7 +677,7 @@ def rebatch(
         }
     )
     md = graph.metadata.model_copy(update={"capture": cap})
-    return OpGraph.model_construct(metadata=md, ops=ops, edges=graph.edges)  # type: ignore[arg-type]
+    return OpGraph.model_construct(metadata=md, ops=ops, edges=edges)  # type: ignore[arg-type]
 
 
 def mixed_step(

@@ -13,7 +13,7 @@ opgraph side (:func:`opgraph.transforms.rebatch`, :mod:`opgraph.scenario.serving
 from simulators.serving.costs import GraphStepCosts, StepCostModel
 from simulators.serving.engine import ServingError, run_serving
 from simulators.serving.kvcache import KvCacheError, KvCacheSpec
-from simulators.serving.report import serving_timeline, write_serving_plot
+from simulators.serving.report import PLOT_FORMATS, check_plot_path, serving_timeline, write_serving_plot
 from simulators.serving.requests import LengthDist, Request, WorkloadError, load_trace, poisson_workload
 from simulators.serving.result import (
     DroppedRequest,
@@ -40,6 +40,7 @@ from simulators.serving.shapes import PartKey, StepKey, StepShape, bucket
 from simulators.serving.state import Live, Plan, ServingState
 
 __all__ = [
+    "PLOT_FORMATS",
     "SCHEDULERS",
     "ChunkedPrefill",
     "ContinuousBatching",
@@ -68,6 +69,7 @@ __all__ = [
     "StepShape",
     "WorkloadError",
     "bucket",
+    "check_plot_path",
     "get_scheduler",
     "load_trace",
     "percentiles",

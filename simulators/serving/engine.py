@@ -3,7 +3,8 @@
 Time advances step by step (a step's duration is its cost) and jumps to the next arrival when the
 server is idle. A request's first token comes out of the step that finishes its prompt; each later
 decode step gives one more. Requests that can never be served are dropped before the run, each
-with its reason (KV footprint above the cache capacity, or what the scheduler refuses).
+with its reason (longer than the model's context window, KV footprint above the cache capacity, or
+what the scheduler refuses).
 
 >>> from simulators.serving import Request, run_serving, get_scheduler
 >>> class Flat:
@@ -63,8 +64,12 @@ def run_serving(
     kv_bytes_per_token: int,
     settings: ServingSettings | None = None,
     record_steps: bool = True,
+    max_context_tokens: int | None = None,
 ) -> ServingResult:
-    """Serve ``requests`` (sorted by arrival) with ``scheduler``; each step costs ``costs.step_us``."""
+    """Serve ``requests`` (sorted by arrival) with ``scheduler``; each step costs ``costs.step_us``.
+
+    A request longer than ``max_context_tokens`` (prompt plus output: the model's context window) is
+    dropped before the run with its reason, as one whose KV cache never fits."""
     if max_batch < 1:
         raise ServingError(f"max batch must be at least 1 (got {max_batch})", where="--max-batch")
     if token_budget < 1:
@@ -74,7 +79,13 @@ def run_serving(
     dropped: list[DroppedRequest] = []
     pending: list[Request] = []
     for r in sorted(requests, key=lambda r: (r.arrival_s, r.id)):
-        if r.total_tokens > kv_capacity_tokens:
+        if max_context_tokens is not None and r.total_tokens > max_context_tokens:
+            reason = (
+                f"needs {r.total_tokens} positions ({r.prompt_tokens} prompt + {r.output_tokens} output), "
+                f"more than the model's context window ({max_context_tokens})"
+            )
+            dropped.append(DroppedRequest(id=r.id, reason=reason))
+        elif r.total_tokens > kv_capacity_tokens:
             reason = (
                 f"needs {r.total_tokens} tokens of KV cache ({r.prompt_tokens} prompt + {r.output_tokens} output), "
                 f"more than the cache holds ({kv_capacity_tokens} tokens)"

@@ -11,11 +11,11 @@ from __future__ import annotations
 import heapq
 from pathlib import Path
 
-from opgraph.ir import Span, Timeline, TimelineKind, TimelineSource
+from opgraph.ir import OpgraphError, Span, Timeline, TimelineKind, TimelineSource
 from opgraph.ir.timeline import SpanCategory
 from simulators.serving.result import ServingResult
 
-__all__ = ["MAX_REQUEST_TRACKS", "serving_timeline", "write_serving_plot"]
+__all__ = ["MAX_REQUEST_TRACKS", "PLOT_FORMATS", "check_plot_path", "serving_timeline", "write_serving_plot"]
 
 MAX_REQUEST_TRACKS = 200
 """Requests above this share packed lanes instead of a track each."""
@@ -80,8 +80,32 @@ def serving_timeline(result: ServingResult) -> Timeline:
     return Timeline(source=source, spans=tuple(spans), notes=result.notes)
 
 
+PLOT_FORMATS = (".png", ".svg", ".pdf")
+"""File suffixes :func:`write_serving_plot` writes (the image format follows the suffix)."""
+
+
+def check_plot_path(path: Path, where: str = "--plot") -> None:
+    """Raise :class:`~opgraph.ir.OpgraphError` unless ``path`` names a format of :data:`PLOT_FORMATS`
+    (checked before a run, so a long simulation is not lost to a typo).
+
+    >>> check_plot_path(Path("kv.png"))
+    >>> check_plot_path(Path("p.txt"))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    opgraph.ir.errors.OpgraphError: --plot: p.txt: 'txt' is not an image format this plot writes (give a path ...)
+    """
+    if path.suffix.lower() not in PLOT_FORMATS:
+        kind = f"{path.suffix[1:]!r} is not" if path.suffix else "a path without a suffix is not"
+        raise OpgraphError(
+            f"{path}: {kind} an image format this plot writes",
+            where=where,
+            hint=f"give a path ending in {', '.join(PLOT_FORMATS[:-1])} or {PLOT_FORMATS[-1]}",
+        )
+
+
 def write_serving_plot(result: ServingResult, path: Path) -> Path:
-    """A PNG: KV-cache use over time, step durations, and the latency distributions."""
+    """An image (PNG, SVG or PDF, by ``path``'s suffix): KV-cache use over time, step durations, and the
+    latency distributions."""
+    check_plot_path(path)
     import matplotlib
 
     matplotlib.use("Agg")

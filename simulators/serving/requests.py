@@ -24,7 +24,13 @@ from pydantic import Field, ValidationError
 from opgraph.ir import OpgraphError
 from opgraph.ir.tensor import FrozenModel
 
-__all__ = ["LengthDist", "Request", "WorkloadError", "load_trace", "poisson_workload"]
+__all__ = ["MAX_ARRIVAL_S", "MAX_TOKENS", "LengthDist", "Request", "WorkloadError", "load_trace", "poisson_workload"]
+
+MAX_ARRIVAL_S = 1e9
+"""Latest arrival time in seconds (about 32 years): later, float64 times lose the sub-microsecond
+resolution step durations need, and latencies come out 0."""
+MAX_TOKENS = 100_000_000
+"""Most tokens in a prompt or an output (ten times the longest context windows shipped today)."""
 
 
 class WorkloadError(OpgraphError):
@@ -36,11 +42,11 @@ class Request(FrozenModel):
 
     id: Annotated[int, Field(ge=0)]
     """Position in the workload (arrival order)."""
-    arrival_s: Annotated[float, Field(ge=0)]
-    """Arrival time in seconds from the start of the run."""
-    prompt_tokens: Annotated[int, Field(ge=1)]
+    arrival_s: Annotated[float, Field(ge=0, le=MAX_ARRIVAL_S, allow_inf_nan=False)]
+    """Arrival time in seconds from the start of the run (at most :data:`MAX_ARRIVAL_S`)."""
+    prompt_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
     """Prompt length in tokens."""
-    output_tokens: Annotated[int, Field(ge=1)]
+    output_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
     """Tokens to generate (the first comes out of the prefill)."""
 
     @property
@@ -73,9 +79,14 @@ def _request(i: int, row: dict[str, object], where: str) -> Request:
             err = exc.errors()[0]
             field = str(err["loc"][0]) if err["loc"] else "request"
             bad = err.get("input")
-            what = "must be at least 0" if field == "arrival_s" else "must be at least 1"
-            if err["type"] not in ("greater_than_equal",):
-                what = "must be a number"
+            limit = (err.get("ctx") or {}).get("ge", (err.get("ctx") or {}).get("le"))
+            what = {
+                "greater_than_equal": f"must be at least {limit}",
+                "less_than_equal": f"must be at most {limit:g}"
+                if isinstance(limit, float)
+                else f"must be at most {limit}",
+                "finite_number": "must be a finite number",
+            }.get(err["type"], "must be a number")
             raise WorkloadError(f"{field} {what} (got {bad!r})", where=where) from None
         raise WorkloadError(f"arrival_s must be a number (got {row['arrival_s']!r})", where=where) from None
 
@@ -86,11 +97,22 @@ def load_trace(path: Path) -> list[Request]:
     if not path.is_file():
         raise WorkloadError("no such file", where=str(path), hint="give a .jsonl or .csv request trace")
     rows: list[tuple[dict[str, object], str]] = []
-    text = path.read_text()
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise WorkloadError(
+            "not a text file (a graph, image or compressed file?)",
+            where=str(path),
+            hint="give a .jsonl or .csv request trace with arrival_s, prompt_tokens, output_tokens",
+        ) from None
+    except OSError as exc:
+        raise WorkloadError(f"cannot be read ({exc.strerror or exc})", where=str(path)) from None
+    if "\0" in text:
+        raise WorkloadError("not a text file (it holds NUL bytes)", where=str(path), hint="give a .jsonl or .csv trace")
     if path.suffix.lower() == ".csv":
         reader = csv.DictReader(text.splitlines())
         for n, row in enumerate(reader, start=2):
-            rows.append(({k.strip(): v.strip() for k, v in row.items() if k}, f"{path}:{n}"))
+            rows.append(({k.strip(): (v or "").strip() for k, v in row.items() if k}, f"{path}:{n}"))
     else:
         for n, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
@@ -116,10 +138,15 @@ class LengthDist(FrozenModel):
 
     kind: str
     """``fixed``, ``uniform`` or ``exp``."""
-    low: Annotated[int, Field(ge=1)]
+    low: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
     """The value (fixed), the low end (uniform) or the mean (exp)."""
-    high: Annotated[int, Field(ge=1)]
+    high: Annotated[int, Field(ge=1, le=MAX_TOKENS)]
     """The high end (uniform); equal to ``low`` otherwise."""
+
+    @property
+    def largest(self) -> int | None:
+        """The longest length it gives (``None`` for ``exp``, which has no bound below :data:`MAX_TOKENS`)."""
+        return None if self.kind == "exp" else self.high
 
     @classmethod
     def parse(cls, text: str, where: str = "length") -> LengthDist:
@@ -138,7 +165,7 @@ class LengthDist(FrozenModel):
             raise WorkloadError(
                 f"bad token length {text!r}",
                 where=where,
-                hint="give N, LOW..HIGH or exp:MEAN with values of at least 1",
+                hint=f"give N, LOW..HIGH or exp:MEAN with values of 1 to {MAX_TOKENS}",
             ) from None
 
     def sample(self, rng: random.Random) -> int:
@@ -146,7 +173,7 @@ class LengthDist(FrozenModel):
         if self.kind == "uniform":
             return rng.randint(self.low, self.high)
         if self.kind == "exp":
-            return max(1, round(rng.expovariate(1.0 / self.low)))
+            return min(MAX_TOKENS, max(1, round(rng.expovariate(1.0 / self.low))))
         return self.low
 
 
@@ -163,6 +190,12 @@ def poisson_workload(
     out = []
     for i in range(num_requests):
         t += rng.expovariate(rate)
+        if t > MAX_ARRIVAL_S:
+            raise WorkloadError(
+                f"{num_requests} arrivals at {rate:g}/s run past {MAX_ARRIVAL_S:g} s",
+                where="--poisson",
+                hint="give a higher rate or fewer requests",
+            )
         out.append(
             Request(id=i, arrival_s=t, prompt_tokens=prompt_len.sample(rng), output_tokens=output_len.sample(rng))
         )

@@ -114,6 +114,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(f)
     except FileNotFoundError:
         raise ExpectationError("no such file", where=str(path)) from None
+    except IsADirectoryError:
+        raise ExpectationError("is a folder, not a TOML file", where=str(path)) from None
+    except UnicodeDecodeError:
+        raise ExpectationError(
+            "not a text file (TOML is UTF-8 text)", where=str(path), hint="give an expectations .toml file"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ExpectationError(f"not valid TOML: {exc}", where=str(path)) from None
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from opgraph.cli.commands.simulate import check_distinct_outputs
 from opgraph.cli.common import check_output_path, command, console, fmt_bytes, fmt_us, new_table
 from opgraph.ir import OpgraphError
 
@@ -41,6 +42,23 @@ def _requests(
     )
 
 
+def _check_lengths(model: str, window: int | None, prompt_len: str, output_len: str) -> None:
+    """A Poisson workload whose longest request exceeds the model's context window is one error line
+    (requests of an unbounded ``exp:`` length past it are dropped and listed instead)."""
+    from simulators.serving import LengthDist
+
+    prompt, out = LengthDist.parse(prompt_len, "--prompt-len"), LengthDist.parse(output_len, "--output-len")
+    if window is None or prompt.largest is None or out.largest is None:
+        return
+    if prompt.largest + out.largest > window:
+        raise ServeSimOptionError(
+            f"requests of up to {prompt.largest + out.largest} tokens ({prompt.largest} prompt + {out.largest} "
+            f"output) exceed {model}'s context window of {window} positions",
+            where="--output-len" if out.largest >= window else "--prompt-len",
+            hint=f"give --prompt-len and --output-len whose longest lengths add up to at most {window}",
+        )
+
+
 @command("serve-sim")
 def serve_sim(
     model: str = typer.Argument(..., metavar="MODEL", help="A preset, config.json or model folder (captured on meta)."),
@@ -70,7 +88,9 @@ def serve_sim(
     perfetto: Path | None = typer.Option(
         None, "--perfetto", help="Write a Perfetto trace of steps and requests (.json/.json.gz)."
     ),
-    plot: Path | None = typer.Option(None, "--plot", help="Write a PNG of KV-cache use, step times and latencies."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Write a PNG (or .svg/.pdf) of KV-cache use, step times and latencies."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of tables."),
 ) -> None:
     """Simulate serving MODEL: TTFT/TPOT/latency percentiles, throughput, KV-cache use."""
@@ -86,17 +106,23 @@ def serve_sim(
         raise ServeSimOptionError(f"unknown host mode {host!r}", where="--host", hint="eager, cuda-graph or none")
     inputs = [trace]
     check_output_path(output, "-o/--output", inputs=inputs)
-    check_output_path(perfetto, "--perfetto", inputs=[*inputs, output])
-    check_output_path(plot, "--plot", inputs=[*inputs, output, perfetto])
+    check_output_path(perfetto, "--perfetto", inputs=inputs)
+    check_output_path(plot, "--plot", inputs=inputs)
+    check_distinct_outputs([(output, "-o/--output"), (perfetto, "--perfetto"), (plot, "--plot")])
     from hardware import load_hardware, resolve_cost_model
-    from simulators.serving import get_scheduler
+    from simulators.serving import check_plot_path, get_scheduler
 
+    if plot is not None:
+        check_plot_path(plot)
     get_scheduler(scheduler)  # an unknown name fails before the capture
     requests = _requests(trace, rate, num_requests, prompt_len, output_len, seed)
     hw = load_hardware(hardware)
     cm = resolve_cost_model(cost_model)
     t0 = time.perf_counter()
-    from opgraph.scenario.serving import capture_serving_model, simulate_serving
+    from opgraph.scenario.serving import capture_serving_model, context_window, simulate_serving
+
+    if rate is not None:  # a synthetic workload longer than the model's context window is a mistake
+        _check_lengths(model, context_window(model, layers), prompt_len, output_len)
     from opgraph.study import study_config
 
     templates = capture_serving_model(model, dtype=dtype, layers=layers)

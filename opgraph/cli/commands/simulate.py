@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from opgraph.cli.common import check_output_path, command, console, is_tty, new_table
+from opgraph.cli.common import OutputPathError, check_output_path, command, console, is_tty, new_table
 from opgraph.fmt import fmt_us
 from opgraph.ir import OpgraphError
 
@@ -66,6 +66,7 @@ def _host_mode(text: str) -> str:
 
 @command("simulate")
 def simulate(
+    ctx: typer.Context,
     graph_path: Path = typer.Argument(
         ..., metavar="GRAPH", help="A graph saved by `opgraph capture` (.json/.json.gz)."
     ),
@@ -120,7 +121,7 @@ def simulate(
         None,
         "--config",
         help="A SimulationConfig JSON (engine groups as data); replaces --copy-engines/--links, "
-        "--engines sets its compute group, the other flags override it.",
+        "--engines sets its compute group, and the flags given on the command line override its settings.",
     ),
     tolerance: float = typer.Option(0.01, "--tolerance", help="Sweep: counts within this of the best are as good."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the simulated Timeline (.json/.json.gz)."),
@@ -152,7 +153,8 @@ def simulate(
     mode = _host_mode(host)
     inputs = [graph_path, config_path, collective_fit]
     check_output_path(output, "-o/--output", inputs=inputs)
-    check_output_path(stats_path, "--stats", inputs=[*inputs, output])
+    check_output_path(stats_path, "--stats", inputs=inputs)
+    check_distinct_outputs([(output, "-o/--output"), (stats_path, "--stats")])
 
     from simulators.policies import get_policy
 
@@ -167,28 +169,35 @@ def simulate(
     else:
         model = _load_cost_model(cost_model)
     graph = load_graph(graph_path)
-    fitted = None
-    if collective_fit is not None:
-        model, fitted = _with_collective_fit(model, collective_fit, graph, tp)
     base = load_model(config_path, SimulationConfig) if config_path is not None else None
     counts = counts or [base.engines if base is not None else 1]
+    # With --config, the file's settings stand unless the command line gives the flag.
+    given = _given_options(ctx) if base is not None else None
+
+    def flag(name: str, value: Any) -> Any:
+        return value if given is None or name in given else None
+
     config = study_config(
         counts[0],
         base=base,
         copy_engines=copy_engines,
         links=links,
-        policy=policy,
-        tp=tp,
-        host_mode=mode,
+        policy=flag("policy", policy),
+        tp=flag("tp", tp),
+        host_mode=flag("host", mode),
         host_us=host_us,
-        sync_each_step=not no_sync,
+        sync_each_step=flag("no_sync", not no_sync),
         framework=framework_time,
-        record_host=not no_host_track,
-        jitter=jitter,
-        seed=seed,
-        skip_uncosted=skip_uncosted,
+        record_host=flag("no_host_track", not no_host_track),
+        jitter=flag("jitter", jitter),
+        seed=flag("seed", seed),
+        skip_uncosted=flag("skip_uncosted", skip_uncosted),
         independent_engines=True if independent_engines else None,
     )
+    tp = config.tp
+    fitted = None
+    if collective_fit is not None:
+        model, fitted = _with_collective_fit(model, collective_fit, graph, tp)
     if graph.generation is not None and len(counts) == 1 and tp == 1:
         _simulate_generation(graph, hw, model, config, default_note, output, stats_path, as_json, graph_path)
         return
@@ -270,6 +279,30 @@ def _simulate_generation(
 
 
 # ---------------------------------------------------------------- helpers
+def check_distinct_outputs(outputs: list[tuple[Path | None, str]]) -> None:
+    """One error line when two of a command's outputs (path, option) are the same file: the second
+    would overwrite the first."""
+    seen: dict[Path, str] = {}
+    for path, option in outputs:
+        if path is None:
+            continue
+        first = seen.setdefault(path.resolve(), option)
+        if first != option:
+            raise OutputPathError(
+                f"{path} is also the {first} file of this command",
+                where=option,
+                hint="write each output to its own file",
+            )
+
+
+def _given_options(ctx: typer.Context) -> set[str]:
+    """Names of the options given on the command line (or the environment), not left at their default."""
+    defaults = ("DEFAULT", "DEFAULT_MAP")
+    return {
+        name for name in ctx.params if (src := ctx.get_parameter_source(name)) is not None and src.name not in defaults
+    }
+
+
 def _load_hardware(name: str) -> Any:
     try:
         from hardware import load_hardware

@@ -28,7 +28,53 @@ TINY_MOE: dict[str, object] = {
     "num_local_experts": 4,
     "num_experts_per_tok": 2,
 }
-CONFIGS = {"llama": TINY_LLAMA, "moe": TINY_MOE}
+_MLA = {"kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16}
+# Tiny configs of each MoE family the presets ship (and MLA, sliding windows, eager attention with
+# sinks): 16 experts top-4 reach all at the template sizes but only 4 for one token, so per-expert
+# GEMMs come and go; 32 experts top-4 are not all reached by the 13-token decode template.
+MOE_FAMILIES: dict[str, dict[str, object]] = {
+    "qwen3_moe": {
+        **TINY_LLAMA,
+        "model_type": "qwen3_moe",
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 32,
+        "head_dim": 16,
+    },
+    "gpt_oss": {
+        **TINY_LLAMA,
+        "model_type": "gpt_oss",
+        "architectures": ["GptOssForCausalLM"],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "head_dim": 16,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    "deepseek_v3": {
+        **TINY_LLAMA,
+        "model_type": "deepseek_v3",
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "moe_intermediate_size": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 8,
+        **_MLA,
+    },
+    "mixtral_eager": {**TINY_MOE, "experts_implementation": "eager"},
+}
+CONFIGS = {
+    "llama": TINY_LLAMA,
+    "moe": TINY_MOE,
+    **MOE_FAMILIES,
+    "qwen3_moe32": {**MOE_FAMILIES["qwen3_moe"], "num_experts": 32},
+    "llama_i41": {**TINY_LLAMA, "intermediate_size": 41},
+}
 
 
 @cache
@@ -42,17 +88,17 @@ def _config_path(name: str) -> str:
 
 
 @cache
-def _capture(name: str, phase: str, batch: int, size: int) -> OpGraph:
+def _capture(name: str, phase: str, batch: int, size: int, dtype: str = "bf16") -> OpGraph:
     from opgraph.capture import capture
 
     if phase == "prefill":
-        return capture(_config_path(name), phase="prefill", batch=batch, seq_len=size)
-    return capture(_config_path(name), phase="decode", batch=batch, kv_len=size)
+        return capture(_config_path(name), phase="prefill", batch=batch, seq_len=size, dtype=dtype)
+    return capture(_config_path(name), phase="decode", batch=batch, kv_len=size, dtype=dtype)
 
 
-def _template(name: str, phase: str) -> OpGraph:
+def _template(name: str, phase: str, dtype: str = "bf16") -> OpGraph:
     t = TEMPLATE_PREFILL if phase == "prefill" else TEMPLATE_DECODE
-    return _capture(name, phase, t["batch"], t["seq_len"] if phase == "prefill" else t["kv_len"])
+    return _capture(name, phase, t["batch"], t["seq_len"] if phase == "prefill" else t["kv_len"], dtype)
 
 
 def _cost_view(op: Any) -> dict[str, Any]:
@@ -137,3 +183,86 @@ def test_shared_tensor_ids_keep_the_costs(name: str) -> None:
     # Repeated layers now share tensor ids: fewer distinct ids than the faithful rebatch.
     ids = {t.id for o in fast.ops for t in (*o.inputs, *o.outputs)}
     assert len(ids) < len({t.id for o in full.ops for t in (*o.inputs, *o.outputs)})
+
+
+# ---------------------------------------------------------------- experts calls of every MoE family
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", sorted(MOE_FAMILIES))
+@pytest.mark.parametrize(
+    ("phase", "batch", "size"), [("prefill", 3, 9), ("prefill", 1, 3), ("decode", 3, 11), ("decode", 1, 9)]
+)
+def test_moe_rebatch_equals_fresh_capture(name: str, dtype: str, phase: str, batch: int, size: int) -> None:
+    # bf16: one grouped GEMM per projection (rows, active experts and their weights' bytes re-derived);
+    # fp16 and the eager loop: one GEMM per routed expert, the idle ones' dropped. A fresh capture is the
+    # independent reference: it runs the model's own experts code on meta with the new token count.
+    fresh = _capture(name, phase, batch, size, dtype)
+    template = _template(name, phase, dtype)
+    got = (
+        rebatch(template, batch=batch, q_len=size)
+        if phase == "prefill"
+        else rebatch(template, batch=batch, kv_len=size + 1)
+    )
+    assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in fresh.ops]
+    got.lint()
+
+
+def test_dropped_expert_gemms_keep_every_dependency_and_like_reuses_the_rest() -> None:
+    import networkx as nx
+
+    t = _template("qwen3_moe", "decode", "fp16")
+    one = rebatch(t, batch=1, kv_len=9)  # one token reaches 4 of the 16 experts
+    experts = [o for o in one.ops if o.kind is OpKind.GEMM and o.target.startswith("moe_experts")]
+    assert len(experts) == 2 * 4 * 2  # gate_up and down of 4 experts, in 2 layers
+    assert [o.id for o in one.ops] == list(range(len(one.ops)))
+    g = one.to_networkx()
+    combines = [o.id for o in one.ops if getattr(o, "fn", "") == "combine"]
+    dispatches = [o.id for o in one.ops if getattr(o, "fn", "") == "dispatch"]
+    for d, c in zip(dispatches, combines, strict=True):
+        inside = [o.id for o in experts if d < o.id < c]
+        assert inside and all(nx.has_path(g, d, e) and nx.has_path(g, e, c) for e in inside)
+    full, got = rebatch(t, batch=1, kv_len=30), rebatch(t, batch=1, kv_len=30, like=one)
+    assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in full.ops]
+    assert got.edges == full.edges
+
+
+def test_per_expert_template_missing_experts_is_refused_and_template_shape_fixes_it() -> None:
+    from opgraph.capture.moe_model import expected_active
+    from opgraph.transforms import check_template, template_shape
+
+    t = _template("qwen3_moe32", "decode", "fp16")  # 13 tokens reach 26 of 32 experts
+    with pytest.raises(RebatchError, match="GEMMs for 26 of 32 experts"):
+        rebatch(t, batch=40, kv_len=12)
+    with pytest.raises(RebatchError, match="at least 32 tokens"):
+        check_template(t)
+    assert rebatch(t, batch=2, kv_len=12).ops  # fewer experts than the template holds: fine
+    sizes = template_shape("decode", refused=t)
+    assert expected_active(32, sizes["batch"], 4) == 32
+    again = _capture("qwen3_moe32", "decode", sizes["batch"], sizes["kv_len"], "fp16")
+    check_template(again)
+    fresh = _capture("qwen3_moe32", "decode", 40, 11, "fp16")
+    got = rebatch(again, batch=40, kv_len=12)
+    assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in fresh.ops]
+
+
+def test_template_shape_avoids_a_model_size_that_clashes() -> None:
+    from opgraph.transforms import check_template, template_shape
+
+    t = _template("llama_i41", "decode")  # intermediate size 41 = the template's cache length
+    with pytest.raises(RebatchError, match="model size"):
+        check_template(t)
+    sizes = template_shape("decode", refused=t)
+    assert sizes["kv_len"] not in (40, 41) and sizes["kv_len"] + 1 != 41
+    again = _capture("llama_i41", "decode", sizes["batch"], sizes["kv_len"])
+    check_template(again)
+    fresh = _capture("llama_i41", "decode", 3, 20)
+    assert [_cost_view(o) for o in rebatch(again, batch=3, kv_len=21).ops] == [_cost_view(o) for o in fresh.ops]
+
+
+def test_serving_templates_reach_every_expert_of_a_per_expert_model() -> None:
+    from opgraph.scenario.serving import capture_serving_model
+    from opgraph.transforms import check_template
+
+    model = capture_serving_model(_config_path("qwen3_moe32"), dtype="fp16")
+    check_template(model.prefill)
+    check_template(model.decode)
+    assert model.decode.metadata.capture.batch != TEMPLATE_DECODE["batch"]

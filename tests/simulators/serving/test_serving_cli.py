@@ -108,3 +108,66 @@ def test_bad_trace_is_a_one_line_error(config: Path, tmp_path: Path) -> None:
     res = _serve(config, "--requests", trace)
     assert res.exit_code == 2
     assert f"{trace}:1: arrival_s must be at least 0" in res.output
+
+
+@pytest.mark.parametrize(
+    "content", [gzip.compress(b'{"ops": []}', mtime=0), b"\x89PNG\r\n\x1a\n\x00\xff\xfe"], ids=["gzip", "png"]
+)
+def test_a_binary_request_trace_is_a_one_line_error(config: Path, tmp_path: Path, content: bytes) -> None:
+    trace = tmp_path / "graph.json.gz"
+    trace.write_bytes(content)
+    res = _serve(config, "--requests", trace)
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert f"{trace}: not a text file" in lines[0] and "internal error" not in res.output
+
+
+def test_a_plot_path_of_no_image_format_is_refused_before_the_run(config: Path, tmp_path: Path) -> None:
+    out, plot = tmp_path / "s.json", tmp_path / "p.txt"
+    res = _serve(config, "--poisson", "1", "-n", "2", "-o", out, "--plot", plot)
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith("error: --plot:") and "'txt'" in lines[0]
+    assert not out.exists() and not plot.exists()  # refused before anything was simulated or written
+
+
+def test_outputs_on_one_file_are_refused_as_outputs(config: Path, tmp_path: Path) -> None:
+    same = tmp_path / "s.json"
+    res = _serve(config, "--poisson", "1", "-n", "2", "-o", same, "--perfetto", same)
+    assert res.exit_code == 2 and "also the -o/--output file" in res.output and "input" not in res.output
+
+
+def test_prompts_beyond_the_context_window_are_an_error_or_listed_drops(config: Path, tmp_path: Path) -> None:
+    # TINY_LLAMA has 64 positions: a Poisson workload of 60-token prompts and 8-token outputs cannot fit.
+    res = _serve(config, "--poisson", "5", "-n", "3", "--prompt-len", "60", "--output-len", "8")
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith("error: --prompt-len:") and "context window of 64 positions" in lines[0]
+    # A trace: the request that does not fit is dropped and named, the others are served.
+    trace = tmp_path / "reqs.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,8,4\n0.001,60,8\n")
+    out = tmp_path / "r.json"
+    res = _serve(config, "--requests", trace, "-o", out)
+    assert res.exit_code == 0, res.output
+    result = ServingResult.model_validate_json(out.read_text())
+    assert [r.id for r in result.requests] == [0] and [d.id for d in result.dropped] == [1]
+    assert "68 positions" in result.dropped[0].reason and "context window (64)" in result.dropped[0].reason
+
+
+@pytest.mark.parametrize(
+    ("arrival", "message"),
+    [("1e308", "arrival_s must be at most 1e+09"), ("Infinity", "must be a finite number"), ("NaN", "finite number")],
+)
+def test_arrival_times_must_be_finite_and_sane(config: Path, tmp_path: Path, arrival: str, message: str) -> None:
+    trace = tmp_path / "t.jsonl"
+    good = '{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 2}'
+    trace.write_text(f'{good}\n{{"arrival_s": {arrival}, "prompt_tokens": 5, "output_tokens": 2}}\n')
+    res = _serve(config, "--requests", trace)
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert f"{trace}:2: " in lines[0] and message in lines[0]
+
+
+def test_a_poisson_rate_that_runs_past_the_latest_arrival_is_refused(config: Path) -> None:
+    res = _serve(config, "--poisson", "1e-300", "-n", "3")
+    assert res.exit_code == 2 and "--poisson: 3 arrivals at 1e-300/s run past" in res.output

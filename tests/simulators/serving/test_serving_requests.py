@@ -88,3 +88,16 @@ def test_bad_lengths_are_refused(text: str) -> None:
 def test_poisson_rejects_non_positive_rate() -> None:
     with pytest.raises(WorkloadError, match="rate must be positive"):
         poisson_workload(rate=0.0, num_requests=3, prompt_len=LengthDist.parse("1"), output_len=LengthDist.parse("1"))
+
+
+def test_a_csv_row_short_of_columns_names_the_missing_field(tmp_path: Path) -> None:
+    path = _write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n0,5,1\n0.5,5\n")
+    with pytest.raises(WorkloadError, match="missing output_tokens") as info:
+        load_trace(path)
+    assert f"{path}:3" in str(info.value)
+
+
+def test_lengths_past_the_token_bound_are_bad_lengths() -> None:
+    with pytest.raises(WorkloadError, match="bad token length"):
+        LengthDist.parse("1..1000000000")
+    assert LengthDist.parse("exp:64").largest is None and LengthDist.parse("8..32").largest == 32
