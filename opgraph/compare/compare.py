@@ -9,7 +9,9 @@ Two joins:
   by kernel category when no definition is known) and matched by order of occurrence within a key.
 
 Device time counts only device spans (kernels, memcpy, simulated engine work), not host or CPU
-spans; wall time is the timeline's ``wall_us`` when set, else its extent.
+spans; wall time is the timeline's ``wall_us`` when set, else its extent from the first to the last span,
+host spans included, in both joins and in the measured-trace join. The group tables (kind, layer,
+stage) hold the unmatched time too, so that each side's rows add up to its device time.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from opgraph.compare.measured import compare_measured, comparison_of, end_to_end, median, wall_us
+from opgraph.compare.measured import compare_measured
+from opgraph.compare.ranks import pair_ranks
 from opgraph.compare.result import MIN_OP_US, CompareError, Comparison, JoinMode, OpError
+from opgraph.compare.rows import comparison_of, end_to_end, median
 from opgraph.ir import OpGraph, Span, Timeline
 from opgraph.ir.timeline import SpanCategory, TimelineKind
 
@@ -54,15 +58,82 @@ class _Acc:
         self.stage = self.stage or (s.stage.value if s.stage else "")
 
 
-def _by_op_id(spans: Iterable[Span]) -> tuple[dict[str, _Acc], float]:
+def _by_op_id(spans: Iterable[Span]) -> tuple[dict[str, _Acc], list[Span]]:
+    """Spans grouped by op id, and the spans without one."""
     groups: dict[str, _Acc] = {}
-    loose = 0.0
+    loose: list[Span] = []
     for s in spans:
         if s.op_id is None:
-            loose += s.dur_us
+            loose.append(s)
             continue
         groups.setdefault(f"op {s.op_id}", _Acc()).add(s)
     return groups, loose
+
+
+def _lone(key: str, acc: _Acc, side: str, graph: OpGraph | None) -> OpError:
+    """An op (or definition occurrence) of one side only, the other side 0."""
+    kind, layer, stage = acc.kind, acc.layer, acc.stage
+    op = None
+    if graph is not None and acc.op_id is not None:
+        try:
+            op = graph.op(acc.op_id)
+        except KeyError:
+            op = None
+    if op is not None:
+        kind, layer, stage = op.kind.value, op.layer, op.stage.value if op.stage else stage
+    return OpError(
+        key=f"unmatched {side}: {key}",
+        op_id=acc.op_id,
+        definition=acc.definition,
+        kind=kind,
+        layer=layer,
+        stage=stage,
+        predicted_us=acc.dur if side == "predicted" else 0.0,
+        reference_us=acc.dur if side == "reference" else 0.0,
+    )
+
+
+def _without_op(spans: Iterable[Span], side: str) -> list[OpError]:
+    """Device spans without an op id, summed by kind (or kernel type), layer and stage, the other side 0."""
+    acc: dict[tuple[str, int | None, str], float] = defaultdict(float)
+    for s in spans:
+        kind = s.kind.value if s.kind else _category(s) or "other"
+        acc[(kind, s.layer, s.stage.value if s.stage else "")] += s.dur_us
+    return [
+        OpError(
+            key=f"unmatched {side}: spans without an op ({kind})",
+            kind=kind,
+            layer=layer,
+            stage=stage,
+            predicted_us=us if side == "predicted" else 0.0,
+            reference_us=us if side == "reference" else 0.0,
+        )
+        for (kind, layer, stage), us in acc.items()
+    ]
+
+
+def is_cpu_profile(timeline: Timeline) -> bool:
+    """A CPU profile (``capture --device cpu --profile``): no device spans, CPU ops attributed to graph ops."""
+    return not timeline.device_spans() and any(
+        s.op_id is not None and s.category == SpanCategory.CPU_OP for s in timeline.spans
+    )
+
+
+def no_device_spans(timeline: Timeline, side: str, where: str | None = None) -> CompareError:
+    """The error for a ``side`` (predicted or reference) timeline with nothing to compare, saying what to do."""
+    label = timeline.source.name or timeline.source.kind.value
+    if is_cpu_profile(timeline):
+        return CompareError(
+            f"the {side} timeline {label!r} is a CPU profile: CPU ops, no device spans",
+            where=where,
+            hint="compare it with `opgraph compare`, which counts each op's CPU ops as its device time "
+            "(as `opgraph validate --device cpu` does)",
+        )
+    return CompareError(
+        f"the {side} timeline {label!r} has no device spans to compare (empty, or host spans only)",
+        where=where,
+        hint="pass a simulated timeline (`opgraph simulate -o`) or a trace with GPU kernels",
+    )
 
 
 def _by_definition(spans: Iterable[Span]) -> dict[str, _Acc]:
@@ -100,17 +171,17 @@ def compare_timelines(
     (:func:`opgraph.compare.measured.compare_measured`): it never fails for lack of matches, it says how
     much matched. ``rank`` picks the rank to detail when either side has several.
     """
-    pred_dev, ref_dev = device_spans(predicted), device_spans(reference)
-    for t, spans in ((predicted, pred_dev), (reference, ref_dev)):
-        if not spans:
-            label = t.source.name or t.source.kind.value
-            raise CompareError(f"timeline {label!r} has no device spans to compare", hint="is it empty or host-only?")
+    for side, t in (("predicted", predicted), ("reference", reference)):
+        if not t.device_spans():
+            raise no_device_spans(t, side)
     pm, rm = predicted.source.graph_model, reference.source.graph_model
     if pm and rm and pm != rm and not allow_different_models:
         raise CompareError(
             f"the timelines come from different models ({pm!r} vs {rm!r})",
             hint="compare timelines of the same model, or pass --allow-different-models",
         )
+    pairs, (detail_rank, predicted_r, reference_r), rank_notes = pair_ranks(predicted, reference, rank)
+    pred_dev, ref_dev = device_spans(predicted_r), device_spans(reference_r)
     if join is JoinMode.AUTO:
         pred_ids = {s.op_id for s in pred_dev if s.op_id is not None}
         ref_ids = {s.op_id for s in ref_dev if s.op_id is not None}
@@ -124,11 +195,11 @@ def compare_timelines(
     if join is JoinMode.TRACE:
         return compare_measured(predicted, reference, graph=graph, top=top, rank=rank)
     if join is JoinMode.OP_ID:
-        pg, p_loose = _by_op_id(pred_dev)
-        rg, r_loose = _by_op_id(ref_dev)
+        pg, p_spans = _by_op_id(pred_dev)
+        rg, r_spans = _by_op_id(ref_dev)
     else:
         pg, rg = _by_definition(pred_dev), _by_definition(ref_dev)
-        p_loose = r_loose = 0.0
+        p_spans, r_spans = [], []
     keys = [k for k in rg if k in pg]
     if not keys:
         raise CompareError(
@@ -162,20 +233,36 @@ def compare_timelines(
         )
     unmatched_p = [k for k in pg if k not in rg]
     unmatched_r = [k for k in rg if k not in pg]
+    lone = [_lone(k, pg[k], "predicted", graph if join is JoinMode.OP_ID else None) for k in unmatched_p]
+    lone += [_lone(k, rg[k], "reference", graph if join is JoinMode.OP_ID else None) for k in unmatched_r]
+    lone += _without_op(p_spans, "predicted") + _without_op(r_spans, "reference")
     big = [abs(e.rel_error) for e in errors if e.reference_us >= MIN_OP_US]
+    end = []
+    if len(pairs) > 1:
+        for r_i, pv, rv in pairs:
+            r_dev = sum(s.dur_us for s in device_spans(rv))
+            end += end_to_end(pv, r_dev, rv, suffix=f" rank{r_i}")
     return comparison_of(
         predicted,
         reference,
         errors,
         top=top,
+        unmatched=lone,
         join=join,
-        unmatched_predicted=len(unmatched_p),
-        unmatched_reference=len(unmatched_r),
-        unmatched_predicted_us=sum(pg[k].dur for k in unmatched_p) + p_loose,
-        unmatched_reference_us=sum(rg[k].dur for k in unmatched_r) + r_loose,
-        end_to_end=tuple(end_to_end(predicted, sum(s.dur_us for s in ref_dev), wall_us(reference))),
+        unmatched_predicted=len(unmatched_p) + len(p_spans),
+        unmatched_reference=len(unmatched_r) + len(r_spans),
+        unmatched_predicted_us=sum(pg[k].dur for k in unmatched_p) + sum(s.dur_us for s in p_spans),
+        unmatched_reference_us=sum(rg[k].dur for k in unmatched_r) + sum(s.dur_us for s in r_spans),
+        end_to_end=tuple(end_to_end(predicted_r, sum(s.dur_us for s in ref_dev), reference_r) + end),
         median_abs_rel_error=median(big),
+        rank=detail_rank,
+        notes=tuple(rank_notes),
     )
+
+
+def _metric_label(metric: str) -> str:
+    """An end-to-end metric as shown: what wall time spans (the same on both sides, in every join)."""
+    return metric.replace("wall_time", "wall_time (host and device)", 1) if metric.startswith("wall_time") else metric
 
 
 def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str]]]]:
@@ -192,7 +279,7 @@ def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str
         (
             f"End to end: {c.predicted} vs {c.reference}",
             ["metric", "predicted us", "reference us", "error"],
-            [[r.metric, us(r.predicted_us), us(r.reference_us), pct(r.rel_error)] for r in c.end_to_end]
+            [[_metric_label(r.metric), us(r.predicted_us), us(r.reference_us), pct(r.rel_error)] for r in c.end_to_end]
             + [
                 [
                     f"median |op error| (ops >= {MIN_OP_US:g} us)",
@@ -222,7 +309,16 @@ def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str
         tables.append(
             (
                 "By step (simulated step vs the trace pass of the same stage and order)",
-                ["step", "stage", "trace pass", "predicted us", "reference us", "error", "predicted wall", "ref wall"],
+                [
+                    "step",
+                    "stage",
+                    "trace pass",
+                    "predicted us",
+                    "reference us",
+                    "error",
+                    "predicted wall (device)",
+                    "ref wall (device)",
+                ],
                 [
                     [
                         str(s.step),
@@ -240,13 +336,14 @@ def comparison_tables(c: Comparison) -> list[tuple[str, list[str], list[list[str
         )
     for title, groups in (("By kind", c.by_kind), ("By stage", c.by_stage), ("By layer", c.by_layer)):
         if groups and not (len(groups) == 1 and groups[0].group == "-"):
-            tables.append(
-                (
-                    title,
-                    ["group", "ops", "predicted us", "reference us", "error"],
-                    [[g.group, str(g.ops), us(g.predicted_us), us(g.reference_us), pct(g.rel_error)] for g in groups],
-                )
-            )
+            columns = ["group", "ops", "predicted us", "reference us", "error"]
+            rows = [[g.group, str(g.ops), us(g.predicted_us), us(g.reference_us), pct(g.rel_error)] for g in groups]
+            if any(g.unmatched_predicted_us or g.unmatched_reference_us for g in groups):
+                # the rows hold the unmatched time too (so they add up): say how much of each side it is
+                columns.append("unmatched us (pred, ref)")
+                for row, g in zip(rows, groups, strict=True):
+                    row.append(f"{us(g.unmatched_predicted_us)}, {us(g.unmatched_reference_us)}")
+            tables.append((title, columns, rows))
     if c.notes:
         tables.append(("Notes", ["note"], [[n] for n in c.notes]))
     tables.append(

@@ -3,100 +3,48 @@
 The trace carries no op ids, so spans are aligned the way the trace allows:
 
 - **steps**: the simulation's forward passes (``Span.step``) are matched to the trace's passes by stage
-  and order (the first prefill with the first prefill, the k-th decode with the k-th decode);
+  and order (the first prefill with the first prefill, the k-th decode with the k-th decode); a step
+  left over takes a pass of unknown stage, then a mixed one, and a note says so;
 - **layers**: within matched steps, model layer ``l`` of the simulation with the ``l``-th layer the
   analyzer found in the pass; what lies outside every layer on both sides (embedding, LM head,
   sampling) is a bucket of its own;
-- **ops** (traces with CPU ops, and a graph): within a layer bucket, each graph op lowered from an aten
-  call is aligned with the trace's call of that op by call order, name and input shapes; the kernels
-  launched under that call are the op's. Fused graph ops (an RMSNorm module, RoPE) take the unaligned
-  kernels between their aligned neighbours.
+- **ops** (traces with CPU ops, and a graph): within a layer bucket, each graph op is aligned with the
+  trace's aten calls by call order, name and input shapes, fused ops with every call they were fused
+  from (:mod:`opgraph.compare.align`).
 
-Multi-rank: rank ``r`` of a ``--tp N`` simulation is compared with rank ``r`` of the trace; ranks are
-never summed against one. The end-to-end table (device time, wall) is always given, with the share
-of the trace's device time that matched.
+What finds no partner on either side is kept, by step, layer and kind, in the group tables, so that each
+side's rows add up to its device time. Multi-rank: rank ``r`` of a ``--tp N`` simulation is compared with
+rank ``r`` of the trace; ranks are never summed against one. The end-to-end table (device time, wall) is
+always given, with the share of the trace's device time that matched.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from opgraph.compare.result import (
-    MIN_OP_US,
-    CompareError,
-    Comparison,
-    ErrorRow,
-    JoinMode,
-    OpError,
-    StepError,
-    _group,
-    _rel,
-)
+from opgraph.compare.align import Bucket, align_ops, aten_name, hand_over, kind_of
+from opgraph.compare.ranks import pair_ranks
+from opgraph.compare.result import MIN_OP_US, Comparison, ErrorRow, JoinMode, OpError, StepError, _rel
+from opgraph.compare.rows import comparison_of, end_to_end, error_row, median
 from opgraph.ir import OpGraph, Span, Timeline
-from opgraph.ir.ops import OpBase
 from opgraph.trace.analysis import Analyzer
 from opgraph.trace.classify import KernelClassifier
-from opgraph.trace.events import GpuEvent, HostEvent, TraceData
+from opgraph.trace.events import GpuEvent, TraceData
 from opgraph.trace.importer import from_timeline
 from opgraph.trace.patterns import load_patterns
 from opgraph.trace.result import AnalysisResult
 
-_KIND_OF_TYPE = {
-    "attention": "attention",
-    "gemm": "gemm",
-    "moe": "moe",
-    "norm": "norm",
-    "activation": "activation",
-    "rope": "rope",
-    "elementwise": "elementwise",
-    "reduction": "elementwise",
-    "memory": "memory",
-    "communication": "collective",
-    "sampling": "topk",
-    "embedding": "embedding",
-    "quantization": "elementwise",
-    "other": "other",
-    "unknown": "other",
-}
-"""Kernel type of a measured kernel -> op kind of the graph (coarser where the graph has no such kind)."""
 _BY_CALL = 0.5
 """Share of the graph's aten-call ops that must find their call in the trace for an op-level comparison;
 below it the trace is compared by step, layer and kind."""
-_SEARCH = 48
-"""Kernels searched ahead for an op's call of the same input shapes."""
-_NEAR = 6
-"""Kernels searched ahead for a call of the same name whose shapes differ (a composite op's recorded
-inputs are not its first aten call's)."""
-
-
-def rank_of_track(track: str) -> int | None:
-    """``3`` for ``rank3/...`` tracks, None for a single-rank track."""
-    head = track.split("/", 1)[0]
-    if head.startswith("rank") and head[4:].isdigit():
-        return int(head[4:])
-    return None
-
-
-def ranks_of(timeline: Timeline) -> list[int]:
-    """Ranks whose tracks a timeline holds (empty for a single-rank timeline)."""
-    return sorted({r for s in timeline.spans if (r := rank_of_track(s.track)) is not None})
-
-
-def rank_view(timeline: Timeline, rank: int) -> Timeline:
-    """The spans of one rank, with the ``rank<r>/`` prefix dropped from their tracks."""
-    prefix = f"rank{rank}/"
-    spans = tuple(
-        s.model_copy(update={"track": s.track[len(prefix) :]}) for s in timeline.spans if s.track.startswith(prefix)
-    )
-    config = dict(timeline.source.config)
-    config["rank"] = rank
-    return timeline.model_copy(update={"spans": spans, "source": timeline.source.model_copy(update={"config": config})})
+_ONE_SIDED_WHY = {
+    "rope": "an eager RoPE runs as mul, neg, cat and add kernels, which the trace types as elementwise and "
+    "memory: pass the graph (--graph) with a trace recorded with shapes to align them with the rope ops",
+}
+"""Why a kind found on one side only may be on the other side under another name."""
 
 
 @dataclass
@@ -123,14 +71,6 @@ class MeasuredRank:
         """Device time of the trace's own work (events launched before the window left out)."""
         return sum(g.dur for g in self.data.gpu[self.skip :])
 
-    @property
-    def wall_us(self) -> float:
-        """From the first to the last device event of the trace's own work."""
-        own = self.data.gpu[self.skip :]
-        if not own:
-            return 0.0
-        return max(g.ts + g.dur for g in own) - min(g.ts for g in own)
-
 
 @dataclass
 class StepMatch:
@@ -143,17 +83,6 @@ class StepMatch:
     predicted_wall_us: float
     reference_us: float = 0.0
     reference_wall_us: float = 0.0
-
-
-@dataclass
-class Bucket:
-    """Graph ops and measured kernels of one (step, layer) of one rank; ``layer`` None is outside layers."""
-
-    step: int
-    layer: int | None
-    stage: str
-    ops: list[OpBase] = field(default_factory=list)
-    kernels: list[GpuEvent] = field(default_factory=list)
 
 
 def sim_steps(spans: Sequence[Span]) -> dict[int, tuple[str, float, float]]:
@@ -194,11 +123,44 @@ def match_steps(sim: dict[int, tuple[str, float, float]], measured: AnalysisResu
     return out
 
 
+_OTHER_STAGE = {"mixed": "prefill and decode requests batched in one step", "unknown": "stage not recognised"}
+
+
+def step_notes(matches: Sequence[StepMatch], measured: AnalysisResult) -> list[str]:
+    """Notes on steps matched to a pass of another stage (a decode step against a mixed pass), on steps
+    left without a pass and on passes left without a step."""
+    notes: list[str] = []
+    other: dict[tuple[str, str], list[StepMatch]] = defaultdict(list)
+    for m in matches:
+        if m.pass_index is not None and measured.passes[m.pass_index].stage != m.stage:
+            other[(m.stage, measured.passes[m.pass_index].stage)].append(m)
+    for (stage, pass_stage), ms in other.items():
+        why = _OTHER_STAGE.get(pass_stage, pass_stage)
+        notes.append(
+            f"simulated {stage} step(s) {[m.step for m in ms]} compared with the trace's {pass_stage} pass(es) "
+            f"{[m.pass_index for m in ms]} ({why}): the trace has no {stage} pass left for them, so all of "
+            f"the pass is their reference"
+        )
+    lost = [m.step for m in matches if m.pass_index is None]
+    if lost:
+        notes.append(f"simulated step(s) {lost} have no trace pass of their stage left to match")
+    extra = len(measured.passes) - sum(1 for m in matches if m.pass_index is not None)
+    if extra > 0:
+        notes.append(f"{extra} trace pass(es) matched no simulated step (their time is unmatched reference time)")
+    return notes
+
+
+Orphan = tuple[GpuEvent, str, int | None]
+"""A device event of the trace's own work in no matched pass: the event, its pass's stage, its layer."""
+
+
 def buckets(
     matches: Sequence[StepMatch], graph: OpGraph | None, measured: MeasuredRank, pred_ops: set[int] | None
-) -> dict[tuple[int, int | None], Bucket]:
-    """(step, layer) buckets of matched steps: graph ops (when a graph is given) and measured device events."""
+) -> tuple[dict[tuple[int, int | None], Bucket], list[Orphan]]:
+    """(step, layer) buckets of matched steps: graph ops (when a graph is given) and measured device events;
+    and the trace's own device events in no matched pass."""
     out: dict[tuple[int, int | None], Bucket] = {}
+    orphans: list[Orphan] = []
     pass_to_step = {m.pass_index: m for m in matches if m.pass_index is not None}
     first_layer: dict[int, int] = {}
     for info in measured.analysis.layers:
@@ -207,10 +169,11 @@ def buckets(
         if j < measured.skip:
             continue
         layer, _, pi = measured.labels[j]
+        local = None if layer is None or pi is None else layer - first_layer.get(pi, 0)
         m = pass_to_step.get(pi) if pi is not None else None
-        if m is None or pi is None:
+        if m is None:
+            orphans.append((g, measured.analysis.passes[pi].stage if pi is not None else "", local))
             continue
-        local = None if layer is None else layer - first_layer.get(pi or 0, 0)
         key = (m.step, local)
         b = out.get(key)
         if b is None:
@@ -229,134 +192,7 @@ def buckets(
             if b is None:
                 b = out[key] = Bucket(step, op.layer, op.stage.value if op.stage else "unknown")
             b.ops.append(op)
-    return out
-
-
-def _aten_name(op: OpBase) -> str | None:
-    t = op.target
-    if not t.startswith("aten."):
-        return None
-    return t.split(".")[1]
-
-
-def _op_name(h: HostEvent) -> str:
-    return h.name.rsplit("::", 1)[-1]
-
-
-def _dims_key(dims: object) -> tuple[tuple[int, ...], ...] | None:
-    """Non-empty tensor shapes of an op's inputs, in order (empty tensors and scalars left out)."""
-    if not isinstance(dims, (list, tuple)):
-        return None
-    out = []
-    for d in dims:
-        if isinstance(d, (list, tuple)) and d and all(isinstance(x, int) for x in d) and 0 not in d:
-            out.append(tuple(int(x) for x in d))
-    return tuple(out)
-
-
-def _graph_key(op: OpBase) -> tuple[tuple[int, ...], ...]:
-    return tuple(tuple(t.shape) for t in op.inputs if t.shape and 0 not in t.shape)
-
-
-def _chain(g: GpuEvent) -> list[HostEvent]:
-    out = []
-    h = g.launch_host
-    while h is not None:
-        out.append(h)
-        h = h.parent
-    return out
-
-
-def align_ops(bucket: Bucket) -> tuple[dict[int, list[GpuEvent]], set[int]]:
-    """Measured device events of each graph op of a bucket (op id -> events), by call order, name and shapes,
-    and the ids of the ops aligned with a call of their own (the others took kernels between neighbours)."""
-    kernels = bucket.kernels
-    chains = [_chain(g) for g in kernels]
-    consumed = [False] * len(kernels)
-    used_calls: set[int] = set()
-    owner: dict[int, list[int]] = {}
-    pos = 0
-    matched_at: list[tuple[int, int, int]] = []  # (graph order, first kernel, last kernel)
-
-    def find(name: str, key: tuple[tuple[int, ...], ...] | None) -> HostEvent | None:
-        reach = _SEARCH if key else _NEAR  # no input tensors to compare: only a near call of that name
-        for k in range(pos, min(pos + reach, len(kernels))):
-            if consumed[k]:
-                continue
-            for h in chains[k]:
-                if id(h) in used_calls or _op_name(h) != name:
-                    continue
-                if key is None or _dims_key(h.input_dims) == key:
-                    return h
-        return None
-
-    for order, op in enumerate(bucket.ops):
-        name = _aten_name(op)
-        if name is None:
-            continue
-        call = find(name, _graph_key(op)) or find(name, None)
-        if call is None:
-            continue
-        used_calls.add(id(call))
-        idx = [k for k in range(pos, len(kernels)) if not consumed[k] and any(h is call for h in chains[k])]
-        if not idx:
-            continue
-        for k in idx:
-            consumed[k] = True
-        owner[op.id] = idx
-        matched_at.append((order, idx[0], idx[-1]))
-        pos = idx[0]
-    called = set(owner)
-    # fused ops (modules, or ops with no recorded call) take the unaligned kernels between aligned neighbours
-    bounds = [(-1, -1, -1), *matched_at, (len(bucket.ops), len(kernels), len(kernels))]
-    for (o1, _, last1), (o2, first2, _) in itertools.pairwise(bounds):
-        between = [op for op in bucket.ops[o1 + 1 : o2] if op.id not in owner]
-        fused = [op for op in between if _aten_name(op) is None or op.call is None]
-        left = [k for k in range(last1 + 1, first2) if not consumed[k]]
-        if not left:
-            continue
-        takers = fused or ([bucket.ops[o1]] if o1 >= 0 and bucket.ops[o1].call is None else [])
-        if not takers:
-            continue
-        for op, part in zip(takers, _segment(takers, [kernels[k] for k in left]), strict=True):
-            idx = [left[i] for i in part]
-            if idx:
-                owner.setdefault(op.id, []).extend(idx)
-                for k in idx:
-                    consumed[k] = True
-    return {op_id: [kernels[k] for k in idx] for op_id, idx in owner.items()}, called
-
-
-def _work_kind(g: GpuEvent) -> str:
-    """What a kernel computes, for handing it to one of several fused ops: GEMMs by their launching op."""
-    if any(op.endswith("mm") for op in g.launch_stack):
-        return "gemm"
-    kind = kind_of(g)
-    return "moe_routing" if kind == "moe" else kind
-
-
-def _segment(takers: Sequence[OpBase], kernels: Sequence[GpuEvent]) -> list[list[int]]:
-    """Split kernels (in time order) among fused ops (in graph order) without reordering, on GEMMs: a GEMM
-    kernel (by its launching op) moves on to the next GEMM op, the first other kernel after it to the op
-    after that (MoE: router, expert GEMM, activation, expert GEMM, combine). Without GEMMs to go by, the
-    kernels are shared out evenly."""
-    parts: list[list[int]] = [[] for _ in takers]
-    gemm = [op.kind.value == "gemm" for op in takers]
-    t = 0
-    guided = False
-    for i, g in enumerate(kernels):
-        is_gemm = _work_kind(g) == "gemm"
-        if is_gemm and not gemm[t]:
-            nxt = next((j for j in range(t + 1, len(takers)) if gemm[j]), None)
-            if nxt is not None:
-                t, guided = nxt, True
-        elif not is_gemm and gemm[t] and t + 1 < len(takers) and not gemm[t + 1]:
-            t += 1
-        parts[t].append(i)
-    if not guided and len(takers) > 1:
-        share = max(1, math.ceil(len(kernels) / len(takers)))
-        parts = [list(range(i * share, min((i + 1) * share, len(kernels)))) for i in range(len(takers))]
-    return parts
+    return out, orphans
 
 
 def _family(s: Span) -> str:
@@ -368,96 +204,100 @@ def _family(s: Span) -> str:
     return kind
 
 
-def kind_of(g: GpuEvent) -> str:
-    """The graph op kind of a measured device event."""
-    if g.kind != "kernel":
-        return "memory"
-    return _KIND_OF_TYPE.get(g.ktype.value, "other")
+@dataclass
+class Unmatched:
+    """Device time of either side with no partner, summed by (side, step, layer, stage, kind)."""
 
-
-def median(values: Sequence[float]) -> float | None:
-    """Median, or None for no values."""
-    return statistics.median(values) if values else None
-
-
-# ---------------------------------------------------------------- rows of both joins (compare.py too)
-def wall_us(timeline: Timeline) -> float:
-    """The wall time of ``timeline``: its ``wall_us`` when set, else its extent."""
-    return timeline.wall_us if timeline.wall_us is not None else timeline.makespan_us
-
-
-def error_row(metric: str, predicted_us: float, reference_us: float) -> ErrorRow:
-    """The end-to-end row ``metric``: predicted against reference, with the relative error."""
-    return ErrorRow(
-        metric=metric, predicted_us=predicted_us, reference_us=reference_us, rel_error=_rel(predicted_us, reference_us)
+    time_us: dict[tuple[str, int | None, int | None, str, str], float] = field(
+        default_factory=lambda: defaultdict(float)
     )
+    items: dict[str, set[Hashable]] = field(default_factory=lambda: {"predicted": set(), "reference": set()})
+    """What went unmatched on each side (ops, spans, kernels or kernel groups), for the counts."""
+
+    def add(
+        self, side: str, item: Hashable, step: int | None, layer: int | None, stage: str, kind: str, us: float
+    ) -> None:
+        """``us`` of ``side`` (``predicted`` or ``reference``) found no partner; ``item`` is what it was."""
+        self.time_us[(side, step, layer, stage, kind)] += us
+        self.items[side].add(item)
+
+    def count(self, side: str) -> int:
+        """Ops, spans, kernels or kernel groups of ``side`` with no partner."""
+        return len(self.items[side])
+
+    def us(self, side: str) -> float:
+        """Device time of ``side`` with no partner."""
+        return sum(v for k, v in self.time_us.items() if k[0] == side)
+
+    def entries(self) -> list[OpError]:
+        """The unmatched time as entries with the other side 0, for the group tables."""
+        out = []
+        for (side, step, layer, stage, kind), us in self.time_us.items():
+            where = "outside layers" if layer is None else f"layer {layer}"
+            when = "no step" if step is None else f"step {step}"
+            out.append(
+                OpError(
+                    key=f"unmatched {side}: {when} {where} {kind}",
+                    kind=kind,
+                    layer=layer,
+                    stage=stage,
+                    step=step,
+                    predicted_us=us if side == "predicted" else 0.0,
+                    reference_us=us if side == "reference" else 0.0,
+                )
+            )
+        return out
 
 
-def end_to_end(
-    predicted: Timeline, reference_device_us: float, reference_wall_us: float, suffix: str = ""
-) -> list[ErrorRow]:
-    """The ``gpu_time`` and ``wall_time`` rows of ``predicted`` against the reference's (``suffix``: `` rank1``)."""
-    device_us = sum(s.dur_us for s in predicted.device_spans())
-    return [
-        error_row(f"gpu_time{suffix}", device_us, reference_device_us),
-        error_row(f"wall_time{suffix}", wall_us(predicted), reference_wall_us),
-    ]
+@dataclass
+class PairResult:
+    """What one rank pair's join found."""
+
+    errors: list[OpError]
+    """Matched ops or (step, layer, kind) groups."""
+    unmatched: Unmatched
+    matches: list[StepMatch]
+    matched_ref_us: float
+    level: str
+    notes: list[str]
+    measured: MeasuredRank
 
 
-def comparison_of(
-    predicted: Timeline, reference: Timeline, errors: Sequence[OpError], *, top: int, **fields: Any
-) -> Comparison:
-    """The :class:`Comparison` of the matched ``errors``: the labels, the groups by kind, layer and stage,
-    the ``top`` largest gaps and every op; ``fields`` are the join's own (end to end, unmatched, median)."""
-    return Comparison(
-        predicted=predicted.source.name or predicted.source.kind.value,
-        reference=reference.source.name or reference.source.kind.value,
-        matched=len(errors),
-        by_kind=_group(errors, "kind"),
-        by_layer=_group(errors, "layer"),
-        by_stage=_group(errors, "stage"),
-        top_gaps=tuple(sorted(errors, key=lambda e: -abs(e.error_us))[:top]),
-        ops=tuple(errors),
-        **fields,
-    )
-
-
-def _pair(
-    pred: Timeline, ref: Timeline, graph: OpGraph | None
-) -> tuple[list[OpError], list[StepMatch], float, float, float, str, list[str], MeasuredRank]:
-    """Entries, step matches, matched/unmatched reference time, unmatched predicted time, level and notes of
-    one rank pair."""
+def _pair(pred: Timeline, ref: Timeline, graph: OpGraph | None) -> PairResult:
+    """Join one rank pair: per op (aten calls aligned) when the graph and the trace's CPU ops allow, else per
+    step, layer and kind; every device microsecond of either side is matched or unmatched."""
     notes: list[str] = []
     pred_dev = pred.device_spans()
     measured = MeasuredRank.of(ref)
     matches = match_steps(sim_steps(pred_dev), measured.analysis)
-    lost = [m.step for m in matches if m.pass_index is None]
-    if lost:
-        notes.append(f"simulated step(s) {lost} have no trace pass of their stage left to match")
-    extra = len(measured.analysis.passes) - sum(1 for m in matches if m.pass_index is not None)
-    if extra > 0:
-        notes.append(f"{extra} trace pass(es) matched no simulated step (not in the tables below the end-to-end rows)")
-    matched_steps = {m.step for m in matches if m.pass_index is not None}
+    notes += step_notes(matches, measured.analysis)
     pred_by_op: dict[int, float] = defaultdict(float)
-    pred_units: dict[tuple[int, int | None, str], float] = defaultdict(float)
     for s in pred_dev:
         if s.op_id is not None:
             pred_by_op[s.op_id] += s.dur_us
-        pred_units[(s.step or 0, s.layer, _family(s))] += s.dur_us
     stage_of = {m.step: m.stage for m in matches}
+
+    def stage(s: Span) -> str:
+        return s.stage.value if s.stage else stage_of.get(s.step or 0, "")
+
     linked = any(g.launch_host is not None for g in measured.data.gpu)
-    groups = buckets(matches, graph, measured, set(pred_by_op) if graph is not None else None)
+    groups, orphans = buckets(matches, graph, measured, set(pred_by_op) if graph is not None else None)
+    lone = Unmatched()
+    for g, pass_stage, layer in orphans:
+        lone.add("reference", id(g), None, layer, pass_stage, kind_of(g), g.dur)
     errors: list[OpError] = []
     matched_ref = 0.0
     level = "layer"
     if graph is not None and linked:
         owners: dict[int, list[GpuEvent]] = {}
         called: set[int] = set()
-        for b in groups.values():
+        in_time = sorted((b for b in groups.values() if b.kernels), key=lambda b: (b.step, b.kernels[0].ts))
+        for b in in_time:
             got, by_call = align_ops(b)
             owners.update(got)
             called |= by_call
-        named = sum(1 for b in groups.values() for op in b.ops if _aten_name(op) is not None)
+        hand_over(in_time, owners)
+        named = sum(1 for b in groups.values() for op in b.ops if aten_name(op) is not None)
         if named and len(called) >= _BY_CALL * named:
             level = "op"
             by_id = {op.id: op for b in groups.values() for op in b.ops}
@@ -478,7 +318,16 @@ def _pair(
                     )
                 )
                 matched_ref += ref_us
-            unmatched_pred = sum(v for k, v in pred_by_op.items() if k not in owners)
+            owned = {id(g) for ks in owners.values() for g in ks}
+            for b in groups.values():
+                for g in b.kernels:
+                    if id(g) not in owned:
+                        lone.add("reference", id(g), b.step, b.layer, b.stage, kind_of(g), g.dur)
+            for s in pred_dev:
+                if s.op_id is None or s.op_id not in owners:
+                    kind = s.kind.value if s.kind else "other"
+                    item = ("op", s.op_id) if s.op_id is not None else ("span", id(s))
+                    lone.add("predicted", item, s.step or 0, s.layer, stage(s), kind, s.dur_us)
         else:
             notes.append(
                 f"only {len(called)} of {named} graph ops lowered from an aten call found that call in the trace "
@@ -489,33 +338,56 @@ def _pair(
     elif not linked:
         notes.append("the trace has no CPU ops linked to kernels: compared by step, layer and kind")
     if level == "layer":
+        pred_units: dict[tuple[int, int | None, str], float] = defaultdict(float)
+        for s in pred_dev:
+            pred_units[(s.step or 0, s.layer, _family(s))] += s.dur_us
         ref_units: dict[tuple[int, int | None, str], float] = defaultdict(float)
         for b in groups.values():
             for g in b.kernels:
                 ref_units[(b.step, b.layer, kind_of(g))] += g.dur
-        unmatched_pred = 0.0
         for key in sorted(set(pred_units) | set(ref_units), key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
             step, layer, kind = key
-            if key not in ref_units or key not in pred_units:
-                if key in pred_units and step in matched_steps:
-                    unmatched_pred += pred_units[key]
-                continue
-            where = "outside layers" if layer is None else f"layer {layer}"
-            errors.append(
-                OpError(
-                    key=f"step {step} {where} {kind}",
-                    kind=kind,
-                    layer=layer,
-                    stage=stage_of.get(step, ""),
-                    step=step,
-                    predicted_us=pred_units[key],
-                    reference_us=ref_units[key],
+            if key in pred_units and key in ref_units:
+                where = "outside layers" if layer is None else f"layer {layer}"
+                errors.append(
+                    OpError(
+                        key=f"step {step} {where} {kind}",
+                        kind=kind,
+                        layer=layer,
+                        stage=stage_of.get(step, ""),
+                        step=step,
+                        predicted_us=pred_units[key],
+                        reference_us=ref_units[key],
+                    )
                 )
-            )
-            matched_ref += ref_units[key]
-        unmatched_pred += sum(v for (st, _, _), v in pred_units.items() if st not in matched_steps)
-    unmatched_ref = max(measured.device_us - matched_ref, 0.0)
-    return errors, matches, matched_ref, unmatched_ref, unmatched_pred, level, notes, measured
+                matched_ref += ref_units[key]
+            elif key in pred_units:
+                lone.add("predicted", key, step, layer, stage_of.get(step, ""), kind, pred_units[key])
+            else:
+                lone.add("reference", key, step, layer, stage_of.get(step, ""), kind, ref_units[key])
+    return PairResult(errors, lone, matches, matched_ref, level, notes, measured)
+
+
+def one_sided_kinds(c: Comparison) -> list[str]:
+    """Notes on kinds with time on one side only (a row whose error is n/a), and why when it is known."""
+    notes = []
+    for side in ("predicted", "reference"):
+        lone = [
+            g
+            for g in c.by_kind
+            if g.ops == 0
+            and (g.predicted_us if side == "predicted" else g.reference_us) > 0
+            and (g.reference_us if side == "predicted" else g.predicted_us) == 0
+        ]
+        if not lone:
+            continue
+        shown = ", ".join(
+            f"{g.group} ({g.predicted_us if side == 'predicted' else g.reference_us:,.1f} us)" for g in lone
+        )
+        only, other = ("the prediction", "reference") if side == "predicted" else ("the reference", "prediction")
+        notes.append(f"kinds only {only} has (none of their time matched in the {other}): {shown}")
+        notes += [f"{g.group}: {_ONE_SIDED_WHY[g.group]}" for g in lone if g.group in _ONE_SIDED_WHY]
+    return notes
 
 
 def compare_measured(
@@ -530,54 +402,34 @@ def compare_measured(
 
     Always gives end-to-end device time and wall (per rank compared, never ranks summed against one) and
     per-step rows; then per op (aten calls aligned, with a graph and a trace with CPU ops) or per step,
-    layer and kind. ``matched_share`` says how much of the trace's device time found a partner.
+    layer and kind. ``matched_share`` says how much of the trace's device time found a partner; what found
+    none is in the group tables too (``unmatched_*_us``), so that each side's rows add up to its device time.
     """
-    pred_ranks, ref_ranks = ranks_of(predicted), ranks_of(reference)
-    notes: list[str] = []
-    pairs: list[tuple[int | None, Timeline, Timeline]] = []
-    if pred_ranks and ref_ranks:
-        both = [r for r in pred_ranks if r in ref_ranks]
-        if not both:
-            raise CompareError(
-                f"no rank in common: simulated ranks {pred_ranks}, trace ranks {ref_ranks}",
-                hint="simulate with --tp matching the trace's ranks",
-            )
-        pairs = [(r, rank_view(predicted, r), rank_view(reference, r)) for r in both]
-        notes.append(f"ranks {both} compared rank by rank")
-    elif pred_ranks:
-        pr = rank if rank is not None else pred_ranks[0]
-        if pr not in pred_ranks:
-            raise CompareError(f"no rank {pr} in the simulation", hint=f"ranks: {pred_ranks}")
-        pairs = [(pr, rank_view(predicted, pr), reference)]
-        notes.append(f"rank {pr} of the {len(pred_ranks)}-rank simulation against the one-rank trace")
-    elif ref_ranks:
-        rr = rank if rank is not None else ref_ranks[0]
-        if rr not in ref_ranks:
-            raise CompareError(f"no rank {rr} in the trace", hint=f"ranks: {ref_ranks}")
-        pairs = [(rr, predicted, rank_view(reference, rr))]
-        notes.append(f"the one-rank simulation against rank {rr} of the {len(ref_ranks)}-rank trace")
-    else:
-        pairs = [(None, predicted, reference)]
-    detail = next((p for p in pairs if p[0] == rank), pairs[0])
+    pairs, (detail_rank, pv, rv), notes = pair_ranks(predicted, reference, rank)
     end: list[ErrorRow] = []
     if len(pairs) > 1:
-        for r_i, pv, rv in pairs:
-            m = MeasuredRank.of(rv)
-            end += end_to_end(pv, m.device_us, m.wall_us, suffix=f" rank{r_i}")
-    detail_rank, pv, rv = detail
-    errors, matches, matched_ref, unmatched_ref, unmatched_pred, level, more, measured = _pair(pv, rv, graph)
-    notes += more
+        for r_i, p_i, r_v in pairs:
+            end += end_to_end(p_i, MeasuredRank.of(r_v).device_us, r_v, suffix=f" rank{r_i}")
+    res = _pair(pv, rv, graph)
+    measured = res.measured
+    notes += res.notes
     notes += [f"trace: {n}" for n in measured.analysis.notes if "python_function" not in n]
-    head = end_to_end(pv, measured.device_us, measured.wall_us)
-    matched = [m for m in matches if m.pass_index is not None]
-    if len(matched) < len(measured.analysis.passes) or len(matched) < len(matches):
+    head = end_to_end(pv, measured.device_us, rv)
+    if measured.skip and rv.wall_us is None:
+        early = sum(g.dur for g in measured.data.gpu[: measured.skip])
+        notes.append(
+            f"wall_time spans the whole trace, host spans included: it holds the {measured.skip} device events "
+            f"({early / 1000:,.3f} ms) at its start that ran an earlier step's work, which gpu_time leaves out"
+        )
+    matched = [m for m in res.matches if m.pass_index is not None]
+    if len(matched) < len(measured.analysis.passes) or len(matched) < len(res.matches):
         p_us = sum(m.predicted_us for m in matched)
         r_us = sum(m.reference_us for m in matched)
         head.append(error_row("gpu_time (matched steps)", p_us, r_us))
-    share = matched_ref / measured.device_us if measured.device_us else 0.0
+    share = res.matched_ref_us / measured.device_us if measured.device_us else 0.0
     if share < 0.5:
         notes.append(f"only {100 * share:.0f}% of the trace's device time matched: read the end-to-end rows")
-    big = [abs(e.rel_error) for e in errors if e.reference_us >= MIN_OP_US and math.isfinite(e.rel_error)]
+    big = [abs(e.rel_error) for e in res.errors if e.reference_us >= MIN_OP_US and math.isfinite(e.rel_error)]
     steps = tuple(
         StepError(
             step=m.step,
@@ -589,23 +441,25 @@ def compare_measured(
             reference_wall_us=m.reference_wall_us,
             rel_error=_rel(m.predicted_us, m.reference_us) if m.pass_index is not None else math.inf,
         )
-        for m in matches
+        for m in res.matches
     )
-    return comparison_of(
+    c = comparison_of(
         predicted,
         reference,
-        errors,
+        res.errors,
         top=top,
+        unmatched=res.unmatched.entries(),
         join=JoinMode.TRACE,
-        unmatched_predicted=0,
-        unmatched_reference=0,
-        unmatched_predicted_us=unmatched_pred,
-        unmatched_reference_us=unmatched_ref,
+        unmatched_predicted=res.unmatched.count("predicted"),
+        unmatched_reference=res.unmatched.count("reference"),
+        unmatched_predicted_us=res.unmatched.us("predicted"),
+        unmatched_reference_us=res.unmatched.us("reference"),
         end_to_end=tuple(head + end),
         median_abs_rel_error=median(big),
         by_step=steps,
-        level=level,
+        level=res.level,
         matched_share=share,
         rank=detail_rank,
         notes=tuple(notes),
     )
+    return c.model_copy(update={"notes": (*c.notes, *one_sided_kinds(c))})

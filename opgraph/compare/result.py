@@ -9,14 +9,24 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from enum import Enum
+from typing import Annotated
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from opgraph.ir import OpgraphError
 from opgraph.ir.tensor import FrozenModel
 
 MIN_OP_US = 5.0
 """Ops shorter than this (in the reference) are left out of the median per-op error, as in the targets."""
+
+
+def _infinite_if_none(value: object) -> object:
+    return math.inf if value is None else value
+
+
+RelError = Annotated[float, BeforeValidator(_infinite_if_none)]
+"""(predicted - reference) / reference: infinite when there is no reference time, which JSON saves as null
+(read back as infinite)."""
 
 
 class CompareError(OpgraphError):
@@ -60,14 +70,22 @@ class OpError(FrozenModel):
 
 
 class GroupError(FrozenModel):
-    """Totals of one group (a kind, a layer, a stage)."""
+    """Totals of one group (a kind, a layer, a stage): its matched ops and the time of either side that
+    found no partner, so that the groups of a table add up to the end-to-end device time."""
 
     group: str
     ops: int
+    """Matched ops (or kernel groups) in the group."""
     predicted_us: float
+    """Predicted device time of the group, unmatched time included."""
     reference_us: float
-    rel_error: float
+    """Reference device time of the group, unmatched time included."""
+    rel_error: RelError
     """(predicted - reference) / reference."""
+    unmatched_predicted_us: float = 0.0
+    """Part of ``predicted_us`` with no reference partner."""
+    unmatched_reference_us: float = 0.0
+    """Part of ``reference_us`` with no predicted partner."""
 
 
 class ErrorRow(FrozenModel):
@@ -76,7 +94,7 @@ class ErrorRow(FrozenModel):
     metric: str
     predicted_us: float
     reference_us: float
-    rel_error: float
+    rel_error: RelError
 
 
 class StepError(FrozenModel):
@@ -92,7 +110,7 @@ class StepError(FrozenModel):
     predicted_wall_us: float
     """From the step's first to its last device span."""
     reference_wall_us: float
-    rel_error: float
+    rel_error: RelError
 
 
 class Comparison(FrozenModel):
@@ -106,22 +124,29 @@ class Comparison(FrozenModel):
     matched: int
     """Ops (or kernel groups) matched."""
     unmatched_predicted: int
+    """Predicted ops (or kernel groups, or spans without an op) with no partner."""
     unmatched_reference: int
+    """Reference ops (or kernels, or kernel groups) with no partner."""
     unmatched_predicted_us: float
     """Device time of predicted spans with no partner."""
     unmatched_reference_us: float
     """Device time of reference spans with no partner."""
     end_to_end: tuple[ErrorRow, ...]
-    """GPU busy time and wall time, each predicted vs reference."""
+    """Device time (``gpu_time``: summed device spans) and wall time (``wall_time``: the timeline's
+    ``wall_us`` when set, else from its first to its last span, host spans included), predicted vs
+    reference."""
     median_abs_rel_error: float | None
     """Median |relative error| over matched ops of at least ``MIN_OP_US`` in the reference."""
     by_kind: tuple[GroupError, ...] = ()
+    """Matched and unmatched time by op kind: each side's rows add up to its compared device time."""
     by_layer: tuple[GroupError, ...] = ()
     by_stage: tuple[GroupError, ...] = ()
     top_gaps: tuple[OpError, ...] = ()
     """Matched ops that explain most of the absolute gap, largest first."""
     ops: tuple[OpError, ...] = Field(default=(), repr=False)
     """Every matched op."""
+    unmatched: tuple[OpError, ...] = Field(default=(), repr=False)
+    """Device time with no partner, by step, layer, stage and kind (the other side 0)."""
     by_step: tuple[StepError, ...] = ()
     """Per simulated step, against its trace pass (measured traces)."""
     level: str = ""
@@ -145,21 +170,38 @@ def _rel(pred: float, ref: float) -> float:
     return (pred - ref) / ref if ref else (0.0 if pred == 0 else math.inf)
 
 
-def _group(errors: Sequence[OpError], attr: str) -> tuple[GroupError, ...]:
+def _group(errors: Sequence[OpError], attr: str, unmatched: Sequence[OpError] = ()) -> tuple[GroupError, ...]:
+    """Matched ``errors`` and ``unmatched`` time grouped by the entries' ``attr`` (``-`` for none)."""
     acc: dict[str, list[float]] = {}
-    for e in errors:
-        value = getattr(e, attr)
-        name = "-" if value in (None, "") else str(value)
-        row = acc.setdefault(name, [0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += e.predicted_us
-        row[2] += e.reference_us
+    for entries, lone in ((errors, False), (unmatched, True)):
+        for e in entries:
+            value = getattr(e, attr)
+            name = "-" if value in (None, "") else str(value)
+            row = acc.setdefault(name, [0, 0.0, 0.0, 0.0, 0.0])
+            row[1] += e.predicted_us
+            row[2] += e.reference_us
+            if lone:
+                row[3] += e.predicted_us
+                row[4] += e.reference_us
+            else:
+                row[0] += 1
 
     def order(item: tuple[str, list[float]]) -> tuple[int, float, str]:
+        # layers in order; other groups by reference time, then those only predicted by predicted time
         name, row = item
-        return (0, float(name), "") if name.lstrip("-").isdigit() else (1, -row[2], name)
+        if name.lstrip("-").isdigit():
+            return (0, float(name), "")
+        return (1, -row[2], name) if row[2] else (2, -row[1], name)
 
     return tuple(
-        GroupError(group=name, ops=int(r[0]), predicted_us=r[1], reference_us=r[2], rel_error=_rel(r[1], r[2]))
+        GroupError(
+            group=name,
+            ops=int(r[0]),
+            predicted_us=r[1],
+            reference_us=r[2],
+            rel_error=_rel(r[1], r[2]),
+            unmatched_predicted_us=r[3],
+            unmatched_reference_us=r[4],
+        )
         for name, r in sorted(acc.items(), key=order)
     )

@@ -3,10 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from opgraph.cli.common import check_output_path, command, console, new_table
+
+if TYPE_CHECKING:
+    from opgraph.ir import Timeline
+
+
+def _comparable(timeline: Timeline, path: Path, side: str, notes: list[str]) -> Timeline:
+    """``timeline`` as compare reads it: a CPU profile's CPU ops as its device work (as ``validate`` does);
+    a timeline with nothing to compare is a one-line error naming ``path``."""
+    from opgraph.compare.compare import is_cpu_profile, no_device_spans
+
+    if timeline.device_spans():
+        return timeline
+    if is_cpu_profile(timeline):
+        from opgraph.cli.commands.validate import CPU_PROFILE_NOTE, cpu_device_view
+
+        notes.append(f"{side} {path.name}: {CPU_PROFILE_NOTE}")
+        return cpu_device_view(timeline)
+    raise no_device_spans(timeline, side, where=str(path))
 
 
 @command("compare")
@@ -43,16 +62,19 @@ def compare(
     check_output_path(json_out, "--json", inputs=inputs)
     check_output_path(html_out, "--html", inputs=[*inputs, json_out])
     check_output_path(perfetto_out, "--perfetto", inputs=[*inputs, json_out, html_out])
-    pred = load_any_timeline(predicted)
-    ref = load_any_timeline(reference)
+    notes: list[str] = []
+    pred = _comparable(load_any_timeline(predicted), predicted, "predicted", notes)
+    ref = _comparable(load_any_timeline(reference), reference, "reference", notes)
     g = load_graph(graph) if graph else None
     result = compare_timelines(
         pred, ref, join=mode, graph=g, top=top, allow_different_models=allow_different_models, rank=rank
     )
+    if notes:
+        result = result.model_copy(update={"notes": (*notes, *result.notes)})
     tables = comparison_tables(result)
     if result.rank is not None:
         # draw the rank compared, side by side, not all simulated ranks against one measured rank
-        from opgraph.compare.measured import rank_view, ranks_of
+        from opgraph.compare.ranks import rank_view, ranks_of
 
         pred = rank_view(pred, result.rank) if ranks_of(pred) else pred
         ref = rank_view(ref, result.rank) if ranks_of(ref) else ref

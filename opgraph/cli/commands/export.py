@@ -5,10 +5,14 @@ from __future__ import annotations
 import webbrowser
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from opgraph.cli.common import check_output_path, command, console, err_console
+
+if TYPE_CHECKING:
+    from opgraph.ir import Timeline
 
 
 class ExportFormat(str, Enum):
@@ -38,27 +42,26 @@ def _format_for(output: Path, given: ExportFormat | None) -> ExportFormat:
     return fmt
 
 
-def _load_timelines(paths: list[Path]) -> list[object]:
-    from opgraph.ir import LoadError, load_timeline, read_json_bytes
+def _load_timelines(paths: list[Path]) -> list[Timeline]:
+    """Saved timelines or profiler traces, each told from its start and read once (a trace streamed)."""
+    from opgraph.compare.loading import load_any_timeline
 
-    out: list[object] = []
-    for p in paths:
-        try:
-            out.append(load_timeline(p))
-        except LoadError:
-            # A profiler trace rather than a saved Timeline: import it when the importer is there.
-            head = read_json_bytes(p)[: 1 << 16] if p.is_file() else b""
-            if b'"traceEvents"' not in head:
-                raise
-            try:
-                from opgraph.trace import load_trace
-            except ImportError:
-                raise LoadError(
-                    "is a profiler trace, not a saved Timeline, and the trace importer is not available",
-                    where=str(p),
-                ) from None
-            out.append(load_trace(p))
-    return out
+    return [load_any_timeline(p) for p in paths]
+
+
+def _check_graph_model(model: str, tls: list[Timeline], paths: list[Path], graph_path: Path | None) -> None:
+    """A timeline whose spans refer to another model's graph (its ``graph_model``) is an error: --graph
+    would label its spans with the wrong ops."""
+    from opgraph.export import ExportError
+
+    for t, p in zip(tls, paths, strict=True):
+        other = t.source.graph_model
+        if model and other and other != model:
+            raise ExportError(
+                f"the timeline's ops are of model {other!r}, the graph {graph_path} is of {model!r}",
+                where=str(p),
+                hint="give the graph the timeline was simulated or measured from, or leave --graph out",
+            )
 
 
 @command("export")
@@ -96,17 +99,22 @@ def export(
     one column each in the report (with comparison tables when one of them is measured).
     """
     from opgraph.export import ExportError, open_in_perfetto, write_gantt, write_html_report, write_perfetto
-    from opgraph.ir import Timeline, load_graph
+    from opgraph.ir import load_graph
 
     kind = _format_for(output, fmt)
+    if not 1 <= port <= 65535:
+        raise ExportError(f"port {port} is out of range", where="--port", hint="give a port of 1 to 65535")
+    if not 0 < timeout_s < float("inf"):
+        raise ExportError(f"must be a positive number of seconds (got {timeout_s:g})", where="--timeout")
     if flows and kind is not ExportFormat.PERFETTO:
         raise ExportError("--flows only applies to --format perfetto", where="--flows")
     if flows and graph_path is None:
         raise ExportError("--flows needs the graph", where="--flows", hint="pass it with --graph GRAPH")
     check_output_path(output, "-o/--output", inputs=[*timelines, graph_path])
-    loaded = _load_timelines(timelines)
-    tls = [t for t in loaded if isinstance(t, Timeline)]
+    tls = _load_timelines(timelines)
     graph = load_graph(graph_path) if graph_path is not None else None
+    if graph is not None:
+        _check_graph_model(graph.metadata.model, tls, timelines, graph_path)
     if kind is ExportFormat.PERFETTO:
         path = write_perfetto(tls, output, graph=graph, flows=flows, counter_bins=counter_bins)
     elif kind is ExportFormat.PNG:

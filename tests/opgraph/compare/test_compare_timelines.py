@@ -61,7 +61,14 @@ def test_op_id_join_sums_kernels_per_op() -> None:
     gpu = c.row("gpu_time")
     assert gpu.predicted_us == 35 and gpu.reference_us == 32  # host and CPU spans excluded
     assert c.row("wall_time").rel_error == pytest.approx(-0.2)
-    assert [g.group for g in c.by_layer] == ["0", "1"]
+    # op 9 (reference only, no layer) is in the tables as unmatched time, so that each side adds up
+    assert [g.group for g in c.by_layer] == ["0", "1", "-"]
+    assert [(g.ops, g.unmatched_predicted_us, g.unmatched_reference_us) for g in c.by_layer] == [
+        (1, 5, 0),
+        (1, 0, 0),
+        (0, 0, 4),
+    ]
+    assert sum(g.predicted_us for g in c.by_layer) == 35 and sum(g.reference_us for g in c.by_kind) == 32
     assert c.top_gaps[0].key == "op 2"
     assert c.median_abs_rel_error == pytest.approx(statistics_median([abs(10 / 12 - 1), 0.25]))
 
