@@ -54,6 +54,7 @@ __all__ = [
     "capture",
     "graph_from_recording",
     "hints_from_config",
+    "layer_windows",
     "lower",
     "prepare",
     "record",
@@ -71,14 +72,42 @@ def hints_from_config(config: Any) -> Hints:
         return Hints()
     heads = getattr(config, "num_attention_heads", None)
     kv = getattr(config, "num_key_value_heads", None) or heads
-    windows: dict[int, int] = {}
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if window and isinstance(types, list | tuple):
-        windows = {i: int(window) for i, t in enumerate(types) if "sliding" in str(t)}
     return Hints(
-        num_heads=heads, num_kv_heads=kv, mla=bool(getattr(config, "kv_lora_rank", None)), layer_windows=windows
+        num_heads=heads,
+        num_kv_heads=kv,
+        mla=bool(getattr(config, "kv_lora_rank", None)),
+        layer_windows=layer_windows(config),
     )
+
+
+def layer_windows(config: Any) -> dict[int, int]:
+    """The sliding window of each layer that has one, as transformers decides it.
+
+    A config with ``layer_types`` names its sliding layers (Gemma 2 and 3, gpt-oss; Qwen2 and Qwen3
+    build them from ``use_sliding_window`` and ``max_window_layers``). Without ``layer_types`` a
+    ``sliding_window`` applies to every layer: Mistral, Mixtral, Phi-3, Starcoder2 and Qwen3-MoE pick
+    ``create_sliding_window_causal_mask`` for all layers when it is set, and transformers' caches keep
+    that window in every layer (``cache_utils.get_layer_types_and_kwargs``). Configs that do not use
+    the window clear it (Qwen3-MoE without ``use_sliding_window``).
+
+    >>> from types import SimpleNamespace as Config
+    >>> layer_windows(Config(sliding_window=4, layer_types=["sliding_attention", "full_attention"]))
+    {0: 4}
+    >>> layer_windows(Config(sliding_window=4, num_hidden_layers=2))
+    {0: 4, 1: 4}
+    >>> layer_windows(Config(sliding_window=None, num_hidden_layers=2))
+    {}
+    """
+    window = getattr(config, "sliding_window", None)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        return {}
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, list | tuple):
+        return {i: window for i, t in enumerate(types) if "sliding" in str(t)}
+    layers = getattr(config, "num_hidden_layers", None)
+    if isinstance(layers, bool) or not isinstance(layers, int):
+        return {}
+    return dict.fromkeys(range(layers), window)
 
 
 def _check_positions(config: Any, opts: CaptureOptions, name: str) -> None:
@@ -186,13 +215,23 @@ def _build(config: Any, opts: CaptureOptions, name: str) -> tuple[Any, str]:
                 hint="capture supports decoder-only models that AutoModelForCausalLM can build",
             ) from None
         raise ConfigError(f"transformers cannot build this model ({msg[:240]})", where=name) from None
-    except RuntimeError as exc:  # torch refusing a size the config gave (a negative dimension)
-        msg = " ".join(str(exc).split())
+    except (RuntimeError, AssertionError) as exc:
+        # Only the model's constructor runs in the try: torch refusing a size the config gave (a
+        # negative dimension), or a module's own check (nn.Embedding's padding_idx past the vocabulary).
+        msg = " ".join(str(exc).split()) or type(exc).__name__
         raise ConfigError(
-            f"transformers cannot build this model ({msg[:240]})", where=name, hint="check the sizes in the config"
+            f"transformers cannot build this model ({msg[:240]})", where=name, hint=_rejection_hint(config, msg)
         ) from None
     model.eval()
     return model, impl
+
+
+def _rejection_hint(config: Any, msg: str) -> str:
+    """What to fix in a config whose model torch or transformers refused to build."""
+    pad, vocab = getattr(config, "pad_token_id", None), getattr(config, "vocab_size", None)
+    if "padding_idx" in msg.lower() and isinstance(pad, int) and isinstance(vocab, int):
+        return f"pad_token_id ({pad}) must be below vocab_size ({vocab})"
+    return "check the sizes in the config"
 
 
 def lower(

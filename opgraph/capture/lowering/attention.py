@@ -3,7 +3,9 @@ become one :class:`~opgraph.ir.Attention` each, with GQA/MHA/MQA/MLA and the sli
 
 The key/value operands are followed back to the KV-cache write (a ``cat`` or ``index_copy`` into the
 cache, claimed as ``Memory(kv_cache_write)``) and to ``repeat_kv`` copies (``Memory(repeat_kv)``),
-which also reveal the number of KV heads when the model expanded them before attention.
+which also reveal the number of KV heads when the model expanded them before attention. A one-token
+GQA decode that transformers ran on the key/value heads, its query groups packed into the query-length
+dimension, is recorded with the model's heads and one query per sequence.
 """
 
 from __future__ import annotations
@@ -62,6 +64,30 @@ def _kv_source(lw: Lowering, tid: int) -> int | None:
             break
         break
     return kv_heads
+
+
+def _unpacked_query(lw: Lowering, ev: Event) -> TRef | None:
+    """The query of a one-token GQA decode before transformers packed its head groups, or None.
+
+    transformers 5.18 on (``integrations/sdpa_attention.py``, ``pack_gqa``) runs a one-token decode
+    that has a mask on the key/value heads, without ``repeat_kv``: it views the query
+    ``(b, heads, 1, d)`` as ``(b, kv_heads, heads // kv_heads, d)``, so SDPA sees each group's queries
+    as a query length. Found by that view, which keeps the tensor id: the query it returns is the
+    same tensor in the model's shape.
+    """
+    q, k = ev.inputs[0], ev.inputs[1]
+    b, kvh, group, d = q.shape
+    if group < 2 or k.shape[1] != kvh:
+        return None
+    for i in reversed(lw.consumers.get(q.tid, ())):
+        view = lw.events[i]
+        if i >= ev.index or not view.alias or not view.inputs or q not in view.outputs:
+            continue
+        src = view.inputs[0]
+        if src.tid == q.tid and src.shape == (b, kvh * group, 1, d):
+            return src
+        return None
+    return None
 
 
 def _heads_from_producer(lw: Lowering, ref: TRef) -> tuple[int, int] | None:
@@ -146,6 +172,9 @@ class LowerAttention:
             b, h, s, d = q.shape
             kvh, kv_len = k.shape[1], k.shape[2]
         dv = v.shape[-1]
+        query = None if flash_layout else _unpacked_query(lw, ev)
+        if query is not None:  # a packed one-token decode: the model's heads, one query each
+            h, s = query.shape[1], 1
         kv_heads_seen = _kv_source(lw, k.tid)
         _kv_source(lw, v.tid)
         if kv_heads_seen is not None:
@@ -160,7 +189,11 @@ class LowerAttention:
         if f is None:
             return
         g = lw.claim([ev.index, *self._layout_copy(lw, ev)], OpKind.ATTENTION, f, call=ev.call)
-        g.outputs = [ev.outputs[0]]
+        out = ev.outputs[0]
+        if query is not None:
+            g.input_views = {q.tid: query}
+            out = TRef(out.tid, (b, h, s, dv), out.dtype, None)  # what the model reshapes it back to
+        g.outputs = [out]
 
     @staticmethod
     def _layout_copy(lw: Lowering, ev: Event) -> list[int]:

@@ -36,6 +36,9 @@ class Group:
     flops: int | None = None
     outputs: list[TRef] | None = None
     """Output tensors to report instead of the members' (a fused layout copy reports attention's)."""
+    input_views: dict[int, TRef] | None = None
+    """Inputs to report as another view of the same tensor, by tensor id (the query as the model made
+    it, where transformers viewed it in another shape for the kernel)."""
     main_outputs: int | None = None
     """Keep only the first N outputs (drop auxiliary results such as LayerNorm's mean and rstd)."""
 

@@ -87,6 +87,8 @@ def build_ops(lw: Lowering, scopes: list[str]) -> tuple[list[OpBase], list[Edge]
     for new_id, gi in enumerate(order):
         g = lw.groups[gi]
         ins, outs = _group_tensors(lw, g.members)
+        if g.input_views:
+            ins = [g.input_views.get(r.tid, r) for r in ins]
         if g.outputs is not None:
             outs = list(g.outputs)
         if g.main_outputs is not None:

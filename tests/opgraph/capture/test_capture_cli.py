@@ -154,6 +154,37 @@ def test_config_with_impossible_sizes_is_one_line_exit_2(tmp_path: Path, change:
         assert "internal error" not in lines[0] and not (tmp_path / "g.json").exists()
 
 
+def test_config_whose_model_fails_an_assertion_is_one_line_exit_2(tmp_path: Path) -> None:
+    # transformers accepts the config (with a warning) but torch's nn.Embedding asserts that the
+    # padding index lies inside the vocabulary while the model is built.
+    cfg = {**TINY_LLAMA, "model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "pad_token_id": 128 + 64}
+    path = _config(tmp_path, cfg)
+    res = runner.invoke(app, ["capture", path, "--seq-len", "4", "-o", str(tmp_path / "g.json")])
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"error: {path}: transformers cannot build this model (Padding_idx must be within ")
+    assert "pad_token_id (192) must be below vocab_size (128)" in lines[0]
+    assert not (tmp_path / "g.json").exists()
+
+
+def test_an_assertion_after_the_model_is_built_stays_an_internal_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only the model's constructor is taken as transformers rejecting the config; a failed assertion
+    # in opgraph's own steps is a bug to report.
+    from opgraph.capture import moe_model
+
+    def broken(*args: object) -> None:
+        raise AssertionError("a bug in opgraph")
+
+    monkeypatch.setattr(moe_model, "install", broken)
+    args = ["capture", _config(tmp_path, TINY_LLAMA), "--seq-len", "4", "-o", str(tmp_path / "g.json")]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 1, res.output
+    assert "internal error AssertionError: a bug in opgraph" in res.stderr
+
+
 def test_more_layers_than_the_model_has_is_refused(tmp_path: Path) -> None:
     res = runner.invoke(app, ["capture", _config(tmp_path, TINY), "--layers", "1000", "-o", str(tmp_path / "g.json")])
     assert res.exit_code == 2, res.output
