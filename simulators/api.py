@@ -162,10 +162,17 @@ def _add_framework_time(
         notes.append(f"warning: {warned}")
     if config.host.per_op_us is None and profile.issue_us is not None:
         # The profile's issue time per aten call replaces the spec's typical value; a calibrated or
-        # profiled cost model's own per-op issue times still win (problem.host_us).
+        # profiled cost model's own per-op issue times still win (problem.host_us), on the host
+        # profile's footing (:func:`issue_scale`).
         per_op_us = profile.issue_us
         measured = problem.host_us or [None] * len(host_us)
-        host_us = [per_op_us if h > 0.0 and m is None else h for h, m in zip(host_us, measured, strict=True)]
+        scale, note = issue_scale(profile, hardware_name if shipped else "")
+        if note and any(m is not None for m in measured):
+            notes.append(note)
+        host_us = [
+            per_op_us if h > 0.0 and m is None else (h * scale if m is not None and h == m else h)
+            for h, m in zip(host_us, measured, strict=True)
+        ]
     predicted = predict_gaps(problem.graph, profile)
     notes.append(
         f"host: {predicted.total_us / 1e3:.3f} ms of framework time between ops predicted by the host profile "
@@ -203,6 +210,41 @@ def _add_framework_time(
         )
         total = in_context(total, problem.graph, profile, problem.dur_us)
     return total, per_op_us
+
+
+def issue_scale(host: HostProfile, hardware_name: str) -> tuple[float, str]:
+    """The factor that puts the per-op issue times of ``hardware_name``'s shipped device profile on the
+    host profile's footing, and a note saying so (``(1.0, "")`` when none is needed).
+
+    Both profiles measure the host's issue time per aten call (``aten_issue_us`` in the device profile's
+    sweep, :attr:`HostProfile.issue_us`); a host profile's in-context terms were fitted with the issue
+    times of the device profile it names (:attr:`HostProfile.issue_source`). Another device's sweep may
+    have met the same CPU model at another speed (a shared machine's host drifts): its per-op times are
+    scaled by the ratio of the two calibrations, so they describe the host the host profile describes."""
+    from hardware.profile import hardware_profile
+
+    try:
+        path = hardware_profile(hardware_name) if hardware_name else None
+    except OpgraphError:  # a device not in the catalog
+        return 1.0, ""
+    if path is None or host.issue_us is None or host.issue_source.endswith(path.name):
+        return 1.0, ""
+    device_us = _aten_issue_us(str(path), _mtime(path))
+    if not device_us:
+        return 1.0, ""
+    scale = host.issue_us / device_us
+    note = (
+        f"host: per-op issue times of {path.name} (its sweep met the host at {device_us:.2f} us per aten call) "
+        f"x{scale:.3f}, to the host profile's {host.issue_us:.2f} us ({host.issue_source})"
+    )
+    return scale, note
+
+
+@lru_cache(maxsize=8)
+def _aten_issue_us(path: str, _mtime_ns: int) -> float | None:
+    from hardware.profile import load_profile
+
+    return load_profile(path).aten_issue_us
 
 
 def host_profile_for(path: str | None, hardware_name: str) -> tuple[HostProfile, str] | None:

@@ -285,6 +285,29 @@ def test_deeper_cuts_meet_the_gpu_target_where_the_two_layer_cut_misses() -> Non
     assert {r["settings"]["layers"] for r in recomputed["cases"]} == {2, 24, 32}
 
 
+H200 = REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout"
+"""The 12 held-out cases measured on an H200 and predicted with ``-H h200`` (its own profile)."""
+H200_MISSES = {
+    ("mixtral_prefill_b1_s2048_bf16_l2", "gpu_err"),
+    ("qwen3moe_prefill_b2_s1024_fp16_l2", "gpu_err"),
+    ("qwen3moe_prefill_b2_s1024_fp16_l2", "median_op_err"),
+    ("mixtral_decode_b16_kv2048_fp16_l2", "wall_err"),
+}
+"""What the H200 data shows for the CLI default (README there)."""
+
+
+def test_the_h200_cases_are_predicted_from_the_h200_profile() -> None:
+    if not (H200 / "report.json").is_file():
+        pytest.skip(f"no committed H200 held-out data ({H200.relative_to(REPO)})")
+    report = json.loads((H200 / "report.json").read_text())
+    skip_unless_captured_with(report["versions"]["transformers"], "the H200 held-out runs and their predictions")
+    recomputed = report_mod.build_report(H200 / "heldout.tar.gz", hardware="h200")
+    assert reproduction_gaps(recomputed, report) == []
+    assert recomputed["measured_on"]["name"] == "NVIDIA H200" and recomputed["hardware"] == "h200"
+    assert len(recomputed["cases"]) == 12 and all(r["measured"]["runs"] >= MIN_RUNS for r in recomputed["cases"])
+    assert target_misses(recomputed, recomputed["cli_default_cost_model"]) == H200_MISSES
+
+
 # ---------------------------------------------------------------- the pipeline, on fake CPU data
 @pytest.fixture(scope="module")
 def fake(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:

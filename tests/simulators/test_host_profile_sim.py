@@ -236,3 +236,38 @@ def test_a_config_files_host_profile_is_the_one_simulate_uses(tmp_path: Path) ->
     assert r.exit_code == 0, r.output
     # whitespace dropped: a narrow terminal folds the long path anywhere
     assert f"predictedbythehostprofile{mine}" in "".join(r.output.split())
+
+
+def test_a_device_profiles_issue_times_are_put_on_the_host_profiles_footing() -> None:
+    from hardware import load_profile
+    from hardware.hostprofile import hardware_host_profile, load_host_profile
+    from hardware.profile import hardware_profile
+    from simulators.api import issue_scale
+
+    host_path = hardware_host_profile("h100-sxm")
+    assert host_path is not None
+    host = load_host_profile(host_path)
+    # Fitted with the H100 sweep's own issue times: nothing to scale there.
+    assert issue_scale(host, "h100-sxm") == (1.0, "")
+    assert issue_scale(host, "") == (1.0, "")
+    # The H200 machine has the same CPU model, and the H200 device names the same host profile; its
+    # sweep met the host at another speed, so its per-op issue times go by the ratio of the two
+    # calibrations of one aten call.
+    assert hardware_host_profile("h200") == host_path
+    h200 = hardware_profile("h200")
+    assert h200 is not None
+    device_us = load_profile(h200).aten_issue_us
+    assert device_us is not None and host.issue_us is not None
+    scale, note = issue_scale(host, "h200")
+    assert scale == pytest.approx(host.issue_us / device_us) and scale != 1.0
+    assert "h200.profile.json" in note and f"x{scale:.3f}" in note
+
+
+def test_simulate_on_h200_says_how_its_issue_times_were_scaled(tmp_path: Path) -> None:
+    graph = save_graph(toy_graph(1, timed=False), tmp_path / "g.json")
+    res = CliRunner().invoke(app, ["simulate", str(graph), "-H", "h200"])
+    assert res.exit_code == 0, res.output
+    assert "per-op issue times of h200.profile.json" in res.stdout
+    res = CliRunner().invoke(app, ["simulate", str(graph), "-H", "h100"])
+    assert res.exit_code == 0, res.output
+    assert "per-op issue times of" not in res.stdout
