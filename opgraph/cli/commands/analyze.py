@@ -274,7 +274,6 @@ def _debug(
                 mark = "*" if g.layer_start else " "
                 kind = getattr(g.ktype, "value", g.ktype)
                 console.print(
-                    f"  {mark} {g.ts:12.2f} {g.dur:9.2f} us  {kind:<13} {ps.short_name(g.name)}"
-                    f"  [{g.launch_op or ''}]",
+                    f"  {mark} {g.ts:12.2f} {g.dur:9.2f} us  {kind:<13} {ps.short_name(g.name)}  [{g.launch_op or ''}]",
                     markup=False,
                 )
