@@ -30,6 +30,7 @@ __all__ = [
     "KindsOption",
     "OutputPathError",
     "add_commands",
+    "check_distinct_outputs",
     "check_output_path",
     "cli_notes",
     "command",
@@ -294,6 +295,22 @@ def check_output_path(
         raise OutputPathError(
             f"cannot write in folder {parent} ({exc.strerror or exc})", where=option, hint="write elsewhere"
         ) from None
+
+
+def check_distinct_outputs(outputs: list[tuple[Path | None, str]]) -> None:
+    """One error line when two of a command's outputs (path, option) are the same file: the second
+    would overwrite the first."""
+    seen: dict[Path, str] = {}
+    for path, option in outputs:
+        if path is None:
+            continue
+        first = seen.setdefault(path.resolve(), option)
+        if first != option:
+            raise OutputPathError(
+                f"{path} is also the {first} file of this command",
+                where=option,
+                hint="write each output to its own file",
+            )
 
 
 def _silence_stdout() -> None:

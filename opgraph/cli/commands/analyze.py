@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import check_output_path, cli_notes, command, console, new_table
+from opgraph.cli.common import check_distinct_outputs, check_output_path, cli_notes, command, console, new_table
 from opgraph.fmt import fmt_us
 
 
@@ -56,8 +56,9 @@ def analyze(
 
     debug = _parse_layers(debug_layers)
     check_output_path(json_out, "--json-out", inputs=[trace])
-    check_output_path(output, "-o/--output", inputs=[trace, json_out])
-    check_output_path(gantt, "--gantt", inputs=[trace, json_out, output])
+    check_output_path(output, "-o/--output", inputs=[trace])
+    check_output_path(gantt, "--gantt", inputs=[trace])
+    check_distinct_outputs([(json_out, "--json-out"), (output, "-o/--output"), (gantt, "--gantt")])
     ps = load_patterns(list(patterns))
     result, datas, labels = analyze_full(trace, patterns=ps, split_half_layers=split_half_layers)
     result = result.model_copy(update={"notes": cli_notes(result.notes)})

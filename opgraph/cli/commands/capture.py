@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from opgraph.cli.common import check_output_path, command, console
+from opgraph.cli.common import check_distinct_outputs, check_output_path, command, console
 from opgraph.fmt import fmt_bytes, fmt_count, fmt_us
 
 
@@ -71,8 +71,9 @@ def capture(
     if not (output.name.endswith(".json") or output.name.endswith(".json.gz")):
         raise OpgraphError("must end in .json or .json.gz", where="-o/--output")
     check_output_path(output, "-o/--output")
-    check_output_path(timeline, "--timeline", inputs=[output])
-    check_output_path(trace, "--trace", inputs=[output, timeline])
+    check_output_path(timeline, "--timeline")
+    check_output_path(trace, "--trace")
+    check_distinct_outputs([(output, "-o/--output"), (timeline, "--timeline"), (trace, "--trace")])
     opts: dict[str, Any] = dict(
         phase=phase,
         batch=batch,

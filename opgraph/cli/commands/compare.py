@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.common import check_output_path, command, console, new_table
+from opgraph.cli.common import check_distinct_outputs, check_output_path, command, console, new_table
 
 if TYPE_CHECKING:
     from opgraph.ir import Timeline
@@ -60,8 +60,9 @@ def compare(
         raise OpgraphError(f"unknown join {join!r}", where="--join", hint="use auto, op_id or definition") from None
     inputs = [predicted, reference, graph]
     check_output_path(json_out, "--json", inputs=inputs)
-    check_output_path(html_out, "--html", inputs=[*inputs, json_out])
-    check_output_path(perfetto_out, "--perfetto", inputs=[*inputs, json_out, html_out])
+    check_output_path(html_out, "--html", inputs=inputs)
+    check_output_path(perfetto_out, "--perfetto", inputs=inputs)
+    check_distinct_outputs([(json_out, "--json"), (html_out, "--html"), (perfetto_out, "--perfetto")])
     notes: list[str] = []
     pred = _comparable(load_any_timeline(predicted), predicted, "predicted", notes)
     ref = _comparable(load_any_timeline(reference), reference, "reference", notes)

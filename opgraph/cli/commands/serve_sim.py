@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.commands.simulate import check_distinct_outputs
-from opgraph.cli.common import check_output_path, command, console, fmt_bytes, fmt_us, new_table
+from opgraph.cli.common import check_distinct_outputs, check_output_path, command, console, fmt_bytes, fmt_us, new_table
 from opgraph.ir import OpgraphError
 
 if TYPE_CHECKING:

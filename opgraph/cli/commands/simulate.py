@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from opgraph.cli.common import OutputPathError, check_output_path, command, console, is_tty, new_table
+from opgraph.cli.common import (
+    check_distinct_outputs,
+    check_output_path,
+    command,
+    console,
+    is_tty,
+    new_table,
+)
 from opgraph.fmt import fmt_us
 from opgraph.ir import OpgraphError
 
@@ -279,22 +286,6 @@ def _simulate_generation(
 
 
 # ---------------------------------------------------------------- helpers
-def check_distinct_outputs(outputs: list[tuple[Path | None, str]]) -> None:
-    """One error line when two of a command's outputs (path, option) are the same file: the second
-    would overwrite the first."""
-    seen: dict[Path, str] = {}
-    for path, option in outputs:
-        if path is None:
-            continue
-        first = seen.setdefault(path.resolve(), option)
-        if first != option:
-            raise OutputPathError(
-                f"{path} is also the {first} file of this command",
-                where=option,
-                hint="write each output to its own file",
-            )
-
-
 def _given_options(ctx: typer.Context) -> set[str]:
     """Names of the options given on the command line (or the environment), not left at their default."""
     defaults = ("DEFAULT", "DEFAULT_MAP")

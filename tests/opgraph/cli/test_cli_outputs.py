@@ -222,3 +222,23 @@ def test_no_browser_returns_at_once_with_the_url_and_file(tmp_path: Path, monkey
     assert str(trace) in lines[-1] and f"127.0.0.1:{port}/t.json" in lines[-1]
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+
+
+@pytest.mark.parametrize(
+    ("args", "second", "first"),
+    [
+        (["analyze", "TRACE", "--json-out", "OUT", "-o", "OUT"], "-o/--output", "--json-out"),
+        (["capture", "llama-3.2-1b", "-o", "OUT", "--timeline", "OUT"], "--timeline", "-o/--output"),
+        (["compare", "TRACE", "TRACE", "--json", "OUT", "--html", "OUT"], "--html", "--json"),
+    ],
+)
+def test_two_outputs_on_one_file_say_so(tmp_path: Path, args: list[str], second: str, first: str) -> None:
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"traceEvents": []}))
+    out = tmp_path / "same.json"
+    argv = [str(trace) if a == "TRACE" else str(out) if a == "OUT" else a for a in args]
+    res = cli_runner().invoke(app, argv)
+    assert res.exit_code == 2, res.output
+    line = res.stderr.strip()
+    assert line.count("\n") == 0 and f"is also the {first} file" in line and second in line, line
+    assert "input" not in line and not out.exists()
