@@ -1,6 +1,12 @@
 """Compare two timelines (simulated, measured, replayed) op by op and end to end."""
 
-from opgraph.compare.compare import compare_timelines, comparison_tables, device_spans
+from opgraph.compare.compare import (
+    CPU_PROFILE_NOTE,
+    compare_timelines,
+    comparison_tables,
+    cpu_device_view,
+    device_spans,
+)
 from opgraph.compare.measured import compare_measured
 from opgraph.compare.result import (
     CompareError,
@@ -13,6 +19,7 @@ from opgraph.compare.result import (
 )
 
 __all__ = [
+    "CPU_PROFILE_NOTE",
     "CompareError",
     "Comparison",
     "ErrorRow",
@@ -23,5 +30,6 @@ __all__ = [
     "compare_measured",
     "compare_timelines",
     "comparison_tables",
+    "cpu_device_view",
     "device_spans",
 ]

@@ -119,6 +119,46 @@ def is_cpu_profile(timeline: Timeline) -> bool:
     )
 
 
+CPU_PROFILE_NOTE = (
+    "on the CPU the profiler records aten CPU ops, not kernels: each op's time is the union of the CPU ops it "
+    "ran (what `capture --device cpu --profile` records), and the CPU is the device"
+)
+"""What a CPU profile's time is, as a report says it."""
+
+
+def cpu_device_view(timeline: Timeline) -> Timeline:
+    """A CPU profile as device work: per op, the union of the aten CPU ops attributed to it, one span each.
+
+    The CPU profiler's timeline (``capture --device cpu --profile``) holds nested CPU ops, which no
+    report counts as device time; on the CPU they are the work. Each op's intervals are merged so that
+    nested calls count once; spans without an op stay out.
+    """
+    by_op: dict[int, list[Span]] = {}
+    for span in timeline.spans:
+        if span.op_id is not None:
+            by_op.setdefault(span.op_id, []).append(span)
+    out: list[Span] = []
+    for op_id, spans in by_op.items():
+        spans.sort(key=lambda s: s.start_us)
+        first = spans[0]
+        start, end = first.start_us, first.end_us
+        merged: list[tuple[float, float]] = []
+        for s in spans[1:]:
+            if s.start_us <= end:
+                end = max(end, s.end_us)
+            else:
+                merged.append((start, end))
+                start, end = s.start_us, s.end_us
+        merged.append((start, end))
+        for a, b in merged:
+            out.append(first.model_copy(update={
+                "name": first.definition or first.name, "track": "cpu", "start_us": a, "dur_us": b - a,
+                "category": None, "op_id": op_id, "args": {},
+            }))  # fmt: skip
+    out.sort(key=lambda s: s.start_us)
+    return timeline.model_copy(update={"spans": tuple(out), "notes": (*timeline.notes, CPU_PROFILE_NOTE)})
+
+
 def no_device_spans(timeline: Timeline, side: str, where: str | None = None) -> CompareError:
     """The error for a ``side`` (predicted or reference) timeline with nothing to compare, saying what to do."""
     label = timeline.source.name or timeline.source.kind.value
@@ -171,6 +211,8 @@ def compare_timelines(
     (:func:`opgraph.compare.measured.compare_measured`): it never fails for lack of matches, it says how
     much matched. ``rank`` picks the rank to detail when either side has several.
     """
+    # A CPU profile's CPU ops are its device work (as ``opgraph validate --device cpu`` counts them).
+    predicted, reference = (cpu_device_view(t) if is_cpu_profile(t) else t for t in (predicted, reference))
     for side, t in (("predicted", predicted), ("reference", reference)):
         if not t.device_spans():
             raise no_device_spans(t, side)

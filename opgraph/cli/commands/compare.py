@@ -16,13 +16,12 @@ if TYPE_CHECKING:
 def _comparable(timeline: Timeline, path: Path, side: str, notes: list[str]) -> Timeline:
     """``timeline`` as compare reads it: a CPU profile's CPU ops as its device work (as ``validate`` does);
     a timeline with nothing to compare is a one-line error naming ``path``."""
+    from opgraph.compare import CPU_PROFILE_NOTE, cpu_device_view
     from opgraph.compare.compare import is_cpu_profile, no_device_spans
 
     if timeline.device_spans():
         return timeline
     if is_cpu_profile(timeline):
-        from opgraph.cli.commands.validate import CPU_PROFILE_NOTE, cpu_device_view
-
         notes.append(f"{side} {path.name}: {CPU_PROFILE_NOTE}")
         return cpu_device_view(timeline)
     raise no_device_spans(timeline, side, where=str(path))

@@ -25,14 +25,9 @@ from opgraph.ir import OpgraphError
 from opgraph.ir.tensor import FrozenModel
 
 if TYPE_CHECKING:
-    from opgraph.ir import OpGraph, Timeline
+    from opgraph.ir import OpGraph
 
-__all__ = ["ValidationStep", "ValidationSummary", "cpu_device_view", "register", "validate"]
-
-CPU_PROFILE_NOTE = (
-    "on the CPU the profiler records aten CPU ops, not kernels: each op's time is the union of the CPU ops it "
-    "ran (what `capture --device cpu --profile` records), and the CPU is the device"
-)
+__all__ = ["ValidationStep", "ValidationSummary", "register", "validate"]
 
 
 class ValidateError(OpgraphError):
@@ -288,6 +283,8 @@ def _run(
     save_graph(sim_graph, tmp / "profiled.graph.json.gz")
     measured = pc.timeline.model_copy(update={"wall_us": pc.wall_us})
     if dev == "cpu":
+        from opgraph.compare import CPU_PROFILE_NOTE, cpu_device_view
+
         measured = cpu_device_view(measured)
         notes.append(CPU_PROFILE_NOTE)
     save_timeline(measured, tmp / "measured.timeline.json.gz")
@@ -362,38 +359,3 @@ def _run(
 def _same_ops(a: OpGraph, b: OpGraph) -> bool:
     ops = {op.id: op.definition for op in a.ops}
     return len(ops) == len(b.ops) and all(ops.get(op.id) == op.definition for op in b.ops)
-
-
-def cpu_device_view(timeline: Timeline) -> Timeline:
-    """A CPU profile as device work: per op, the union of the aten CPU ops attributed to it, one span each.
-
-    The CPU profiler's timeline (``capture --device cpu --profile``) holds nested CPU ops, which no
-    report counts as device time; on the CPU they are the work. Each op's intervals are merged so that
-    nested calls count once; spans without an op stay out.
-    """
-    from opgraph.ir import Span
-
-    by_op: dict[int, list[Span]] = {}
-    for span in timeline.spans:
-        if span.op_id is not None:
-            by_op.setdefault(span.op_id, []).append(span)
-    out: list[Span] = []
-    for op_id, spans in by_op.items():
-        spans.sort(key=lambda s: s.start_us)
-        first = spans[0]
-        start, end = first.start_us, first.end_us
-        merged: list[tuple[float, float]] = []
-        for s in spans[1:]:
-            if s.start_us <= end:
-                end = max(end, s.end_us)
-            else:
-                merged.append((start, end))
-                start, end = s.start_us, s.end_us
-        merged.append((start, end))
-        for a, b in merged:
-            out.append(first.model_copy(update={
-                "name": first.definition or first.name, "track": "cpu", "start_us": a, "dur_us": b - a,
-                "category": None, "op_id": op_id, "args": {},
-            }))  # fmt: skip
-    out.sort(key=lambda s: s.start_us)
-    return timeline.model_copy(update={"spans": tuple(out), "notes": (*timeline.notes, CPU_PROFILE_NOTE)})

@@ -12,7 +12,8 @@ import pytest
 from conftest import TINY_LLAMA, cli_runner, one_error_line
 
 from opgraph.cli.app import app
-from opgraph.cli.commands.validate import ValidationSummary, cpu_device_view
+from opgraph.cli.commands.validate import ValidationSummary
+from opgraph.compare import cpu_device_view
 from opgraph.ir import OpgraphError, Span, Timeline, TimelineKind, TimelineSource, load_graph, load_timeline
 
 FAST = ["--max-time", "0.02", "--wall-repeats", "1", "--no-check"]

@@ -216,6 +216,9 @@ def test_cpu_profile_is_compared_as_validate_does(tmp_path: Path) -> None:
     # nested CPU ops count once: 4 us per op
     assert c.row("gpu_time").reference_us == pytest.approx(4.0 * len(pred.spans))
     assert any("CPU" in n for n in c.notes)
+    # the library compares it the same way
+    lib = compare_timelines(pred, cpu)
+    assert lib.join is JoinMode.OP_ID and lib.row("gpu_time").reference_us == pytest.approx(4.0 * len(pred.spans))
     # a timeline with host spans only: one line naming the file passed, saying what to pass
     host = Timeline(source=TimelineSource(kind=TimelineKind.MEASURED, name="cfg/config.json"),
                     spans=(Span(name="aten::mm", track="cpu/1", start_us=0, dur_us=1, category="cpu_op"),))  # fmt: skip
