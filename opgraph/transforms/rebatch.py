@@ -459,7 +459,7 @@ class _Rewriter:
             upd = {
                 "inputs": ins,
                 "outputs": outs,
-                "m": self._scaled(op.m, sec.pairs, pairs),
+                "batch": self._scaled(op.batch, sec.pairs, pairs),  # one product per token-expert pair
                 "flops": self._scaled(op.flops, sec.pairs, pairs),
             }
             return _rebuild(op, upd, ("flops", "definition"))

@@ -15,6 +15,12 @@ charges them no framework time. The eager loop's products are Python-level calls
 grouped GEMM moves the weights of the experts that received rows only: its bytes count those, not the
 whole stacked weight tensor it was handed.
 
+transformers' ``batched_mm`` experts gather each token-expert pair's expert weights (an ``index`` of the
+stacked weights by the routed ids, a memory op of its own: a copy of the weights, not routing) and run
+one ``bmm`` per projection over the pairs, each pair's token against its own weight copy: a ``Gemm`` of
+``batch`` = pairs, ``m`` = 1 and the projection's ``n``/``k`` (the kernel's ``[n, k] @ [k, 1]`` is the
+transpose of that ``[1, k] @ [k, n]``), whose bytes are the gathered copies it reads.
+
 A dispatch or combine that claims the masking of expert-parallel sentinel rows (``masked_fill``,
 transformers 5.17's ``grouped_mm`` experts on every call) is ``masked``.
 """
@@ -35,6 +41,7 @@ from opgraph.ir.ops import OpKind
 _ROUTER_CLASS = re.compile(r"Router|TopkRouter|TopKRouter|MoeGate|MoEGate")
 _GEMM = frozenset({"bmm", "mm", "_grouped_mm", "grouped_mm", "addmm", "baddbmm"})
 _GROUPED = frozenset({"_grouped_mm", "grouped_mm"})
+_BATCHED = frozenset({"bmm", "baddbmm"})
 _DISPATCH = frozenset(
     {
         "index_select",
@@ -122,14 +129,13 @@ class LowerMoe:
             return
         shapes = {i: _gemm_shape(lw.events[i]) for i in gemms}
         if plan is None:  # no routing known (an experts module run outside install): even loads
-            rows = shapes[gemms[0]][0]
+            rows = shapes[gemms[0]].rows
             plan = ExpertPlan(rows, 1, tuple([max(1, rows // experts)] * experts), "balanced", "unknown")
         top_k, tokens, impl = plan.top_k, plan.tokens, plan.impl
         # Expert GEMMs by (n, k) shape family, in order: gate_up (or up), then down.
         families: dict[tuple[int, int], list[int]] = {}
         for i in gemms:
-            _, n, k = shapes[i]
-            families.setdefault((n, k), []).append(i)
+            families.setdefault((shapes[i].n, shapes[i].k), []).append(i)
         first_n, h = next(iter(families))
         inter = first_n // 2 if getattr(module, "has_gate", True) else first_n
         first_gemm = min(gemms)
@@ -146,6 +152,8 @@ class LowerMoe:
                     starts[head[0]] = _offsets_copies(lw, free, previous, head[0], experts)
                 previous = max(fam)
         claimed = {i for evs in starts.values() for i in evs}
+        # batched_mm's gathers of the expert weights are copies of weights, not routing: memory ops.
+        claimed |= _weight_gathers(lw, free, experts)
         disp = [i for i in free if i < first_gemm and lw.events[i].fn not in _GEMM and i not in claimed]
         comb = [i for i in free if i > last_gemm and lw.events[i].fn not in _GEMM]
 
@@ -165,7 +173,7 @@ class LowerMoe:
                 # One grouped kernel per call: its groups are the experts that received rows.
                 active = max(1, plan.active)
                 for i in grouped:
-                    rows = min(shapes[i][0], sum(plan.counts))
+                    rows = min(shapes[i].rows, sum(plan.counts))
                     lw.claim(
                         [i],
                         OpKind.GEMM,
@@ -181,16 +189,29 @@ class LowerMoe:
                         flops=2 * rows * n * k,
                         definition=definition,
                     )
+            # batched_mm: one product per token-expert pair, each on its own gathered weight copy.
+            batched = [i for i in fam if lw.events[i].fn in _BATCHED]
+            for i in batched:
+                s = shapes[i]
+                lw.claim(
+                    [i],
+                    OpKind.GEMM,
+                    {"m": s.m, "n": n, "k": k, "batch": s.batch},
+                    target=f"moe_experts_{part}",
+                    call=call,
+                    flops=2 * s.batch * s.m * n * k,
+                    definition=definition,
+                )
             # Per-expert products (the eager loop, torch's fallback): one op per call, at its own rows.
             # The fallback's run in one Python-level ``_grouped_mm`` call: its first product stands for
             # the call (with the offsets copy, a host sync), C++ issues the others (nested).
             pending: list[int] = []
             entry = True
             for i in fam:
-                if i in grouped:
+                if i in grouped or i in batched:
                     continue
                 pending += starts.get(i, [])
-                rows = shapes[i][0]
+                rows = shapes[i].rows
                 if rows == 0:  # an idle expert's product in torch's fallback: a call, no kernel
                     lw.fold(i)
                     continue
@@ -208,6 +229,20 @@ class LowerMoe:
                 )
                 pending, entry = [], False
         routing(comb, "combine")
+
+
+def _weight_gathers(lw: Lowering, free: list[int], experts: int) -> set[int]:
+    """batched_mm's gathers of the stacked expert weights by the routed ids (``gate_up_proj[expert_ids]``):
+    an ``index`` of a rank-3 tensor no event produced (a parameter) whose leading dimension is the experts.
+    (The per-row bias gathers, rank 2, stay where they were: in the dispatch of both implementations.)"""
+    out = set()
+    for i in free:
+        ev = lw.events[i]
+        if ev.fn == "index" and ev.inputs:
+            src = ev.inputs[0]
+            if src.tid not in lw.producer and len(src.shape) == 3 and src.shape[0] == experts:
+                out.add(i)
+    return out
 
 
 def _offsets_copies(lw: Lowering, free: list[int], after: int, before: int, experts: int) -> list[int]:
@@ -244,12 +279,35 @@ def _itemsize(name: str) -> float:
         return 4.0
 
 
-def _gemm_shape(ev: Event) -> tuple[int, int, int]:
-    """Rows, output columns and reduction size of an expert GEMM event (all rows of all groups)."""
+@dataclass(frozen=True)
+class _Product:
+    """The shape of an expert GEMM event: ``batch`` products of ``(m x k) @ (k x n)``."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+
+    @property
+    def rows(self) -> int:
+        """Rows of all products together (of all groups, for a grouped GEMM)."""
+        return self.batch * self.m
+
+
+def _gemm_shape(ev: Event) -> _Product:
+    """The shape of an expert GEMM event (a grouped GEMM's ``m``: the rows of all its groups)."""
     if ev.fn in _GROUPED:  # (S, k) @ (E, k, n) with offsets
         a, w = ev.inputs[0], ev.inputs[1]
-        return numel(a) // a.shape[-1], w.shape[-1], w.shape[-2]
+        return _Product(1, numel(a) // a.shape[-1], w.shape[-1], w.shape[-2])
     a, b = ev.inputs[0], ev.inputs[1]
     if ev.fn in ("addmm", "baddbmm"):
         a, b = ev.inputs[1], ev.inputs[2]
-    return numel(a) // a.shape[-1], b.shape[-1], a.shape[-1]
+    if ev.fn in _BATCHED and len(a.shape) == 3:
+        batch, p, q = a.shape
+        r = b.shape[-1]
+        if r == 1 < p:
+            # batched_mm's weight-first layout: each pair's [n, k] weight @ its [k, 1] token, the
+            # transpose of the token's [1, k] @ [k, n] product (m = 1, n = p).
+            return _Product(batch, 1, p, q)
+        return _Product(batch, p, r, q)
+    return _Product(1, numel(a) // a.shape[-1], b.shape[-1], a.shape[-1])
