@@ -238,6 +238,18 @@ def test_every_held_out_prefill_is_within_the_gpu_target_in_the_sustained_state(
             assert after_idle < sustained, (path.name, case)
 
 
+def reproduced(folder: Path, what: str, hardware: str = "h100") -> dict[str, Any]:
+    """The report of a committed run in ``folder`` recomputed on the CPU, checked against the committed one
+    (skips when the run is absent or was captured with another transformers release)."""
+    if not (folder / "report.json").is_file():
+        pytest.skip(f"no committed {what} ({folder.relative_to(REPO)})")
+    report = json.loads((folder / "report.json").read_text())
+    skip_unless_captured_with(report["versions"]["transformers"], f"the {what} and its predictions")
+    recomputed: dict[str, Any] = report_mod.build_report(folder / "heldout.tar.gz", hardware=hardware)
+    assert reproduction_gaps(recomputed, report) == []
+    return recomputed
+
+
 REPLICATION = RESULTS / "settled-1943"
 """The same 12 cases measured again on another H100 of the pool, hours later, with ``heldout.py --settle-s 3``
 (3 s of back-to-back forwards before each case's timing); its walls met the host's slow state (no probes)."""
@@ -246,12 +258,7 @@ REPLICATION = RESULTS / "settled-1943"
 def test_gpu_time_replicates_on_another_machine_and_hour() -> None:
     # A second measurement of every case's GPU time, never fitted: the CLI default misses the same case
     # only (the Llama-70B prefill, whose GEMMs' power state the timing's own gaps let recover).
-    if not (REPLICATION / "report.json").is_file():
-        pytest.skip(f"no committed replication run ({REPLICATION.relative_to(REPO)})")
-    report = json.loads((REPLICATION / "report.json").read_text())
-    skip_unless_captured_with(report["versions"]["transformers"], "the replication run and its predictions")
-    recomputed = report_mod.build_report(REPLICATION / "heldout.tar.gz")
-    assert reproduction_gaps(recomputed, report) == []
+    recomputed = reproduced(REPLICATION, "replication run")
     assert len(recomputed["cases"]) == 12
     label = recomputed["cli_default_cost_model"]
     gpu_misses = {c for c, m in target_misses(recomputed, label) if m == "gpu_err"}
@@ -268,12 +275,7 @@ def test_deeper_cuts_meet_the_gpu_target_where_the_two_layer_cut_misses() -> Non
     # The 2-layer 70B prefill's GPU-time miss is the power transient of a short forward after idle: the
     # same shape at 24 layers (forwards of 150 ms, a full model's state) is within the target, in the
     # same run on the same device, as are the other deeper cuts.
-    if not (DEPTH / "report.json").is_file():
-        pytest.skip(f"no committed deeper-cut run ({DEPTH.relative_to(REPO)})")
-    report = json.loads((DEPTH / "report.json").read_text())
-    skip_unless_captured_with(report["versions"]["transformers"], "the deeper-cut run and its predictions")
-    recomputed = report_mod.build_report(DEPTH / "heldout.tar.gz")
-    assert reproduction_gaps(recomputed, report) == []
+    recomputed = reproduced(DEPTH, "deeper-cut run")
     label = recomputed["cli_default_cost_model"]
     misses = target_misses(recomputed, label)
     # The decode's wall in this sequential pass met the host's slow state (README: its quiet rounds).
@@ -297,12 +299,7 @@ H200_MISSES = {
 
 
 def test_the_h200_cases_are_predicted_from_the_h200_profile() -> None:
-    if not (H200 / "report.json").is_file():
-        pytest.skip(f"no committed H200 held-out data ({H200.relative_to(REPO)})")
-    report = json.loads((H200 / "report.json").read_text())
-    skip_unless_captured_with(report["versions"]["transformers"], "the H200 held-out runs and their predictions")
-    recomputed = report_mod.build_report(H200 / "heldout.tar.gz", hardware="h200")
-    assert reproduction_gaps(recomputed, report) == []
+    recomputed = reproduced(H200, "H200 held-out runs", hardware="h200")
     assert recomputed["measured_on"]["name"] == "NVIDIA H200" and recomputed["hardware"] == "h200"
     assert len(recomputed["cases"]) == 12 and all(r["measured"]["runs"] >= MIN_RUNS for r in recomputed["cases"])
     assert target_misses(recomputed, recomputed["cli_default_cost_model"]) == H200_MISSES
