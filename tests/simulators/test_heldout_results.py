@@ -426,6 +426,25 @@ def test_measurement_needs_nine_runs() -> None:
     assert res.returncode == 2 and "--runs" in res.stderr
 
 
+def test_settling_runs_the_forward_back_to_back_for_the_time_asked() -> None:
+    # heldout.py --settle-s: the sustained power state before a case's timing (a fresh cache each forward).
+    class Counting:
+        fresh_calls = runs = 0
+
+        def fresh(self) -> None:
+            self.fresh_calls += 1
+
+        def run(self, cache: None) -> None:
+            self.runs += 1
+
+    phase = Counting()
+    got = heldout_mod.settle(phase, 0.05, "cpu")  # type: ignore[arg-type]
+    assert got["forwards"] == phase.runs == phase.fresh_calls >= 2 and got["seconds"] >= 0.05
+    assert got["sm_clock"] is None  # read only on a GPU
+    phase = Counting()
+    assert heldout_mod.settle(phase, 0.0, "cpu")["forwards"] == 2  # at least two, whatever the time
+
+
 def _node(name: str, *children: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "children": list(children)}
 
