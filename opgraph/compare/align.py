@@ -18,23 +18,12 @@ from dataclasses import dataclass, field
 
 from opgraph.ir.ops import OpBase
 from opgraph.trace.events import GpuEvent, HostEvent
+from opgraph.trace.importer import OP_KIND_OF_TYPE
 
 KIND_OF_TYPE = {
-    "attention": "attention",
-    "gemm": "gemm",
-    "moe": "moe",
-    "norm": "norm",
-    "activation": "activation",
-    "rope": "rope",
-    "elementwise": "elementwise",
-    "reduction": "reduction",
-    "memory": "memory",
-    "communication": "collective",
-    "sampling": "topk",
-    "embedding": "embedding",
+    **{ktype: kind.value for ktype, kind in OP_KIND_OF_TYPE.items()},
+    "moe": "moe",  # kept apart, as the graph side keeps its expert GEMMs and routing (measured._family)
     "quantization": "elementwise",
-    "other": "other",
-    "unknown": "other",
 }
 """Kernel type of a measured kernel -> op kind of the graph (coarser where the graph has no such kind)."""
 SEARCH = 48

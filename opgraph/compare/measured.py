@@ -233,20 +233,26 @@ class Unmatched:
         """The unmatched time as entries with the other side 0, for the group tables."""
         out = []
         for (side, step, layer, stage, kind), us in self.time_us.items():
-            where = "outside layers" if layer is None else f"layer {layer}"
             when = "no step" if step is None else f"step {step}"
-            out.append(
-                OpError(
-                    key=f"unmatched {side}: {when} {where} {kind}",
-                    kind=kind,
-                    layer=layer,
-                    stage=stage,
-                    step=step,
-                    predicted_us=us if side == "predicted" else 0.0,
-                    reference_us=us if side == "reference" else 0.0,
-                )
-            )
+            pred, ref = (us, 0.0) if side == "predicted" else (0.0, us)
+            out.append(group_error(f"unmatched {side}: {when}", step, layer, stage, kind, pred, ref))
         return out
+
+
+def group_error(
+    label: str, step: int | None, layer: int | None, stage: str, kind: str, predicted_us: float, reference_us: float
+) -> OpError:
+    """The entry of one (step, layer, kind) group, keyed ``LABEL layer N KIND`` (``outside layers``)."""
+    where = "outside layers" if layer is None else f"layer {layer}"
+    return OpError(
+        key=f"{label} {where} {kind}",
+        kind=kind,
+        layer=layer,
+        stage=stage,
+        step=step,
+        predicted_us=predicted_us,
+        reference_us=reference_us,
+    )
 
 
 @dataclass
@@ -348,18 +354,8 @@ def _pair(pred: Timeline, ref: Timeline, graph: OpGraph | None) -> PairResult:
         for key in sorted(set(pred_units) | set(ref_units), key=lambda k: (k[0], -1 if k[1] is None else k[1], k[2])):
             step, layer, kind = key
             if key in pred_units and key in ref_units:
-                where = "outside layers" if layer is None else f"layer {layer}"
-                errors.append(
-                    OpError(
-                        key=f"step {step} {where} {kind}",
-                        kind=kind,
-                        layer=layer,
-                        stage=stage_of.get(step, ""),
-                        step=step,
-                        predicted_us=pred_units[key],
-                        reference_us=ref_units[key],
-                    )
-                )
+                when = stage_of.get(step, "")
+                errors.append(group_error(f"step {step}", step, layer, when, kind, pred_units[key], ref_units[key]))
                 matched_ref += ref_units[key]
             elif key in pred_units:
                 lone.add("predicted", key, step, layer, stage_of.get(step, ""), kind, pred_units[key])

@@ -483,7 +483,7 @@ def to_timeline(
     checks at a large share of the import's cost."""
     make = _make_span
     category = _CATEGORY
-    opkind = _OPKIND
+    opkind = OP_KIND_OF_TYPE
     stages = _STAGE
     kernel = SpanCategory.KERNEL
     gpu_tracks: dict[tuple[int, int], str] = {}
@@ -621,7 +621,7 @@ def to_timeline(
 _span_order = attrgetter("start_us", "track")
 
 
-_OPKIND: dict[str, OpKind] = {
+OP_KIND_OF_TYPE: dict[str, OpKind] = {
     k: OpKind(v)
     for k, v in {
         "attention": "attention",
@@ -639,6 +639,7 @@ _OPKIND: dict[str, OpKind] = {
         "unknown": "other",
     }.items()
 }
+"""Kernel type of a device event -> the op kind its span takes (``other`` where the IR has no such kind)."""
 
 
 def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> TraceData:
