@@ -304,7 +304,7 @@ def _gpu_sweep() -> list[SweepPoint]:
                 f"moe.{name}.{part}", (_experts(name, part, t, e, top, n, k, "bmm") for t in toks), base=0, warm=(0,)
             )
             pts += _series(
-                f"moe.{name}.{part}.loop", (_experts(name, part, t, e, top, n, k, "loop") for t in toks[::2]), base=2
+                f"moe.{name}.{part}.loop", (_experts(name, part, t, e, top, n, k, "loop") for t in toks), base=2
             )
             pts += _series(
                 f"moe.{name}.{part}.grouped",

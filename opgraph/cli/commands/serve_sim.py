@@ -62,8 +62,12 @@ def _check_lengths(model: str, window: int | None, prompt_len: str, output_len: 
 def serve_sim(
     model: str = typer.Argument(..., metavar="MODEL", help="A preset, config.json or model folder (captured on meta)."),
     hardware: str = typer.Option("h100", "--hardware", "-H", help="Catalog name or a hardware .toml/.json file."),
-    cost_model: str = typer.Option(
-        "roofline", "--cost-model", "-c", help="roofline, formula, table, a calibrated JSON, module:Class."
+    cost_model: str | None = typer.Option(
+        None,
+        "--cost-model",
+        "-c",
+        help="roofline, formula, table, profile, a calibrated or profile JSON, module:Class "
+        "(default: the device's measured profile when it ships one, else roofline).",
     ),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel ranks (step graphs sharded Megatron-style)."),
     scheduler: str = typer.Option("continuous", "--scheduler", "-s", help="static, continuous or chunked."),
@@ -116,7 +120,15 @@ def serve_sim(
     get_scheduler(scheduler)  # an unknown name fails before the capture
     requests = _requests(trace, rate, num_requests, prompt_len, output_len, seed)
     hw = load_hardware(hardware)
-    cm = resolve_cost_model(cost_model)
+    default_note: tuple[str, ...] = ()
+    if cost_model is None:  # as `opgraph simulate` chooses: the device's shipped profile, else the roofline
+        from hardware import default_cost_model
+
+        cm, uncalibrated = default_cost_model(hw)
+        cost_model = "profile" if uncalibrated is None else "roofline"
+        default_note = (uncalibrated,) if uncalibrated else ()
+    else:
+        cm = resolve_cost_model(cost_model)
     t0 = time.perf_counter()
     from opgraph.scenario.serving import capture_serving_model, context_window, simulate_serving
 
@@ -137,7 +149,7 @@ def serve_sim(
         utilisation=utilisation,
         cost_model_name=cost_model,
     )
-    result = result.model_copy(update={"wall_s": time.perf_counter() - t0})
+    result = result.model_copy(update={"wall_s": time.perf_counter() - t0, "notes": (*default_note, *result.notes)})
     if output is not None:
         from opgraph.ir.io import save_model
 
@@ -163,7 +175,8 @@ def serve_sim(
 def _print(result: ServingResult) -> None:
     s, st = result.summary, result.settings
     console.print(
-        f"{st.model} on {st.hardware} (tp={st.tp}), {st.scheduler} batching, max batch {st.max_batch}, "
+        f"{st.model} on {st.hardware} (tp={st.tp}, cost model {st.cost_model or '-'}), {st.scheduler} batching, "
+        f"max batch {st.max_batch}, "
         f"token budget {st.token_budget}: {s.completed} requests served, {s.dropped} dropped, "
         f"{s.steps} steps, {fmt_us(s.makespan_s * 1e6)} simulated"
     )

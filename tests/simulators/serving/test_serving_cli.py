@@ -171,3 +171,37 @@ def test_arrival_times_must_be_finite_and_sane(config: Path, tmp_path: Path, arr
 def test_a_poisson_rate_that_runs_past_the_latest_arrival_is_refused(config: Path) -> None:
     res = _serve(config, "--poisson", "1e-300", "-n", "3")
     assert res.exit_code == 2 and "--poisson: 3 arrivals at 1e-300/s run past" in res.output
+
+
+@pytest.mark.parametrize(
+    ("hardware", "cost_model", "uncalibrated"),
+    [("h100", "profile", False), ("a100-80gb", "roofline", True), ("h100", "roofline", False)],
+)
+def test_the_cost_model_defaults_as_simulate_chooses_it(
+    config: Path, tmp_path: Path, hardware: str, cost_model: str, uncalibrated: bool
+) -> None:
+    """Without -c, a device that ships a profile predicts from it and one that does not says it is
+    uncalibrated; a named -c wins (the last case)."""
+    out = tmp_path / "r.json"
+    named = ["-c", cost_model] if (hardware, cost_model) == ("h100", "roofline") else []
+    res = _serve(
+        config,
+        "-H",
+        hardware,
+        *named,
+        "--poisson",
+        "50",
+        "-n",
+        "5",
+        "--prompt-len",
+        "16",
+        "--output-len",
+        "4",
+        "-o",
+        out,
+    )
+    assert res.exit_code == 0, res.output
+    result = ServingResult.model_validate_json(out.read_text())
+    assert result.settings.cost_model == cost_model
+    assert f"cost model {cost_model}" in " ".join(res.output.split())
+    assert any("is uncalibrated" in n for n in result.notes) is uncalibrated
