@@ -145,6 +145,11 @@ def _expert_product(op: Gemm) -> int | None:
     ``_grouped_mm`` (dtypes without a grouped kernel) run the experts: such a product is as efficient
     as the profile's expert-loop points (``gemm:grouped:loop``, measured as that loop runs: small
     per-expert GEMMs back to back, each expert's weights cold), not as a dense GEMM of its shape.
+    So is a ``batched_mm`` expert GEMM of one token-expert pair (a top-1 decode token): a ``bmm`` of one
+    row against one expert's cold weight copy runs as long as one product of the loop (H100, Qwen3-30B-A3B:
+    5.6 and 4.2 us, the loop points' 5.6 and 4.1 a product), where the grouped bmm points, all of 8 or more
+    products, price it at a third of that (``tests/data/h100/batched_mm.json``). Of more pairs it is a
+    grouped bmm (:func:`profile_features`).
     """
     if op.groups > 1 or op.batch > 1 or not op.target.startswith("moe_experts"):
         return None
@@ -236,6 +241,12 @@ def profile_features(op: OpBase) -> Features | None:
             return Features(
                 f"gemm:grouped:{_grouped_impl(op)}", "m", _lg(op.m), (*nk, _lg(op.groups)), ("n", "k", "experts")
             )
+        if op.target.startswith("moe_experts") and _grouped_impl(op) == "bmm":
+            # transformers' batched_mm experts: one bmm of ``batch`` products (the token-expert pairs),
+            # each a token against its own gathered expert weight: the kernel of the grouped bmm points
+            # ([experts, m, k] @ [experts, k, n]) with a product per pair, not that of RoPE's k = 1
+            # products (``gemm:batched``, which priced them 3-7x too long on an H100).
+            return Features("gemm:grouped:bmm", "m", _lg(op.m), (*nk, _lg(op.batch)), ("n", "k", "experts"))
         if op.batch > 1:
             return Features("gemm:batched", "m", _lg(op.m), (_lg(op.batch), *nk), ("batch", "n", "k"))
         return Features("gemm", "m", _lg(op.m), nk, ("n", "k"))

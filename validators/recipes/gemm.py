@@ -2,19 +2,44 @@
 
 A grouped GEMM (``groups > 1``: the experts of a MoE layer) runs the way its target says the model
 ran it: ``torch.nn.functional.grouped_mm`` / ``torch._grouped_mm`` for a ``grouped_mm`` target,
-``torch.bmm`` over padded groups for ``batched_mm``, and otherwise transformers' eager loop of one
-``F.linear`` per expert on that expert's rows. Rows per expert follow the graph's routing
-assumption (balanced unless the graph records a skew); ``m`` is the mean rows per group.
+one ``torch.bmm`` over the experts in the recorded layouts for a ``bmm`` one, and otherwise
+transformers' eager loop of one ``F.linear`` per expert on that expert's rows. Rows per expert
+follow the graph's routing assumption (balanced unless the graph records a skew); ``m`` is the mean
+rows per group.
+
+An expert GEMM of transformers' ``batched_mm`` experts (a ``batched_mm`` definition: ``batch``
+token-expert pairs, one ``[m x k] @ [k x n]`` product each) runs as that implementation launches it:
+the stacked ``[experts, n, k]`` weights gathered by the routed expert ids into one weight copy per
+pair (``gate_up_proj[expert_ids]``), then one ``torch.bmm`` of the copies against the pairs' tokens,
+weight first (``[n, k] @ [k, 1]``) or, for models that store their weights transposed, token first,
+as the recorded inputs say. The gather is a memory op of its own in a captured graph, so it runs
+when the case is built and only the ``bmm`` is timed.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from opgraph.ir import Gemm, TensorSpec
 from validators.inputs import make_tensor, routing_counts, torch_dtype
 from validators.recipes.base import BuildContext, Case, Recipe
 from validators.recipes.registry import register_recipe
+
+_EXPERTS = re.compile(r"_e(\d+)_")
+"""The expert count in an expert GEMM's definition (``moe_batched_mm_e128_h2048_i768_topk8_gate_up``)."""
+
+
+def is_batched_mm(op: Gemm) -> bool:
+    """Whether ``op`` is an expert GEMM of transformers' ``batched_mm`` experts (one product per
+    token-expert pair on its own gathered weight copy), as capture names it.
+
+    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, batch=6, definition="moe_batched_mm_e4_h4_i4_topk2_gate_up"))
+    True
+    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, groups=4, definition="moe_bmm_e4_h4_i4_topk2_gate_up"))
+    False
+    """
+    return "batched_mm" in f"{op.target} {op.definition}".lower()
 
 
 def _grouped_mm_fn() -> Any:
@@ -35,6 +60,8 @@ class GemmRecipe(Recipe[Gemm]):
 
         dt = op.dtype
         out_dtype = torch_dtype(op.out_dtype) if op.out_dtype else None
+        if is_batched_mm(op):
+            return self._batched_mm(op, ctx)
         if op.groups > 1:
             return self._grouped(op, ctx)
         if op.batch > 1:
@@ -93,14 +120,6 @@ class GemmRecipe(Recipe[Gemm]):
                 return grouped(xx, ww.transpose(-1, -2), offs=oo)
 
             return Case(inputs=(x, w, offs), run=run_grouped, note=f"grouped_mm, {skew} routing")
-        if "batched_mm" in target:
-            width = max(counts)
-            xb = make_tensor(TensorSpec(shape=(g, width, op.k), dtype=op.dtype), ctx.device, ctx.gen)
-
-            def run_batched(inputs: tuple[Any, ...], reference: bool) -> Any:
-                return torch.bmm(inputs[0], inputs[1].transpose(-1, -2))
-
-            return Case(inputs=(xb, w), run=run_batched, note=f"batched_mm over {g} padded groups")
 
         def run_loop(inputs: tuple[Any, ...], reference: bool) -> Any:
             xx, ww = inputs
@@ -112,3 +131,43 @@ class GemmRecipe(Recipe[Gemm]):
             return tuple(outs)
 
         return Case(inputs=(x, w), run=run_loop, note=f"eager per-expert F.linear, {skew} routing")
+
+    def _batched_mm(self, op: Gemm, ctx: BuildContext) -> Case:
+        """transformers' ``batched_mm`` projection: gather each pair's weight copy, then one bmm."""
+        import torch
+
+        pairs = op.batch * op.groups
+        hit = _EXPERTS.search(op.definition)
+        experts = max(1, int(hit.group(1))) if hit else pairs
+        # transformers' default layout, weight first: each pair's [n, k] copy @ its token as [k, m].
+        weight_spec = TensorSpec(shape=(pairs, op.n, op.k), dtype=op.dtype)
+        token_spec = TensorSpec(shape=(pairs, op.k, op.m), dtype=op.dtype)
+        weight_first = True
+        rec = [t for t in op.inputs if len(t.shape) == 3 and t.dtype.is_float]
+        if len(rec) == 2:
+            a, b = rec
+            if a.shape[1:] == (op.n, op.k) and b.shape[1:] == (op.k, op.m):
+                weight_spec, token_spec = a, b
+            elif a.shape[1:] == (op.m, op.k) and b.shape[1:] == (op.k, op.n):
+                # Weights stored transposed (gpt-oss): each pair's token [m, k] @ its [k, n] copy.
+                weight_spec, token_spec, weight_first = b, a, False
+        # The routed expert of each pair, as the graph's routing assumption deals the pairs' loads.
+        counts = routing_counts(pairs, experts, 1, ctx.moe_skew)
+        ids = torch.repeat_interleave(torch.arange(experts, device=ctx.device), torch.tensor(counts, device=ctx.device))
+        stacked = make_tensor(TensorSpec(shape=(experts, *weight_spec.shape[1:]), dtype=op.dtype), ctx.device, ctx.gen)
+        weights = stacked[ids]  # gate_up_proj[expert_ids]: one weight copy per pair
+        del stacked
+        tokens = make_tensor(token_spec, ctx.device, ctx.gen)
+        inputs = (weights, tokens) if weight_first else (tokens, weights)
+
+        def run_batched_mm(inputs: tuple[Any, ...], reference: bool) -> Any:
+            return torch.bmm(inputs[0], inputs[1])
+
+        skew = f"skew {ctx.moe_skew:g}" if ctx.moe_skew > 0 else "balanced"
+        layout = "weight first" if weight_first else "token first"
+        return Case(
+            inputs=inputs,
+            run=run_batched_mm,
+            note=f"batched_mm: torch.bmm over {pairs} gathered per-pair weights of {experts} experts "
+            f"({layout}, {skew} routing; the gather is its own op, run untimed at build)",
+        )

@@ -1,14 +1,15 @@
-"""Facts about the unsharded graph gathered before the rewrite: head counts and K/V split factors."""
+"""Facts about the unsharded graph gathered before the rewrite: head counts, K/V split factors and the
+expert weight gathers of ``batched_mm`` experts."""
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from opgraph.ir import Attention, OpBase, OpGraph, OpKind, TensorSpec
+from opgraph.ir import Attention, Gemm, Memory, OpBase, OpGraph, OpKind, TensorSpec
 from opgraph.transforms.tensor_parallel.rules import LinearRule, ParallelStyle, linear_style
-from opgraph.transforms.tensor_parallel.tensors import TensorParallelError, op_name
+from opgraph.transforms.tensor_parallel.tensors import TensorParallelError, dim_of_size, op_name
 
 WALK_KINDS = frozenset({OpKind.ROPE, OpKind.NORM, OpKind.MEMORY, OpKind.VIEW, OpKind.ELEMENTWISE, OpKind.ACTIVATION})
 
@@ -20,10 +21,16 @@ class Context:
     heads_by_layer: dict[int | None, set[int]] = field(default_factory=dict)
     kv_factor: dict[int, int] = field(default_factory=dict)
     """GEMM op id -> split factor for K/V projections whose heads are fewer than ``tp``."""
+    weight_gathers: dict[int, int] = field(default_factory=dict)
+    """Memory op id -> the dimension of its output to split: the gathers of stacked expert weights by
+    the routed ids that feed a sharded expert GEMM (transformers' ``batched_mm`` experts,
+    ``gate_up_proj[expert_ids]``). Each rank gathers its own slice of the experts' weights, split as
+    the GEMM splits its weight operand."""
 
 
 def analyse(graph: OpGraph, tp: int, rules: Sequence[LinearRule]) -> Context:
-    """Heads per layer and the split factor of K/V projections, checking that ``tp`` divides the heads."""
+    """Heads per layer and the split factor of K/V projections, checking that ``tp`` divides the heads;
+    the expert weight gathers that feed sharded expert GEMMs."""
     ctx = Context()
     ops = graph.ops
     writers: dict[int, list[int]] = {}
@@ -62,6 +69,8 @@ def analyse(graph: OpGraph, tp: int, rules: Sequence[LinearRule]) -> Context:
         return found
 
     for i, op in enumerate(ops):
+        if isinstance(op, Gemm):
+            ctx.weight_gathers.update(_weight_gathers(op, i, rules, writer_before))
         if not isinstance(op, Attention):
             continue
         ctx.heads_by_layer.setdefault(op.layer, set()).update({op.heads, op.kv_heads})
@@ -91,3 +100,30 @@ def analyse(graph: OpGraph, tp: int, rules: Sequence[LinearRule]) -> Context:
             for g in kv_gemms:
                 ctx.kv_factor[g] = op.kv_heads
     return ctx
+
+
+def _weight_gathers(
+    op: Gemm, at: int, rules: Sequence[LinearRule], writer_before: Callable[[int | None, int], OpBase | None]
+) -> dict[int, int]:
+    """The gathers of stacked expert weights (an ``index`` of a rank-3 tensor no op writes: a
+    parameter) that feed the expert GEMM ``op`` at position ``at``, each with the dimension of its
+    output that the GEMM's rule splits: ``n`` for a column-parallel one, ``k`` for a row-parallel one,
+    found as :func:`~opgraph.transforms.tensor_parallel.linear.shard_gemm` finds it in a weight."""
+    rule = linear_style(op, rules)
+    if rule is None or not rule.moe_experts or rule.style not in (ParallelStyle.COLUMN, ParallelStyle.ROW):
+        return {}
+    found: dict[int, int] = {}
+    for spec in op.inputs:
+        src = writer_before(spec.id, at)
+        if not isinstance(src, Memory) or src.fn != "index" or not src.inputs or len(spec.shape) != 3:
+            continue
+        stacked = src.inputs[0]
+        if len(stacked.shape) != 3 or writer_before(stacked.id, at) is not None:
+            continue
+        if rule.style is ParallelStyle.COLUMN:
+            d = dim_of_size(spec.shape, op.n, prefer_last=True)
+        else:
+            d = dim_of_size(spec.shape, op.k, prefer_last=False)
+        if d is not None and d > 0 and stacked.shape[1:] == spec.shape[1:]:
+            found[src.id] = d
+    return found

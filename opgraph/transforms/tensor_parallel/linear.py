@@ -16,13 +16,23 @@ from opgraph.transforms.tensor_parallel.tensors import Partial, Split, State, di
 def gemm_roles(sh: Sharder, op: Gemm, inputs: Sequence[TensorSpec]) -> tuple[int | None, list[int], list[int]]:
     """(activation index, weight indices, bias indices) of a GEMM's inputs, from their shapes.
 
-    The activation is ``rows x k``; a bias is a vector of ``n``; everything else is a weight.
-    When shapes are ambiguous, the input some op produced is the activation.
+    The activation is ``rows x k``, or ``k x m`` per product when the weight comes first (transformers'
+    ``batched_mm`` experts: each token-expert pair's gathered ``[n, k]`` weight @ its token as
+    ``[k, 1]``); a bias is a vector of ``n``; everything else is a weight. When shapes are ambiguous,
+    the input some op produced is the activation (a gathered expert weight is produced too, so the
+    shapes decide first).
     """
     rows = op.m * op.batch * op.groups
     biases = [j for j, s in enumerate(inputs) if len(s.shape) == 1 and s.numel == op.n]
     rest = [j for j in range(len(inputs)) if j not in biases]
-    fits = [j for j in rest if inputs[j].shape and inputs[j].shape[-1] == op.k and inputs[j].numel == rows * op.k]
+
+    def is_activation(s: TensorSpec) -> bool:
+        if not s.shape or s.numel != rows * op.k:
+            return False
+        weight_first = len(s.shape) >= 3 and s.shape[-2:] == (op.k, op.m)
+        return s.shape[-1] == op.k or weight_first
+
+    fits = [j for j in rest if is_activation(inputs[j])]
     made = [j for j in rest if inputs[j].id is not None and inputs[j].id in sh.producer]
     act = next((j for j in fits if j in made), fits[0] if fits else (made[0] if made else None))
     return act, [j for j in rest if j != act], biases
@@ -96,6 +106,8 @@ def shard_gemm(sh: Sharder, op: Gemm, inputs: list[TensorSpec]) -> OpBase:
         shape = new_in[act].shape
         if shape and shape[-1] == op.k:
             d = len(shape) - 1
+        elif len(shape) >= 3 and shape[-2:] == (op.k, op.m):
+            d = len(shape) - 2  # weight first ([n, k] @ [k, m]): the token's k is second to last
         else:
             d = pick_dim(shape, tp, st.block if isinstance(st, Split) else op.k, set())
         if d is not None:

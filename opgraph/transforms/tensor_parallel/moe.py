@@ -1,11 +1,12 @@
-"""Mixture of experts: stacked expert GEMMs split by expert (expert parallelism), and the combine
-of partial expert outputs, reduced once after it."""
+"""Mixture of experts: stacked expert GEMMs split by expert (expert parallelism), the gathers of
+expert weights that ``batched_mm`` experts run (split as their GEMMs split the weights), and the
+combine of partial expert outputs, reduced once after it."""
 
 from __future__ import annotations
 
 import math
 
-from opgraph.ir import Gemm, MoeRouting, OpBase, TensorSpec
+from opgraph.ir import Gemm, Memory, MoeRouting, OpBase, TensorSpec
 from opgraph.transforms.tensor_parallel.rules import LinearRule, ParallelStyle
 from opgraph.transforms.tensor_parallel.sharder import Sharder, register_handler
 from opgraph.transforms.tensor_parallel.tensors import Partial, Split, State, reshard
@@ -31,6 +32,28 @@ def shard_experts(sh: Sharder, op: Gemm, rule: LinearRule, inputs: list[TensorSp
     sh.set_outputs(op.outputs, states)
     sh.counts["column" if rule.style is not ParallelStyle.ROW else "row"] += 1
     return sh.rebuild(op, new_in, outs, groups=-(-op.groups // tp))
+
+
+def shard_weight_gather(sh: Sharder, op: Memory, inputs: list[TensorSpec], dim: int) -> OpBase:
+    """A gather of stacked expert weights by the routed ids (transformers' ``batched_mm`` experts:
+    ``gate_up_proj[expert_ids]``, one weight copy per token-expert pair) that feeds a sharded expert
+    GEMM (:attr:`~opgraph.transforms.tensor_parallel.analysis.Context.weight_gathers`). Each rank holds
+    its slice of every expert's weights (``n / tp`` of gate_up, ``k / tp`` of down, as Megatron shards
+    experts), so it gathers copies of that slice only: the stacked weights and the copies split along
+    ``dim``, the copies a split tensor the GEMM reads as it is."""
+    tp = sh.tp
+    out = op.outputs[0] if op.outputs else None
+    if out is None or len(out.shape) <= dim or out.shape[dim] % tp or op.numel % tp:
+        return sh.replicated(op, inputs)  # the GEMM reports the dimension tp does not divide
+    new_in = [
+        reshard(s, dim, tp) if len(s.shape) == len(out.shape) and s.shape[1:] == out.shape[1:] else s
+        for s in sh.all_whole(op, inputs)
+    ]
+    outs = [reshard(t, dim, tp) for t in op.outputs]
+    sh.set_outputs(
+        op.outputs, [Split(tp, math.prod(t.shape[dim:]), t, o) for t, o in zip(op.outputs, outs, strict=True)]
+    )
+    return sh.rebuild(op, new_in, outs, numel=op.numel // tp)
 
 
 @register_handler(MoeRouting)

@@ -19,6 +19,7 @@ from opgraph.ir import (
     TensorSpec,
     View,
 )
+from opgraph.transforms.tensor_parallel.moe import shard_weight_gather
 from opgraph.transforms.tensor_parallel.sharder import Sharder, register_handler
 from opgraph.transforms.tensor_parallel.tensors import Partial, Split, State, pick_dim, reshard
 
@@ -45,7 +46,10 @@ def keeps_partial(sh: Sharder, op: OpBase, inputs: Sequence[TensorSpec]) -> bool
 
 @register_handler(Rope, Norm, Activation, Elementwise, Memory, View, Softmax, Reduction)
 def shard_pointwise(sh: Sharder, op: OpBase, inputs: list[TensorSpec]) -> OpBase:
-    """A pointwise op on the local slice of its split input, partial when linear in a partial sum."""
+    """A pointwise op on the local slice of its split input, partial when linear in a partial sum
+    (a gather of expert weights for a sharded expert GEMM: :func:`.moe.shard_weight_gather`)."""
+    if isinstance(op, Memory) and op.id in sh.ctx.weight_gathers:
+        return shard_weight_gather(sh, op, inputs, sh.ctx.weight_gathers[op.id])
     if keeps_partial(sh, op, inputs):
         sh.set_outputs(op.outputs, [Partial(t) for t in op.outputs])
         return sh.rebuild(op, inputs, op.outputs)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from functools import cache
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -294,6 +296,58 @@ def test_expert_parallel_splits_experts() -> None:
             assert (new.groups, new.m, new.n, new.k) == (4, old.m, old.n, old.k)
             assert new.definition.endswith(f"_ep{tp}")
     assert "expert-parallel" in " ".join(s.metadata.assumptions)
+
+
+def _batched_mm_graph(tmp_path: Path, model_type: str) -> OpGraph:
+    """A 2-layer prefill (12 tokens) of a tiny ``model_type`` whose experts run transformers'
+    ``batched_mm``, its expert sizes all distinct (hidden 64, intermediate 48: gate_up is 96 x 64)."""
+    pytest.importorskip("transformers")
+    from opgraph.capture import capture
+    from tests.opgraph.capture.test_capture_architectures import BASE, TINY
+
+    arch, extra = TINY[model_type]
+    cfg = {**BASE, **extra, "model_type": model_type, "architectures": [arch], "experts_implementation": "batched_mm"}
+    cfg["moe_intermediate_size" if model_type == "qwen3_moe" else "intermediate_size"] = 48
+    path = tmp_path / f"{model_type}.json"
+    path.write_text(json.dumps(cfg))
+    return capture(str(path), device="meta", seq_len=12)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss"])
+def test_batched_mm_experts_split_their_gathered_weights(tmp_path: Path, model_type: str) -> None:
+    """transformers' ``batched_mm`` experts run one bmm per projection of each token-expert pair's
+    gathered weight copy against its token: weight first (qwen3_moe: ``[n, k] @ [k, 1]``) or token
+    first (gpt_oss stores its weights transposed: ``[1, k] @ [k, n]``). As Megatron shards experts, each
+    rank holds n / tp of every expert's gate_up and k / tp of its down: it gathers copies of its slices
+    and multiplies its tokens, whole for gate_up, split for down, by them."""
+    g, tp = _batched_mm_graph(tmp_path, model_type), 2
+    s = shard_tensor_parallel(g, tp)
+    wrote = {t.id: o for o in g.ops for t in o.outputs}
+    wrote_s = {t.id: o for o in s.ops for t in o.outputs}
+    gemms = [o for o in g.ops if isinstance(o, Gemm) and "batched_mm" in o.definition]
+    assert len(gemms) == 4
+    assert sum(s.op(o.id).flops for o in gemms) * tp == sum(o.flops for o in gemms)
+    for old in gemms:
+        new = s.op(old.id)
+        assert isinstance(new, Gemm) and new.flops * tp == old.flops and new.batch == old.batch
+        gate_up = old.target.endswith("gate_up")
+        assert (new.n * tp, new.k) == (old.n, old.k) if gate_up else (new.n, new.k * tp) == (old.n, old.k)
+        # The weight operand is the copy the gather wrote; the other one is the pairs' tokens.
+        (w,) = [j for j, t in enumerate(old.inputs) if isinstance(wrote.get(t.id), Memory)]
+        weight, token = old.inputs[w], old.inputs[1 - w]
+        assert weight.numel == old.batch * old.n * old.k and token.numel == old.batch * old.k
+        split = old.n if gate_up else old.k
+        dim = [d for d, size in enumerate(weight.shape) if size == split]
+        assert len(dim) == 1 and dim[0] > 0
+        want = tuple(size // tp if d == dim[0] else size for d, size in enumerate(weight.shape))
+        assert new.inputs[w].shape == want
+        assert new.inputs[1 - w].numel * (1 if gate_up else tp) == token.numel
+        # Each rank gathers copies of its slice of the experts' weights: no all-gather rebuilds them.
+        gather = wrote_s.get(new.inputs[w].id)
+        assert isinstance(gather, Memory) and gather.fn == "index"
+        assert gather.outputs[0].shape == want and gather.numel * tp == g.op(gather.id).numel  # type: ignore[attr-defined]
+    gathered = {o.inputs[0].shape for o in collectives(s, CollectiveKind.ALL_GATHER)}
+    assert gathered <= {o.outputs[0].shape for o in s.ops if o.scope.endswith("lm_head")}
 
 
 def test_mla_down_projections_replicated_up_projections_split() -> None:
