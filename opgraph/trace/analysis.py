@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opgraph.ir.timeline import union_length
-from opgraph.trace.classify import KernelClassifier
+from opgraph.trace.classify import EXPERT_NOTE_MARK, KernelClassifier
 from opgraph.trace.events import GpuEvent, HostEvent, TraceData
 from opgraph.trace.patterns import PatternSet
 from opgraph.trace.result import (
@@ -32,6 +32,7 @@ from opgraph.trace.result import (
     StageTypeRow,
     UniqueKernel,
 )
+from opgraph.trace.window import window_leftovers, window_note
 
 _FFN_TYPES = frozenset({"activation", "moe"})
 _STAGE_ORDER = ("prefill", "decode", "mixed", "idle", "unknown")
@@ -439,18 +440,25 @@ class Analyzer:
         )
 
     # ---- the whole analysis -----------------------------------------------------------------------
+    def classify(self, data: TraceData) -> None:
+        """Type every device event of ``data`` (:meth:`KernelClassifier.classify`, with its host scopes) and
+        keep what the typing assumed (GEMMs retyped as MoE expert GEMMs) in ``data.notes``, in place of such
+        notes of an earlier typing (a timeline's, read back)."""
+        typed = self.clf.classify(data.gpu, data.host)
+        data.notes = [n for n in data.notes if EXPERT_NOTE_MARK not in n] + typed
+
     def _structure(self, data: TraceData, notes: list[str]) -> tuple[list[_Pass], int]:
-        """Kernel types, then passes with their layers and stages; the count of window leftovers."""
+        """Passes with their layers and stages of classified events; the count of window leftovers."""
         gpu = data.gpu
-        self.clf.classify(gpu)
         skip = window_leftovers(gpu, data.host)
         if skip:
-            kernels = sum(1 for g in gpu[:skip] if g.kind == "kernel")
             notes.append(
-                f"{skip} device events ({kernels} kernels, {sum(g.dur for g in gpu[:skip]) / 1000:.3f} ms) at the "
-                "start ran work launched before the profiler window opened (no launch in the trace): set apart, "
-                "left out of every total and table here and of passes and layers, as `opgraph compare` leaves "
-                "them out"
+                window_note(
+                    gpu,
+                    skip,
+                    "set apart, left out of every total and table here and of passes and layers, as "
+                    "`opgraph compare` leaves them out",
+                )
             )
         passes, _ = self.passes(data, notes, skip)
         for p in passes:
@@ -471,9 +479,11 @@ class Analyzer:
                     g.ktype = out
 
     def labels(self, data: TraceData) -> list[Label]:
-        """The (layer, stage, pass) label of every device event (and its final kernel type), as :meth:`run`
-        gives them without splitting half layers, without building the summary."""
+        """The (layer, stage, pass) label of every device event (and its final kernel type, with the typing's
+        notes in ``data.notes``), as :meth:`run` gives them without splitting half layers, without building
+        the summary."""
         gpu = data.gpu
+        self.classify(data)
         passes, _ = self._structure(data, [])
         labels: list[Label] = [(None, None, None)] * len(gpu)
         in_layer = [False] * len(gpu)
@@ -492,6 +502,7 @@ class Analyzer:
     def run(self, data: TraceData, *, split_half_layers: bool = False) -> tuple[AnalysisResult, list[Label]]:
         """The analysis of ``data`` and the (layer, stage, pass) label of every device event."""
         gpu = data.gpu
+        self.classify(data)
         notes = list(data.notes)
         passes, skip = self._structure(data, notes)
         labels: list[Label] = [(None, None, None)] * len(gpu)
@@ -611,7 +622,7 @@ class Analyzer:
         skip: int = 0,
     ) -> AnalysisResult:
         """The result's totals and tables: of the trace's own device work, the first ``skip`` events (work
-        launched before the profiler window opened, :func:`window_leftovers`) left out."""
+        launched before the profiler window opened, :func:`~opgraph.trace.window.window_leftovers`) left out."""
         gpu = data.gpu
         own = gpu[skip:]
         kernels = [(j, g) for j, g in enumerate(gpu) if j >= skip and g.kind == "kernel"]
@@ -742,20 +753,6 @@ def _merge_blocks(blocks: list[list[int]], is_ffn: list[bool]) -> list[list[int]
         else:
             merged[-1][1] = blk[1]
     return merged
-
-
-def window_leftovers(gpu: Sequence[GpuEvent], host: Sequence[HostEvent]) -> int:
-    """How many device events at the start of the trace were launched before the profiler window opened:
-    the leading run of events without a launch, in a trace whose later events do have one. With CUDA-graph
-    launches in the trace only events that start before the first graph launch count (graph kernels may
-    lack a link of their own)."""
-    first_linked = next((i for i, g in enumerate(gpu) if g.launch_ts is not None), None)
-    if not first_linked:
-        return 0
-    graph_launch = min((h.ts for h in host if h.kind == "runtime" and "GraphLaunch" in h.name), default=None)
-    if graph_launch is None:
-        return first_linked
-    return sum(1 for g in gpu[:first_linked] if g.ts < graph_launch)
 
 
 def _find(starts: list[float], t: float) -> int:

@@ -102,7 +102,7 @@ def load_traces(
         if analyzed:
             labels = Analyzer(ps, clf).labels(d)
         else:
-            clf.classify(d.gpu)
+            Analyzer(ps, clf).classify(d)
         out.append(to_timeline(d, cpu=cpu, labels=labels))
     return out
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
+from collections.abc import Hashable, Sequence
 
-from opgraph.trace.events import GpuEvent
+from opgraph.ir.timeline import SpanCategory
+from opgraph.trace.events import GpuEvent, HostEvent
 from opgraph.trace.patterns import KernelType, PatternSet
 
 _MEMORY = KernelType.MEMORY
@@ -36,6 +39,15 @@ for an expert's: the top-k weights' normalisation, casts, the expert-id clamp an
 _BLOCK_END = frozenset({KernelType.NORM, KernelType.ATTENTION, KernelType.SAMPLING, KernelType.EMBEDDING})
 """Kernel types that end an MoE block: the next layer's norm and attention, or a new pass (the LM head's
 sampling, the embedding)."""
+_LOOP_OPS = frozenset({"aten::mm", "aten::addmm", "aten::linear", "aten::matmul"})
+"""Unbatched GEMM ops, as an eager experts loop runs them (``F.linear`` of one expert's weights)."""
+_LOOP_EXPERTS = 2
+"""Calls of the up and of the down projection an MoE block must hold for its GEMMs to read as a loop over
+experts: one expert's pair is also what a dense MLP (a shared expert) runs."""
+_SCOPE_KINDS = (SpanCategory.ANNOTATION, SpanCategory.PYTHON)
+"""Host events that name a module scope: ``record_function`` ranges and ``nn.Module`` Python events."""
+EXPERT_NOTE_MARK = "typed moe, not gemm"
+"""The words of every note on GEMMs that the classifier retyped as MoE expert GEMMs."""
 
 
 _UNKNOWN = KernelType.UNKNOWN
@@ -177,6 +189,153 @@ def expert_gemms(kernels: list[GpuEvent]) -> None:
             last_moe = i
 
 
+def expert_scopes(gpu: Sequence[GpuEvent], host: Sequence[HostEvent], patterns: PatternSet) -> list[str]:
+    """Type as MoE the GEMMs launched inside an MoE experts scope (a host range whose name matches a
+    ``[layers] experts`` rule: ``model.layers.0.mlp.experts``); the notes that say how many.
+
+    An eager experts implementation (transformers' ``eager`` experts, a ``ModuleList`` of expert MLPs)
+    runs one ``aten::mm`` per expert that received tokens, which no launching op tells from a dense
+    GEMM; the module scope around the launch does. A GEMM's launch (host clock) must lie inside the
+    scope, on the same thread when the launching op is known."""
+    spans: dict[int | str, list[tuple[float, float]]] = defaultdict(list)
+    names: list[str] = []
+    for h in host:
+        if h.kind in _SCOPE_KINDS and patterns.is_experts_scope(h.name):
+            spans[h.tid].append((h.ts, h.ts + h.dur))
+            if h.name not in names:
+                names.append(h.name)
+    if not spans:
+        return []
+    merged = {tid: _merge(iv) for tid, iv in spans.items()}
+    starts = {tid: [a for a, _ in iv] for tid, iv in merged.items()}
+    retyped = 0
+    for ev in gpu:
+        t = ev.launch_ts
+        if ev.ktype is not _GEMM or t is None:
+            continue
+        tids = [ev.launch_host.tid] if ev.launch_host is not None else list(merged)
+        for tid in tids:
+            iv = merged.get(tid)
+            if iv is None:
+                continue
+            k = bisect.bisect_right(starts[tid], t) - 1
+            if k >= 0 and t <= iv[k][1]:
+                ev.ktype = _MOE
+                retyped += 1
+                break
+    if not retyped:
+        return []
+    shown = ", ".join(repr(n) for n in names[:2]) + (", ..." if len(names) > 2 else "")
+    return [
+        f"{retyped} GEMM kernels launched inside MoE experts scopes ({shown}) {EXPERT_NOTE_MARK}: the experts "
+        "module runs one GEMM per expert that received tokens (an eager experts loop), which no launching op "
+        "names (scopes matched by the pattern files' layers.experts rules)"
+    ]
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping or nested intervals as their union, sorted by start."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def gemm_nk(ev: GpuEvent) -> tuple[int, int] | None:
+    """(n, k) of the GEMM op that launched ``ev``, from its input shapes (with ``record_shapes``):
+    ``mm([m, k], [k, n])``, ``matmul([.., m, k], [k, n])``, ``addmm(bias, [m, k], [k, n])``,
+    ``linear([.., k], [n, k])``; None for other ops or without shapes."""
+    op, dims = ev.launch_op, ev.launch_dims
+    if not isinstance(dims, list):
+        return None
+    if op in ("aten::mm", "aten::matmul") and len(dims) >= 2:
+        w = dims[1]
+        nk = (w[-1], w[-2]) if isinstance(w, list) and len(w) == 2 else None
+    elif op == "aten::addmm" and len(dims) >= 3:
+        w = dims[2]
+        nk = (w[-1], w[-2]) if isinstance(w, list) and len(w) == 2 else None
+    elif op == "aten::linear" and len(dims) >= 2:
+        w = dims[1]
+        nk = (w[0], w[1]) if isinstance(w, list) and len(w) == 2 else None
+    else:
+        return None
+    if nk is None or not all(type(x) is int for x in nk):
+        return None
+    return nk
+
+
+def _call(ev: GpuEvent) -> Hashable:
+    """One GEMM call, whatever kernels it launched (a split-K GEMM and its reduce kernel are one call)."""
+    if ev.launch_host is not None:
+        return id(ev.launch_host)
+    if ev.external_id is not None:
+        return ("ext", ev.external_id)
+    return ("launch", ev.launch_ts if ev.launch_ts is not None else id(ev))
+
+
+def expert_loops(kernels: list[GpuEvent]) -> tuple[int, int, int]:
+    """Type as MoE the GEMMs of an eager per-expert loop, in one stream's kernel order; (kernels retyped,
+    their calls, MoE blocks holding them).
+
+    Without a module scope (:func:`expert_scopes`) the loop is known by its shapes. An MoE block runs from
+    an MoE kernel (the router's top-k) to the next norm, attention, sampling or embedding kernel or layer
+    start. In it, each expert that received tokens runs its up projection (``n`` the expert's
+    intermediate size ``i``, or ``2i`` with gate and up fused; ``k`` the hidden size ``h``) and its down
+    projection (``n = h``, ``k = i``) as unbatched GEMMs. A down shape and a matching up shape both called
+    at least :data:`_LOOP_EXPERTS` times are the loop: their GEMMs are MoE. The router's GEMM (``n`` the
+    expert count) is called once, and a shared expert's MLP calls its down projection once, so both stay
+    dense; a block with one expert is left as it is. Needs the ops' input shapes (``record_shapes``)."""
+    retyped = calls_retyped = blocks = 0
+    block: list[GpuEvent] | None = None
+
+    def close(block: list[GpuEvent]) -> None:
+        nonlocal retyped, calls_retyped, blocks
+        calls: dict[tuple[int, int], set[Hashable]] = defaultdict(set)
+        for ev in block:
+            nk = gemm_nk(ev)
+            if nk is not None:
+                calls[nk].add(_call(ev))
+        count = {nk: len(c) for nk, c in calls.items()}
+        loop: set[tuple[int, int]] = set()
+        for (n_down, k_down), c_down in count.items():
+            if c_down < _LOOP_EXPERTS:
+                continue
+            ups = [
+                up
+                for up in ((k_down, n_down), (2 * k_down, n_down))
+                if count.get(up, 0) >= _LOOP_EXPERTS and up != (n_down, k_down)
+            ]
+            if ups:
+                loop.add((n_down, k_down))
+                loop.update(ups)
+        if not loop:
+            return
+        hit = [ev for ev in block if gemm_nk(ev) in loop]
+        for ev in hit:
+            ev.ktype = _MOE
+        retyped += len(hit)
+        calls_retyped += sum(count[nk] for nk in loop)
+        blocks += 1
+
+    for ev in kernels:
+        kt = ev.ktype
+        if kt in _BLOCK_END or ev.layer_start:
+            if block:
+                close(block)
+            block = None
+        elif kt is _MOE:
+            if block is None:
+                block = []
+        elif block is not None and kt is _GEMM and ev.launch_op in _LOOP_OPS:
+            block.append(ev)
+    if block:
+        close(block)
+    return retyped, calls_retyped, blocks
+
+
 class KernelClassifier:
     """Classifies kernel names with a :class:`PatternSet`, caching the answer per distinct name."""
 
@@ -227,14 +386,16 @@ class KernelClassifier:
             kt = self._launch[stack] = self.patterns.launch_type(stack)
             return kt
 
-    def classify(self, gpu: list[GpuEvent]) -> None:
-        """Set ``ktype``, ``vote`` and ``layer_start`` on every event (sorted by start time).
+    def classify(self, gpu: list[GpuEvent], host: Sequence[HostEvent] = ()) -> list[str]:
+        """Set ``ktype``, ``vote`` and ``layer_start`` on every event (sorted by start time); the notes on
+        what the typing assumed.
 
         The kernel's name decides, unless the CPU op that launched it says otherwise (``[[launch]]`` rules;
-        communication kernels and those of a ``fixed`` name rule, copies, keep their type); then eager
-        attention (batched GEMM, softmax, batched GEMM), sequences (an unfused RMSNorm) and the expert GEMMs
-        of MoE blocks that batched GEMM ops run (:func:`expert_gemms`) are found in each stream's kernel
-        order."""
+        communication kernels and those of a ``fixed`` name rule, copies, keep their type), or the GEMM was
+        launched inside an MoE experts scope of ``host`` (:func:`expert_scopes`); then eager attention
+        (batched GEMM, softmax, batched GEMM), sequences (an unfused RMSNorm), the expert GEMMs of MoE
+        blocks that batched GEMM ops run (:func:`expert_gemms`) and eager per-expert loops of unbatched
+        GEMMs (:func:`expert_loops`) are found in each stream's kernel order."""
         launch = self.launch_type
         for ev in gpu:
             if ev.kind != "kernel":
@@ -250,6 +411,7 @@ class KernelClassifier:
             ev.ktype = kt
             ev.vote = vote
             ev.layer_start = start
+        notes = expert_scopes(gpu, host, self.patterns) if host else []
         by_stream: dict[tuple[int, int], list[GpuEvent]] = defaultdict(list)
         for ev in gpu:
             if ev.kind == "kernel":
@@ -259,8 +421,18 @@ class KernelClassifier:
         if self.patterns.sequences:
             for kernels in by_stream.values():
                 self._sequences(kernels)
+        retyped = calls = blocks = 0
         for kernels in by_stream.values():  # after the sequences: their norms end MoE blocks
             expert_gemms(kernels)
+            r, c, b = expert_loops(kernels)
+            retyped, calls, blocks = retyped + r, calls + c, blocks + b
+        if retyped:
+            notes.append(
+                f"{retyped} GEMM kernels ({calls} calls) in {blocks} MoE blocks {EXPERT_NOTE_MARK}: after the "
+                "router, an up and a down projection shape (n, k) each repeat once per expert that received "
+                "tokens (an eager per-expert loop, found from the ops' input shapes)"
+            )
+        return notes
 
     def _sequences(self, kernels: list[GpuEvent]) -> None:
         match_cache: dict[tuple[int, int, str], bool] = {}

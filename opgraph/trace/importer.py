@@ -25,6 +25,7 @@ from opgraph.ir.ops import OpKind, Stage
 from opgraph.ir.timeline import Bound, Span, SpanCategory, Timeline, TimelineKind, span_factory
 from opgraph.trace.events import GPU_KINDS, HOST_KINDS, GpuEvent, HostEvent, TraceData
 from opgraph.trace.reader import NoTraceEventsError, TraceFile, TraceFormatError, discover, read_trace
+from opgraph.trace.window import WINDOW_ARG, WINDOW_PHRASE, window_leftovers, window_note
 
 _KINETO_CATS = (
     "kernel",
@@ -464,6 +465,9 @@ def _dims_json(dims: Any) -> str:
 
 
 _CATEGORY = {c.value: c for c in SpanCategory}
+_DIMS_TYPES = frozenset({"attention", "gemm", "moe"})
+"""Kernel types whose launching op's input shapes a span keeps (``launch_dims``): attention's give the query
+length (the stage), GEMMs' their (n, k) (an eager per-expert MoE loop), when the timeline is analyzed again."""
 _STAGE = {v: Stage(v) for v in _STAGE_VALUES}
 
 
@@ -478,6 +482,10 @@ def to_timeline(
     """A measured ``Timeline`` of ``data``: device spans (with ``labels`` (layer, stage, pass) per device
     event when given by the analyzer) and, with ``cpu``, host spans.
 
+    Device events at the start that ran work launched before the profiler window opened
+    (:func:`~opgraph.trace.window.window_leftovers`, which the analysis and ``opgraph compare`` leave out)
+    carry the arg ``launched_before_window: true``, and a note says how many.
+
     The spans are built unchecked (:func:`opgraph.ir.timeline.span_factory`): every field comes from the already
     validated import, so validating each of a few hundred thousand spans again would only repeat those
     checks at a large share of the import's cost."""
@@ -489,8 +497,11 @@ def to_timeline(
     gpu_tracks: dict[tuple[int, int], str] = {}
     host_tracks: dict[tuple[SpanCategory, int | str, int | str], str] = {}
     spans: list[Span] = []
+    skip = window_leftovers(data.gpu, data.host)
     for i, g in enumerate(data.gpu):
         args: dict[str, Scalar] = {"type": g.kind.value, "device": g.device, "stream": g.stream}
+        if i < skip:
+            args[WINDOW_ARG] = True
         if g.correlation is not None:
             args["correlation"] = g.correlation
         if g.external_id is not None:
@@ -508,7 +519,7 @@ def to_timeline(
             args["launch_op"] = g.launch_op
             if len(g.launch_stack) > 1:
                 args["launch_stack"] = _STACK_SEP.join(g.launch_stack)
-            if g.launch_dims and g.ktype == "attention":
+            if g.launch_dims and g.ktype in _DIMS_TYPES:
                 args["launch_dims"] = _dims_json(g.launch_dims)
         tkey = (g.device, g.stream)
         track = gpu_tracks.get(tkey)
@@ -600,7 +611,17 @@ def to_timeline(
     if data.base_time_ns is not None:
         config["base_time_ns"] = data.base_time_ns
     config.update(data.meta)
-    notes = list(data.notes) + [f"incomplete: {r}" for r in data.incomplete]
+    notes = list(data.notes)
+    if skip:
+        notes.append(
+            window_note(
+                data.gpu,
+                skip,
+                f"their spans carry the arg {WINDOW_ARG}=true and no pass, layer or stage; `opgraph analyze` "
+                "and `opgraph compare` leave them out of every total",
+            )
+        )
+    notes += [f"incomplete: {r}" for r in data.incomplete]
     if not cpu:
         notes.append("host events left out (kernels only)")
     return Timeline.model_validate(
@@ -651,7 +672,8 @@ def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> 
     of graph replays)."""
     data = TraceData(file=tl.source.trace_file or tl.source.name or "timeline")
     data.device_name = tl.source.device
-    data.notes = [n for n in tl.notes if not n.startswith("incomplete: ")]
+    # the note on window leftovers is the import's; the analysis finds them again and says so in its own words
+    data.notes = [n for n in tl.notes if not n.startswith("incomplete: ") and WINDOW_PHRASE not in n]
     data.incomplete = [n[len("incomplete: ") :] for n in tl.notes if n.startswith("incomplete: ")]
     cfg = tl.source.config
     rank = cfg.get("rank")

@@ -86,6 +86,8 @@ class PatternSet:
     layer_start: list[re.Pattern[str]] = field(default_factory=list)
     ffn: list[re.Pattern[str]] = field(default_factory=list)
     mla: list[re.Pattern[str]] = field(default_factory=list)
+    experts: list[re.Pattern[str]] = field(default_factory=list)
+    """Host scopes (user annotations, ``nn.Module`` Python events) whose GEMMs run MoE experts."""
     families: list[str] = field(default_factory=list)
     """Families loaded, in consultation order."""
     files: list[str] = field(default_factory=list)
@@ -166,6 +168,10 @@ class PatternSet:
     def is_ffn(self, name: str) -> bool:
         """An extra FFN marker (activation- and MoE-type kernels are markers already)."""
         return any(rx.search(name) for rx in self.ffn)
+
+    def is_experts_scope(self, name: str) -> bool:
+        """A host scope (a module's annotation) that runs MoE experts: the GEMMs launched inside it are MoE."""
+        return any(rx.search(name) for rx in self.experts)
 
 
 BUILTIN_ORIGIN = "builtin:"
@@ -398,6 +404,7 @@ def _add(ps: PatternSet, data: dict[str, Any], origin: str) -> None:
     ps.layer_start += [_compile(rx, where) for rx in _strs(layers.get("start", []), where, "start")]
     ps.ffn += [_compile(rx, where) for rx in _strs(layers.get("ffn", []), where, "ffn")]
     ps.mla += [_compile(rx, where) for rx in _strs(layers.get("mla", []), where, "mla")]
+    ps.experts += [_compile(rx, where) for rx in _strs(layers.get("experts", []), where, "experts")]
 
 
 def builtin_pattern_files() -> list[tuple[str, str]]:

@@ -37,4 +37,4 @@ def import_trace(
         f"{tl.source.device or 'unknown'}"
     )
     for n in tl.notes:
-        console.print(f"note: {n}")
+        console.print(f"note: {n}", markup=False)  # notes quote trace names, whose brackets are no markup
