@@ -44,6 +44,7 @@ __all__ = [
     "is_tty",
     "new_table",
     "parse_kinds",
+    "print_notes",
 ]
 
 P = ParamSpec("P")
@@ -236,6 +237,13 @@ def cli_notes(notes: Iterable[str]) -> tuple[str, ...]:
             note = note.replace(library, cli)
         out.append(note)
     return tuple(out)
+
+
+def print_notes(notes: Iterable[str]) -> None:
+    """Print each note as ``note: ...``, as text: notes quote model, kernel and scope names, whose
+    brackets are no console markup."""
+    for note in notes:
+        console.print(f"note: {note}", markup=False)
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import check_distinct_outputs, check_output_path, cli_notes, command, console, new_table
+from opgraph.cli.common import (
+    check_distinct_outputs,
+    check_output_path,
+    cli_notes,
+    command,
+    console,
+    new_table,
+    print_notes,
+)
 from opgraph.fmt import fmt_us
 
 
@@ -221,8 +229,7 @@ def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
                 ", ".join(u.launch_ops),
             )
         console.print(kt)
-    for n in r.notes:
-        console.print(f"note: {n}")
+    print_notes(r.notes)
 
 
 def _stage_breakdown(r: object) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import typer
 from rich import box
 
-from opgraph.cli.common import console, handle_errors, new_table
+from opgraph.cli.common import console, handle_errors, new_table, print_notes
 from opgraph.fmt import fmt_bytes, fmt_count
 
 if TYPE_CHECKING:
@@ -104,8 +104,7 @@ def _show(spec: HardwareSpec) -> None:
     ]
     for key, value in rows:
         console.print(f"{key + ':':24s}{value}")
-    for note in spec.notes:
-        console.print(f"note: {note}")
+    print_notes(spec.notes)
     for source in spec.sources:
         console.print(f"source: {source}")
 

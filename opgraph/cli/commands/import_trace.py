@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from opgraph.cli.common import check_output_path, cli_notes, command, console
+from opgraph.cli.common import check_output_path, cli_notes, command, console, print_notes
 
 
 @command("import")
@@ -36,5 +36,4 @@ def import_trace(
         f"{output}: {len(tl.spans)} spans ({kernels} kernels) on {len(tl.tracks())} tracks, device "
         f"{tl.source.device or 'unknown'}"
     )
-    for n in tl.notes:
-        console.print(f"note: {n}", markup=False)  # notes quote trace names, whose brackets are no markup
+    print_notes(tl.notes)

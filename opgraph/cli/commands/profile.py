@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.common import KindsOption, command, console, err_console, fmt_us, parse_kinds
+from opgraph.cli.common import KindsOption, command, console, err_console, fmt_us, parse_kinds, print_notes
 
 if TYPE_CHECKING:
     from hardware import DeviceProfile
@@ -107,5 +107,4 @@ def _summary(out: Path, prof: DeviceProfile) -> None:
         + (f"; launch {prof.launch_us:.3g} us" if prof.launch_us is not None else "")
         + (f", {prof.aten_issue_us:.3g} us host per aten call" if prof.aten_issue_us is not None else "")
     )
-    for note in prof.notes:
-        console.print(f"note: {note}")
+    print_notes(prof.notes)

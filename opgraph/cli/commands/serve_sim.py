@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from opgraph.cli.common import check_distinct_outputs, check_output_path, command, console, fmt_bytes, fmt_us, new_table
+from opgraph.cli.common import (
+    check_distinct_outputs,
+    check_output_path,
+    command,
+    console,
+    fmt_bytes,
+    fmt_us,
+    new_table,
+    print_notes,
+)
 from opgraph.ir import OpgraphError
 
 if TYPE_CHECKING:
@@ -199,5 +208,4 @@ def _print(result: ServingResult) -> None:
         console.print(f"dropped request {d.id}: {d.reason}")
     if len(result.dropped) > 10:
         console.print(f"... and {len(result.dropped) - 10} more dropped (listed in the result JSON)")
-    for note in result.notes:
-        console.print(f"note: {note}")
+    print_notes(result.notes)

@@ -16,6 +16,7 @@ from opgraph.cli.common import (
     console,
     is_tty,
     new_table,
+    print_notes,
 )
 from opgraph.fmt import fmt_us
 from opgraph.ir import OpgraphError
@@ -464,8 +465,7 @@ def _print_summary(result: SimulationResult, stats: SimulationStats, path: Path)
             + ", ".join(f"{u.op_id} {u.kind}" for u in stats.uncosted[:10])
             + (" ..." if len(stats.uncosted) > 10 else "")
         )
-    for note in stats.notes:
-        console.print(f"note: {note}")
+    print_notes(stats.notes)
 
 
 def _open(result: SimulationResult, output: Path | None) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from pydantic import Field
 
-from opgraph.cli.common import check_output_path, console, handle_errors, new_table
+from opgraph.cli.common import check_output_path, console, handle_errors, new_table, print_notes
 from opgraph.ir import OpgraphError
 from opgraph.ir.tensor import FrozenModel
 
@@ -326,8 +326,7 @@ def _run(
         for row in rows:
             shown.add_row(*row)
         console.print(shown)
-    for note in notes:
-        console.print(f"note: {note}", markup=False)
+    print_notes(notes)
 
     def err(metric: str) -> float | None:
         for row in comparison.end_to_end:

@@ -199,3 +199,17 @@ def test_a_table_too_wide_for_its_numbers_becomes_records() -> None:
     second = lines[lines.index("") + 1 :]
     assert second[0].split() == ["column", "0", "0,000,000.5", "ms"]
     assert [line.split()[-2] for line in second[1:]] == [f"{i}.25" for i in range(1, 7)]
+
+
+def test_notes_are_printed_as_text_not_markup(tmp_path: Path) -> None:
+    """A note quotes names (kernels, scopes, files) whose brackets rich would take for markup and drop:
+    every command prints its notes through one helper that prints them as they are."""
+    toml = (REPO / "hardware" / "catalog" / "h100-pcie.toml").read_text()
+    toml = toml.replace(
+        '"launch latency and host overheads are typical values; calibrate them"', '"see [bold]x[/bold] and [docs]"'
+    )
+    path = tmp_path / "dev.toml"
+    path.write_text(toml)
+    res = _runner({"COLUMNS": "300"}).invoke(app, ["hardware", "show", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "note: see [bold]x[/bold] and [docs]" in res.output
