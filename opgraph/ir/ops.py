@@ -263,7 +263,8 @@ class Attention(OpBase):
     causal: bool = True
     """Causal masking."""
     window: PosInt | None = None
-    """Sliding-window size, when the layer uses one."""
+    """Sliding-window size, when the layer uses one: a query sees at most this many keys (a window no
+    shorter than ``kv_len`` masks nothing)."""
     variant: AttentionVariant = AttentionVariant.GQA
     """Head layout."""
 
@@ -303,7 +304,7 @@ class Attention(OpBase):
             name = f"{v}_ragged_prefill_{mask}_h{self.heads}_kv{self.kv_heads}_d{self.head_dim}"
         if self.dv != self.head_dim:
             name += f"_dv{self.dv}"
-        if self.window:
+        if self.window and self.window < self.kv_len:  # a window that masks nothing runs the plain kernel
             name += f"_w{self.window}"
         return name
 

@@ -23,6 +23,16 @@ How dimensions are rewritten:
   output tensors.
 - Attention gets ``batch``/``q_len``/``kv_len`` directly; its key/value inputs take ``kv_len`` on
   their sequence dimension (so a prefill template also gives a chunk over a cached prefix).
+- What runs over the cached keys rather than the new tokens follows ``kv_len`` too. In a decode
+  template the cache sizes say so; in a prefill template, where keys and queries have one length,
+  the ops from each KV-cache append (``cat`` of the new tokens to the empty cache) to the attention
+  do: the append's output and, with MLA, the up-projection of the whole latent cache (``kv_b_proj``)
+  and the copies that build keys and values from it, as transformers runs a chunk over a cached
+  prefix (``batch x (prefix + chunk)`` rows, as in a decode).
+- A sliding-window layer (its ``Attention.window``) reads at most the window's keys: a decode's
+  cache holds ``window - 1`` tokens plus the new one, a chunk of ``q`` tokens reads ``window - 1 + q``
+  keys (transformers' ``DynamicSlidingWindowLayer``). Its attention and its cache ops take
+  ``min(kv_len, window - 1 + q_len)`` keys; the window still masks the queries of a long chunk.
 - Mixture-of-experts calls (:mod:`opgraph.transforms.rebatch_moe`): rows per expert are not template
   sizes but derived ones, re-routed for the new token count by the capture's own routing model
   (:func:`opgraph.capture.moe_model.expert_counts`, balanced or the template's ``moe_skew``). A
@@ -45,10 +55,11 @@ How dimensions are rewritten:
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel
 
@@ -105,6 +116,10 @@ _PLACE = ("id", "target", "scope", "layer", "stage", "step", "call", "host_gap_u
 
 
 _M = TypeVar("_M", bound=BaseModel)
+_T = TypeVar("_T")
+_Role = Literal["tokens", "keys", "append"]
+"""How :class:`_Rewriter` rewrites an op: over the new tokens, over the keys, or a KV-cache append (new
+tokens in, keys out)."""
 
 
 class RebatchError(OpgraphError):
@@ -204,24 +219,130 @@ def _dim_map(phase: str, b: int, q: int, kv: int, nb: int, nq: int, nkv: int) ->
     return {b: nb, kv - 1: nkv - 1, kv: nkv, b * (kv - 1): nb * (nkv - 1), b * kv: nb * nkv}
 
 
+def _memo(cache: dict[int, tuple[OpGraph, _T]], graph: OpGraph, build: Callable[[OpGraph], _T]) -> _T:
+    """``build(graph)``, memoised in ``cache`` for the last few graphs (templates are rebatched many times)."""
+    hit = cache.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    value = build(graph)
+    if len(cache) >= 8:
+        cache.pop(next(iter(cache)))
+    cache[id(graph)] = (graph, value)
+    return value
+
+
 _SIZES_CACHE: dict[int, tuple[OpGraph, frozenset[int]]] = {}
 
 
 def _model_sizes(graph: OpGraph) -> frozenset[int]:
-    """Model sizes of ``graph`` (memoised for the last few graphs: templates are rebatched many times)."""
-    hit = _SIZES_CACHE.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
-    sizes = frozenset(
-        v
-        for op in graph.ops
-        for f in _MODEL_FIELDS
-        if f not in _token_fields(op) and isinstance(v := getattr(op, f, None), int)
-    )
-    if len(_SIZES_CACHE) >= 8:
-        _SIZES_CACHE.pop(next(iter(_SIZES_CACHE)))
-    _SIZES_CACHE[id(graph)] = (graph, sizes)
-    return sizes
+    """Model sizes of ``graph`` (memoised)."""
+
+    def build(g: OpGraph) -> frozenset[int]:
+        return frozenset(
+            v
+            for op in g.ops
+            for f in _MODEL_FIELDS
+            if f not in _token_fields(op) and isinstance(v := getattr(op, f, None), int)
+        )
+
+    return _memo(_SIZES_CACHE, graph, build)
+
+
+@dataclass(frozen=True)
+class _KvLayout:
+    """What of a template depends on the keys rather than the new tokens."""
+
+    windows: dict[int, int]
+    """Sliding window of each layer that has one."""
+    outside: dict[int, int]
+    """Decode: indices of the ops outside the layers that feed sliding layers of one window only (its
+    sliding-window mask), with that window."""
+    key_side: frozenset[int]
+    """Prefill: indices of the ops that run over the keys, from each KV-cache append to (not including)
+    the attention it feeds."""
+    appends: frozenset[int]
+    """Prefill: the KV-cache appends among them (new tokens in, keys out)."""
+    kv_dependent: frozenset[int]
+    """Indices of the ops whose cost depends on ``kv_len`` at a fixed batch and ``q_len``."""
+
+
+_LAYOUT_CACHE: dict[int, tuple[OpGraph, _KvLayout]] = {}
+
+
+def _kv_layout(graph: OpGraph) -> _KvLayout:
+    """The :class:`_KvLayout` of a prefill or decode template (memoised)."""
+    return _memo(_LAYOUT_CACHE, graph, _build_kv_layout)
+
+
+def _build_kv_layout(graph: OpGraph) -> _KvLayout:
+    phase, b, _, kv = source_shape(graph)
+    ops = graph.ops
+    attention = {i for i, op in enumerate(ops) if isinstance(op, Attention)}
+    windows: dict[int, int] = {}
+    for i in attention:
+        op = ops[i]
+        assert isinstance(op, Attention)
+        window = op.window
+        if window is None and phase == "decode" and op.kv_len < kv:  # a capture that records only masking windows
+            window = op.kv_len  # its sliding cache, capped at the window
+        if window is not None and op.layer is not None:
+            windows[op.layer] = window
+    index = {op.id: i for i, op in enumerate(ops)}
+    edges = [(index[e.src], index[e.dst]) for e in graph.edges if e.kind is EdgeKind.DATA]
+    if phase == "decode":
+        kv_dims = {kv - 1, kv, b * (kv - 1), b * kv}  # as _dim_map's: MLA up-projects batch x cache rows
+        dependent = {
+            i for i, op in enumerate(ops) if any(d in kv_dims for t in (*op.inputs, *op.outputs) for d in t.shape)
+        }
+        outside = _outside_windows(ops, edges, attention, windows) if windows else {}
+        return _KvLayout(windows, outside, frozenset(), frozenset(), frozenset(attention | dependent))
+    # A prefill appends its new keys to an empty cache (an input of no elements); what runs from there to
+    # the attention of the same layer runs over the keys. Data edges only, within the layer.
+    succ: dict[int, list[int]] = {}
+    pred: dict[int, list[int]] = {}
+    for s, d in edges:
+        if ops[s].layer is not None and ops[s].layer == ops[d].layer:
+            succ.setdefault(s, []).append(d)
+            pred.setdefault(d, []).append(s)
+    appends = {
+        i
+        for i, op in enumerate(ops)
+        if op.layer is not None and i not in attention and op.outputs and any(t.numel == 0 for t in op.inputs)
+    }
+    reached = _reach(appends, succ, attention)
+    feeding = _reach(attention & reached, {d: [s for s in ss if s in reached] for d, ss in pred.items()}, set())
+    key_side = frozenset(feeding - attention)
+    return _KvLayout(windows, {}, key_side, frozenset(appends & key_side), frozenset(attention | key_side))
+
+
+def _outside_windows(
+    ops: Sequence[OpBase], edges: Iterable[tuple[int, int]], attention: Iterable[int], windows: dict[int, int]
+) -> dict[int, int]:
+    """Ops outside the layers whose data reaches the attention of sliding layers of one window only
+    (through ops outside the layers: a decode's sliding-window mask), with that window."""
+    pred: dict[int, list[int]] = {}
+    for s, d in edges:
+        if ops[s].layer is None:
+            pred.setdefault(d, []).append(s)
+    fed: dict[int, set[int | None]] = {}  # the windows of the attention each op feeds (None: a full layer)
+    for a in attention:
+        layer = ops[a].layer
+        for i in _reach([a], pred, set()) - {a}:
+            fed.setdefault(i, set()).add(None if layer is None else windows.get(layer))
+    return {i: w for i, ws in fed.items() if len(ws) == 1 and (w := next(iter(ws))) is not None}
+
+
+def _reach(start: Iterable[int], step: dict[int, list[int]], stop: set[int]) -> set[int]:
+    """``start`` and what ``step`` leads to from it, not going on past the ops in ``stop`` it reaches."""
+    seen = set(start)
+    todo = list(seen)
+    while todo:
+        for j in step.get(todo.pop(), ()):
+            if j not in seen:
+                seen.add(j)
+                if j not in stop:
+                    todo.append(j)
+    return seen
 
 
 def _check_sources(graph: OpGraph, sources: Sequence[int]) -> None:
@@ -282,8 +403,10 @@ class _Rewriter:
         self.dims = _dim_map(self.phase, b, q, kv, batch, q_len, kv_len)
         self.tokens_old, self.tokens_new = b * q, batch * q_len
         self.batch, self.q_len, self.kv_len = batch, q_len, kv_len
-        self.src_kv = kv
-        self.done: dict[int, OpBase] = {}
+        self.src = (b, q, kv)
+        self.layout = _kv_layout(graph)
+        self._key_maps: dict[int, dict[int, int]] = {}
+        self.done: dict[tuple[int, _Role, int], OpBase] = {}
         self.reps = _representatives(graph)
         self.tensor_ids = tensor_ids
         self.moe = moe_layout(graph)
@@ -298,11 +421,12 @@ class _Rewriter:
         (an expert the new shape leaves idle). Ops equal but for their place (id, scope, layer, tensor
         ids), as every layer's are, are rewritten once and copied."""
         rep = self.reps[index]
+        role, keys = self._context(index, op)
         if rep < 0:
-            return self._moe_op(op, index) if index in self.moe.section_of else self._op(op)
-        done = self.done.get(rep)
+            return self._moe_op(op, index) if index in self.moe.section_of else self._rewrite(op, role, keys)
+        done = self.done.get((rep, role, keys))
         if done is None:
-            done = self.done[rep] = self._op(op)
+            done = self.done[(rep, role, keys)] = self._rewrite(op, role, keys)
             return done
         place = {k: getattr(op, k) for k in _PLACE}
         if self.tensor_ids:
@@ -325,12 +449,59 @@ class _Rewriter:
                 out.add(i)
         return frozenset(out)
 
-    def _op(self, op: OpBase, dims: dict[int, int] | None = None) -> OpBase:
+    # ------------------------------------------------------------------ keys
+    def _keys(self, window: int | None) -> int:
+        """Keys a layer with ``window`` reads at the target: a sliding layer's cache holds ``window - 1``
+        tokens before the new ones (transformers' ``DynamicSlidingWindowLayer``)."""
+        return self.kv_len if window is None else min(self.kv_len, window - 1 + self.q_len)
+
+    def _context(self, index: int, op: OpBase) -> tuple[_Role, int]:
+        """How the template's op at ``index`` is rewritten: its role (``tokens``; ``keys``, an op over the
+        keys of a prefill; ``append``, a prefill's KV-cache append) and the keys its layer reads (0 where
+        they do not matter, so that the token-wise ops of every layer are rewritten once)."""
+        layout = self.layout
+        keys = self._keys(layout.windows.get(op.layer) if op.layer is not None else layout.outside.get(index))
+        if index in layout.appends:
+            return "append", keys
+        if index in layout.key_side:
+            return "keys", keys
+        return "tokens", keys if self.phase == "decode" or isinstance(op, Attention) else 0
+
+    def _key_dims(self, keys: int) -> dict[int, int]:
+        """The dimension map of an op over ``keys`` keys: a decode's (its cache sizes follow ``keys``), or a
+        prefill's with the sequence length mapped to ``keys`` (memoised)."""
+        hit = self._key_maps.get(keys)
+        if hit is None:
+            b, q, kv = self.src
+            if self.phase == "decode":
+                hit = _dim_map(self.phase, b, q, kv, self.batch, self.q_len, keys)
+            else:
+                hit = {b: self.batch, q: keys, b * q: self.batch * keys}
+            self._key_maps[keys] = hit
+        return hit
+
+    def _rewrite(self, op: OpBase, role: _Role, keys: int) -> OpBase:
+        """``op`` in its role (see :meth:`_context`): an append takes new tokens and gives keys."""
+        if role == "tokens":
+            return self._op(op, self._key_dims(keys) if self.phase == "decode" else None)
+        if role == "keys":
+            return self._op(op, self._key_dims(keys))
+        return self._op(op, append_keys=keys)
+
+    def _op(self, op: OpBase, dims: dict[int, int] | None = None, append_keys: int | None = None) -> OpBase:
+        """``op`` with ``dims`` (default: the target's) mapped; a prefill's KV-cache append given
+        ``append_keys`` gives that many keys, from a cache of the keys before the new tokens."""
         if isinstance(op, Attention):
             return self._attention(op)
         dims = self.dims if dims is None else dims
         ins = tuple(_map_tensor(t, dims) for t in op.inputs)
-        outs = tuple(_map_tensor(t, dims) for t in op.outputs)
+        if append_keys is None:
+            outs = tuple(_map_tensor(t, dims) for t in op.outputs)
+        else:
+            outs = tuple(_map_tensor(t, self._key_dims(append_keys)) for t in op.outputs)
+            if append_keys > self.q_len and op.outputs:  # the template's empty cache holds the prefix now
+                cache = _map_tensor(op.outputs[0], self._key_dims(append_keys - self.q_len))
+                ins = tuple(_replace(t, {"shape": cache.shape, "strides": None}) if t.numel == 0 else t for t in ins)
         updates: dict[str, Any] = {"inputs": ins, "outputs": outs}
         for f in _token_fields(op):
             v = getattr(op, f)
@@ -369,9 +540,10 @@ class _Rewriter:
         return value * new // old
 
     def _attention(self, op: Attention) -> OpBase:
-        kv_len = self.kv_len
-        if self.phase == "decode" and op.kv_len < self.src_kv:  # a sliding-window cache, capped at its size
-            kv_len = min(kv_len, op.kv_len)
+        window = op.window
+        if window is None and op.layer is not None:
+            window = self.layout.windows.get(op.layer)
+        kv_len = self._keys(window)
         ins = tuple(self._attention_tensor(op, t, kv_len, query=i == 0) for i, t in enumerate(op.inputs))
         outs = tuple(self._attention_tensor(op, t, kv_len, query=True) for t in op.outputs)
         stage = Stage.DECODE if self.q_len == 1 and self.kv_len > 1 else op.stage
@@ -382,10 +554,9 @@ class _Rewriter:
             "inputs": ins,
             "outputs": outs,
             "stage": stage,
-            # One query attends every key it is given, masked or not (the model passes no causal flag);
-            # a window no longer than the keys masks nothing (a capture records none).
+            # One query attends every key it is given, masked or not (the model passes no causal flag).
             "causal": op.causal and self.q_len > 1,
-            "window": op.window if op.window is not None and kv_len > op.window else None,
+            "window": window,
         }
         return _rebuild(op, upd)
 
@@ -530,33 +701,53 @@ def _target(graph: OpGraph, batch: int, q_len: int | None, kv_len: int | None) -
     return phase, q_len, kv_len
 
 
-def _attention_ops(graph: OpGraph, part: AttentionPart, tensor_ids: bool = True) -> list[OpBase]:
-    """Only the attention ops of ``graph`` rebatched to ``part`` (what a mixed step takes from a template)."""
-    _, q_len, kv_len = _target(graph, part.batch, part.q_len, part.kv_len)
-    rw = _Rewriter(graph, part.batch, q_len, kv_len, tensor_ids)
-    out = [rw.op(op, i) for i, op in enumerate(graph.ops) if op.kind is OpKind.ATTENTION]
-    return [o for o in out if o is not None]  # attention is never dropped
+def _part_indices(graph: OpGraph) -> list[int]:
+    """Indices of the ops of a prefill graph that a mixed step runs once per attention part: attention
+    and the ops over its keys (see :class:`_KvLayout`), in graph order."""
+    layout = _kv_layout(graph)
+    return sorted(layout.key_side | {i for i, op in enumerate(graph.ops) if op.kind is OpKind.ATTENTION})
 
 
-def _kv_dependent(graph: OpGraph) -> frozenset[int]:
-    """Indices of the ops whose cost depends on ``kv_len`` at a fixed batch and ``q_len``."""
-    hit = _KV_CACHE.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
-    phase, _, _, kv = source_shape(graph)
-    kv_dims = {kv - 1, kv} if phase == "decode" else set()
-    found = frozenset(
-        i
-        for i, op in enumerate(graph.ops)
-        if op.kind is OpKind.ATTENTION or any(d in kv_dims for t in (*op.inputs, *op.outputs) for d in t.shape)
-    )
-    if len(_KV_CACHE) >= 8:
-        _KV_CACHE.pop(next(iter(_KV_CACHE)))
-    _KV_CACHE[id(graph)] = (graph, found)
-    return found
+def _base_positions(prefill: OpGraph, base: OpGraph, tokens: int) -> list[int]:
+    """Where the ops of :func:`_part_indices` of ``prefill`` sit in ``base``, ``prefill`` rebatched to one
+    sequence of ``tokens``: in the same order, less the expert GEMMs that rebatch dropped."""
+    dropped = sorted(_Rewriter(prefill, 1, tokens, tokens, tensor_ids=False).dropped())
+    indices = _part_indices(prefill)
+    positions = [i - bisect.bisect_left(dropped, i) for i in indices]
+    if len(base.ops) != len(prefill.ops) - len(dropped) or any(
+        base.ops[p].kind is not prefill.ops[i].kind or base.ops[p].layer != prefill.ops[i].layer
+        for p, i in zip(positions, indices, strict=True)
+    ):
+        raise RebatchError("the base graph is not a rebatch of the prefill template", where="mixed_step")
+    return positions
 
 
-_KV_CACHE: dict[int, tuple[OpGraph, frozenset[int]]] = {}
+def _part_ops(prefill: OpGraph, decode: OpGraph | None, part: AttentionPart, tensor_ids: bool) -> list[OpBase]:
+    """The ops of :func:`_part_indices` for one part of a mixed step: ``prefill`` rebatched to ``part``;
+    with ``decode``, a part of decodes whose attention is ``decode``'s (a one-token query attends
+    unmasked, on the model's decode path) and whose ops over the keys are the prefill's with one query
+    (the same ops, over each cache plus its new token)."""
+    _, q_len, kv_len = _target(prefill, part.batch, part.q_len, part.kv_len)
+    rw = _Rewriter(prefill, part.batch, q_len, kv_len, tensor_ids)
+    attention: Iterator[OpBase] = iter(())
+    if decode is not None:
+        _, _, dkv = _target(decode, part.batch, 1, part.kv_len)
+        drw = _Rewriter(decode, part.batch, 1, dkv, tensor_ids)
+        ops = (drw.op(op, i) for i, op in enumerate(decode.ops) if op.kind is OpKind.ATTENTION)
+        attention = (o for o in ops if o is not None)  # attention is never dropped
+    out: list[OpBase | None] = []
+    for i in _part_indices(prefill):
+        op = prefill.ops[i]
+        out.append(next(attention, None) if decode is not None and op.kind is OpKind.ATTENTION else rw.op(op, i))
+    if any(o is None for o in out) or next(attention, None) is not None:
+        raise RebatchError(
+            "the prefill and decode templates have different attention layers",
+            where="mixed_step",
+            hint="capture both templates from the same model and layer count",
+        )
+    return [o for o in out if o is not None]
+
+
 _REPS_CACHE: dict[int, tuple[OpGraph, list[int]]] = {}
 
 
@@ -564,9 +755,10 @@ def _representatives(graph: OpGraph) -> list[int]:
     """For each op, the index of the first op equal to it but for its place; -1 for routing and the ops
     of experts calls (rewritten one by one: their per-expert rows depend on their position). Memoised
     per template."""
-    hit = _REPS_CACHE.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
+    return _memo(_REPS_CACHE, graph, _build_representatives)
+
+
+def _build_representatives(graph: OpGraph) -> list[int]:
     first: dict[Any, int] = {}
     reps: list[int] = []
     in_call = moe_layout(graph).section_of
@@ -580,9 +772,6 @@ def _representatives(graph: OpGraph) -> list[int]:
             tuple((t.shape, t.dtype) for t in op.outputs),
         )
         reps.append(first.setdefault(key, i))
-    if len(_REPS_CACHE) >= 8:
-        _REPS_CACHE.pop(next(iter(_REPS_CACHE)))
-    _REPS_CACHE[id(graph)] = (graph, reps)
     return reps
 
 
@@ -660,7 +849,7 @@ def rebatch(
             raise RebatchError(
                 "`like` is not a rebatch of this graph at the same batch and q_len", where="rebatch(like=...)"
             )
-        dependent = _kv_dependent(graph)
+        dependent = _kv_layout(graph).kv_dependent
         full = [None] * len(graph.ops)
         for k, i in enumerate(at):
             if i in dependent:
@@ -693,12 +882,13 @@ def mixed_step(
 
     Token-wise ops (linears, norms, activations, embedding, MoE) run once over all the step's
     tokens (the prefill template rebatched to one sequence of ``sum(chunk tokens) + decodes``
-    tokens), as a serving engine batches them; each attention op of the template becomes one
-    attention op per prefill part (the chunk over its prefix) plus one decode attention op
-    (``decode_part``: decodes over their mean kv length, which keeps the keys read and the FLOPs),
-    taken from ``decode`` rebatched to that shape and joined with the same edges. ``base`` is the
-    token-wise graph when the caller has it already (``rebatch(prefill, batch=1, q_len=tokens)``);
-    ``tensor_ids`` as for :func:`rebatch`.
+    tokens), as a serving engine batches them; each attention op of the template, and each op over
+    its keys (KV-cache appends, MLA's up-projection of the latent cache), becomes one op per prefill
+    part (the chunk over its prefix) plus one for the decodes (``decode_part``: decodes over their
+    mean kv length, which keeps the keys read and the FLOPs; the attention taken from ``decode``
+    rebatched to that shape), joined with the same edges (each part's ops feed their own part's).
+    ``base`` is the token-wise graph when the caller has it already (``rebatch(prefill, batch=1,
+    q_len=tokens)``); ``tensor_ids`` as for :func:`rebatch`.
     """
     if not parts and decode_part is None:
         raise RebatchError("a step needs at least one prefill part or decode", where="mixed_step")
@@ -707,36 +897,23 @@ def mixed_step(
         base = rebatch(prefill, batch=1, q_len=tokens, tensor_ids=tensor_ids)
     elif base.metadata.capture.seq_len != tokens or base.metadata.capture.batch != 1:
         raise RebatchError(f"base graph is not the prefill at one sequence of {tokens} tokens", where="mixed_step")
-    groups: list[list[OpBase]] = []
-    for p in parts:
-        groups.append(_attention_ops(prefill, p, tensor_ids))
+    groups = [_part_ops(prefill, None, p, tensor_ids) for p in parts]
     if decode_part is not None:
-        groups.append(_attention_ops(decode, AttentionPart(decode_part.batch, 1, decode_part.kv_len), tensor_ids))
-    attn = base.ops_of(OpKind.ATTENTION)
-    if any(len(grp) != len(attn) for grp in groups):
-        raise RebatchError(
-            "the prefill and decode templates have different attention layers",
-            where="mixed_step",
-            hint="capture both templates from the same model and layer count",
-        )
-    index_of = {op.id: i for i, op in enumerate(attn)}
+        groups.append(_part_ops(prefill, decode, AttentionPart(decode_part.batch, 1, decode_part.kv_len), tensor_ids))
+    slot = {base.ops[i].id: k for k, i in enumerate(_base_positions(prefill, base, tokens))}
     new_ops: list[OpBase] = []
     new_id: dict[int, list[int]] = {}
     for op in base.ops:
-        if op.id in index_of:
-            ids = []
-            for grp in groups:
-                nid = len(new_ops)
-                new_ops.append(_replace(grp[index_of[op.id]], {"id": nid}))
-                ids.append(nid)
-            new_id[op.id] = ids
-        else:
-            nid = len(new_ops)
-            new_ops.append(_replace(op, {"id": nid}))
-            new_id[op.id] = [nid]
+        k = slot.get(op.id)
+        copies = [op] if k is None else [grp[k] for grp in groups]
+        new_id[op.id] = list(range(len(new_ops), len(new_ops) + len(copies)))
+        new_ops += [_replace(o, {"id": len(new_ops) + n}) for n, o in enumerate(copies)]
     edges: list[Edge] = []
     for e in base.edges:
-        for s in new_id[e.src]:
-            for d in new_id[e.dst]:
-                edges.append(_replace(e, {"src": s, "dst": d}))
+        srcs, dsts = new_id[e.src], new_id[e.dst]
+        if len(srcs) > 1 and len(dsts) > 1:  # both run per part: each part's ops feed its own
+            pairs: Iterable[tuple[int, int]] = zip(srcs, dsts, strict=True)
+        else:
+            pairs = ((s, d) for s in srcs for d in dsts)
+        edges += [_replace(e, {"src": s, "dst": d}) for s, d in pairs]
     return OpGraph.model_construct(metadata=base.metadata, ops=tuple(new_ops), edges=tuple(edges))  # type: ignore[arg-type]

@@ -138,7 +138,7 @@ def _fields(
     }
     if dv != d:
         f["head_dim_v"] = dv
-    if window is not None and window < kv_len:
+    if window is not None:  # the layer's window, even where it masks nothing yet: rebatching needs it
         f["window"] = window
     return f
 

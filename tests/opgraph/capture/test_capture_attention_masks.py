@@ -87,6 +87,20 @@ def test_windows_follow_the_masks_transformers_builds(tmp_path: Path, name: str)
     assert [o.window for o in ops] == [WINDOW if p < full else None for p in real]
 
 
+@pytest.mark.parametrize("name", sorted(WINDOWED))
+def test_a_window_that_masks_nothing_yet_is_still_the_layers(tmp_path: Path, name: str) -> None:
+    # A prompt shorter than the window: transformers masks causally only, and the sliding layers keep
+    # their window (the one recorded where it masks), so a template this short still tells them apart.
+    model_type, extra = WINDOWED[name]
+    path = write_config(tmp_path, model_type, extra)
+    short = WINDOW - 2
+    ops = attention(capture(path, seq_len=short))
+    assert [o.pairs for o in ops] == masked_pairs_per_layer(path, short)
+    assert [o.window for o in ops] == [o.window for o in attention(capture(path, seq_len=SEQ_LEN))]
+    # The window hides no key: the plain causal kernel, named as a layer without a window.
+    assert all(not o.definition.endswith(f"_w{WINDOW}") for o in ops)
+
+
 def test_mistral_windows_every_layer(tmp_path: Path) -> None:
     # Mistral's config has no layer_types: transformers windows every layer, so a head attends
     # 1 + 2 + ... + 8 keys for the first 8 queries and 8 for each of the other 8: 100 pairs, not 136.

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from opgraph.ir import OpGraph, OpKind
-from opgraph.ir.ops import Attention
+from opgraph.ir.ops import Attention, Gemm
 from opgraph.transforms import (
     TEMPLATE_DECODE,
     TEMPLATE_PREFILL,
@@ -68,12 +68,18 @@ MOE_FAMILIES: dict[str, dict[str, object]] = {
     },
     "mixtral_eager": {**TINY_MOE, "experts_implementation": "eager"},
 }
+WINDOW = 48
+"""A sliding window longer than the template sizes (prefill 37 tokens, decode 41 + 1 keys): a template
+shows no window at work, as the presets' (128 and 1024) show none."""
 CONFIGS = {
     "llama": TINY_LLAMA,
     "moe": TINY_MOE,
     **MOE_FAMILIES,
     "qwen3_moe32": {**MOE_FAMILIES["qwen3_moe"], "num_experts": 32},
     "llama_i41": {**TINY_LLAMA, "intermediate_size": 41},
+    # Room for contexts well past the window and past the templates.
+    "gpt_oss_w48": {**MOE_FAMILIES["gpt_oss"], "sliding_window": WINDOW, "max_position_embeddings": 256},
+    "deepseek_v3_long": {**MOE_FAMILIES["deepseek_v3"], "max_position_embeddings": 256},
 }
 
 
@@ -266,3 +272,114 @@ def test_serving_templates_reach_every_expert_of_a_per_expert_model() -> None:
     check_template(model.prefill)
     check_template(model.decode)
     assert model.decode.metadata.capture.batch != TEMPLATE_DECODE["batch"]
+
+
+# ---------------------------------------------------------------- what runs over the keys
+@cache
+def _capture_chunk(name: str, batch: int, prefix: int, q_len: int) -> OpGraph:
+    """transformers itself running a chunk of ``q_len`` tokens over a cache of ``prefix`` tokens (filled
+    unrecorded, as a decode capture fills it), recorded and lowered like any capture: the reference for
+    a prefill template rebatched to a chunk over a prefix."""
+    import torch
+
+    from opgraph.capture.api import _metadata_args, graph_from_recording, prepare
+    from opgraph.capture.phase import CaptureOptions, PhaseRun, setup_phase, token_ids
+    from opgraph.capture.recorder import Recorder
+
+    opts = CaptureOptions(phase="decode", batch=batch, kv_len=prefix, dtype="bf16")
+    prepared = prepare(_config_path(name), opts)
+    cache_ = setup_phase(prepared, opts)
+    rec = Recorder()
+    rec.add_root(prepared.model)
+    with torch.no_grad():
+        PhaseRun(prepared, opts, rec, cache_).forward(token_ids(prepared, opts, batch, q_len, seed=2), "prefill", 0)
+    graph, _ = graph_from_recording(rec, **_metadata_args(prepared, opts))
+    return graph
+
+
+def _layer_views(g: OpGraph, fresh: OpGraph) -> list[tuple[Any, Any]]:
+    """Pairs of cost views of the ops inside layers of ``g`` and ``fresh``. The ops outside the layers
+    build the mask, which a chunk over a prefix needs and a template captured without a prefix (SDPA's
+    causal flag) does not; for the same reason an SDPA attention of ``fresh`` reads a mask too (its
+    bytes, not the keys': its keys, FLOPs and outputs are compared)."""
+    ours = [o for o in g.ops if o.layer is not None]
+    theirs = [o for o in fresh.ops if o.layer is not None]
+    assert len(ours) == len(theirs)
+    pairs = []
+    for a, f in zip(ours, theirs, strict=True):
+        va, vf = _cost_view(a), _cost_view(f)
+        if isinstance(a, Attention) and len(f.inputs) > len(a.inputs):
+            del va["bytes_read"], vf["bytes_read"]
+        pairs.append((va, vf))
+    return pairs
+
+
+def _attention_kv(g: OpGraph) -> list[tuple[int | None, int, int, int | None]]:
+    return [(o.layer, o.batch, o.kv_len, o.window) for o in g.ops if isinstance(o, Attention)]
+
+
+@pytest.mark.parametrize("cache_len", [20, WINDOW - 1, 99])
+def test_sliding_decode_reads_the_window_as_a_fresh_capture(cache_len: int) -> None:
+    # gpt-oss layers alternate sliding and full. transformers caps a sliding layer's cache at window - 1
+    # tokens, so its decode reads min(cache + 1, window) keys, however short the template's cache was.
+    got = rebatch(_template("gpt_oss_w48", "decode"), batch=3, kv_len=cache_len + 1)
+    keys = cache_len + 1
+    assert _attention_kv(got) == [(0, 3, min(keys, WINDOW), WINDOW), (1, 3, keys, None)]
+    fresh = _capture("gpt_oss_w48", "decode", 3, cache_len)
+    assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in fresh.ops]
+
+
+@pytest.mark.parametrize(
+    ("name", "prefix", "q_len"),
+    [
+        ("gpt_oss_w48", 20, 11),  # every key inside the window
+        ("gpt_oss_w48", 100, 11),  # the sliding layer reads window - 1 cached keys plus the chunk
+        ("gpt_oss_w48", 100, 60),  # a chunk longer than the window: the window masks within it
+        ("deepseek_v3_long", 50, 11),  # MLA up-projects the whole latent cache, prefix and chunk
+    ],
+)
+def test_chunk_over_a_prefix_equals_transformers_running_it(name: str, prefix: int, q_len: int) -> None:
+    got = rebatch(_template(name, "prefill"), batch=2, q_len=q_len, kv_len=prefix + q_len)
+    fresh = _capture_chunk(name, 2, prefix, q_len)
+    for ours, theirs in _layer_views(got, fresh):
+        assert ours == theirs
+    if name == "deepseek_v3_long":  # kv_b_proj: the only GEMM from the latent rank (16)
+        assert {o.m for o in got.ops_of(OpKind.GEMM) if o.k == 16} == {2 * (prefix + q_len)}  # type: ignore[attr-defined]
+    else:
+        sliding = min(prefix + q_len, WINDOW - 1 + q_len)
+        assert _attention_kv(got) == [(0, 2, sliding, WINDOW), (1, 2, prefix + q_len, None)]
+
+
+def test_mixed_step_gives_each_part_the_ops_over_its_keys() -> None:
+    # MLA: one kv_b_proj per part, over its batch x keys (the chunk: 1 x 40; the decodes: 3 x 30), each
+    # feeding its own part's attention; the token-wise GEMMs run once over the step's 8 + 3 tokens.
+    pre, dec = _template("deepseek_v3_long", "prefill"), _template("deepseek_v3_long", "decode")
+    g = mixed_step(pre, dec, [AttentionPart(1, 8, 40)], AttentionPart(3, 1, 30))
+    g.lint()
+    gemms: list[Any] = list(g.ops_of(OpKind.GEMM))
+    layers = int(str(CONFIGS["deepseek_v3_long"]["num_hidden_layers"]))
+    assert [o.m for o in gemms if o.k == 16] == [40, 90] * layers
+    assert {o.m for o in gemms if o.k != 16 and not o.target.startswith("moe_experts")} == {11}
+    ops = {o.id: o for o in g.ops}
+    feeds = [(ops[e.src], ops[e.dst]) for e in g.edges if isinstance(ops[e.dst], Attention)]
+    up = [(s.m, d.batch * d.kv_len) for s, d in feeds if isinstance(s, Gemm) and s.k == 16]
+    assert len(up) == 2 * layers and all(m == keys for m, keys in up)
+    # Sliding windows: the chunk's sliding layer reads window - 1 + 8 keys, the decodes' the window.
+    pre, dec = _template("gpt_oss_w48", "prefill"), _template("gpt_oss_w48", "decode")
+    g = mixed_step(pre, dec, [AttentionPart(1, 8, 100)], AttentionPart(2, 1, 90))
+    g.lint()
+    assert _attention_kv(g) == [
+        (0, 1, WINDOW - 1 + 8, WINDOW),
+        (0, 2, WINDOW, WINDOW),
+        (1, 1, 100, None),
+        (1, 2, 90, None),
+    ]
+
+
+def test_like_rebatch_of_an_mla_decode_rewrites_the_latent_up_projection() -> None:
+    # The up-projection's rows are batch x cache (a product of two template sizes): they depend on kv_len.
+    t = _template("deepseek_v3", "decode")
+    like = rebatch(t, batch=3, kv_len=9)
+    full, got = rebatch(t, batch=3, kv_len=25), rebatch(t, batch=3, kv_len=25, like=like)
+    assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in full.ops]
+    assert {o.m for o in got.ops_of(OpKind.GEMM) if o.k == 16} == {3 * 25}  # type: ignore[attr-defined]
