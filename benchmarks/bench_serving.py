@@ -2,7 +2,8 @@
 
 Captures the prefill and decode templates on meta, then serves a seeded Poisson workload (10
 requests/s, prompts 128..2048 tokens, outputs 16..512 tokens; max batch 64, token budget 8192)
-with step costs from op-graph simulations (roofline cost model, eager host). Reports the wall
+with step costs from op-graph simulations (the CLI's default cost model for the H100, its shipped
+profile; eager host). Reports the wall
 time of the capture and of the serving simulation (imports excluded, measured separately), the
 process CPU time (the machine is shared: CPU time is the honest number under load), the step
 shapes simulated and the headline latencies. Chunked prefill and static batching run too, for
@@ -45,7 +46,7 @@ def run(setup: dict[str, Any], schedulers: list[str]) -> dict[str, Any]:
     import transformers  # noqa: F401  (imports are timed apart: torch and transformers take seconds)
 
     import opgraph.capture  # noqa: F401
-    from hardware import load_hardware, resolve_cost_model
+    from hardware import default_cost_model, load_hardware
     from opgraph.scenario.serving import capture_serving_model, simulate_serving
     from opgraph.study import study_config
     from simulators.serving import LengthDist, poisson_workload
@@ -61,7 +62,8 @@ def run(setup: dict[str, Any], schedulers: list[str]) -> dict[str, Any]:
         output_len=LengthDist.parse(setup["output"]),
         seed=0,
     )
-    hw, cm = load_hardware("h100"), resolve_cost_model("roofline")
+    hw = load_hardware("h100")
+    cm, _ = default_cost_model(hw)  # as `opgraph serve-sim -H h100` without -c
     rows = []
     for name in schedulers:
         cpu1, t1 = _cpu_s(), time.perf_counter()
@@ -97,6 +99,7 @@ def run(setup: dict[str, Any], schedulers: list[str]) -> dict[str, Any]:
             }
         )
     return {
+        "cost_model": type(cm).__name__,
         "import_s": round(import_s, 2),
         "capture_s": round(capture_s, 2),
         "capture_cpu_s": round(capture_cpu, 2),
@@ -122,7 +125,8 @@ def main() -> int:
     lines = [
         "# Serving benchmark",
         "",
-        f"Machine: {out['machine']} ({out['cores']} cores, shared). {setup['model']}, H100, roofline, "
+        f"Machine: {out['machine']} ({out['cores']} cores, shared). {setup['model']}, H100, "
+        f"{out['cost_model']} (the CLI default), "
         f"{setup['requests']} Poisson requests at {setup['rate']}/s "
         f"(prompts {setup['prompt']}, outputs {setup['output']}), "
         "max batch 64, token budget 8192. Capture of the two templates: "
