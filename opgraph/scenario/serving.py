@@ -4,7 +4,8 @@ One prefill and one decode graph of the model are captured on meta at the templa
 :mod:`opgraph.transforms.rebatch` (others where a model's own sizes clash with them, or its experts
 need more tokens to each get their own GEMMs); each bucketed step shape the scheduler meets becomes a graph
 (:func:`step_graph`: the decode template rebatched for pure decode steps, the prefill template for
-uniform prefills, :func:`~opgraph.transforms.mixed_step` for ragged or mixed steps), is sharded for
+uniform prefills, :func:`~opgraph.transforms.mixed_step` for ragged or mixed steps; a model's sliding
+layers read the decodes' mean capped keys its key names for their window), is sharded for
 ``tp`` ranks like ``opgraph simulate`` does, and is simulated once by :func:`opgraph.study.run_study`
 with the user's hardware, cost model and simulation settings. Used by ``opgraph serve-sim`` and by
 scenarios with a ``[serving]`` section.
@@ -66,6 +67,13 @@ class ServingModel:
     kv: KvShape
     max_positions: int | None = None
     """The model's context window (``max_position_embeddings``): longer requests are dropped."""
+
+    @property
+    def windows(self) -> tuple[int, ...]:
+        """The sliding windows of the model's layers that both templates know (``()``: none), ascending."""
+        from opgraph.transforms.rebatch import template_windows
+
+        return tuple(sorted(set(template_windows(self.prefill)) & set(template_windows(self.decode))))
 
     def kv_spec(self, hardware: HardwareSpec, tp: int = 1, utilisation: float = 0.9) -> KvCacheSpec:
         """KV bytes per token and capacity on ``hardware`` with ``tp`` ranks."""
@@ -165,7 +173,14 @@ class StepGraphs:
         t = self.templates
         if not key.prefill:
             like = self._decode_like.get(key.decode_batch)
-            graph = rebatch(t.decode, batch=key.decode_batch, kv_len=key.decode_kv, like=like, tensor_ids=False)
+            graph = rebatch(
+                t.decode,
+                batch=key.decode_batch,
+                kv_len=key.decode_kv,
+                window_kv=key.window_kv,
+                like=like,
+                tensor_ids=False,
+            )
             self._decode_like.setdefault(key.decode_batch, graph)
         elif not key.decode_batch and len(key.prefill) == 1 and key.prefill[0].q_len == key.prefill[0].kv_len:
             p = key.prefill[0]
@@ -176,7 +191,9 @@ class StepGraphs:
             base = self._token_base.get(key.tokens)
             if base is None:
                 base = self._token_base[key.tokens] = rebatch(t.prefill, batch=1, q_len=key.tokens, tensor_ids=False)
-            graph = mixed_step(t.prefill, t.decode, parts, dec, base=base, tensor_ids=False)
+            graph = mixed_step(
+                t.prefill, t.decode, parts, dec, decode_window_kv=key.window_kv, base=base, tensor_ids=False
+            )
         return shard_for_tp(graph, self.tp)[0]
 
 
@@ -188,14 +205,15 @@ def step_graph(templates: ServingModel, key: StepKey, tp: int = 1) -> OpGraph:
 def serving_costs(
     templates: ServingModel, hardware: HardwareSpec, cost_model: CostModel, config: SimulationConfig
 ) -> GraphStepCosts:
-    """Memoised step costs: each key's graph simulated once with ``run_study`` (``config.tp`` ranks)."""
+    """Memoised step costs: each key's graph simulated once with ``run_study`` (``config.tp`` ranks); the
+    keys name the decodes' mean capped keys of each of the model's sliding windows."""
     from opgraph.study import run_study
     from simulators.serving import GraphStepCosts
 
     def simulate_us(graph: OpGraph) -> float:
         return float(run_study(graph, hardware, cost_model, config, shard=False).result.makespan_us)
 
-    return GraphStepCosts(StepGraphs(templates, config.tp).graph, simulate_us)
+    return GraphStepCosts(StepGraphs(templates, config.tp).graph, simulate_us, templates.windows)
 
 
 def simulate_serving(

@@ -33,6 +33,9 @@ How dimensions are rewritten:
   cache holds ``window - 1`` tokens plus the new one, a chunk of ``q`` tokens reads ``window - 1 + q``
   keys (transformers' ``DynamicSlidingWindowLayer``). Its attention and its cache ops take
   ``min(kv_len, window - 1 + q_len)`` keys; the window still masks the queries of a long chunk.
+  A batch of decodes over their mean ``kv_len`` reads, in a sliding layer, the mean of the capped
+  lengths, which is shorter when some caches are shorter than the window and some longer:
+  ``window_kv`` gives those keys per window (:func:`template_windows` lists a template's windows).
 - Mixture-of-experts calls (:mod:`opgraph.transforms.rebatch_moe`): rows per expert are not template
   sizes but derived ones, re-routed for the new token count by the capture's own routing model
   (:func:`opgraph.capture.moe_model.expert_counts`, balanced or the template's ``moe_skew``). A
@@ -57,7 +60,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -79,6 +82,7 @@ __all__ = [
     "rebatch",
     "source_shape",
     "template_shape",
+    "template_windows",
 ]
 
 TEMPLATE_PREFILL = {"batch": 7, "seq_len": 37}
@@ -210,6 +214,22 @@ def template_shape(phase: str, refused: OpGraph | None = None) -> dict[str, int]
             if len(set(sources)) == len(sources) and not set(sources) & avoid:
                 return {"batch": batch, size_key: size}
     raise AssertionError("unreachable: odd primes never run out")  # pragma: no cover
+
+
+def template_windows(graph: OpGraph) -> tuple[int, ...]:
+    """The distinct sliding windows of a prefill or decode template's layers, ascending (none: ``()``).
+
+    >>> from opgraph.ir import Attention, GraphMetadata, OpGraph
+    >>> from opgraph.ir.graph import CaptureSettings
+    >>> md = GraphMetadata(phase="decode", capture=CaptureSettings(batch=13, kv_len=41))
+    >>> att = dict(batch=13, heads=4, kv_heads=4, head_dim=16, q_len=1, kv_len=42)
+    >>> ops = tuple(Attention(id=i, layer=i, window=w, **att) for i, w in enumerate((128, None, 128)))
+    >>> template_windows(OpGraph(metadata=md, ops=ops, edges=()))
+    (128,)
+    """
+    layout = _kv_layout(graph)
+    windows = {*layout.windows.values(), *(op.window for op in graph.ops if isinstance(op, Attention) and op.window)}
+    return tuple(sorted(windows))
 
 
 def _dim_map(phase: str, b: int, q: int, kv: int, nb: int, nq: int, nkv: int) -> dict[int, int]:
@@ -395,16 +415,47 @@ def _rebuild(op: OpBase, updates: dict[str, Any], keep_derived: Iterable[str] = 
     return OP_TYPES[op.kind].model_validate(data)
 
 
+def _check_window_kv(graph: OpGraph, q_len: int, kv_len: int, window_kv: Mapping[int, int] | None) -> dict[int, int]:
+    """``window_kv`` as a dict, checked: windows of ``graph``, each given at least ``q_len`` keys and at most
+    what its layers read of ``kv_len`` (``min(kv_len, window - 1 + q_len)``)."""
+    if not window_kv:
+        return {}
+    known = template_windows(graph)
+    for window, keys in window_kv.items():
+        if window not in known:
+            raise RebatchError(
+                f"window {window} is not a sliding window of this graph (its windows: {list(known)})",
+                where="window_kv",
+            )
+        most = min(kv_len, window - 1 + q_len)
+        if not q_len <= keys <= most:
+            raise RebatchError(
+                f"window {window} given {keys} keys, outside [{q_len}, {most}]",
+                where="window_kv",
+                hint="a sliding layer reads at least the new tokens and at most min(kv_len, window - 1 + q_len) keys",
+            )
+    return dict(window_kv)
+
+
 class _Rewriter:
     """Rewrites ops of one graph for one target shape; experts calls by their layout (:mod:`.rebatch_moe`)."""
 
-    def __init__(self, graph: OpGraph, batch: int, q_len: int, kv_len: int, tensor_ids: bool = True) -> None:
+    def __init__(
+        self,
+        graph: OpGraph,
+        batch: int,
+        q_len: int,
+        kv_len: int,
+        tensor_ids: bool = True,
+        window_kv: Mapping[int, int] | None = None,
+    ) -> None:
         self.phase, b, q, kv = source_shape(graph)
         self.dims = _dim_map(self.phase, b, q, kv, batch, q_len, kv_len)
         self.tokens_old, self.tokens_new = b * q, batch * q_len
         self.batch, self.q_len, self.kv_len = batch, q_len, kv_len
         self.src = (b, q, kv)
         self.layout = _kv_layout(graph)
+        self.window_kv = _check_window_kv(graph, q_len, kv_len, window_kv)
         self._key_maps: dict[int, dict[int, int]] = {}
         self.done: dict[tuple[int, _Role, int], OpBase] = {}
         self.reps = _representatives(graph)
@@ -452,8 +503,11 @@ class _Rewriter:
     # ------------------------------------------------------------------ keys
     def _keys(self, window: int | None) -> int:
         """Keys a layer with ``window`` reads at the target: a sliding layer's cache holds ``window - 1``
-        tokens before the new ones (transformers' ``DynamicSlidingWindowLayer``)."""
-        return self.kv_len if window is None else min(self.kv_len, window - 1 + self.q_len)
+        tokens before the new ones (transformers' ``DynamicSlidingWindowLayer``), or the keys the target
+        gives that window (``window_kv``: a batch's mean of its capped lengths)."""
+        if window is None:
+            return self.kv_len
+        return self.window_kv.get(window, min(self.kv_len, window - 1 + self.q_len))
 
     def _context(self, index: int, op: OpBase) -> tuple[_Role, int]:
         """How the template's op at ``index`` is rewritten: its role (``tokens``; ``keys``, an op over the
@@ -722,17 +776,23 @@ def _base_positions(prefill: OpGraph, base: OpGraph, tokens: int) -> list[int]:
     return positions
 
 
-def _part_ops(prefill: OpGraph, decode: OpGraph | None, part: AttentionPart, tensor_ids: bool) -> list[OpBase]:
+def _part_ops(
+    prefill: OpGraph,
+    decode: OpGraph | None,
+    part: AttentionPart,
+    tensor_ids: bool,
+    window_kv: Mapping[int, int] | None = None,
+) -> list[OpBase]:
     """The ops of :func:`_part_indices` for one part of a mixed step: ``prefill`` rebatched to ``part``;
     with ``decode``, a part of decodes whose attention is ``decode``'s (a one-token query attends
     unmasked, on the model's decode path) and whose ops over the keys are the prefill's with one query
-    (the same ops, over each cache plus its new token)."""
+    (the same ops, over each cache plus its new token). ``window_kv`` as for :func:`rebatch`."""
     _, q_len, kv_len = _target(prefill, part.batch, part.q_len, part.kv_len)
-    rw = _Rewriter(prefill, part.batch, q_len, kv_len, tensor_ids)
+    rw = _Rewriter(prefill, part.batch, q_len, kv_len, tensor_ids, window_kv)
     attention: Iterator[OpBase] = iter(())
     if decode is not None:
         _, _, dkv = _target(decode, part.batch, 1, part.kv_len)
-        drw = _Rewriter(decode, part.batch, 1, dkv, tensor_ids)
+        drw = _Rewriter(decode, part.batch, 1, dkv, tensor_ids, window_kv)
         ops = (drw.op(op, i) for i, op in enumerate(decode.ops) if op.kind is OpKind.ATTENTION)
         attention = (o for o in ops if o is not None)  # attention is never dropped
     out: list[OpBase | None] = []
@@ -819,6 +879,7 @@ def rebatch(
     batch: int,
     q_len: int | None = None,
     kv_len: int | None = None,
+    window_kv: Mapping[int, int] | None = None,
     like: OpGraph | None = None,
     tensor_ids: bool = True,
 ) -> OpGraph:
@@ -826,8 +887,11 @@ def rebatch(
 
     A decode graph takes ``q_len=1`` (the default) and ``kv_len`` keys attended (cache + the new
     token); a prefill graph takes ``q_len`` new tokens and ``kv_len`` keys (default ``q_len``: no
-    cached prefix; larger: a chunk over a prefix). Ops keep their ids, order and edges; FLOPs,
-    bytes and definitions are recomputed by the op models. ``like``, a rebatch of the same
+    cached prefix; larger: a chunk over a prefix). A sliding layer reads ``min(kv_len, window - 1 +
+    q_len)`` keys, or ``window_kv[window]`` where given: a batch over its mean ``kv_len`` whose
+    sequences' capped lengths have a shorter mean (the windows of :func:`template_windows`, each at
+    least ``q_len`` and at most that cap, else :class:`RebatchError`). Ops keep their ids, order and
+    edges; FLOPs, bytes and definitions are recomputed by the op models. ``like``, a rebatch of the same
     ``graph`` at the same ``batch`` and ``q_len`` (any ``kv_len``), lends the ops that do not depend
     on ``kv_len``, so only attention and KV-cache ops are rewritten (a serving simulator walking
     kv lengths at one batch size). ``tensor_ids=False`` lets ops repeated across layers share the
@@ -836,7 +900,7 @@ def rebatch(
     Raises :class:`RebatchError`.
     """
     phase, q_len, kv_len = _target(graph, batch, q_len, kv_len)
-    rw = _Rewriter(graph, batch, q_len, kv_len, tensor_ids)
+    rw = _Rewriter(graph, batch, q_len, kv_len, tensor_ids, window_kv)
     full: list[OpBase | None]
     if like is None:
         full = [rw.op(op, i) for i, op in enumerate(graph.ops)]
@@ -875,6 +939,7 @@ def mixed_step(
     parts: Sequence[AttentionPart],
     decode_part: AttentionPart | None,
     *,
+    decode_window_kv: Mapping[int, int] | None = None,
     base: OpGraph | None = None,
     tensor_ids: bool = True,
 ) -> OpGraph:
@@ -887,11 +952,14 @@ def mixed_step(
     part (the chunk over its prefix) plus one for the decodes (``decode_part``: decodes over their
     mean kv length, which keeps the keys read and the FLOPs; the attention taken from ``decode``
     rebatched to that shape), joined with the same edges (each part's ops feed their own part's).
-    ``base`` is the token-wise graph when the caller has it already (``rebatch(prefill, batch=1,
-    q_len=tokens)``); ``tensor_ids`` as for :func:`rebatch`.
+    ``decode_window_kv`` gives the decodes' sliding layers their mean capped keys (``window_kv`` of
+    :func:`rebatch`). ``base`` is the token-wise graph when the caller has it already
+    (``rebatch(prefill, batch=1, q_len=tokens)``); ``tensor_ids`` as for :func:`rebatch`.
     """
     if not parts and decode_part is None:
         raise RebatchError("a step needs at least one prefill part or decode", where="mixed_step")
+    if decode_window_kv and decode_part is None:
+        raise RebatchError("decode_window_kv without decodes", where="mixed_step")
     tokens = sum(p.batch * p.q_len for p in parts) + (decode_part.batch if decode_part else 0)
     if base is None:
         base = rebatch(prefill, batch=1, q_len=tokens, tensor_ids=tensor_ids)
@@ -899,7 +967,8 @@ def mixed_step(
         raise RebatchError(f"base graph is not the prefill at one sequence of {tokens} tokens", where="mixed_step")
     groups = [_part_ops(prefill, None, p, tensor_ids) for p in parts]
     if decode_part is not None:
-        groups.append(_part_ops(prefill, decode, AttentionPart(decode_part.batch, 1, decode_part.kv_len), tensor_ids))
+        dec = AttentionPart(decode_part.batch, 1, decode_part.kv_len)
+        groups.append(_part_ops(prefill, decode, dec, tensor_ids, decode_window_kv))
     slot = {base.ops[i].id: k for k, i in enumerate(_base_positions(prefill, base, tokens))}
     new_ops: list[OpBase] = []
     new_id: dict[int, list[int]] = {}

@@ -10,7 +10,7 @@ Modules: :mod:`~simulators.serving.requests` (request model, traces, Poisson gen
 opgraph side (:func:`opgraph.transforms.rebatch`, :mod:`opgraph.scenario.serving`).
 """
 
-from simulators.serving.costs import GraphStepCosts, StepCostModel
+from simulators.serving.costs import GraphStepCosts, KeyedStepCosts, StepCostModel
 from simulators.serving.engine import ServingError, run_serving
 from simulators.serving.kvcache import KvCacheError, KvCacheSpec
 from simulators.serving.report import PLOT_FORMATS, check_plot_path, serving_timeline, write_serving_plot
@@ -36,7 +36,7 @@ from simulators.serving.schedulers import (
     get_scheduler,
     register_scheduler,
 )
-from simulators.serving.shapes import PartKey, StepKey, StepShape, bucket
+from simulators.serving.shapes import PartKey, StepKey, StepShape, WindowKv, bucket
 from simulators.serving.state import Live, Plan, ServingState
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "ContinuousBatching",
     "DroppedRequest",
     "GraphStepCosts",
+    "KeyedStepCosts",
     "KvCacheError",
     "KvCacheSpec",
     "LengthDist",
@@ -67,6 +68,7 @@ __all__ = [
     "StepKey",
     "StepRecord",
     "StepShape",
+    "WindowKv",
     "WorkloadError",
     "bucket",
     "check_plot_path",

@@ -19,10 +19,10 @@ what the scheduler refuses).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from opgraph.ir import OpgraphError
-from simulators.serving.costs import StepCostModel
+from simulators.serving.costs import KeyedStepCosts, StepCostModel
 from simulators.serving.requests import Request
 from simulators.serving.result import (
     DroppedRequest,
@@ -33,7 +33,7 @@ from simulators.serving.result import (
     summarize,
 )
 from simulators.serving.schedulers import Scheduler
-from simulators.serving.shapes import StepShape
+from simulators.serving.shapes import StepKey, StepShape
 from simulators.serving.state import Live, ServingState
 
 __all__ = ["ServingError", "run_serving"]
@@ -46,10 +46,13 @@ class ServingError(OpgraphError):
     """The serving simulation cannot run (bad limits, a scheduler that stalls)."""
 
 
-def _key_text(shape: StepShape) -> str:
-    k = shape.key()
+def _key_text(k: StepKey) -> str:
+    """``prefill 1x512/4096 + decode 2@5120 (w128@116)``: parts as batch x new tokens / keys, decodes as
+    count @ mean keys, and the mean keys read by the sliding layers of a window where they are fewer."""
     parts = " ".join(f"{p.batch}x{p.q_len}/{p.kv_len}" for p in k.prefill)
     dec = f"decode {k.decode_batch}@{k.decode_kv}" if k.decode_batch else ""
+    if k.decode_window_kv:
+        dec += " (" + ", ".join(f"w{w.window}@{w.kv_len}" for w in k.decode_window_kv) + ")"
     return " + ".join(x for x in (f"prefill {parts}" if parts else "", dec) if x)
 
 
@@ -66,7 +69,8 @@ def run_serving(
     record_steps: bool = True,
     max_context_tokens: int | None = None,
 ) -> ServingResult:
-    """Serve ``requests`` (sorted by arrival) with ``scheduler``; each step costs ``costs.step_us``.
+    """Serve ``requests`` (sorted by arrival) with ``scheduler``; each step costs ``costs.step_us``. A step
+    record names its bucketed key: ``costs.key`` where the cost model has one, else :meth:`StepShape.key`.
 
     A request longer than ``max_context_tokens`` (prompt plus output: the model's context window) is
     dropped before the run with its reason, as one whose KV cache never fits."""
@@ -75,6 +79,7 @@ def run_serving(
     if token_budget < 1:
         raise ServingError(f"token budget must be at least 1 (got {token_budget})", where="--token-budget")
     wall0 = time.perf_counter()
+    key_of: Callable[[StepShape], StepKey] = costs.key if isinstance(costs, KeyedStepCosts) else StepShape.key
     state = ServingState(0.0, max_batch, token_budget, kv_capacity_tokens)
     dropped: list[DroppedRequest] = []
     pending: list[Request] = []
@@ -135,19 +140,20 @@ def run_serving(
         kv_used = state.kv_used_tokens
         peak_kv = max(peak_kv, kv_used)
         if record_steps:
+            key = key_of(shape)
             steps.append(
                 StepRecord(
                     index=n_steps,
                     start_s=start,
                     dur_us=dur_us,
-                    kind=shape.key().kind,
+                    kind=key.kind,
                     prefill_tokens=sum(n for _, n in plan.prefill),
                     decode_batch=len(plan.decode),
                     requests=tuple(lv.request.id for lv, _ in plan.prefill)
                     + tuple(lv.request.id for lv in plan.decode),
                     kv_used_tokens=kv_used,
                     kv_reserved_tokens=state.kv_reserved_tokens,
-                    key=_key_text(shape),
+                    key=_key_text(key),
                 )
             )
         for lv in done:

@@ -19,6 +19,7 @@ from opgraph.transforms import (
     mixed_step,
     rebatch,
 )
+from opgraph.transforms.rebatch import template_windows
 from tests.conftest import TINY_LLAMA
 
 TINY_MOE: dict[str, object] = {
@@ -374,6 +375,67 @@ def test_mixed_step_gives_each_part_the_ops_over_its_keys() -> None:
         (1, 1, 100, None),
         (1, 2, 90, None),
     ]
+
+
+def _layer_ops(g: OpGraph, layer: int) -> list[dict[str, Any]]:
+    return [_cost_view(o) for o in g.ops if o.layer == layer]
+
+
+@pytest.mark.parametrize("like", [False, True])
+def test_window_keys_reach_the_sliding_layers_and_the_full_layers_keep_the_mean(like: bool) -> None:
+    # Three decodes over a mean of 200 keys whose lengths capped at the window (48) average 30: the
+    # sliding layer's attention and cache ops are transformers' over a cache of 29 tokens (30 keys),
+    # the full layer's over 199 (200 keys). ``like`` lends the ops that do not depend on the keys.
+    t = _template("gpt_oss_w48", "decode")
+    lent = rebatch(t, batch=3, kv_len=60) if like else None
+    got = rebatch(t, batch=3, kv_len=200, window_kv={WINDOW: 30}, like=lent)
+    assert _attention_kv(got) == [(0, 3, 30, WINDOW), (1, 3, 200, None)]
+    assert _layer_ops(got, 0) == _layer_ops(_capture("gpt_oss_w48", "decode", 3, 29), 0)
+    assert _layer_ops(got, 1) == _layer_ops(_capture("gpt_oss_w48", "decode", 3, 199), 1)
+    # The caches (batch 3, 2 KV heads, keys, head_dim 16), K and V, and the masks built outside the layers.
+    cats = {
+        layer: [o.outputs[0].shape for o in got.ops if o.layer == layer and o.target == "aten.cat.default"]
+        for layer in (0, 1)
+    }
+    assert cats == {0: [(3, 2, 30, 16)] * 2, 1: [(3, 2, 200, 16)] * 2}
+    assert sorted(o.outputs[0].shape for o in got.ops if o.layer is None and o.target == "aten.where.self") == [
+        (3, 1, 1, 30),
+        (3, 1, 1, 200),
+    ]
+
+
+def test_mixed_step_gives_the_decodes_sliding_layers_their_window_keys() -> None:
+    # A chunk of 8 over 100 keys and two decodes over a mean of 90 whose capped lengths average 30:
+    # layer by layer, the sliding layer is that of a step whose decodes read 30 keys, the full layer
+    # that of one whose decodes read 90. The chunk reads window - 1 + 8 keys either way.
+    pre, dec = _template("gpt_oss_w48", "prefill"), _template("gpt_oss_w48", "decode")
+    chunk = [AttentionPart(1, 8, 100)]
+    got = mixed_step(pre, dec, chunk, AttentionPart(2, 1, 90), decode_window_kv={WINDOW: 30})
+    got.lint()
+    assert _attention_kv(got) == [
+        (0, 1, WINDOW - 1 + 8, WINDOW),
+        (0, 2, 30, WINDOW),
+        (1, 1, 100, None),
+        (1, 2, 90, None),
+    ]
+    assert _layer_ops(got, 0) == _layer_ops(mixed_step(pre, dec, chunk, AttentionPart(2, 1, 30)), 0)
+    assert _layer_ops(got, 1) == _layer_ops(mixed_step(pre, dec, chunk, AttentionPart(2, 1, 90)), 1)
+    with pytest.raises(RebatchError, match="without decodes"):
+        mixed_step(pre, dec, chunk, None, decode_window_kv={WINDOW: 30})
+
+
+def test_window_keys_are_checked_against_the_windows_and_keys_of_the_target() -> None:
+    t = _template("gpt_oss_w48", "decode")
+    assert template_windows(t) == template_windows(_template("gpt_oss_w48", "prefill")) == (WINDOW,)
+    assert template_windows(_template("llama", "decode")) == ()
+    with pytest.raises(RebatchError, match="not a sliding window"):
+        rebatch(t, batch=2, kv_len=100, window_kv={64: 30})
+    with pytest.raises(RebatchError, match="outside"):  # more than the window
+        rebatch(t, batch=2, kv_len=100, window_kv={WINDOW: WINDOW + 1})
+    with pytest.raises(RebatchError, match="outside"):  # more than the mean
+        rebatch(t, batch=2, kv_len=20, window_kv={WINDOW: 25})
+    with pytest.raises(RebatchError, match="not a sliding window"):
+        rebatch(_template("llama", "decode"), batch=2, kv_len=100, window_kv={WINDOW: 30})
 
 
 def test_like_rebatch_of_an_mla_decode_rewrites_the_latent_up_projection() -> None:

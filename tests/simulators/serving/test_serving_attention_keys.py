@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from hardware import load_hardware, resolve_cost_model
 from opgraph.cli.app import app
-from opgraph.ir import OpGraph
+from opgraph.ir import OpGraph, OpKind
 from opgraph.study import run_study, study_config
 from simulators.serving import ServingResult
 
@@ -93,3 +93,27 @@ def test_mla_chunks_and_decodes_up_project_the_whole_latent_cache(tmp_path: Path
     for keys in (4352, 4608):
         fresh = _capture("deepseek-v3", phase="decode", batch=1, kv_len=keys - 1)
         assert steps[f"decode 1@{keys}"] == pytest.approx(_simulated_us(fresh), rel=1e-9)
+
+
+def test_a_decode_batch_of_short_and_long_contexts_reads_the_mean_of_their_capped_lengths(tmp_path: Path) -> None:
+    # A 10000-token prompt and a 60-token one, prefilled in one step, then one decode step over 10001
+    # and 61 keys: the full layer reads their mean, 5031 (bucket 5120); the sliding layer (window 128)
+    # min(10001, 128) and 61 keys, (128 + 61) / 2 = 94.5 a decode (bucket 96), not min(5031, 128) = 128.
+    from opgraph.scenario.serving import capture_serving_model
+    from opgraph.transforms import rebatch
+
+    trace, out = tmp_path / "reqs.csv", tmp_path / "serve.json"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,10000,2\n0,60,2\n")
+    cli = ["serve-sim", "gpt-oss-20b", "--layers", str(LAYERS), "--requests", str(trace), "-c", "roofline"]
+    res = CliRunner().invoke(app, [*cli, "--host", "none", "--token-budget", "16384", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    result = ServingResult.model_validate_json(out.read_text())
+    decodes = [s for s in result.steps if s.kind == "decode"]
+    assert [s.key for s in decodes] == ["decode 2@5120 (w128@96)"]
+    templates = capture_serving_model("gpt-oss-20b", layers=LAYERS)
+    assert templates.windows == (128,)
+    step = rebatch(templates.decode, batch=2, kv_len=5120, window_kv={128: 96})
+    assert [(a.layer, a.kv_len) for a in step.ops_of(OpKind.ATTENTION)] == [(0, 96), (1, 5120)]  # type: ignore[attr-defined]
+    assert decodes[0].dur_us == pytest.approx(_simulated_us(step), rel=1e-9)
+    # Priced at the mean alone, the sliding layer read 128 keys a decode: a dearer step.
+    assert decodes[0].dur_us < _simulated_us(rebatch(templates.decode, batch=2, kv_len=5120))

@@ -56,6 +56,15 @@ def test_bucketed_step_is_priced_at_the_bucket_above(tiny: tuple[str, object]) -
     assert len(costs.memo) == 1
 
 
+def test_a_model_without_sliding_windows_keeps_its_keys(tiny: tuple[str, object]) -> None:
+    from opgraph.scenario.serving import serving_costs
+
+    _, templates = tiny
+    costs = serving_costs(templates, load_hardware("h100"), resolve_cost_model("roofline"), study_config())  # type: ignore[arg-type]
+    shape = StepShape(prefill=((30, 300),), decode_kv=(10, 5000, 20000))
+    assert costs.windows == () and costs.key(shape) == shape.key() and not shape.key().decode_window_kv
+
+
 def test_tiny_served_workload_end_to_end(tiny: tuple[str, object]) -> None:
     from opgraph.scenario.serving import simulate_serving
 
