@@ -71,7 +71,7 @@ class ServingModel:
     @property
     def windows(self) -> tuple[int, ...]:
         """The sliding windows of the model's layers that both templates know (``()``: none), ascending."""
-        from opgraph.transforms.rebatch import template_windows
+        from opgraph.transforms import template_windows
 
         return tuple(sorted(set(template_windows(self.prefill)) & set(template_windows(self.decode))))
 
