@@ -67,8 +67,9 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel
 
 from opgraph.ir import OpgraphError
+from opgraph.ir.configs import contiguous_strides
 from opgraph.ir.graph import CaptureSettings, Edge, EdgeKind, OpGraph
-from opgraph.ir.ops import OP_TYPES, Attention, Collective, Gemm, MoeRouting, OpBase, OpKind, Stage
+from opgraph.ir.ops import OP_TYPES, Attention, Collective, Gemm, Memory, MoeRouting, OpBase, OpKind, Stage
 from opgraph.ir.tensor import TensorSpec
 from opgraph.transforms.rebatch_moe import moe_layout, routed_rows, tokens_reaching_all
 
@@ -384,7 +385,46 @@ def _check_sources(graph: OpGraph, sources: Sequence[int]) -> None:
 
 def _map_tensor(t: TensorSpec, dims: dict[int, int]) -> TensorSpec:
     shape = tuple(dims.get(d, d) for d in t.shape)
-    return t if shape == t.shape else t.model_copy(update={"shape": shape, "strides": None})
+    return _reshaped(t, shape)
+
+
+def _reshaped(t: TensorSpec, shape: tuple[int, ...]) -> TensorSpec:
+    """``t`` at ``shape`` (as many dimensions), its layout kept (:func:`restride`)."""
+    if shape == t.shape:
+        return t
+    return t.model_copy(update={"shape": shape, "strides": restride(t.shape, t.strides, shape)})
+
+
+def restride(old: tuple[int, ...], strides: tuple[int, ...] | None, new: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides of a view laid out as ``strides`` lay out ``old``, at sizes ``new``: the dimensions keep
+    their order in memory; a dimension whose inner dimensions keep their sizes keeps its stride (a split
+    of a model-sized last dimension), else it keeps its stride's multiple of what they span (a transposed
+    view stays transposed; a half of a chunked ``[rows, 2h]`` tensor stays one). ``None`` (contiguous)
+    stays ``None``, as does a layout that is neither (``None``: priced as contiguous).
+
+    >>> restride((2, 8, 37, 64), (18944, 64, 512, 1), (3, 8, 101, 64))  # a transposed [b, seq, h, d] view
+    (51712, 64, 512, 1)
+    >>> restride((37, 768), (1536, 1), (101, 768))  # one half of gate_up.chunk(2, -1)
+    (1536, 1)
+    >>> restride((7, 37, 16), (888, 24, 1), (3, 9, 16))  # the first 16 of a [b, seq, 24] split
+    (216, 24, 1)
+    """
+    if strides is None:
+        return None
+    dims = sorted((i for i in range(len(old)) if old[i] > 1 and strides[i] > 0), key=lambda i: strides[i])
+    out = list(strides)
+    inner_old = inner_new = 1  # elements the dimensions inside the current one span, before and after
+    for i in dims:
+        if inner_new != inner_old:
+            gap, rest = divmod(strides[i], inner_old)
+            if rest or gap < 1:
+                return None
+            out[i] = gap * inner_new
+        inner_old, inner_new = strides[i] * old[i], out[i] * new[i]
+    for i in range(len(old)):
+        if old[i] <= 1 and new[i] > 1:  # a dimension of one element has no stride of its own to keep
+            return None
+    return tuple(out)
 
 
 def _numel(ts: Iterable[TensorSpec]) -> int:
@@ -537,10 +577,29 @@ class _Rewriter:
     def _rewrite(self, op: OpBase, role: _Role, keys: int) -> OpBase:
         """``op`` in its role (see :meth:`_context`): an append takes new tokens and gives keys."""
         if role == "tokens":
-            return self._op(op, self._key_dims(keys) if self.phase == "decode" else None)
-        if role == "keys":
-            return self._op(op, self._key_dims(keys))
-        return self._op(op, append_keys=keys)
+            out = self._op(op, self._key_dims(keys) if self.phase == "decode" else None)
+        elif role == "keys":
+            out = self._op(op, self._key_dims(keys))
+        else:
+            out = self._op(op, append_keys=keys)
+        return self._sliced_cache(out, keys)
+
+    def _sliced_cache(self, op: OpBase, keys: int) -> OpBase:
+        """A full sliding-window cache's append: transformers keeps the cache as the last ``window - 1`` keys
+        of the previous step's ``[b, heads, keys, d]`` states (a slice, so a strided view), and appends to
+        it (steady state: the previous step read as many keys as this one)."""
+        window = self.layout.windows.get(op.layer) if op.layer is not None else None
+        full = window is not None and keys == window - 1 + self.q_len < self.kv_len
+        if not (full and isinstance(op, Memory) and op.fn == "kv_cache_write"):
+            return op
+        cached = keys - self.q_len
+        ins = tuple(
+            _replace(t, {"strides": contiguous_strides((*t.shape[:-2], keys, t.shape[-1]))})
+            if len(t.shape) == 4 and t.shape[-2] == cached and cached > 1
+            else t
+            for t in op.inputs
+        )
+        return _replace(op, {"inputs": ins})
 
     def _op(self, op: OpBase, dims: dict[int, int] | None = None, append_keys: int | None = None) -> OpBase:
         """``op`` with ``dims`` (default: the target's) mapped; a prefill's KV-cache append given
@@ -633,7 +692,7 @@ class _Rewriter:
             else:
                 is_q = query or (len(seq) > 1 and n == 0) or (len(seq) == 1 and not keys)
             shape[i] = self.q_len if is_q else kv_len
-        return t if tuple(shape) == t.shape else t.model_copy(update={"shape": tuple(shape), "strides": None})
+        return _reshaped(t, tuple(shape))
 
     # ------------------------------------------------------------------ experts calls
     def _route(self, section: int) -> tuple[list[int], dict[int, int]]:
@@ -712,7 +771,7 @@ def _expert_tensors(
             continue
         n = rows[j] if j < len(rows) else 0
         if n or not drop_empty:
-            out.append(t.model_copy(update={"shape": (n, *t.shape[1:]), "strides": None}))
+            out.append(_reshaped(t, (n, *t.shape[1:])))
     return tuple(out)
 
 
@@ -828,8 +887,8 @@ def _build_representatives(graph: OpGraph) -> list[int]:
             continue
         key = (
             tuple((k, v) for k, v in op.__dict__.items() if k not in _PLACE and k not in ("inputs", "outputs")),
-            tuple((t.shape, t.dtype) for t in op.inputs),
-            tuple((t.shape, t.dtype) for t in op.outputs),
+            tuple((t.shape, t.dtype, t.strides) for t in op.inputs),  # a layout prices a layout-bound op
+            tuple((t.shape, t.dtype, t.strides) for t in op.outputs),
         )
         reps.append(first.setdefault(key, i))
     return reps
