@@ -16,14 +16,12 @@ stream policy, the eager host) under several cost models:
   on the GPU machine by ``heldout.py`` and read from the case's JSON.
 
 Compared with the measured GPU time (sum of device activity durations of one run, median of the
-runs), wall time (median of the runs; spread reported) and, where the trace's aten calls line up
-with the meta recording, the median per-op error over ops of at least 5 us (``opgraph compare``'s
-definition): every kernel of the kept trace is given to the top-level aten call that launched it,
-and each top-level call to the op of the first recorded aten call inside it, lined up module by
-module (the profiled runs mark every module call). A module whose calls differ from the recording
-(an MoE block run with its own routing and per-expert loop, recorded on meta as balanced batched
-experts) is left out of the per-op errors, and the report says which and how much device time the
-per-op errors cover; its time still counts in the GPU and wall totals.
+runs), wall time (median of the runs; spread reported) and the median per-op error over ops of at
+least 5 us, as ``opgraph compare PREDICTED TRACE --graph GRAPH`` gives it (the same call,
+:func:`opgraph.compare.compare_timelines`): the kept trace's kernels are given to the graph's ops by
+the module range around each call (the profiled runs mark every module call) and the CPU aten op that
+launched them (:mod:`opgraph.compare.modules`). The report says which method the comparison used and
+how much of the device time the per-op errors cover; all of it counts in the GPU and wall totals.
 
 Host: every prediction runs the eager host as the CLI does by default. With the device's profile (the
 CLI default) that is the issue time per aten call and, for a graph captured without ``--host-timing``
@@ -43,16 +41,12 @@ the evaluated models' own ops. Writes ``report.json`` and ``report.md`` under ``
 from __future__ import annotations
 
 import argparse
-import bisect
-import difflib
-import gzip
 import inspect
 import json
 import math
 import sys
 import tarfile
 import tempfile
-from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,8 +56,6 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "gpu" / "h100" / "heldout"
-RUN_RANGE = "heldout_run_"
-MODULE_RANGE = "heldout_mod:"
 BASE_MODELS = ("roofline", "profile")
 MEASURED_HOST = "measured_host"
 """Label of the column whose graphs carry the framework time measured on the GPU machine's CPU."""
@@ -71,6 +63,8 @@ HOST_GRAPHS = "host_graphs.tar.gz"
 """The held-out cases captured with --host-timing on the GPU machine (benchmarks/gpu/host_profile.sh)."""
 GPU_TARGET, WALL_TARGET, MEDIAN_OP_TARGET = 0.05, 0.10, 0.10
 """The issue's targets, for the report's summary (the test keeps its own copy and recomputes)."""
+FULL_SHARE = 0.995
+"""Share of the trace's device time given to ops above which the report adds no note on the rest."""
 LEAVE_ONE_OUT = (
     "Leave-one-out: the profile is a synthetic sweep of op kinds over regimes (`opgraph profile`); it never "
     "replayed the evaluated models' own ops, and these models are none of the project's benchmark cases."
@@ -107,335 +101,14 @@ def load_cases(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return summary, cases
 
 
-# ---------------------------------------------------------------- trace -> ops
-def _load_trace(path: Path) -> dict[str, Any]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        data: dict[str, Any] = json.load(f)
-    return data
+# ---------------------------------------------------------------- attribution
+def attribution_of(c: Any) -> dict[str, Any]:
+    """How ``opgraph compare --graph`` gave the trace's kernels to ops: whether per op (``aligned``), by
+    which method and why (its note), and the share of the trace's device time given to ops."""
+    from opgraph.compare.attribution import ATTRIBUTION_NOTES
 
-
-def _tree(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Nest cpu ops of one thread by time; the top-level calls, each with ``children``."""
-    roots: list[dict[str, Any]] = []
-    stack: list[dict[str, Any]] = []
-    for e in sorted(ops, key=lambda e: (float(e["ts"]), -float(e.get("dur", 0)))):
-        node = {"name": e.get("name", ""), "start": float(e["ts"]), "end": float(e["ts"]) + float(e.get("dur", 0)),
-                "children": []}  # fmt: skip
-        while stack and stack[-1]["end"] < node["end"] - 1e-6:
-            stack.pop()
-        (stack[-1]["children"] if stack else roots).append(node)
-        stack.append(node)
-    return roots
-
-
-MIN_ATTRIBUTED_SHARE = 0.5
-"""Per-op errors are reported when at least this share of the run's device time is given to ops."""
-MAX_MISSING_SHARE = 0.1
-"""Recorded calls the trace may lack (another transformers version, a device-only path) before a part
-of the run is left out of the per-op errors."""
-
-
-def owners_of_calls(
-    calls: Sequence[dict[str, Any]], names: Sequence[str], event_op: Sequence[int | None]
-) -> tuple[list[int | None], int, int]:
-    """The op of each top-level call, and how many recorded calls were found and missed (in order, by name).
-
-    As :func:`opgraph.capture.hosttime.owned_calls`: recorded calls (``aten::mm``) are looked for depth
-    first, not inside a matched call; a call's owner is the op of the first owned recorded call in it.
-    """
-    k = 0
-    n = len(names)
-
-    def walk(e: dict[str, Any]) -> int | None:
-        nonlocal k
-        if k < n and e["name"] == names[k]:
-            k += 1
-            e[MATCHED] = event_op[k - 1]
-            return event_op[k - 1]
-        owner = None
-        for c in e["children"]:
-            o = walk(c)
-            owner = o if owner is None else owner
-        return owner
-
-    _unmatch(calls)
-    owners = [walk(c) for c in calls]
-    return owners, k, n - k
-
-
-MATCHED = "op"
-"""Key a trace call node gets when it is lined up with a recorded call: that call's op (``None`` for a
-recorded call that became no op)."""
-
-
-def _unmatch(calls: Sequence[dict[str, Any]]) -> None:
-    """Forget earlier line-ups of these call trees."""
-    stack = list(calls)
-    while stack:
-        e = stack.pop()
-        e.pop(MATCHED, None)
-        stack.extend(e["children"])
-
-
-def launched_by(call: dict[str, Any], t: float) -> int | None:
-    """The op of the lined-up call inside ``call`` (itself included) that was running at ``t``, the
-    launch time of a kernel: a top-level call that holds several recorded calls (torch's per-expert
-    fallback of ``_grouped_mm``: one ``mm`` per expert inside one call) gives each kernel to the
-    recorded call that launched it. ``None`` when no lined-up call inside was running then."""
-    e: dict[str, Any] | None = call
-    while e is not None:
-        if MATCHED in e:
-            op: int | None = e[MATCHED]
-            return op
-        e = next((c for c in e["children"] if c["start"] <= t <= c["end"]), None)
-    return None
-
-
-def recorded_calls(
-    events: Sequence[Any], event_op: Sequence[int | None], scopes: Sequence[str] = ()
-) -> tuple[list[str], list[int | None], list[str]]:
-    """The recorded calls that can launch work (views and metadata ops left out: they launch nothing and
-    the profiler shows them differently) as profiler names, with their op ids and module scopes."""
-    kept = [e for e in events if not e.alias]
-    ops = [op for e, op in zip(events, event_op, strict=True) if not e.alias]
-    names = ["::".join(e.target.split(".")[:2]) for e in kept]  # aten.mm.default -> aten::mm
-    where = [scopes[e.call] if 0 <= e.call < len(scopes) else "" for e in kept]
-    return names, ops, where
-
-
-def _innermost(calls: Sequence[dict[str, Any]], ranges: Sequence[tuple[float, float, str]]) -> list[str | None]:
-    """The innermost module range around each top-level call (ranges nest; both sorted by start)."""
-    out: list[str | None] = []
-    stack: list[tuple[float, float, str]] = []
-    j = 0
-    for c in calls:
-        while j < len(ranges) and ranges[j][0] <= c["start"]:
-            while stack and stack[-1][1] < ranges[j][0]:
-                stack.pop()
-            stack.append(ranges[j])
-            j += 1
-        while stack and stack[-1][1] < c["end"]:
-            stack.pop()
-        out.append(stack[-1][2] if stack else None)
-    return out
-
-
-def _segments(keys: Sequence[str | None]) -> list[tuple[str | None, int, int]]:
-    """Runs of equal consecutive keys: (key, start, end)."""
-    segs: list[tuple[str | None, int, int]] = []
-    for i, key in enumerate(keys):
-        if segs and segs[-1][0] == key:
-            segs[-1] = (key, segs[-1][1], i + 1)
-        else:
-            segs.append((key, i, i + 1))
-    return segs
-
-
-def flat_names(calls: Sequence[dict[str, Any]], known: set[str]) -> list[tuple[int, str]]:
-    """(top-level call index, name) of every call with a recorded name, outermost first, not looking
-    inside one (the rule of :func:`owners_of_calls`), in order."""
-    return [(i, e["name"]) for i, e in _flat_nodes(calls, known)]
-
-
-def _flat_nodes(calls: Sequence[dict[str, Any]], known: set[str]) -> list[tuple[int, dict[str, Any]]]:
-    out: list[tuple[int, dict[str, Any]]] = []
-
-    def walk(i: int, e: dict[str, Any]) -> None:
-        if e["name"] in known:
-            out.append((i, e))
-            return
-        for c in e["children"]:
-            walk(i, c)
-
-    for i, c in enumerate(calls):
-        walk(i, c)
-    return out
-
-
-def owners_by_diff(
-    calls: Sequence[dict[str, Any]], names: Sequence[str], ops: Sequence[int | None]
-) -> tuple[list[int | None], int, int]:
-    """As :func:`owners_of_calls`, when the trace and the recording differ here and there (another
-    transformers version, a device-only path, the caller's own ops): the trace's recorded-name calls
-    and the recorded calls are matched as sequences (``difflib``); unmatched ones own nothing."""
-    _unmatch(calls)
-    flat = _flat_nodes(calls, set(names))
-    matcher = difflib.SequenceMatcher(None, [e["name"] for _, e in flat], list(names), autojunk=False)
-    owners: list[int | None] = [None] * len(calls)
-    found = 0
-    for a, b, size in matcher.get_matching_blocks():
-        for t in range(size):
-            call, node = flat[a + t]
-            node[MATCHED] = ops[b + t]
-            if owners[call] is None:
-                owners[call] = ops[b + t]
-        found += size
-    return owners, found, len(names) - found
-
-
-def _align(
-    calls: Sequence[dict[str, Any]], names: Sequence[str], ops: Sequence[int | None]
-) -> tuple[list[int | None], int, int]:
-    """Exact alignment, else by sequence matching; owners all ``None`` when too many recorded calls are
-    missing for the pairing to be trusted."""
-    owners, found, missing = owners_of_calls(calls, names, ops)
-    if missing:
-        owners, found, missing = owners_by_diff(calls, names, ops)
-        if missing > MAX_MISSING_SHARE * len(names):
-            return [None] * len(calls), 0, len(names)
-    return owners, found, missing
-
-
-def align_calls(
-    calls: Sequence[dict[str, Any]],
-    call_scopes: Sequence[str | None] | None,
-    names: Sequence[str],
-    ops: Sequence[int | None],
-    scopes: Sequence[str],
-    module_calls: tuple[Counter[str], Counter[str]] | None = None,
-) -> tuple[list[int | None], int, int, list[str]]:
-    """The op of each top-level call: (owners, recorded calls found, missing, scopes left unaligned).
-
-    With module scopes on both sides, runs of calls of one module are paired in order with the
-    recording's (``difflib`` over the module paths) and lined up within each pair, so a module whose
-    calls differ (an MoE block run as the model routes, where the recording models balanced routing)
-    is left out alone; without them, the whole run is lined up at once. ``module_calls`` counts the
-    calls of each module in the trace and in the recording: a module called a different number of
-    times (an MoE block's per-expert calls) is left out. Calls that hold no recorded name (views)
-    are set aside first: the recording leaves them out too.
-    """
-    if call_scopes is None:
-        whole, found, missing = _align(calls, names, ops)
-        return whole, found, missing, ([] if found else ["(whole run)"])
-    owners: list[int | None] = [None] * len(calls)
-    known = set(names)
-
-    def holds_known(e: dict[str, Any]) -> bool:
-        return e["name"] in known or any(holds_known(c) for c in e["children"])
-
-    keep = [i for i, c in enumerate(calls) if holds_known(c)]
-    kept_calls = [calls[i] for i in keep]
-    t_segs, r_segs = _segments([call_scopes[i] for i in keep]), _segments(scopes)
-    # A module called a different number of times than recorded (an MoE block's per-expert calls),
-    # or whose calls do not line up, is left out as a whole, with the modules inside it.
-    bad: set[str] = set()
-    if module_calls is not None:
-        t_count, r_count = module_calls
-        bad = {k for k in set(t_count) | set(r_count) if t_count[k] != r_count[k]}
-    pairs: list[tuple[str | None, int, int, int, int]] = []
-    matcher = difflib.SequenceMatcher(None, [k for k, _, _ in t_segs], [k for k, _, _ in r_segs], autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag != "equal":
-            bad.update(str(k) for k, _, _ in (*t_segs[i1:i2], *r_segs[j1:j2]))
-            continue
-        for (key, a, b), (_, c, d) in zip(t_segs[i1:i2], r_segs[j1:j2], strict=True):
-            seg_owners, seg_found, _ = _align(kept_calls[a:b], names[c:d], ops[c:d])
-            if seg_found < d - c:
-                bad.add(str(key))
-            for i, o in zip(keep[a:b], seg_owners, strict=True):
-                owners[i] = o
-            pairs.append((key, a, b, c, d))
-
-    def is_bad(key: str | None) -> bool:
-        k = str(key)
-        return any(k == b or k.startswith(b + ".") for b in bad)
-
-    found = 0
-    for key, a, b, c, d in pairs:
-        if is_bad(key):
-            for i in keep[a:b]:
-                owners[i] = None
-        else:
-            found += d - c
-    unaligned = sorted({str(k) for k, _, _ in r_segs if is_bad(k)})
-    return owners, found, len(names) - found, unaligned
-
-
-def attribute(
-    trace: dict[str, Any],
-    names: Sequence[str],
-    event_op: Sequence[int | None],
-    scopes: Sequence[str] = (),
-    recorded_module_calls: Counter[str] | None = None,
-) -> dict[str, Any]:
-    """Device events of the kept run with the op that launched each (``None``: not attributed)."""
-    from opgraph.ir.timeline import SpanCategory
-    from opgraph.trace.kineto import is_device_event, launch_times
-
-    evs = trace["traceEvents"]
-    run = next((e for e in evs if str(e.get("name", "")).startswith(RUN_RANGE) and e.get("ph") == "X"), None)
-    if run is None:
-        raise ReportError("the trace has no heldout_run_ range")
-    tid = run.get("tid")
-    lo, hi = float(run["ts"]), float(run["ts"]) + float(run.get("dur", 0))
-    calls = _tree(
-        [
-            e
-            for e in evs
-            if e.get("ph") == "X" and e.get("cat") == "cpu_op" and e.get("tid") == tid and lo <= float(e["ts"]) <= hi
-        ]
-    )
-    ranges = sorted(
-        (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), str(e["name"])[len(MODULE_RANGE) :])
-        for e in evs
-        if e.get("ph") == "X" and e.get("tid") == tid and str(e.get("name", "")).startswith(MODULE_RANGE)
-    )
-    call_scopes = _innermost(calls, ranges) if ranges and scopes else None
-    counts = (Counter(r[2] for r in ranges), recorded_module_calls) if recorded_module_calls is not None else None
-    owners, found, missing, unaligned = align_calls(
-        calls, call_scopes, names, event_op, scopes or [""] * len(names), counts
-    )
-    starts = [c["start"] for c in calls]
-    launch = launch_times(evs)
-    device: list[dict[str, Any]] = []
-    for e in evs:
-        if not is_device_event(e):
-            continue
-        t = launch.get(e.get("args", {}).get("correlation"))
-        if t is not None and not lo <= t <= hi:
-            continue  # launched outside the run
-        op: int | None = None
-        if t is not None:
-            i = bisect.bisect_right(starts, t) - 1
-            if i >= 0 and t <= calls[i]["end"] and owners[i] is not None:
-                inner = launched_by(calls[i], t)
-                op = owners[i] if inner is None else inner
-        device.append({"name": e.get("name", ""), "cat": SpanCategory.parse(e["cat"]).value, "ts": float(e["ts"]),
-                       "dur": float(e.get("dur", 0)), "stream": e.get("args", {}).get("stream"), "op": op})  # fmt: skip
-    total = sum(d["dur"] for d in device)
-    share = sum(d["dur"] for d in device if d["op"] is not None) / total if total else 0.0
-    return {
-        "device": device,
-        "aligned": share >= MIN_ATTRIBUTED_SHARE,
-        "by_module": call_scopes is not None,
-        "events_found": found,
-        "events_missing": missing,
-        "events": len(names),
-        "unaligned_scopes": list(dict.fromkeys(unaligned))[:12],
-        "top_level_calls": len(calls),
-        "attributed_share": share,
-        "device_us": total,
-    }
-
-
-def measured_timeline(case: dict[str, Any], att: dict[str, Any], model_name: str) -> Any:
-    """The kept run as a measured ``Timeline`` (kernels with their op ids), wall = median of the runs."""
-    from opgraph.ir import Timeline
-
-    origin = min((d["ts"] for d in att["device"]), default=0.0)
-    spans = [
-        {"name": d["name"], "track": f"gpu/stream{d['stream']}", "start_us": d["ts"] - origin, "dur_us": d["dur"],
-         "op_id": d["op"], "category": d["cat"]}
-        for d in att["device"]
-    ]  # fmt: skip
-    return Timeline.model_validate(
-        {
-            "source": {"kind": "measured", "name": case["case"], "device": case["device"], "graph_model": model_name},
-            "spans": spans,
-            "wall_us": case["wall_us"]["median"],
-        }
-    )
+    method = next((n for n in c.notes if n.startswith(ATTRIBUTION_NOTES)), "")
+    return {"aligned": c.level == "op", "method": method, "attributed_share": c.matched_share or 0.0}
 
 
 # ---------------------------------------------------------------- prediction
@@ -555,7 +228,8 @@ def evaluate_case(
     ``host_graph`` (the case captured with --host-timing on the GPU machine), one more prediction
     (:data:`MEASURED_HOST`) by the ``default`` cost model on the graph carrying its measured gaps."""
     from opgraph.capture.api import CaptureOptions, add_host_timing, record
-    from opgraph.compare import JoinMode, compare_timelines
+    from opgraph.compare import compare_timelines
+    from opgraph.compare.loading import load_any_timeline
 
     s = case["settings"]
     opts = CaptureOptions(
@@ -569,10 +243,7 @@ def evaluate_case(
     )
     rec = record(str(folder / case["config_file"]), opts)
     graph = add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
-    names, event_op, scopes = recorded_calls(rec.recorder.events, rec.event_op, [c.scope for c in rec.recorder.calls])
-    module_calls = Counter(c.scope for c in rec.recorder.calls)
-    att = attribute(_load_trace(folder / case["trace_file"]), names, event_op, scopes, module_calls)
-    measured = measured_timeline(case, att, graph.metadata.model)
+    trace = load_any_timeline(folder / case["trace_file"])
     gpu_ref, wall_ref = case["gpu_us"]["median"], case["wall_us"]["median"]
     row: dict[str, Any] = {
         "case": case["case"],
@@ -589,7 +260,7 @@ def evaluate_case(
             "runs": case["runs"],
             "trace_gpu_us": case["trace_gpu_us"],
         },
-        "attribution": {k: v for k, v in att.items() if k != "device"},
+        "attribution": {},
         "predicted": {},
         "fake_device": bool(case.get("fake_device")),
     }
@@ -616,7 +287,11 @@ def evaluate_case(
         # opgraph compare's definitions: device time = sum of device spans; wall = wall_us or the extent.
         gpu_p = sum(sp.dur_us for sp in tl.device_spans())
         wall_p = tl.wall_us if tl.wall_us is not None else tl.makespan_us
-        c = compare_timelines(tl, measured, join=JoinMode.OP_ID, graph=graph) if att["aligned"] else None
+        # the per-op errors are what `opgraph compare PREDICTED TRACE --graph GRAPH` gives
+        cmp = compare_timelines(tl, trace, graph=graph)
+        if not row["attribution"]:
+            row["attribution"] = attribution_of(cmp)
+        c = cmp if cmp.level == "op" else None
         row["predicted"][label] = {
             "cost_model": name,
             "gpu_us": gpu_p,
@@ -643,16 +318,13 @@ def evaluate_case(
         "median_op_err": None,
         "note": est.get("note", "not measured"),
     }
-    if not att["aligned"]:
+    att = row["attribution"]
+    if att and not att["aligned"]:
+        notes.append(f"{case['case']}: per-op n/a ({att['method']})")
+    elif att and att["attributed_share"] < FULL_SHARE:
         notes.append(
-            f"{case['case']}: per-op n/a, only {100 * att['attributed_share']:.0f}% of the device time could be "
-            f"given to ops ({att['events_found']}/{att['events']} recorded calls found in the trace)"
-        )
-    elif att["events_missing"]:
-        notes.append(
-            f"{case['case']}: per-op errors over {100 * att['attributed_share']:.0f}% of the device time; "
-            f"{att['events_missing']} of {att['events']} recorded calls not lined up (modules: "
-            f"{', '.join(att['unaligned_scopes'][:6]) or '-'})"
+            f"{case['case']}: per-op errors over {100 * att['attributed_share']:.0f}% of the device time "
+            f"({att['method']})"
         )
     return row
 
@@ -740,7 +412,7 @@ def build_report(
             if pass_times
             else ""
         ),
-        "per_op": "median |error| over ops of at least 5 us, kernels attributed through the trace's aten calls",
+        "per_op": "median |error| over ops of at least 5 us, kernels given to ops as `opgraph compare --graph` does",
         "leave_one_out": LEAVE_ONE_OUT,
         "targets": {"gpu": GPU_TARGET, "wall": WALL_TARGET, "median_op": MEDIAN_OP_TARGET},
         "within_targets": within,

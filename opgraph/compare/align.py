@@ -249,7 +249,7 @@ def hand_over(buckets: Sequence[Bucket], owners: dict[int, list[GpuEvent]]) -> N
                 owner_of[id(g)] = first
 
 
-def _work_kind(g: GpuEvent) -> str:
+def work_kind(g: GpuEvent) -> str:
     """What a kernel computes, for handing it to one of several fused ops: GEMMs by their launching op."""
     if any(op.endswith("mm") for op in g.launch_stack):
         return "gemm"
@@ -318,7 +318,7 @@ def segment(takers: Sequence[OpBase], kernels: Sequence[GpuEvent]) -> list[list[
     t = 0
     guided = False
     for i, g in enumerate(kernels):
-        is_gemm = _work_kind(g) == "gemm"
+        is_gemm = work_kind(g) == "gemm"
         if is_gemm and not gemm[t]:
             nxt = next((j for j in range(t + 1, len(takers)) if gemm[j]), None)
             if nxt is not None:

@@ -194,6 +194,20 @@ def _by_definition(spans: Iterable[Span]) -> dict[str, _Acc]:
     return groups
 
 
+def check_graph_model(graph: OpGraph, predicted: Timeline, reference: Timeline) -> None:
+    """Raise :class:`CompareError` when a timeline's ops are of another model than ``graph`` (its
+    ``graph_model``): the graph would join the rows to the wrong model's ops."""
+    model = graph.metadata.model
+    for side, t in (("predicted", predicted), ("reference", reference)):
+        other = t.source.graph_model
+        if model and other and other != model:
+            raise CompareError(
+                f"the {side} timeline's ops are of model {other!r}, the graph is of {model!r}",
+                where="--graph",
+                hint="give the graph the timelines come from, leave --graph out, or pass --allow-different-models",
+            )
+
+
 def compare_timelines(
     predicted: Timeline,
     reference: Timeline,
@@ -222,6 +236,8 @@ def compare_timelines(
             f"the timelines come from different models ({pm!r} vs {rm!r})",
             hint="compare timelines of the same model, or pass --allow-different-models",
         )
+    if graph is not None and not allow_different_models:
+        check_graph_model(graph, predicted, reference)
     pairs, (detail_rank, predicted_r, reference_r), rank_notes = pair_ranks(predicted, reference, rank)
     pred_dev, ref_dev = device_spans(predicted_r), device_spans(reference_r)
     if join is JoinMode.AUTO:

@@ -8,9 +8,11 @@ The trace carries no op ids, so spans are aligned the way the trace allows:
 - **layers**: within matched steps, model layer ``l`` of the simulation with the ``l``-th layer the
   analyzer found in the pass; what lies outside every layer on both sides (embedding, LM head,
   sampling) is a bucket of its own;
-- **ops** (traces with CPU ops, and a graph): within a layer bucket, each graph op is aligned with the
-  trace's aten calls by call order, name and input shapes, fused ops with every call they were fused
-  from (:mod:`opgraph.compare.align`).
+- **ops** (traces with CPU ops, and a graph): each graph op is given the kernels of its module range and
+  aten call where the trace marks module calls (:mod:`opgraph.compare.modules`), else within a layer
+  bucket by call order, name and input shapes, fused ops with every call they were fused from
+  (:mod:`opgraph.compare.align`); an alignment that gives ops kernels of other kinds, or one layer far
+  more than its share, is not used (:mod:`opgraph.compare.attribution`).
 
 What finds no partner on either side is kept, by step, layer and kind, in the group tables, so that each
 side's rows add up to its device time. Multi-rank: rank ``r`` of a ``--tp N`` simulation is compared with
@@ -25,7 +27,8 @@ from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-from opgraph.compare.align import Bucket, align_ops, aten_name, hand_over, kind_of
+from opgraph.compare.align import Bucket, kind_of
+from opgraph.compare.attribution import attribute_ops
 from opgraph.compare.ranks import pair_ranks
 from opgraph.compare.result import MIN_OP_US, Comparison, ErrorRow, JoinMode, OpError, StepError, _rel
 from opgraph.compare.rows import comparison_of, end_to_end, error_row, median
@@ -37,9 +40,6 @@ from opgraph.trace.importer import from_timeline
 from opgraph.trace.patterns import load_patterns
 from opgraph.trace.result import AnalysisResult
 
-_BY_CALL = 0.5
-"""Share of the graph's aten-call ops that must find their call in the trace for an op-level comparison;
-below it the trace is compared by step, layer and kind."""
 _ONE_SIDED_WHY = {
     "rope": "an eager RoPE runs as mul, neg, cat and add kernels, which the trace types as elementwise and "
     "memory: pass the graph (--graph) with a trace recorded with shapes to align them with the rope ops",
@@ -295,17 +295,11 @@ def _pair(pred: Timeline, ref: Timeline, graph: OpGraph | None) -> PairResult:
     matched_ref = 0.0
     level = "layer"
     if graph is not None and linked:
-        owners: dict[int, list[GpuEvent]] = {}
-        called: set[int] = set()
-        in_time = sorted((b for b in groups.values() if b.kernels), key=lambda b: (b.step, b.kernels[0].ts))
-        for b in in_time:
-            got, by_call = align_ops(b)
-            owners.update(got)
-            called |= by_call
-        hand_over(in_time, owners)
-        named = sum(1 for b in groups.values() for op in b.ops if aten_name(op) is not None)
-        if named and len(called) >= _BY_CALL * named:
+        chosen = attribute_ops(list(groups.values()), measured.data, pred_by_op)
+        notes += chosen.notes
+        if chosen.owners is not None:
             level = "op"
+            owners = chosen.owners
             by_id = {op.id: op for b in groups.values() for op in b.ops}
             for op_id in sorted(owners):
                 op = by_id[op_id]
@@ -334,11 +328,6 @@ def _pair(pred: Timeline, ref: Timeline, graph: OpGraph | None) -> PairResult:
                     kind = s.kind.value if s.kind else "other"
                     item = ("op", s.op_id) if s.op_id is not None else ("span", id(s))
                     lone.add("predicted", item, s.step or 0, s.layer, stage(s), kind, s.dur_us)
-        else:
-            notes.append(
-                f"only {len(called)} of {named} graph ops lowered from an aten call found that call in the trace "
-                "(kernel-only or CUDA-graph trace?): compared by step, layer and kind"
-            )
     elif graph is None and linked:
         notes.append("pass the graph (--graph) to align the trace's aten calls with its ops")
     elif not linked:

@@ -16,7 +16,6 @@ import json
 import math
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -364,8 +363,9 @@ def test_moe_blocks_line_up_with_the_trace(fake: tuple[Path, dict[str, Any]]) ->
     for r in moe:
         att = r["attribution"]
         # Capture runs the model's own experts code (issue 18 item 5), so the experts' calls pair with
-        # the trace's like any other module's.
-        assert "model.layers.0.mlp.experts" not in att["unaligned_scopes"]
+        # the trace's like any other module's, by module ranges.
+        assert att["method"].startswith("kernels attributed to ops by the trace's module ranges"), att
+        assert "model.layers.0.mlp.experts" not in att["method"].split("not lined up:")[-1]
         assert att["aligned"]
         assert r["predicted"]["roofline"]["median_op_err"] is not None
 
@@ -447,60 +447,6 @@ def test_settling_runs_the_forward_back_to_back_for_the_time_asked() -> None:
     assert heldout_mod.settle(phase, 0.0, "cpu")["forwards"] == 2  # at least two, whatever the time
 
 
-def _node(name: str, *children: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "children": list(children)}
-
-
-def test_calls_take_the_op_of_the_first_recorded_call_inside() -> None:
-    calls = [
-        _node("aten::linear", _node("aten::t"), _node("aten::matmul", _node("aten::mm"))),
-        _node("aten::to", _node("aten::_to_copy", _node("aten::copy_"))),
-        _node("aten::add"),
-    ]
-    owners, found, missing = report_mod.owners_of_calls(calls, ["aten::mm", "aten::_to_copy", "aten::add"], [3, 4, 5])
-    assert (owners, found, missing) == ([3, 4, 5], 3, 0)
-
-
-def test_a_trace_that_differs_here_and_there_is_matched_as_a_sequence() -> None:
-    # The trace has a call of the caller's own (sum) and lacks a recorded one (cos): the exact walk
-    # stops at the first difference, the sequence match pairs everything else.
-    calls = [_node("aten::mm"), _node("aten::sum"), _node("aten::mul"), _node("aten::linear", _node("aten::mm"))]
-    names = ["aten::mm", "aten::cos", "aten::mul", "aten::mm"]
-    ops = [1, 2, 3, 4]
-    assert report_mod.owners_of_calls(calls, names, ops) == ([1, None, None, None], 1, 3)
-    assert report_mod.owners_by_diff(calls, names, ops) == ([1, None, 3, 4], 3, 1)
-
-
-def test_calls_are_given_the_module_range_they_run_in() -> None:
-    calls = [
-        {"start": 1.0, "end": 2.0},
-        {"start": 3.0, "end": 4.0},
-        {"start": 6.0, "end": 7.0},
-        {"start": 9.0, "end": 9.5},
-    ]
-    ranges = [(0.0, 8.0, "model"), (2.5, 5.0, "model.layers.0"), (3.0, 4.5, "model.layers.0.mlp")]
-    assert report_mod._innermost(calls, ranges) == ["model", "model.layers.0.mlp", "model", None]
-
-
-def test_a_module_called_more_often_than_recorded_is_left_out() -> None:
-    def call(name: str) -> dict[str, Any]:
-        return {"name": name, "children": []}
-
-    # The trace calls the expert module's activation twice (one call per routed expert), the recording once.
-    calls = [call("aten::mm"), call("aten::silu"), call("aten::silu"), call("aten::add")]
-    call_scopes = ["attn", "experts.act", "experts.act", "layer"]
-    names, ops, scopes = ["aten::mm", "aten::silu", "aten::add"], [1, 2, 3], ["attn", "experts.act", "layer"]
-    counts = (Counter({"attn": 1, "experts.act": 2, "layer": 1}), Counter({"attn": 1, "experts.act": 1, "layer": 1}))
-    owners, found, missing, unaligned = report_mod.align_calls(calls, call_scopes, names, ops, scopes, counts)
-    assert (owners, found, missing, unaligned) == ([1, None, None, 3], 2, 1, ["experts.act"])
-    # Called as often as recorded: every call lines up.
-    same = (Counter({"attn": 1, "experts.act": 1, "layer": 1}),) * 2
-    owners, *_ = report_mod.align_calls(
-        [calls[0], calls[1], calls[3]], ["attn", "experts.act", "layer"], names, ops, scopes, same
-    )
-    assert owners == [1, 2, 3]
-
-
 def test_a_real_gpu_trace_splits_into_runs_whose_kept_trace_opgraph_imports(traces_dir: Path, tmp_path: Path) -> None:
     from opgraph.trace import load_trace
 
@@ -527,31 +473,23 @@ def test_a_real_gpu_trace_splits_into_runs_whose_kept_trace_opgraph_imports(trac
 
 
 def test_a_real_hf_trace_lines_up_with_a_meta_recording_made_here(traces_dir: Path, tmp_path: Path) -> None:
-    # The H200 trace was made with torch 2.11 + transformers 5.17 (as the GPU machine runs), the recording
-    # here with whatever this machine has: a few calls differ, the kernels still go to the right ops.
+    # The H200 trace was made with torch 2.11 + transformers 5.17 (as the GPU machine runs) and without
+    # module ranges, the capture here with whatever this machine has: opgraph compare --graph (the report's
+    # per-op method) still gives the flash kernels to the attention ops and nothing of another kind to an op.
+    from hardware import load_hardware
     from opgraph.capture.api import CaptureOptions, record
-    from opgraph.ir import OpKind
+    from opgraph.compare import compare_timelines
+    from opgraph.trace import load_trace
 
     config = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
     rec = record(str(tmp_path / "config.json"), CaptureOptions(phase="prefill", seq_len=512, dtype="bf16"))
-    names, ops, _ = report_mod.recorded_calls(rec.recorder.events, rec.event_op)
-    trace = json.loads(gzip.decompress((traces_dir / "hf-llama-1b-like-h200-prefill512-decode8.json.gz").read_bytes()))
-    host = sorted((e for e in trace["traceEvents"] if e.get("cat") == "cpu_op"), key=lambda e: e["ts"])
-    first, second = [e["ts"] for e in host if e["name"] == "aten::embedding"][:2]
-    # The prefill pass of model.generate: from its embedding to the next pass's.
-    trace["traceEvents"].append({"ph": "X", "cat": "user_annotation", "name": "heldout_run_0", "pid": host[0]["pid"],
-                                 "tid": host[0]["tid"], "ts": first - 0.01, "dur": second - first - 0.02})  # fmt: skip
-    att = report_mod.attribute(trace, names, ops)
-    assert att["events_missing"] <= 0.02 * att["events"]
-    assert att["aligned"] and att["attributed_share"] > 0.95
-    kinds: dict[str, set[Any]] = {d["name"]: set() for d in att["device"]}
-    for d in att["device"]:
-        kinds[d["name"]].add(rec.graph.op(d["op"]).kind if d["op"] is not None else None)
-    flash = [k for n, k in kinds.items() if "flash" in n]
-    gemm = [k for n, k in kinds.items() if n.startswith("nvjet")]
-    assert flash and all(k == {OpKind.ATTENTION} for k in flash)
-    assert gemm and all(k == {OpKind.GEMM} for k in gemm)
-    attention_ops = {d["op"] for d in att["device"] if "flash" in d["name"]}
-    assert len(attention_ops) == config["num_hidden_layers"]
+    hw = load_hardware("h200")
+    tl, *_ = report_mod.predict(rec.graph, hw, report_mod.resolve_model("roofline", hw))
+    trace = load_trace(traces_dir / "hf-llama-1b-like-h200-prefill512-decode8.json.gz")
+    c = compare_timelines(tl, trace, graph=rec.graph)
+    assert c.level == "op", c.notes
+    assert any(n.startswith("kernels attributed to ops") for n in c.notes)
+    attention = next(g for g in c.by_kind if g.group == "attention")
+    assert attention.ops == config["num_hidden_layers"] and attention.reference_us > 0

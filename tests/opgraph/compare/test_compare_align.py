@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from opgraph.compare.measured import Bucket, align_ops
+from opgraph.compare.align import Bucket, align_ops
 from opgraph.ir import Activation, Attention, Elementwise, Memory, Norm, Rope, TensorSpec
 from opgraph.ir.ops import OpBase
 from opgraph.ir.timeline import KernelType, SpanCategory
