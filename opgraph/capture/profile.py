@@ -3,7 +3,12 @@ recorded op, and attribute every kernel (cuda) or aten CPU op (cpu) to the op id
 
 The result holds the graph, a measured :class:`~opgraph.ir.Timeline` (kernels on ``stream N`` tracks,
 CPU ops on ``cpu N`` tracks, ``op_id`` set) and the wall time of the same phase with and without the
-profiler (the plain run comes first and doubles as warm-up).
+profiler (the plain runs come first, after a warm-up).
+
+The timeline's spans and its wall time are of one run, so its device time is at most its wall: on
+CUDA the wall is the plain runs' median (the profiler's overhead is on the host, kernels keep their
+time); on the CPU, where every op's span carries the profiler's and recorder's overhead, it is the
+profiled run's own wall, and a note gives the plain runs' wall.
 """
 
 from __future__ import annotations
@@ -119,15 +124,28 @@ def profile_capture(
         Path(kept).parent.mkdir(parents=True, exist_ok=True)
         Path(kept).write_bytes(gzip.compress(raw) if kept.endswith(".gz") else raw)
     device_name = torch.cuda.get_device_name() if opts.device == "cuda" else "cpu"
-    # The timeline's wall time is the phase without the profiler: what a user's run takes. The
-    # profiled wall (recorder + profiler overhead) goes in the notes.
+    gpu = opts.device == "cuda"
+    # A timeline's spans and wall come from one run, so that its device time never exceeds its wall.
+    # On CUDA the kernels keep their time under the profiler (its overhead is on the host): the wall
+    # is the plain runs' median, what a user's run takes. On the CPU the ops are the device work and
+    # the profiler's and recorder's overhead lands in every op's span (small ops several times over):
+    # the wall is the profiled run's own, and the plain runs' wall is stated in a note.
     timeline = timeline_from_trace(
-        json.loads(raw), graph, event_op, device=device_name, wall_us=wall_us, gpu=opts.device == "cuda"
+        json.loads(raw), graph, event_op, device=device_name, wall_us=wall_us if gpu else wall_prof_us, gpu=gpu
     )
-    timeline = timeline.model_copy(
-        update={"notes": (*timeline.notes, f"wall time with the profiler and recorder: {wall_prof_us:.1f} us")}
-    )
+    timeline = timeline.model_copy(update={"notes": (*timeline.notes, _wall_note(gpu, wall_us, wall_prof_us, walls))})
     return ProfiledCapture(graph, timeline, wall_us, wall_prof_us, kept, tuple(walls))
+
+
+def _wall_note(gpu: bool, wall_us: float, wall_prof_us: float, walls: list[float]) -> str:
+    """Which run the timeline's wall is, and the other run's wall."""
+    plain = f"{wall_us:.1f} us (median of {len(walls)} plain run{'s' if len(walls) != 1 else ''})"
+    if gpu:
+        return f"wall time {plain}; with the profiler and recorder: {wall_prof_us:.1f} us"
+    return (
+        f"CPU profile: the op spans and the wall time ({wall_prof_us:.1f} us) are the profiled run's, so they carry "
+        f"the profiler's and recorder's overhead (most on small ops); without them the phase took {plain}"
+    )
 
 
 def timeline_from_trace(

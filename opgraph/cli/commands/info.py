@@ -19,9 +19,19 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON instead of a table."),
 ) -> None:
     """Summarise a graph: ops by kind, FLOPs, bytes, layers and stages."""
-    from opgraph.ir import load_graph
+    from opgraph.ir import LoadError, load_graph
 
-    graph = load_graph(graph_path)
+    try:
+        graph = load_graph(graph_path)
+    except LoadError:
+        if _is_catalog(graph_path):
+            raise LoadError(
+                "is an ops catalog, not an OpGraph",
+                where=str(graph_path),
+                hint=f"list its operations with `opgraph ops show {graph_path}`; `opgraph info` takes a graph saved "
+                "by `opgraph capture`",
+            ) from None
+        raise
     summary = graph.summary()
     if as_json:
         summary["metadata"] = graph.metadata.model_dump(mode="json")
@@ -50,3 +60,19 @@ def info(
     )
     for note in md.assumptions:
         console.print(f"assumed: {note}")
+
+
+def _is_catalog(path: Path) -> bool:
+    """Whether ``path`` holds an ops catalog (``opgraph ops add``): its top-level keys are a catalog's."""
+    from opgraph.catalog.models import Catalog
+    from opgraph.ir import OpgraphError
+    from opgraph.ir.io import read_json_bytes
+
+    try:
+        raw = json.loads(read_json_bytes(path))
+    except (OpgraphError, ValueError):
+        return False
+    if not isinstance(raw, dict):
+        return False
+    keys = set(raw)
+    return {"hash_version", "entries"} <= keys and keys <= set(Catalog.model_fields)

@@ -5,63 +5,44 @@ other commands do: capture on meta with host timing (``capture --host-timing``; 
 that graph), replay every unique config on the device (``replay``, the L2 flushed before each
 call), time the host issue of the graph's ops in order right before the run (``replay
 --issue-only``, CUDA), fit a cost table (``calibrate --issue``), run the real model under the
-profiler (``capture --device DEVICE --profile``), simulate the profiled graph with the table (one
-in-order stream, eager host) and compare (``compare``). Everything lands in one folder, written
-whole or not at all.
+profiler (``capture --device DEVICE --profile``), simulate with the table (one in-order stream,
+eager host; the replayed graph, which is the profiled one op for op with the host gaps timed on
+meta) and compare (``compare``). Everything lands in one folder, written whole or not at all, and
+``summary.json`` lists each step that ran with the command that reproduces it (every setting given).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from pydantic import Field
 
 from opgraph.cli.common import check_output_path, console, handle_errors, new_table, print_notes
 from opgraph.ir import OpgraphError
-from opgraph.ir.tensor import FrozenModel
 
 if TYPE_CHECKING:
     from opgraph.ir import OpGraph
+    from opgraph.scenario.validation import ValidationStep, ValidationSummary
 
 __all__ = ["ValidationStep", "ValidationSummary", "register", "validate"]
 
 
+def __getattr__(name: str) -> Any:
+    """``ValidationStep`` and ``ValidationSummary`` (defined in :mod:`opgraph.scenario.validation`), imported
+    on first use: importing the scenario package at CLI start would slow every command."""
+    if name in ("ValidationStep", "ValidationSummary"):
+        from opgraph.scenario import validation
+
+        return getattr(validation, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class ValidateError(OpgraphError):
     """``validate`` cannot run as asked (no CUDA, a graph whose model cannot be found, ...)."""
-
-
-class ValidationStep(FrozenModel):
-    """One step of a validation: done or skipped (and why), and the files it wrote."""
-
-    name: str
-    done: bool
-    detail: str = ""
-    command: str = ""
-    """The CLI command the step stands for."""
-    files: tuple[str, ...] = ()
-    seconds: float = 0.0
-
-
-class ValidationSummary(FrozenModel):
-    """What ``opgraph validate`` measured and predicted (``summary.json`` of its folder)."""
-
-    model: str
-    device: str
-    device_name: str = ""
-    hardware: str
-    settings: dict[str, Any] = Field(default_factory=dict)
-    steps: tuple[ValidationStep, ...] = ()
-    gpu_time_err: float | None = None
-    """Predicted / measured device time - 1."""
-    wall_time_err: float | None = None
-    """Predicted / measured wall time (without the profiler) - 1."""
-    median_op_err: float | None = None
-    notes: tuple[str, ...] = ()
-    created: str = ""
 
 
 def register(app: typer.Typer) -> None:
@@ -134,8 +115,8 @@ def validate(
              attn_impl=attn_impl),
     )  # fmt: skip
     with staged_folder(output) as tmp:
-        summary = _run(tmp, output, graph, model_id, kw, device, hw, warm_l2=warm_l2, check=check,
-                       max_time=max_time, wall_repeats=wall_repeats)  # fmt: skip
+        summary = _run(tmp, output, graph, model_id, kw, device, hw, hw_name, captured=not _is_graph_file(target),
+                       warm_l2=warm_l2, check=check, max_time=max_time, wall_repeats=wall_repeats)  # fmt: skip
     console.print(f"wrote {output}/ (summary.json and {len(list(output.iterdir())) - 1} files)")
     del summary
 
@@ -196,24 +177,90 @@ def _is_graph_file(target: str) -> bool:
     return isinstance(data, dict) and "ops" in data and "metadata" in data
 
 
+_CAPTURE_FLAGS = {
+    "phase": "--phase", "batch": "--batch", "seq_len": "--seq-len", "kv_len": "--kv-len", "dtype": "--dtype",
+    "layers": "--layers", "attn_impl": "--attn-impl", "moe_skew": "--moe-skew",
+}  # fmt: skip
+"""Capture settings as ``opgraph capture`` takes them, in the order the recorded commands give them."""
+
+PROFILE_WALL_REPEATS = 3
+"""Plain runs ``opgraph capture --profile`` times (``profile_capture``'s default)."""
+
+
+_UNREAD_BY_PHASE = {"prefill": "kv_len", "decode": "seq_len"}
+"""The size a phase does not read (``opgraph capture`` refuses it): a prefill's prompt is ``seq_len``, a decode
+step's context ``kv_len``."""
+
+
+def _capture_args(kw: dict[str, Any]) -> list[str]:
+    """Every capture setting in ``kw`` that the phase reads, as ``opgraph capture`` flags (none left to a default)."""
+    unread = _UNREAD_BY_PHASE.get(str(kw.get("phase")))
+    args: list[str] = []
+    for key, flag in _CAPTURE_FLAGS.items():
+        value = kw.get(key)
+        if value is not None and key != unread:
+            args += [flag, str(value)]
+    return args
+
+
+def _run_cli(args: list[str]) -> list[str]:
+    """Run ``opgraph ARGS`` in-process and return the warnings it printed (``warning: `` dropped).
+
+    Its printed output is held back; its failure ends ``validate`` with its one error line and exit status.
+    """
+    import contextlib
+    import io
+    import sys
+
+    import typer.main
+
+    from opgraph.cli.app import app
+
+    err = io.StringIO()
+    with console.capture(), contextlib.redirect_stderr(err):
+        code = typer.main.get_command(app).main(args=args, prog_name="opgraph", standalone_mode=False)
+    lines = err.getvalue().splitlines()
+    if isinstance(code, int) and code != 0:
+        errors = [line for line in lines if line.startswith("error: ")] or lines[-1:]
+        print("\n".join(errors), file=sys.stderr)
+        raise typer.Exit(code)
+    return [line.removeprefix("warning: ") for line in lines if line.strip()]
+
+
+def _command(*args: object) -> str:
+    """A command line a shell reads back as ``args`` (paths with spaces quoted)."""
+    import shlex
+
+    return shlex.join(["opgraph", *map(str, args)])
+
+
 def _run(
-    tmp: Path, output: Path, graph: OpGraph, model_id: str, kw: dict[str, Any], device: str, hw: Any, *,
-    warm_l2: bool, check: bool, max_time: float, wall_repeats: int,
+    tmp: Path, output: Path, graph: OpGraph, model_id: str, kw: dict[str, Any], device: str, hw: Any, hw_spec: str,
+    *, captured: bool, warm_l2: bool, check: bool, max_time: float, wall_repeats: int,
 ) -> ValidationSummary:  # fmt: skip
-    """Every step into ``tmp`` (the staged folder); prints the tables; returns the summary it wrote."""
-    from hardware import TableModel, fit_cost_table
-    from opgraph.capture.hosttime import carry_host_gaps
+    """Every step into ``tmp`` (the staged folder); prints the tables; returns the summary it wrote.
+
+    Each step runs with the settings its recorded command gives, so that the command, run on the
+    folder's files, writes the same file (the same numbers where the step computes rather than
+    measures).
+    """
+    from hardware import TableModel
+    from hardware.models.table import CostTable
     from opgraph.capture.profile import profile_capture
-    from opgraph.cli.commands.calibrate import replay_measurements
+    from opgraph.cli.commands.compare import _comparable
     from opgraph.compare import compare_timelines, comparison_tables
     from opgraph.ir import save_graph, save_model, save_timeline
+    from opgraph.scenario.validation import ValidationStep, ValidationSummary
     from opgraph.study import run_study, study_config
     from validators import ReplayOptions, TimingConfig, cost_estimator, run_replay
 
     dev = device.split(":")[0]
     steps: list[ValidationStep] = []
     notes: list[str] = []
-    out = output  # the names the summary and the printed commands use
+
+    def at(name: str) -> str:
+        """``name`` in the output folder, as the recorded commands name it."""
+        return str(output / name)
 
     def step(name: str, t0: float, command: str, files: tuple[str, ...] = (), detail: str = "") -> None:
         steps.append(ValidationStep(name=name, done=True, detail=detail, command=command, files=files,
@@ -227,17 +274,24 @@ def _run(
     if not host_timed:
         notes.append("the graph has no host timing: the simulated wall time has no framework time between ops "
                      "(capture the model with --host-timing)")  # fmt: skip
-    step("capture", t0, f"opgraph capture {model_id} --host-timing -o {out}/graph.json.gz", ("graph.json.gz",),
-         f"{len(graph.ops)} ops" + (", host timed" if host_timed else ""))  # fmt: skip
+    ops_detail = f"{len(graph.ops)} ops" + (", host timed" if host_timed else "")
+    if captured:
+        step("capture", t0, _command("capture", model_id, *_capture_args(kw), "--device", "meta", "--host-timing",
+                                     "-o", at("graph.json.gz")), ("graph.json.gz",), ops_detail)  # fmt: skip
+    else:  # the given graph, copied in: no command ran
+        step("graph", t0, "", ("graph.json.gz",), f"the given graph ({ops_detail})")
 
     # 2. replay every unique config (as `opgraph replay`, the L2 flushed before each call on CUDA)
     t0 = time.perf_counter()
     cold = dev == "cuda" and not warm_l2
     timing = TimingConfig(cold_l2=cold, max_time_s=max_time)
     options = ReplayOptions(timing=timing, check=check)
-    run = run_replay([graph], device=device, out=tmp / "replay.jsonl", options=options, estimate=cost_estimator(hw))
-    cold_flag = " --cold-l2" if cold else ""
-    step("replay", t0, f"opgraph replay {out}/graph.json.gz --device {device}{cold_flag} -o {out}/replay.jsonl",
+    run = run_replay([str(tmp / "graph.json.gz")], device=device, out=tmp / "replay.jsonl", options=options,
+                     estimate=cost_estimator(hw))  # fmt: skip
+    l2_flag = "--cold-l2" if cold else "--warm-l2"
+    check_flag = "--check" if check else "--no-check"
+    step("replay", t0, _command("replay", at("graph.json.gz"), "--device", device, l2_flag, check_flag,
+                                "--max-time", max_time, "--hardware", hw_spec, "-o", at("replay.jsonl")),
          ("replay.jsonl",), f"{run.device_name}: {run.coverage.line()}")  # fmt: skip
     if dev != "cuda":
         notes.append("the CPU replay times each op as a whole call (no L2 flush, no kernel timer)")
@@ -245,61 +299,60 @@ def _run(
     # 3. host issue right before the run (CUDA)
     t0 = time.perf_counter()
     issue_us: dict[str, float] = {}
-    issue_cmd = f"opgraph replay {out}/graph.json.gz --device {device} --issue-only -o {out}/issue.json"
     if dev == "cuda":
         from validators.runner import time_issue
 
-        issue_opts = ReplayOptions(check=False, energy=False, sm_clock=False, timing=timing)
-        seq = time_issue([graph], device=device, out=tmp / "issue.json", options=issue_opts)
+        issue_opts = ReplayOptions(check=False, energy=False, timing=timing)  # `--no-check --no-energy`
+        seq = time_issue([str(tmp / "graph.json.gz")], device=device, out=tmp / "issue.json", options=issue_opts)
         issue_us = seq.us_by_key
-        step("issue", t0, issue_cmd, ("issue.json",), f"{len(issue_us)} configs issued in the graph's order")
+        step("issue", t0, _command("replay", at("graph.json.gz"), "--device", device, "--issue-only", l2_flag,
+                                   "--no-check", "--no-energy", "--max-time", max_time, "-o", at("issue.json")),
+             ("issue.json",), f"{len(issue_us)} configs issued in the graph's order")  # fmt: skip
     else:
-        reason = "issue timing needs CUDA (on a CPU a call runs the whole op): the replay's host times are used"
-        steps.append(ValidationStep(name="issue", done=False, detail=reason, command=issue_cmd))
-        console.print(f"[bold]issue[/bold]: skipped ({reason})")
+        notes.append("no issue timing (it needs CUDA: on a CPU a call runs the whole op): the calibration takes "
+                     "the replay's host times")  # fmt: skip
 
-    # 4. calibrate (as `opgraph calibrate --issue`)
+    # 4. calibrate: `opgraph calibrate` itself, in-process, so that what it fits (and leaves out) is
+    # exactly what its recorded command does on the folder's files
     t0 = time.perf_counter()
-    measurements, _devices, from_issue, total = replay_measurements([tmp / "replay.jsonl"], issue_us)
-    if not measurements:
-        raise ValidateError(
-            f"none of the {total} replay results has a usable timing", where=str(tmp / "replay.jsonl"),
-            hint="see replay.jsonl's statuses (unsupported ops carry no time)",
-        )  # fmt: skip
-    table = fit_cost_table(measurements, hw, source={"replays": "replay.jsonl", "validate": model_id})
-    table.save(tmp / "calibrated.json")
-    issue_arg = f" --issue {out}/issue.json" if issue_us else ""
-    fitted = f"{len(measurements)} configs" + (f", {from_issue} issue times" if issue_us else "")
-    step("calibrate", t0, f"opgraph calibrate {out}/replay.jsonl{issue_arg} -H {hw.name} -o {out}/calibrated.json",
-         ("calibrated.json",), fitted)  # fmt: skip
 
-    # 5. the real model under the profiler
+    def calibrate_args(place: Callable[[str], str]) -> list[str]:
+        issue_args = ["--issue", place("issue.json")] if issue_us else []
+        return ["calibrate", place("replay.jsonl"), *issue_args, "--hardware", hw_spec, "-o", place("calibrated.json")]
+
+    notes += [f"calibrate: {w}" for w in _run_cli(calibrate_args(lambda name: str(tmp / name)))]
+    table = CostTable.load(tmp / "calibrated.json")
+    fitted = f"{len(table.entries)} configs" + (f", issue times from {len(issue_us)} configs" if issue_us else "")
+    step("calibrate", t0, _command(*calibrate_args(at)), ("calibrated.json",), fitted)
+
+    # 5. the real model under the profiler (as `opgraph capture --profile`: the graph and timeline it writes)
     t0 = time.perf_counter()
     pc = profile_capture(model_id, device=device, wall_repeats=wall_repeats, **kw)
-    # The profiled graph is the replayed one op for op: it takes the host gaps timed on meta, so that
-    # simulating the saved file (the command printed below) gives the same prediction.
-    carried = host_timed and _same_ops(graph, pc.graph)
-    sim_graph = carry_host_gaps(graph, pc.graph) if carried else pc.graph
-    save_graph(sim_graph, tmp / "profiled.graph.json.gz")
-    measured = pc.timeline.model_copy(update={"wall_us": pc.wall_us})
-    if dev == "cpu":
-        from opgraph.compare import CPU_PROFILE_NOTE, cpu_device_view
-
-        measured = cpu_device_view(measured)
-        notes.append(CPU_PROFILE_NOTE)
-    save_timeline(measured, tmp / "measured.timeline.json.gz")
+    save_graph(pc.graph, tmp / "profiled.graph.json.gz")
+    save_timeline(pc.timeline, tmp / "measured.timeline.json.gz")
     routing = [a for a in pc.graph.metadata.assumptions if "MoE routing is modelled" in a]
-    if host_timed and not carried:
-        notes.append("the profiled graph differs from the replayed one op for op: its host gaps are not the meta's")
     if routing:
         notes.append("the profiled run is not the unmodified model: capture replaces its MoE routing (" + routing[0]
                      + "); issue 18 item 5 asks for the model's own routing")  # fmt: skip
-    step("profile", t0, f"opgraph capture {model_id} --device {device} --profile -o {out}/profiled.graph.json.gz "
-         f"--timeline {out}/measured.timeline.json.gz", ("profiled.graph.json.gz", "measured.timeline.json.gz"),
-         f"wall {pc.wall_us:,.1f} us (median of {wall_repeats}), {len(measured.spans)} spans")  # fmt: skip
+    profile_detail = f"wall {pc.wall_us:,.1f} us (median of {wall_repeats}), {len(pc.timeline.spans)} spans"
+    if wall_repeats != PROFILE_WALL_REPEATS:
+        profile_detail += (f"; `capture --profile` times {PROFILE_WALL_REPEATS} plain runs (it has no "
+                           "--wall-repeats), so its wall differs by run-to-run noise")  # fmt: skip
+    step("profile", t0, _command("capture", model_id, *_capture_args(kw), "--device", device, "--profile",
+                                 "-o", at("profiled.graph.json.gz"), "--timeline", at("measured.timeline.json.gz")),
+         ("profiled.graph.json.gz", "measured.timeline.json.gz"), profile_detail)  # fmt: skip
 
-    # 6. simulate the profiled graph with the table (one in-order stream, eager host)
+    # 6. simulate with the table (one in-order stream, eager host). The replayed graph is the profiled
+    # one op for op (same ids, same configs) and holds the host gaps timed on meta: simulating it
+    # predicts the profiled run's ops with the framework's time between them.
     t0 = time.perf_counter()
+    if host_timed and _same_ops(graph, pc.graph):
+        sim_graph, sim_file = graph, "graph.json.gz"
+    else:
+        sim_graph, sim_file = pc.graph, "profiled.graph.json.gz"
+        if host_timed:
+            notes.append("the profiled graph differs from the replayed one op for op: the profiled graph is "
+                         "simulated, without the meta's host gaps")  # fmt: skip
     config = study_config(1, policy="stream", skip_uncosted=True)
     study = run_study(sim_graph, table.hardware or hw, TableModel(table), config)
     simulated = study.result.timeline()
@@ -307,16 +360,33 @@ def _run(
     uncosted = study.result.stats().uncosted
     if uncosted:
         notes.append(f"{len(uncosted)} op(s) the table could not cost were simulated as free")
-    step("simulate", t0, f"opgraph simulate {out}/profiled.graph.json.gz -H {out}/calibrated.json -c "
-         f"{out}/calibrated.json --policy stream --skip-uncosted -o {out}/simulated.timeline.json.gz",
+    step("simulate", t0, _command("simulate", at(sim_file), "--hardware", at("calibrated.json"), "--cost-model",
+                                  at("calibrated.json"), "--engines", 1, "--policy", "stream", "--host", "eager",
+                                  "--skip-uncosted", "-o", at("simulated.timeline.json.gz")),
          ("simulated.timeline.json.gz",), f"makespan {study.result.stats().makespan_us:,.1f} us")  # fmt: skip
 
-    # 7. compare
+    # 7. compare (as `opgraph compare --json`: the CPU profile read as its device work, with the same notes)
     t0 = time.perf_counter()
-    comparison = compare_timelines(simulated, measured, graph=pc.graph)
+    compare_notes: list[str] = []
+    pred = _comparable(simulated, tmp / "simulated.timeline.json.gz", "predicted", compare_notes)
+    ref = _comparable(pc.timeline, tmp / "measured.timeline.json.gz", "reference", compare_notes)
+    comparison = compare_timelines(pred, ref, graph=pc.graph)
+    if compare_notes:
+        comparison = comparison.model_copy(update={"notes": (*compare_notes, *comparison.notes)})
     save_model(comparison, tmp / "comparison.json")
-    step("compare", t0, f"opgraph compare {out}/simulated.timeline.json.gz {out}/measured.timeline.json.gz "
-         f"--graph {out}/profiled.graph.json.gz", ("comparison.json",))  # fmt: skip
+    step("compare", t0, _command("compare", at("simulated.timeline.json.gz"), at("measured.timeline.json.gz"),
+                                 "--graph", at("profiled.graph.json.gz"), "--json", at("comparison.json")),
+         ("comparison.json",))  # fmt: skip
+    if dev == "cpu":
+        from opgraph.compare import CPU_PROFILE_NOTE
+
+        notes.append(CPU_PROFILE_NOTE)
+        notes.append(
+            f"on the CPU the profiler's and recorder's overhead lands in every op's span: the measured device "
+            f"time and the compared wall are the profiled run's own ({pc.wall_profiled_us:,.1f} us), so that one "
+            f"holds the other; the plain runs took {pc.wall_us:,.1f} us (median of {wall_repeats}), and "
+            "wall_time_err in summary.json compares with them"
+        )
     for title, columns, rows in comparison_tables(comparison):
         if not (title.startswith("End to end") or title == "By kind"):
             continue
@@ -328,12 +398,14 @@ def _run(
         console.print(shown)
     print_notes(notes)
 
-    def err(metric: str) -> float | None:
+    def predicted_and_measured(metric: str) -> tuple[float, float] | None:
         for row in comparison.end_to_end:
             if row.metric == metric and row.reference_us > 0:
-                return row.predicted_us / row.reference_us - 1
+                return row.predicted_us, row.reference_us
         return None
 
+    gpu = predicted_and_measured("gpu_time")
+    wall = predicted_and_measured("wall_time")
     import torch
 
     summary = ValidationSummary(
@@ -343,9 +415,11 @@ def _run(
         hardware=hw.name,
         settings=kw,
         steps=tuple(steps),
-        gpu_time_err=err("gpu_time"),
-        wall_time_err=err("wall_time"),
+        gpu_time_err=gpu[0] / gpu[1] - 1 if gpu else None,
+        wall_time_err=wall[0] / pc.wall_us - 1 if wall and pc.wall_us > 0 else None,
         median_op_err=comparison.median_abs_rel_error,
+        wall_us=pc.wall_us,
+        wall_profiled_us=pc.wall_profiled_us,
         notes=tuple(notes),
         created=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()),
     )

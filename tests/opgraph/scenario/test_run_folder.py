@@ -74,3 +74,105 @@ def test_a_folder_of_other_files_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="not an earlier run's"):
         run_scenario(_scenario(tmp_path, ""), out, reports=False)
     assert (out / "notes.txt").read_text() == "mine"
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _users_folder(tmp_path: Path, summary: str) -> Path:
+    """A folder of the user's own data that happens to hold a ``summary.json``."""
+    out = tmp_path / "out"
+    (out / "raw").mkdir(parents=True)
+    (out / "summary.json").write_text(summary)
+    (out / "results.csv").write_text("step,loss\n1,0.5\n")
+    (out / "raw" / "run1.bin").write_bytes(b"\x00\x01")
+    return out
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        '{"total": 3, "passed": true}',  # another tool's summary
+        "not json at all",
+    ],
+)
+def test_run_refuses_a_folder_whose_summary_is_not_a_runs(tmp_path: Path, summary: str) -> None:
+    # QA: `opgraph run SCENARIO -o DIR` deleted any folder holding a file named summary.json.
+    from conftest import cli_runner, one_error_line
+
+    from opgraph.cli.app import app
+
+    out = _users_folder(tmp_path, summary)
+    before = _tree(out)
+    err = one_error_line(cli_runner().invoke(app, ["run", str(_scenario(tmp_path, "")), "-o", str(out), "--no-report"]))
+    assert "not an earlier run's" in err and str(out) in err and "new or empty folder" in err
+    assert _tree(out) == before
+    assert _leftovers(tmp_path) == []
+
+
+def test_run_refuses_an_earlier_runs_folder_with_other_files_added(tmp_path: Path) -> None:
+    # A real run's summary.json is not enough: every file beside it must be one it lists.
+    from conftest import cli_runner, one_error_line
+
+    from opgraph.cli.app import app
+
+    out = tmp_path / "out"
+    path = _scenario(tmp_path, "")
+    assert cli_runner().invoke(app, ["run", str(path), "-o", str(out), "--no-report"]).exit_code == 0
+    (out / "my-notes.txt").write_text("mine")
+    before = _tree(out)
+    err = one_error_line(cli_runner().invoke(app, ["run", str(path), "-o", str(out), "--no-report"]))
+    assert "my-notes.txt" in err and "not an earlier run's" in err
+    assert _tree(out) == before
+
+
+def test_run_replaces_a_real_earlier_runs_folder(tmp_path: Path) -> None:
+    from conftest import cli_runner
+
+    from opgraph.cli.app import app
+
+    out = tmp_path / "out"
+    first = _scenario(tmp_path, "", engines='"1..3"')
+    assert cli_runner().invoke(app, ["run", str(first), "-o", str(out), "--no-report"]).exit_code == 0
+    assert (out / f"{GRAPH.split('.graph')[0]}.3eng.timeline.json.gz").is_file()
+    second = _scenario(tmp_path, "", engines="[1]")
+    res = cli_runner().invoke(app, ["run", str(second), "-o", str(out), "--no-report"])
+    assert res.exit_code == 0, res.stderr
+    listed = json.loads((out / "summary.json").read_text())["artefacts"]
+    assert sorted(_tree(out)) == sorted(listed)  # the second run's files only
+    assert _leftovers(tmp_path) == []
+
+
+def test_files_written_into_the_folder_during_a_run_are_kept(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The folder is checked again right before the swap: a file the user saved into it meanwhile
+    # makes the run stop with the one-line error, the earlier run and the new file as they were.
+    out = tmp_path / "out"
+    run_scenario(_scenario(tmp_path, ""), out, reports=False)
+    real_check_phase = opgraph.scenario.runner.check_phase
+
+    def user_saves_a_file(*args: object, **kwargs: object) -> object:
+        (out / "saved-meanwhile.txt").write_text("mine")
+        return real_check_phase(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(opgraph.scenario.runner, "check_phase", user_saves_a_file)
+    before_names = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ScenarioError, match=r"saved-meanwhile\.txt"):
+        run_scenario(_scenario(tmp_path, ""), out, reports=False)
+    assert sorted(p.name for p in out.iterdir()) == sorted([*before_names, "saved-meanwhile.txt"])
+    assert (out / "saved-meanwhile.txt").read_text() == "mine"
+    assert _leftovers(tmp_path) == []
+
+
+def test_summary_files_recognises_only_this_tools_summaries(tmp_path: Path) -> None:
+    from opgraph.scenario.folder import summary_files
+    from opgraph.scenario.validation import ValidationStep, ValidationSummary
+
+    out = tmp_path / "out"
+    summary = run_scenario(_scenario(tmp_path, ""), out, reports=False)
+    assert summary_files((out / "summary.json").read_text()) == frozenset(summary.artefacts)
+    val = ValidationSummary(model="m", device="cpu", hardware="cpu",
+                            steps=(ValidationStep(name="replay", done=True, files=("replay.jsonl",)),))  # fmt: skip
+    assert summary_files(val.model_dump_json()) == {"summary.json", "replay.jsonl"}
+    for foreign in ('{"artefacts": ["a"]}', "[1, 2]", '{"model": "m"}', ""):
+        assert summary_files(foreign) is None
