@@ -47,6 +47,15 @@ REPLAYED = frozenset({ReplayStatus.OK, ReplayStatus.MISMATCH})
 """Statuses of configs that ran and were timed."""
 
 
+UNSETTLED_CI = 0.05
+"""A median whose 95% confidence half-width is over this fraction of it is unsettled (too few samples
+for their spread): replay flags it and ``calibrate`` leaves it out of the fit unless told otherwise."""
+
+UNSETTLED_SPREAD = 0.25
+"""Samples whose interquartile range is over this fraction of their median make a timing unsettled
+(a machine busy with other work, clocks moving): the median is not the op's time."""
+
+
 MeasuredTimer = Literal["cuda_kernels", "cuda_events", "cuda_events_no_lead", "perf_counter", "events", "cuda_graph"]
 """The clock a :class:`TimingStats` was measured with (the values replay has ever written)."""
 
@@ -104,6 +113,21 @@ class TimingStats(FrozenModel):
         if self.median_us <= 0:
             return 0.0
         return 1.57 * self.iqr_us / math.sqrt(self.samples) / self.median_us
+
+    @property
+    def instability(self) -> str:
+        """Why the median is not to be trusted as the op's time, ``""`` when it settled.
+
+        Unsettled: its 95% confidence half-width is over :data:`UNSETTLED_CI` of it (``median ±16%
+        after 9 samples``), or the samples spread (IQR / median) over :data:`UNSETTLED_SPREAD`.
+        A timing that did not reach replay's tighter ``--target-ci`` but is within these is settled.
+        """
+        why = []
+        if self.ci_rel > UNSETTLED_CI:
+            why.append(f"median ±{100 * self.ci_rel:.2g}% after {self.samples} samples")
+        if self.spread > UNSETTLED_SPREAD:
+            why.append(f"spread {self.spread:.0%}")
+        return ", ".join(why)
 
 
 class NumericCheck(FrozenModel):
@@ -263,10 +287,11 @@ class ResultWriter:
         self.close()
 
 
-def iter_results(path: str | Path, *, strict: bool = False) -> Iterator[ReplayResult]:
+def iter_results(path: str | Path, *, strict: bool = False, skipped: list[int] | None = None) -> Iterator[ReplayResult]:
     """Every record of a JSONL file in order; bad lines raise when ``strict``, else are skipped.
 
     A torn last line (no newline, not valid JSON) is always skipped: it is what a crash leaves.
+    ``skipped``, when given, gets the (1-based) number of every line skipped, the torn one included.
     """
     p = Path(path)
     if not p.exists():
@@ -281,23 +306,91 @@ def iter_results(path: str | Path, *, strict: bool = False) -> Iterator[ReplayRe
             yield ReplayResult.model_validate_json(line)
         except ValidationError as exc:
             torn = i == last
+            if skipped is not None:
+                skipped.append(i + 1)
             if strict and not torn:
                 first = exc.errors()[0]
                 loc = ".".join(str(x) for x in first["loc"]) or "(line)"
                 raise LoadError(f"line {i + 1}: {loc}: {first['msg']}", where=str(p)) from None
 
 
-def load_results(path: str | Path, *, strict: bool = False) -> list[ReplayResult]:
+def load_results(path: str | Path, *, strict: bool = False, skipped: list[int] | None = None) -> list[ReplayResult]:
     """The results of a replay JSONL file, newest record per config key, in first-seen order.
 
     This is what calibration reads: each result carries the op, device name, dtype, median and
-    spread in microseconds, and its status.
+    spread in microseconds, and its status. ``skipped`` gets the numbers of the lines skipped
+    (:func:`iter_results`).
     """
     by_key: dict[str, ReplayResult] = {}
-    for r in iter_results(path, strict=strict):
+    for r in iter_results(path, strict=strict, skipped=skipped):
         by_key.pop(r.key, None)
         by_key[r.key] = r
     return list(by_key.values())
+
+
+_JSON_KINDS: tuple[tuple[frozenset[str], str], ...] = (
+    (frozenset({"traceEvents"}), "a profiler trace"),
+    (frozenset({"ops", "edges"}), "an op graph (`opgraph capture`)"),
+    (frozenset({"source", "spans"}), "a timeline"),
+    (frozenset({"us_by_key"}), "host issue times (`opgraph replay --issue-only`: give them to --issue)"),
+    (frozenset({"makespan_us", "engines"}), "simulation statistics"),
+)
+_FORMATS = {
+    "opgraph.cost_table": "a calibrated cost table (`opgraph calibrate`)",
+    "opgraph.device_profile": "a device profile (`opgraph profile`)",
+}
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, dict):
+        fmt = value.get("format")
+        if isinstance(fmt, str) and fmt in _FORMATS:
+            return _FORMATS[fmt]
+        for keys, kind in _JSON_KINDS:
+            if keys <= value.keys():
+                return kind
+        shown = ", ".join(list(value)[:5]) + (", ..." if len(value) > 5 else "")
+        return f"a JSON object (keys {shown})"
+    return f"a JSON {type(value).__name__}"
+
+
+def describe_file(path: str | Path) -> str:
+    """What a file that holds no replay result is, in a few words (``an op graph (`opgraph capture`)``,
+    ``collective measurements ...``, ``not JSON lines``), for an error that names it; ``"an empty
+    file"`` when it has nothing in it."""
+    import gzip
+    import json
+    import zlib
+
+    data = Path(path).read_bytes()
+    packed = data[:2] == b"\x1f\x8b"
+    if packed:
+        try:
+            data = gzip.decompress(data)
+        except (EOFError, OSError, zlib.error):
+            return "gzip data that does not decompress"
+    suffix = ", gzip-compressed" if packed else ""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "binary data, not JSON lines"
+    if not text.strip():
+        return "an empty file"
+    lines = False
+    try:
+        record = json.loads(text)  # one JSON document (or a single line)
+    except json.JSONDecodeError:
+        lines = True
+        try:
+            record = json.loads(next(line for line in text.split("\n") if line.strip()))
+        except json.JSONDecodeError:
+            return f"not JSON lines (its first line is not JSON){suffix}"
+    if isinstance(record, dict) and {"collective", "group_size"} <= record.keys():
+        return "collective measurements (`opgraph replay --collectives`: fit them with --collectives)"
+    if isinstance(record, dict) and {"key", "status"} <= record.keys():
+        return f"replay results none of which this opgraph can read{suffix}"
+    kind = _json_kind(record)
+    return (f"JSON lines of {kind}, not replay results" if lines else kind) + suffix
 
 
 def done_keys(paths: Iterable[str | Path]) -> set[str]:
@@ -381,6 +474,8 @@ class RunToRun(FrozenModel):
 
     configs: int
     """Configs timed in both runs and at least ``min_us`` long."""
+    common: int | None = None
+    """Configs timed in both runs, of any length (``None`` in records written before it was kept)."""
     min_us: float
     """Shortest median considered."""
     median_rel: float
@@ -399,7 +494,14 @@ class RunToRun(FrozenModel):
     """SM clocks of the worst config in the two runs, when both recorded one."""
 
     def line(self) -> str:
-        """One line for the CLI."""
+        """One line for the CLI (that there is nothing to compare, when no config is in both runs)."""
+        if not self.configs:
+            if not self.common:
+                return "run-to-run: no config timed in both runs: nothing to compare with the baseline"
+            return (
+                f"run-to-run: {self.common} config(s) timed in both runs, none over {self.min_us:g} us: "
+                "nothing to compare with the baseline"
+            )
         return (
             f"run-to-run: {self.configs} configs over {self.min_us:g} us; |Δmedian| median "
             f"{100 * self.median_rel:.2f}%, p95 {100 * self.p95_rel:.2f}%, max {100 * self.max_rel:.2f}% "
@@ -418,10 +520,12 @@ def run_to_run(a: Iterable[ReplayResult], b: Iterable[ReplayResult], *, min_us: 
     first = {r.key: r for r in a if r.timing is not None}
     diffs: list[tuple[float, str, tuple[float, float] | None]] = []
     clock_rel: list[float] = []
+    common = 0
     for r in b:
         other = first.get(r.key)
         if r.timing is None or other is None or other.timing is None:
             continue
+        common += 1
         ma, mb = other.timing.median_us, r.timing.median_us
         if min(ma, mb) < min_us:
             continue
@@ -431,12 +535,13 @@ def run_to_run(a: Iterable[ReplayResult], b: Iterable[ReplayResult], *, min_us: 
             clock_rel.append(abs(ca - cb) / ((ca + cb) / 2))
         diffs.append((abs(ma - mb) / ((ma + mb) / 2), r.definition, clocks))
     if not diffs:
-        return RunToRun(configs=0, min_us=min_us, median_rel=0.0, p95_rel=0.0, max_rel=0.0)
+        return RunToRun(configs=0, common=common, min_us=min_us, median_rel=0.0, p95_rel=0.0, max_rel=0.0)
     rel = sorted(d for d, _, _ in diffs)
     worst = max(diffs, key=lambda d: d[0])
     p95 = rel[min(len(rel) - 1, math.ceil(0.95 * len(rel)) - 1)]
     return RunToRun(
         configs=len(rel),
+        common=common,
         min_us=min_us,
         median_rel=statistics.median(rel),
         p95_rel=p95,

@@ -142,6 +142,18 @@ def test_cli_profile_cpu(tmp_path: Path) -> None:
     assert code == 0 and f"{len(sweep_points('cpu'))} points" in text
 
 
+def test_cli_profile_plan_needs_no_output_and_prints_tags_and_sizes() -> None:
+    code, text = _cli("profile", "--device", "cpu", "--plan")
+    assert code == 0, text
+    lines = text.splitlines()
+    assert "[launch]" in lines[0]  # printed as text, not eaten as rich markup
+    gemm = [ln.split()[-1] for ln in lines if " gemm.256 " in ln]
+    assert gemm == ["m=1", "m=128", "m=16"]  # the size along the series tells the rows apart
+    assert any(ln.endswith("q_len=128 kv_len=128") for ln in lines)
+    code, text = _cli("profile", "--device", "cpu")
+    assert code == 2 and text.startswith("error: -o/--out:") and len(text.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize(
     ("args", "where"),
     [

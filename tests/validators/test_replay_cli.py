@@ -69,6 +69,40 @@ def test_newer_schema_graph_is_reported_and_the_rest_runs(graphs: tuple[Path, Pa
     assert "error:" in only.output and "could be loaded" in only.output
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--timer", "events"], "--timer: --timer events only applies to CUDA"),
+        (["--min-samples", "50", "--max-samples", "10"], "--min-samples: 50 is more than --max-samples 10"),
+        (["--min-samples", "0"], "--min-samples: 0 is out of range"),
+        (["--max-samples", "0", "--min-samples", "0"], "--min-samples: 0 is out of range"),
+        (["--limit", "0"], "--limit: 0 is out of range"),
+        (["--limit", "-3"], "--limit: -3 is out of range"),
+    ],
+)
+def test_options_that_would_be_ignored_are_one_line_errors(
+    graphs: tuple[Path, Path], tmp_path: Path, args: list[str], message: str
+) -> None:
+    out = tmp_path / "r.jsonl"
+    res = CliRunner().invoke(app, ["replay", str(graphs[1]), "-o", str(out), *args])
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith("error: ") and message in lines[0]
+    assert not out.exists()
+
+
+def test_baseline_without_a_common_config_says_so(graphs: tuple[Path, Path], tmp_path: Path) -> None:
+    base = tmp_path / "base.jsonl"
+    res = CliRunner().invoke(app, ["replay", str(graphs[0]), "-o", str(base), "--kinds", "norm", *FAST_ARGS, "-q"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "r.jsonl"
+    args = ["replay", str(graphs[1]), "-o", str(out), "--baseline", str(base), *FAST_ARGS, "-q"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    line = " ".join(res.output.split()).split("run-to-run: ")[1].split(" results:")[0]
+    assert line == "no config timed in both runs: nothing to compare with the baseline"
+
+
 @pytest.mark.parametrize("device", ["cuda:7", "warp-drive"])
 def test_bad_device_is_one_line(graphs: tuple[Path, Path], tmp_path: Path, device: str) -> None:
     if device == "cuda:7" and torch.cuda.device_count() > 7:

@@ -95,6 +95,39 @@ def test_run_to_run_spread() -> None:
     assert rr.over_2pct == 0 and rr.worst == "def_a"
 
 
+def test_run_to_run_without_a_common_config_says_so() -> None:
+    # Not "|Δmedian| median 0.00%": nothing was compared, which is no agreement at all.
+    none = run_to_run([_result("a", 100.0)], [_result("b", 100.0)])
+    assert none.configs == 0 and none.common == 0
+    assert none.line() == "run-to-run: no config timed in both runs: nothing to compare with the baseline"
+    short = run_to_run([_result("c", 5.0)], [_result("c", 9.0)], min_us=20.0)
+    assert short.common == 1 and "none over 20 us" in short.line() and "0.00%" not in short.line()
+
+
+def test_unsettled_timings_are_flagged_and_listed_in_replays_summary() -> None:
+    from opgraph.cli.commands.replay import timing_line
+
+    tight = summarize([20.0, 20.1, 19.9, 20.0, 20.05] * 4, converged=False)  # short of 0.5%, still settled
+    assert tight.instability == ""
+    # the QA case: a ~20 us op timed at ~6 ms, 9 samples spread 31%
+    noisy = summarize([4200.0, 6035.0, 7900.0, 4600.0, 6035.0, 8100.0, 4300.0, 7000.0, 6035.0], converged=False)
+    assert noisy.spread > 0.25
+    assert noisy.instability.startswith("median ±")
+    assert noisy.instability.endswith(f"after 9 samples, spread {noisy.spread:.0%}")
+    many = summarize([10.0, 15.0, 20.0] * 300)  # a known median, but samples all over it
+    assert many.instability == "spread 67%"
+    results = [
+        _result("a", 100.0).model_copy(update={"timing": tight}),
+        _result("b", 100.0).model_copy(update={"timing": noisy}),
+        _result("c", 100.0),
+    ]
+    line = timing_line(results, 0.005)
+    assert line.startswith("timing: 2 of 3 timed configs did not reach --target-ci 0.50%; 1 unsettled")
+    assert "def_b (median ±" in line and "def_a" not in line and "--keep-unconverged" in line
+    assert timing_line(results[:1], 0.005).endswith("(none unsettled: each median is known within ±5%)")
+    assert timing_line(results[2:], 0.005) == ""
+
+
 def test_summarize_statistics() -> None:
     s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
     assert s.median_us == 3.0 and s.min_us == 1.0 and s.samples == 5

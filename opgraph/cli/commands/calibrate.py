@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,7 +12,8 @@ import typer
 from opgraph.cli.common import check_output_path, command, console, new_table
 
 if TYPE_CHECKING:
-    from hardware import Measurement
+    from hardware import HardwareSpec, Measurement
+    from validators.results import ReplayResult
 
 
 @command("calibrate")
@@ -55,6 +58,12 @@ def calibrate(
     include_mismatch: bool = typer.Option(
         True, "--include-mismatch/--ok-only", help="Use timings of configs whose numeric check failed."
     ),
+    keep_unconverged: bool = typer.Option(
+        False,
+        "--keep-unconverged",
+        help="Fit unsettled timings too (a median's 95% confidence over ±5%, or samples spread over 25%); "
+        "by default they are left out, listed, and the table's notes say so.",
+    ),
 ) -> None:
     """Fit the table cost model (measured times, per-kind efficiency, launch and host overheads) from replays.
 
@@ -80,25 +89,36 @@ def calibrate(
         )
     if hardware_name is None:
         raise OpgraphError("missing the device replayed on", where="--hardware", hint="e.g. -H h100")
+    hw = load_hardware(hardware_name)
     issue_us: dict[str, float] = {}
     if issue is not None:
         from validators import load_issue
 
         issue_us = load_issue(issue).us_by_key
-    measurements, devices, from_issue, total = replay_measurements(replays, issue_us, include_mismatch)
-    if not measurements:
+    got = collect_replays(replays, issue_us, include_mismatch, keep_unsettled=keep_unconverged)
+    check_replay_devices(got.timed, hw)
+    if got.unsettled and not keep_unconverged and not got.measurements:
         raise OpgraphError(
-            f"none of the {total} results has a usable timing",
+            f"all {len(got.unsettled)} timed results are unsettled ({_unsettled_names(got.unsettled)})",
+            where=", ".join(map(str, replays)),
+            hint="replay again with more samples (--min-samples, --max-time) on a quiet machine, "
+            "or fit them anyway with --keep-unconverged",
+        )
+    if not got.measurements:
+        raise OpgraphError(
+            f"none of the {got.total} results has a usable timing",
             where=", ".join(map(str, replays)),
             hint="replay on the device first; results with status error/unsupported carry no time",
         )
+    measurements, devices, from_issue = got.measurements, got.devices, got.from_issue
     if issue is not None and not from_issue:
         raise OpgraphError(
             f"none of its {len(issue_us)} configs is among the {len(measurements)} timed replay results",
             where=str(issue),
             hint="time the issue of the same graphs (`opgraph replay GRAPH --issue-only`)",
         )
-    hw = load_hardware(hardware_name)
+    for line in got.warnings:
+        print(f"warning: {line}", file=sys.stderr)
     host_us = None
     if trace is not None:
         from opgraph.compare.loading import load_any_timeline
@@ -110,6 +130,8 @@ def calibrate(
         source={"replays": ", ".join(p.name for p in replays), "devices": ", ".join(sorted(devices))},
         host_overhead_us=host_us,
     )
+    if got.unsettled:
+        table = table.model_copy(update={"notes": (*table.notes, _unsettled_note(got.unsettled, keep_unconverged))})
     table.save(output)
     if issue is not None:
         console.print(f"issue times: {from_issue} of {len(measurements)} configs from {issue}")
@@ -119,36 +141,75 @@ def calibrate(
         shown.add_row(note)
     console.print(shown)
     if len(devices) > 1:
-        console.print(f"warning: results come from several devices: {', '.join(sorted(devices))}")
+        print(f"warning: results come from several devices: {', '.join(sorted(devices))}", file=sys.stderr)
     console.print(f"wrote {output}: use it as `opgraph simulate GRAPH --hardware {output} --cost-model {output}`")
 
 
-def replay_measurements(
-    replays: list[Path], issue_us: dict[str, float], include_mismatch: bool = True
-) -> tuple[list[Measurement], set[str], int, int]:
-    """What `calibrate` fits from replay results: ``(measurements, devices, configs timed by issue_us, results)``.
+@dataclass
+class ReplaySet:
+    """What ``calibrate`` read from replay results (:func:`collect_replays`)."""
+
+    measurements: list[Measurement] = field(default_factory=list)
+    """What the fit takes: one per timed (and settled, unless kept) config."""
+    timed: list[ReplayResult] = field(default_factory=list)
+    """Every result with a usable status and a timing, settled or not."""
+    unsettled: list[ReplayResult] = field(default_factory=list)
+    """Timed results whose median did not settle (:attr:`~validators.results.TimingStats.instability`)."""
+    devices: set[str] = field(default_factory=set)
+    """The devices the measurements were taken on (model names)."""
+    from_issue: int = 0
+    """Measurements whose host time came from the issue times."""
+    total: int = 0
+    """Results read, of any status."""
+    warnings: list[str] = field(default_factory=list)
+    """One line each: lines skipped in a file, unsettled timings."""
+
+
+def collect_replays(
+    replays: list[Path], issue_us: dict[str, float], include_mismatch: bool = True, *, keep_unsettled: bool = False
+) -> ReplaySet:
+    """Read replay result files for a fit: a file with no replay result is an error naming what it is,
+    skipped lines and unsettled timings are warnings; unsettled timings are left out of the
+    measurements unless ``keep_unsettled``.
 
     Device times are the replay medians; host issue times come from ``issue_us`` (``replay
     --issue-only``, by config key) where it has the config, else from the replay.
     """
     from hardware import Measurement
-    from validators import ReplayStatus, load_results
+    from opgraph.ir import OpgraphError
+    from validators import ReplayStatus
+    from validators.results import describe_file, load_results
 
     usable = {ReplayStatus.OK, ReplayStatus.MISMATCH} if include_mismatch else {ReplayStatus.OK}
-    from_issue = 0
-    measurements: list[Measurement] = []
-    devices: set[str] = set()
-    total = 0
+    got = ReplaySet()
     for path in replays:
-        for r in load_results(path):
-            total += 1
+        skipped: list[int] = []
+        results = load_results(path, skipped=skipped)
+        if not results:
+            raise OpgraphError(
+                f"is {describe_file(path)}, not replay results",
+                where=str(path),
+                hint="give the JSONL results `opgraph replay GRAPH -o replay.jsonl` writes",
+            )
+        if skipped:
+            got.warnings.append(
+                f"{path}: skipped {len(skipped)} line(s) that are not replay results (the first is line "
+                f"{skipped[0]}); the {len(results)} readable result(s) are used"
+            )
+        got.total += len(results)
+        for r in results:
             if r.status not in usable or r.timing is None:
                 continue
-            devices.add(r.device_name or r.device)
+            got.timed.append(r)
             t = r.timing
+            if t.instability:
+                got.unsettled.append(r)
+                if not keep_unsettled:
+                    continue
+            got.devices.add(r.device_name or r.device)
             host_us = issue_us.get(r.key, t.host_us)
-            from_issue += r.key in issue_us
-            measurements.append(
+            got.from_issue += r.key in issue_us
+            got.measurements.append(
                 Measurement(
                     op=r.op,
                     seconds=t.median_us * 1e-6,
@@ -157,7 +218,80 @@ def replay_measurements(
                     samples=t.samples,
                 )
             )
-    return measurements, devices, from_issue, total
+    if got.unsettled:
+        what = "kept in the fit (--keep-unconverged)" if keep_unsettled else "left out of the fit"
+        got.warnings.append(
+            f"{len(got.unsettled)} of {len(got.timed)} timings did not settle, {what}: "
+            f"{_unsettled_names(got.unsettled)}" + ("" if keep_unsettled else " (--keep-unconverged fits them)")
+        )
+    return got
+
+
+def replay_measurements(
+    replays: list[Path], issue_us: dict[str, float], include_mismatch: bool = True
+) -> tuple[list[Measurement], set[str], int, int]:
+    """What a fit takes from replay results, every timing kept: ``(measurements, devices, configs timed
+    by issue_us, results)`` (:func:`collect_replays` with ``keep_unsettled``)."""
+    got = collect_replays(replays, issue_us, include_mismatch, keep_unsettled=True)
+    return got.measurements, got.devices, got.from_issue, got.total
+
+
+def _unsettled_names(results: list[ReplayResult], shown: int = 4) -> str:
+    """``gemm_n64_k64 (median ±16% after 9 samples, spread 31%), ...``: the first few, and how many more."""
+    parts = [f"{r.definition} ({r.timing.instability})" for r in results[:shown] if r.timing is not None]
+    return "; ".join(parts) + (f"; {len(results) - shown} more" if len(results) > shown else "")
+
+
+def _unsettled_note(results: list[ReplayResult], kept: bool) -> str:
+    """The table's note about unsettled timings (the fit says what it did with them)."""
+    names = ", ".join(sorted({r.definition for r in results}))
+    if kept:
+        return f"{len(results)} unsettled timing(s) fitted as measured (--keep-unconverged): {names}"
+    return f"{len(results)} unsettled timing(s) left out, costed as unmeasured shapes: {names}"
+
+
+def replay_device_mismatch(device: str, device_name: str, hw: HardwareSpec) -> str:
+    """Why a replay on ``device`` (``cpu``, ``cuda:0``) named ``device_name`` cannot calibrate ``hw``,
+    ``""`` when it can (or when its GPU is one the catalog does not know, so nothing tells).
+
+    A CPU replay calibrates a CPU spec only, a GPU replay a GPU spec only; a GPU the catalog knows
+    (:func:`~validators.profile.guess_hardware`) must be ``hw`` (its name or one of its aliases).
+    """
+    from hardware.loader import normalize_name
+    from hardware.spec import DeviceKind
+    from validators.profile import guess_hardware
+
+    on_cpu = device.split(":")[0] == "cpu"
+    ran = f"the CPU ({device_name})" if on_cpu and device_name else device_name or device
+    if on_cpu != (hw.kind is DeviceKind.CPU):
+        kind = "a CPU" if hw.kind is DeviceKind.CPU else f"a {hw.kind.value.upper()}"
+        return f"the results were replayed on {ran}, not on {hw.name}, {kind}"
+    guessed = "" if on_cpu else guess_hardware(device_name)
+    if guessed and normalize_name(guessed) not in {normalize_name(n) for n in (hw.name, *hw.aliases)}:
+        return f"the results were replayed on {ran} ({guessed}), not on {hw.name}"
+    return ""
+
+
+def check_replay_devices(results: list[ReplayResult], hw: HardwareSpec) -> None:
+    """Refuse results replayed on another device than ``hw``: a table fitted from them would carry
+    ``hw``'s name, and ``simulate -H`` would take it for that device (one-line error, the first)."""
+    from hardware.spec import DeviceKind
+    from opgraph.ir import OpgraphError
+    from validators.profile import guess_hardware
+
+    for r in results:
+        why = replay_device_mismatch(r.device, r.device_name, hw)
+        if not why:
+            continue
+        on_cpu = r.device.split(":")[0] == "cpu"
+        guessed = "" if on_cpu else guess_hardware(r.device_name)
+        theirs = "-H cpu or a CPU spec file" if on_cpu else f"-H {guessed}" if guessed else "-H for their GPU"
+        replay = "--device cpu" if hw.kind is DeviceKind.CPU else "--device cuda"
+        raise OpgraphError(
+            why,
+            where="--hardware",
+            hint=f"give {theirs}, or replay on {hw.name} (`opgraph replay GRAPH {replay}`)",
+        )
 
 
 def _calibrate_collectives(

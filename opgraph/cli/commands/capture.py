@@ -27,8 +27,38 @@ def _list_presets() -> None:
     console.print("MODEL may also be a config.json, a model folder, or a hub id in the local Hugging Face cache.")
 
 
+_PHASE_SIZES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    # parameter: (its flag, the phases that use it, what to do instead)
+    "seq_len": ("--seq-len", ("prefill", "generate"), "a decode step's context is --kv-len"),
+    "kv_len": ("--kv-len", ("decode",), "the prompt of a prefill or a generation is --seq-len"),
+    "new_tokens": ("--new-tokens", ("generate",), "use --phase generate to decode steps after the prefill"),
+}
+"""Size options that only some phases read: giving one to another phase is an error, not ignored."""
+
+
+def _check_phase_options(ctx: typer.Context, phase: str, profile: bool) -> None:
+    """Refuse options given on the command line that this capture would ignore (one-line errors)."""
+    from opgraph.ir.errors import OpgraphError
+
+    def given(name: str) -> bool:
+        source = ctx.get_parameter_source(name)  # typer's own click: compare by name
+        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+    for name, (flag, phases, instead) in _PHASE_SIZES.items():
+        if phase in ("prefill", "decode", "generate") and phase not in phases and given(name):
+            raise OpgraphError(
+                f"only applies to --phase {' or '.join(phases)}, not {phase}",
+                where=flag,
+                hint=f"leave it out: {instead}",
+            )
+    for name, flag in (("timeline", "--timeline"), ("trace", "--trace")):
+        if not profile and given(name):
+            raise OpgraphError("only applies with --profile", where=flag, hint="add --profile, or leave it out")
+
+
 @command("capture")
 def capture(
+    ctx: typer.Context,
     model: str = typer.Argument(
         None,
         metavar="MODEL",
@@ -74,6 +104,7 @@ def capture(
     check_output_path(timeline, "--timeline")
     check_output_path(trace, "--trace")
     check_distinct_outputs([(output, "-o/--output"), (timeline, "--timeline"), (trace, "--trace")])
+    _check_phase_options(ctx, phase, profile)
     opts: dict[str, Any] = dict(
         phase=phase,
         batch=batch,

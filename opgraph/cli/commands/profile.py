@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 
 @command("profile")
 def profile(
-    out: Path = typer.Option(..., "--out", "-o", help="The profile JSON to write (points stream to OUT.parts.jsonl)."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="The profile JSON to write (points stream to OUT.parts.jsonl); not with --plan."
+    ),
     device: str = typer.Option("cpu", "--device", "-d", help="cuda, cuda:N, or cpu (a tiny sweep, for tests)."),
     budget_s: float | None = typer.Option(
         None, "--budget-s", help="Stop before the next point would pass this many seconds; the profile stays valid."
@@ -57,21 +59,22 @@ def profile(
         raise OpgraphError(f"{max_points} is out of range", where="--max-points", hint="give 1 or more")
     if sessions < 1 or max_sessions < 1:
         raise OpgraphError("session counts must be 1 or more", where="--sessions/--max-sessions")
-    if out.exists() and out.is_dir():
-        raise OpgraphError(
-            "is a directory", where=str(out), hint="give the profile's file name, e.g. h100.profile.json"
-        )
+    if out is None and not plan:
+        raise OpgraphError("missing the profile to write", where="-o/--out", hint="e.g. -o h100.profile.json")
     hw_name = load_hardware(hardware).name if hardware else ""
     device_type = "cuda" if device.startswith("cuda") else device
     points = sweep_points(device_type, kinds=wanted)
     if max_points is not None:
         points = points[:max_points]
     if plan:
-        for i, p in enumerate(points, 1):
-            tag = f" [{p.tag}]" if p.tag else ""
-            console.print(f"{i:>4} L{p.level} {p.series:<28} {p.op.definition}{tag}")
-        console.print(f"{len(points)} points")
+        _print_plan(points)
         return
+    if out is None:  # --plan returned above
+        raise OpgraphError("missing the profile to write", where="-o/--out", hint="e.g. -o h100.profile.json")
+    if out.exists() and out.is_dir():
+        raise OpgraphError(
+            "is a directory", where=str(out), hint="give the profile's file name, e.g. h100.profile.json"
+        )
 
     def on_point(i: int, n: int, sp: SweepPoint, r: ReplayResult | None) -> None:
         if quiet:
@@ -97,6 +100,33 @@ def profile(
         err_console().print(f"interrupted: points measured so far are in {out}.parts.jsonl; rerun with --resume")
         raise
     _summary(out, prof)
+
+
+def plan_sizes(points: list[SweepPoint]) -> list[str]:
+    """Each point's size coordinate: the shape fields that vary along its series (``m=16``,
+    ``q_len=128 kv_len=128``), empty for a series of one point."""
+    from hardware.models.table import shape_key
+
+    shapes = [shape_key(p.op) for p in points]
+    by_series: dict[str, list[dict[str, int]]] = {}
+    for p, shape in zip(points, shapes, strict=True):
+        by_series.setdefault(p.series, []).append(shape)
+    varying: dict[str, list[str]] = {}
+    for series, members in by_series.items():
+        shared = [n for n in members[0] if all(n in m for m in members)]
+        varying[series] = [n for n in shared if len({m[n] for m in members}) > 1]
+    return [" ".join(f"{n}={shape[n]}" for n in varying[p.series]) for p, shape in zip(points, shapes, strict=True)]
+
+
+def _print_plan(points: list[SweepPoint]) -> None:
+    """``profile --plan``: one line per point (level, series, definition, size, tag) as plain text."""
+    sizes = plan_sizes(points)
+    width = max((len(p.op.definition) for p in points), default=0)
+    for i, (p, size) in enumerate(zip(points, sizes, strict=True), 1):
+        extra = " ".join(x for x in (size, f"[{p.tag}]" if p.tag else "") if x)
+        line = f"{i:>4} L{p.level} {p.series:<28} {p.op.definition:<{width}} {extra}".rstrip()
+        console.print(line, markup=False, highlight=False)
+    console.print(f"{len(points)} points")
 
 
 def _summary(out: Path, prof: DeviceProfile) -> None:

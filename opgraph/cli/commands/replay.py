@@ -48,6 +48,8 @@ def _line(r: ReplayResult, i: int, n: int) -> str:
     if r.timing is not None:
         t = r.timing
         head += f"  {fmt_us(t.median_us)} iqr {100 * t.spread:.1f}%"
+        if t.instability:
+            head += f"  [yellow]unsettled: {t.instability}[/]"
         if r.energy is not None:
             head += f"  {r.energy.joules_per_call * 1e3:.3g} mJ"
     if r.reason and r.status.value != "ok":
@@ -188,11 +190,12 @@ def replay(
         )
     if timer not in ("kernels", "events"):
         raise OpgraphError(f"unknown timer {timer!r}", where="--timer", hint="use kernels or events")
+    _check_sampling(device, timer, min_samples, max_samples, limit)
     check_output_path(out, "-o/--out", inputs=[*graphs, baseline])
     estimate = _estimator(hardware, cost_model)
     options = ReplayOptions(
         timing=TimingConfig(
-            warmup_ms=warmup_ms, min_samples=max(1, min_samples), max_samples=max(min_samples, max_samples),
+            warmup_ms=warmup_ms, min_samples=min_samples, max_samples=max_samples,
             max_time_s=max_time, target_ci=target_ci, cold_l2=cold_l2, timer=cast("CudaTimerKind", timer),
             warm_activations=warm_activations, kernel_sessions=max(3, sessions),
             max_kernel_sessions=max(3, sessions, max_sessions),
@@ -251,6 +254,9 @@ def replay(
     if energy and run.energy_note:
         warn(f"no energy: {run.energy_note}")
     console.print(cov.line())
+    settling = timing_line(run.results, target_ci)
+    if settling:
+        console.print(settling, markup=False)
     if baseline is not None:
         console.print(run_to_run(load_results(baseline), run.results).line())
     console.print(f"results: {out}")
@@ -258,6 +264,49 @@ def replay(
         raise typer.Exit(1)
     if strict and any(r.status.value != "ok" for r in run.results):
         raise typer.Exit(1)
+
+
+def timing_line(results: list[ReplayResult], target_ci: float, shown: int = 5) -> str:
+    """The summary line about timings that did not converge (``""`` when all did): how many did not
+    reach ``target_ci``, and which are unsettled (:attr:`~validators.results.TimingStats.instability`),
+    the ones ``calibrate`` leaves out."""
+    timed = [r for r in results if r.timing is not None]
+    loose = [r for r in timed if r.timing is not None and not r.timing.converged]
+    unsettled = [r for r in timed if r.timing is not None and r.timing.instability]
+    if not loose and not unsettled:
+        return ""
+    line = f"timing: {len(loose)} of {len(timed)} timed configs did not reach --target-ci {target_ci:.2%}"
+    if not unsettled:
+        return line + " (none unsettled: each median is known within ±5%)"
+    names = "; ".join(f"{r.definition} ({r.timing.instability})" for r in unsettled[:shown] if r.timing is not None)
+    more = f"; {len(unsettled) - shown} more" if len(unsettled) > shown else ""
+    return (
+        f"{line}; {len(unsettled)} unsettled, which `opgraph calibrate` leaves out unless --keep-unconverged: "
+        f"{names}{more}"
+    )
+
+
+def _check_sampling(device: str, timer: str, min_samples: int, max_samples: int, limit: int | None) -> None:
+    """Refuse the sampling options that would be ignored or bent silently (one-line errors)."""
+    from opgraph.ir import OpgraphError
+
+    if timer != "kernels" and not device.startswith("cuda"):
+        raise OpgraphError(
+            f"--timer {timer} only applies to CUDA: on {device} every sample is timed by the host clock",
+            where="--timer",
+            hint="leave --timer out, or replay with --device cuda",
+        )
+    for flag, value in (("--min-samples", min_samples), ("--max-samples", max_samples)):
+        if value < 1:
+            raise OpgraphError(f"{value} is out of range", where=flag, hint="give 1 or more")
+    if min_samples > max_samples:
+        raise OpgraphError(
+            f"{min_samples} is more than --max-samples {max_samples}",
+            where="--min-samples",
+            hint=f"give --min-samples at most {max_samples}, or raise --max-samples",
+        )
+    if limit is not None and limit < 1:
+        raise OpgraphError(f"{limit} is out of range", where="--limit", hint="give 1 or more, or leave --limit out")
 
 
 def _replay_collectives(

@@ -406,6 +406,36 @@ def _print_sweep(sweep: EngineSweep) -> None:
     )
 
 
+def host_model(result: SimulationResult, stats: SimulationStats) -> str:
+    """What the host issue model of the run really was, for the summary's host line.
+
+    ``host eager 10 us/op`` when every op took the one time per op; when the cost model gave ops
+    their own measured issue times (a profile, a calibrated table), says so with how many and their
+    median, and the mean time the host spent per op (framework time between ops included).
+    """
+    import statistics
+
+    host = stats.host
+    config = result.config
+    pb = result.problem
+    issued = [h for h in result.kernel.host_us if h > 0]
+    framework = any("of framework time between ops" in n for n in stats.notes)
+    mean = f"{statistics.fmean(issued):.3g} us/op on average" if issued else ""
+    if host.mode == "eager" and config.host.per_op_us is None and pb.host_us:
+        own = [m for m, free in zip(pb.host_us, pb.free, strict=True) if m is not None and m > 0 and not free]
+        if own:
+            with_ops = len(pb) - sum(pb.free)
+            others = f", {host.per_op_us:g} us for the others" if len(own) < with_ops else ""
+            model = result.cost_model_name or "the cost model"
+            return (
+                f"host eager: per-op issue times from {model} ({len(own)} of {with_ops} ops, median "
+                f"{statistics.median(own):.3g} us{others})"
+                + (f", {mean} with framework time between ops" if framework and mean else "")
+            )
+    line = f"host {host.mode} {host.per_op_us:g} us/op"
+    return line + (f" + framework time between ops ({mean})" if framework and mean else "")
+
+
 def _print_summary(result: SimulationResult, stats: SimulationStats, path: Path) -> None:
     config = result.config  # the run shown (a sweep's recommended count), not the sweep's first
     model = result.problem.graph.metadata.model or path.name
@@ -429,7 +459,7 @@ def _print_summary(result: SimulationResult, stats: SimulationStats, path: Path)
         f"critical path {fmt_us(cp.length_us)} ({cp.share * 100:.0f}% of makespan, {len(cp.ops)} ops)"
     )
     console.print(
-        f"host {host.mode} {host.per_op_us:g} us/op: issued all by {fmt_us(host.issue_end_us)}, "
+        f"{host_model(result, stats)}: issued all by {fmt_us(host.issue_end_us)}, "
         f"host-bound {fmt_us(host.host_bound_us)} ({host.host_bound_share * 100:.0f}% of makespan)"
         + (f", {host.sync_points} sync point(s)" if host.sync_points else "")
     )

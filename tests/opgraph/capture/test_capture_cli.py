@@ -55,6 +55,15 @@ def test_capture_writes_graph_and_golden_summary(tmp_path: Path) -> None:
     check_golden("capture/qwen3_moe_tiny_prefill.json", summary)
 
 
+def test_phase_sizes_the_phase_reads_are_accepted(tmp_path: Path) -> None:
+    for args in (
+        ["--phase", "decode", "--kv-len", "64"],
+        ["--phase", "generate", "--seq-len", "8", "--new-tokens", "2"],
+    ):
+        res = runner.invoke(app, ["capture", "llama-3.2-1b", "--layers", "1", *args, "-o", str(tmp_path / "g.json")])
+        assert res.exit_code == 0, res.output
+
+
 def test_list_presets() -> None:
     res = runner.invoke(app, ["capture", "--list"])
     assert res.exit_code == 0
@@ -70,6 +79,13 @@ def test_list_presets() -> None:
         (["llama-3.2-1b", "--phase", "decode", "--kv-len", "200000"], "exceed the model's max_position_embeddings"),
         (["llama-3.2-1b", "--dtype", "int3"], "unknown dtype"),
         (["llama-3.2-1b", "--device", "cuda"], None),
+        # sizes the phase would ignore are refused, not dropped silently
+        (["llama-3.2-1b", "--phase", "prefill", "--new-tokens", "5"], "--new-tokens: only applies to --phase generate"),
+        (["llama-3.2-1b", "--new-tokens", "5"], "--new-tokens: only applies to --phase generate, not prefill"),
+        (["llama-3.2-1b", "--phase", "decode", "--seq-len", "100"], "--seq-len: only applies to --phase prefill or"),
+        (["llama-3.2-1b", "--kv-len", "100"], "--kv-len: only applies to --phase decode, not prefill"),
+        (["llama-3.2-1b", "--phase", "generate", "--kv-len", "100"], "--kv-len: only applies to --phase decode"),
+        (["llama-3.2-1b", "--timeline", "t.json"], "--timeline: only applies with --profile"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_no_file(tmp_path: Path, args: list[str], message: str | None) -> None:

@@ -59,6 +59,24 @@ def test_without_host_us_the_cost_models_issue_times_are_used_and_said(graph_fil
     assert st["host"]["busy_us"] != pytest.approx(3 * st["host"]["per_op_us"])
 
 
+def _host_line(*args: str | Path) -> str:
+    res = _run("simulate", *args)
+    assert res.exit_code == 0, res.output
+    return next(ln for ln in res.stdout.splitlines() if ln.startswith("host "))
+
+
+def test_the_summarys_host_line_says_what_the_host_model_really_is(graph_file: Path) -> None:
+    # Every op takes its issue time from the profile: the line says so, not "host eager 10.07 us/op".
+    line = _host_line(graph_file, "--no-framework-time")
+    assert line.startswith("host eager: per-op issue times from ProfileModel (3 of 3 ops, median ")
+    assert "us/op" not in line.split(":")[1]
+    with_framework = _host_line(graph_file)
+    assert "us/op on average with framework time between ops" in with_framework
+    # One time for every op: the plain form.
+    assert _host_line(graph_file, "--host-us", "5", "--no-framework-time").startswith("host eager 5 us/op: issued")
+    assert _host_line(graph_file, "-c", "roofline", "--no-framework-time").startswith("host eager 8 us/op: issued")
+
+
 # ---------------------------------------------------------------- simulate --config
 def _config(tmp_path: Path, data: dict[str, Any]) -> Path:
     path = tmp_path / "c.json"
