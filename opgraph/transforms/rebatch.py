@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -71,7 +71,7 @@ from opgraph.ir.configs import contiguous_strides
 from opgraph.ir.graph import CaptureSettings, Edge, EdgeKind, OpGraph
 from opgraph.ir.ops import OP_TYPES, Attention, Collective, Gemm, Memory, MoeRouting, OpBase, OpKind, Stage
 from opgraph.ir.tensor import TensorSpec
-from opgraph.transforms.rebatch_moe import moe_layout, routed_rows, tokens_reaching_all
+from opgraph.transforms.rebatch_moe import graph_memo, moe_layout, routed_rows, tokens_reaching_all
 
 __all__ = [
     "TEMPLATE_DECODE",
@@ -240,18 +240,6 @@ def _dim_map(phase: str, b: int, q: int, kv: int, nb: int, nq: int, nkv: int) ->
     return {b: nb, kv - 1: nkv - 1, kv: nkv, b * (kv - 1): nb * (nkv - 1), b * kv: nb * nkv}
 
 
-def _memo(cache: dict[int, tuple[OpGraph, _T]], graph: OpGraph, build: Callable[[OpGraph], _T]) -> _T:
-    """``build(graph)``, memoised in ``cache`` for the last few graphs (templates are rebatched many times)."""
-    hit = cache.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
-    value = build(graph)
-    if len(cache) >= 8:
-        cache.pop(next(iter(cache)))
-    cache[id(graph)] = (graph, value)
-    return value
-
-
 _SIZES_CACHE: dict[int, tuple[OpGraph, frozenset[int]]] = {}
 
 
@@ -266,7 +254,7 @@ def _model_sizes(graph: OpGraph) -> frozenset[int]:
             if f not in _token_fields(op) and isinstance(v := getattr(op, f, None), int)
         )
 
-    return _memo(_SIZES_CACHE, graph, build)
+    return graph_memo(_SIZES_CACHE, graph, build)
 
 
 @dataclass(frozen=True)
@@ -292,7 +280,7 @@ _LAYOUT_CACHE: dict[int, tuple[OpGraph, _KvLayout]] = {}
 
 def _kv_layout(graph: OpGraph) -> _KvLayout:
     """The :class:`_KvLayout` of a prefill or decode template (memoised)."""
-    return _memo(_LAYOUT_CACHE, graph, _build_kv_layout)
+    return graph_memo(_LAYOUT_CACHE, graph, _build_kv_layout)
 
 
 def _build_kv_layout(graph: OpGraph) -> _KvLayout:
@@ -874,7 +862,7 @@ def _representatives(graph: OpGraph) -> list[int]:
     """For each op, the index of the first op equal to it but for its place; -1 for routing and the ops
     of experts calls (rewritten one by one: their per-expert rows depend on their position). Memoised
     per template."""
-    return _memo(_REPS_CACHE, graph, _build_representatives)
+    return graph_memo(_REPS_CACHE, graph, _build_representatives)
 
 
 def _build_representatives(graph: OpGraph) -> list[int]:

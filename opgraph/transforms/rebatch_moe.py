@@ -33,10 +33,10 @@ rebatched with balanced routing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Literal
+from typing import Literal, TypeVar
 
 from opgraph.ir.graph import OpGraph
 from opgraph.ir.ops import Gemm, MoeRouting
@@ -160,19 +160,27 @@ def _build(graph: OpGraph) -> MoeLayout:
     return MoeLayout(tuple(sections), section_of, role, expert, rows_in, rows_out)
 
 
+_T = TypeVar("_T")
+
+
+def graph_memo(cache: dict[int, tuple[OpGraph, _T]], graph: OpGraph, build: Callable[[OpGraph], _T]) -> _T:
+    """``build(graph)``, memoised in ``cache`` for the last few graphs (templates are rebatched many times)."""
+    hit = cache.get(id(graph))
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    value = build(graph)
+    if len(cache) >= 8:
+        cache.pop(next(iter(cache)))
+    cache[id(graph)] = (graph, value)
+    return value
+
+
 _LAYOUT_CACHE: dict[int, tuple[OpGraph, MoeLayout]] = {}
 
 
 def moe_layout(graph: OpGraph) -> MoeLayout:
-    """The experts calls of ``graph`` (memoised for the last few graphs: templates are rebatched many times)."""
-    hit = _LAYOUT_CACHE.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
-    layout = _build(graph)
-    if len(_LAYOUT_CACHE) >= 8:
-        _LAYOUT_CACHE.pop(next(iter(_LAYOUT_CACHE)))
-    _LAYOUT_CACHE[id(graph)] = (graph, layout)
-    return layout
+    """The experts calls of ``graph`` (memoised)."""
+    return graph_memo(_LAYOUT_CACHE, graph, _build)
 
 
 def routed_rows(section: MoeSection, tokens: int, skew: float) -> list[int]:
