@@ -144,6 +144,18 @@ MOE: tuple[tuple[str, int, int, int, int], ...] = (
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192, 16384)
 """Token counts of pointwise ops: decode batches to long prefills."""
 
+PAIRS = (1, 2, 4, 8, 32, 128, 512, 2048)
+"""Token-expert pairs of the ``batched_mm`` expert GEMMs: every pair count to 8, where a decode's few
+small per-pair products run into latency (the grouped bmm points, of 8 or more products, priced them
+up to 2.2x too fast there), then 4x steps, where the kernel streams the pairs' weight copies and its
+time grows with them. 2048 pairs is a 256-token prefill of Qwen3-30B-A3B (top 8); ``batched_mm`` holds
+a weight copy per pair, so a longer prefill is no regime it runs in (past the sweep the largest
+point's efficiency holds, which a bandwidth-bound kernel keeps)."""
+BATCHED_MM_COPY_BYTES = 16 << 30
+"""Largest bytes of per-pair weight copies one ``batched_mm`` point gathers (16 GiB: room on an 80 GB
+card beside the stacked weights and the L2 flush, and a few ms a run): Mixtral's gate_up, 235 MB a pair,
+stops at 32 pairs (16 decode tokens), its down at 128."""
+
 
 def coarse_to_fine(n: int) -> list[int]:
     """A level for each of ``n`` sorted sizes: the ends 0, the middle 1, the quarters 2...
@@ -222,6 +234,33 @@ def _experts(name: str, part: str, tokens: int, experts: int, top_k: int, n: int
     return Gemm(
         id=0, m=m, n=n, k=k, groups=experts, dtype=dt, inputs=ins, outputs=out, target=target, definition=definition
     )
+
+
+def batched_mm_gemm(part: str, pairs: int, experts: int, top_k: int, hidden: int, inter: int) -> Gemm:
+    """An expert GEMM of transformers' ``batched_mm`` experts as capture records it: ``pairs``
+    token-expert pairs, each its expert's gathered ``[n, k]`` weight copy @ its token ``[k, 1]`` (the
+    weight-first layout), one ``torch.bmm`` of them all (``batch`` = pairs, ``m`` = 1)."""
+    n, k = (2 * inter, hidden) if part == "gate_up" else (hidden, inter)
+    dt = DType.bf16
+    ins = (TensorSpec(shape=(pairs, n, k), dtype=dt), TensorSpec(shape=(pairs, k, 1), dtype=dt))
+    return Gemm(
+        id=0, m=1, n=n, k=k, batch=pairs, dtype=dt, inputs=ins, outputs=(TensorSpec(shape=(pairs, n, 1), dtype=dt),),
+        target=f"moe_experts_{part}", definition=f"moe_batched_mm_e{experts}_h{hidden}_i{inter}_topk{top_k}_{part}",
+        call=AtenCall(args=({"tensor": 0}, {"tensor": 1})),
+    )  # fmt: skip
+
+
+def _batched_mm_series(
+    name: str, experts: int, top_k: int, hidden: int, inter: int, pairs: Iterable[int], *, base: int
+) -> list[SweepPoint]:
+    """The ``batched_mm`` series of an MoE layer's two expert GEMMs over ``pairs`` (those whose weight
+    copies fit :data:`BATCHED_MM_COPY_BYTES`), the pairs' tokens warm (activations)."""
+    pts: list[SweepPoint] = []
+    for part in ("gate_up", "down"):
+        ops = [batched_mm_gemm(part, p, experts, top_k, hidden, inter) for p in pairs]
+        fits = [op for op in ops if op.inputs[0].nbytes <= BATCHED_MM_COPY_BYTES]
+        pts += _series(f"moe.{name}.{part}.batched_mm", fits, base=base, warm=(1,))
+    return pts
 
 
 def _attention(b: int, q: int, kv: int, heads: tuple[int, int, int], *, causal: bool, window: int | None) -> Attention:
@@ -312,6 +351,8 @@ def _gpu_sweep() -> list[SweepPoint]:
                 base=0,
                 warm=(0,),
             )
+        # transformers' opt-in batched_mm experts: one bmm of per-pair weight copies, over the pairs.
+        pts += _batched_mm_series(name, e, top, hidden, inter, PAIRS, base=2)
         for fn in ("route", "dispatch", "combine"):
             ops = (
                 MoeRouting(
@@ -457,6 +498,7 @@ def _cpu_sweep() -> list[SweepPoint]:
     pts += _series(
         "moe.experts", (_experts("tiny", "down", t, 8, 2, 256, 128, "bmm") for t in (8, 64)), base=1, warm=(0,)
     )
+    pts += _batched_mm_series("tiny", 8, 2, 256, 128, (1, 16), base=1)
     return pts
 
 

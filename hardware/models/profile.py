@@ -8,15 +8,19 @@ An op is predicted as ``roofline / efficiency``, the efficiency found among the 
 a copy...) and dtype (a single expert product of an experts loop is in the expert-loop regime, not
 the dense GEMM one):
 
-- along the regime's size axis (``log2 m`` for GEMMs, ``log2 kv_len`` for a decode,
-  ``log2 q_len`` for a prefill, ``log2 bytes`` for memory-bound kinds) piecewise-linear in
-  ``log(efficiency)`` between the measured sizes of one shape;
+- along the regime's size axis (``log2 m`` for GEMMs, ``log2 pairs`` for ``batched_mm`` expert GEMMs,
+  ``log2 kv_len`` for a decode, ``log2 q_len`` for a prefill, ``log2 bytes`` for memory-bound kinds)
+  piecewise-linear in ``log(efficiency)`` between the measured sizes of one shape;
 - across shapes (``log2 n, log2 k`` of a GEMM; batch, heads, head size and GQA ratio of attention)
   inverse-distance weighted over the nearest measured shapes; off the GEMM ``m`` axis a neighbour's
   efficiency is carried to the op's roofline as its measured time follows the roofline along its
   size axis (a latency-bound neighbour lends its time, a bandwidth-bound one its efficiency);
 - a memory-bound op also sees the shapes only a twin dtype measured (:func:`twin_dtypes`: fp16 and
   bf16), where its own dtype's sweep is sparse.
+
+transformers' ``batched_mm`` expert GEMMs (one ``bmm`` of the token-expert pairs' gathered weight
+copies) have a regime of their own (:data:`BATCHED_MM`, along ``log2 pairs``); a profile measured before
+it had one prices them as it did then (:attr:`Features.fallback`), and says so.
 
 A ``_grouped_mm`` expert GEMM pays whole row tiles of torch's grouped kernel (:data:`TILE_ROWS`) for
 the uneven loads a router deals, where the profile measured even ones (:func:`row_tiles_factor`): the
@@ -99,6 +103,10 @@ class Features:
     """log2 of the shape features."""
     shape_names: tuple[str, ...] = ()
     """Their names."""
+    fallback: Features | None = None
+    """Where the op is placed in a profile that measured no point of ``regime`` (in any dtype), before any
+    sibling regime: the regime and features it was priced from before ``regime`` was swept (``None``: the
+    nearest implementation or a sibling, as :meth:`_Index.find` picks)."""
 
     @property
     def family(self) -> str:
@@ -112,10 +120,18 @@ class Features:
 
 GROUPED_MM = "gemm:grouped:grouped_mm"
 """The regime of ``_grouped_mm`` expert GEMMs (torch's grouped kernel)."""
+GROUPED_BMM = "gemm:grouped:bmm"
+"""The regime of batched expert GEMMs ``[experts, m, k] @ [experts, k, n]`` (one bmm over the experts)."""
+EXPERT_LOOP = "gemm:grouped:loop"
+"""The regime of the eager experts loop's products (one GEMM per expert, each expert's weights cold)."""
+BATCHED_MM = "gemm:grouped:batched_mm"
+"""The regime of transformers' ``batched_mm`` expert GEMMs: one ``bmm`` of ``pairs`` products, each a
+token against its expert's gathered weight copy (``[n, k] @ [k, 1]``), along ``log2 pairs`` over the
+shapes ``(n, k)`` (the sweep's ``moe.*.batched_mm`` series)."""
 
 _NEAREST_REGIME: dict[str, tuple[str, ...]] = {
-    GROUPED_MM: ("gemm:grouped:bmm",),
-    "gemm:grouped:bmm": (GROUPED_MM,),
+    GROUPED_MM: (GROUPED_BMM,),
+    GROUPED_BMM: (GROUPED_MM,),
 }
 """Regimes to try, in order, before any other of the same kind when a profile lacks one."""
 
@@ -134,6 +150,20 @@ def _grouped_impl(op: Gemm) -> str:
     return "loop"
 
 
+def is_batched_mm(op: Gemm) -> bool:
+    """Whether ``op`` is an expert GEMM of transformers' ``batched_mm`` experts, as capture names it
+    (the replay recipe's test, ``validators.recipes.gemm.is_batched_mm``, on expert GEMMs).
+
+    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, batch=6, target="moe_experts_gate_up",
+    ...                    definition="moe_batched_mm_e4_h4_i4_topk2_gate_up"))
+    True
+    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, groups=4, target="moe_experts_gate_up",
+    ...                    definition="moe_bmm_e4_h4_topk2_gate_up"))
+    False
+    """
+    return op.groups <= 1 and op.target.startswith("moe_experts") and "batched_mm" in op.definition.lower()
+
+
 _LOOP_EXPERTS = re.compile(r"_e(\d+)_")
 """The expert count in an expert GEMM's definition (``moe_grouped_mm_e128_h2048_i768_topk8_down``)."""
 
@@ -145,11 +175,11 @@ def _expert_product(op: Gemm) -> int | None:
     ``_grouped_mm`` (dtypes without a grouped kernel) run the experts: such a product is as efficient
     as the profile's expert-loop points (``gemm:grouped:loop``, measured as that loop runs: small
     per-expert GEMMs back to back, each expert's weights cold), not as a dense GEMM of its shape.
-    So is a ``batched_mm`` expert GEMM of one token-expert pair (a top-1 decode token): a ``bmm`` of one
-    row against one expert's cold weight copy runs as long as one product of the loop (H100, Qwen3-30B-A3B:
-    5.6 and 4.2 us, the loop points' 5.6 and 4.1 a product), where the grouped bmm points, all of 8 or more
-    products, price it at a third of that (``tests/data/h100/batched_mm.json``). Of more pairs it is a
-    grouped bmm (:func:`profile_features`).
+    So is a ``batched_mm`` expert GEMM of one token-expert pair (a top-1 decode token) in a profile without
+    :data:`BATCHED_MM` points: a ``bmm`` of one row against one expert's cold weight copy runs as long as one
+    product of the loop (H100, Qwen3-30B-A3B: 5.6 and 4.2 us, the loop points' 5.6 and 4.1 a product), where
+    the grouped bmm points, all of 8 or more products, price it at a third of that
+    (``tests/data/h100/batched_mm.json``). Of more pairs it is then a grouped bmm (:func:`_batched_mm_before`).
     """
     if op.groups > 1 or op.batch > 1 or not op.target.startswith("moe_experts"):
         return None
@@ -221,11 +251,22 @@ def router_tiles(op: OpBase, hw: HardwareSpec) -> tuple[float, str]:
 
 
 def _issued_as(op: OpBase, f: Features | None) -> Features | None:
-    """The features whose host time ``op`` pays: an expert product is one ``mm`` call (a dense GEMM's
-    issue time), not the whole expert loop the regime's points issued."""
-    if f is not None and isinstance(op, Gemm) and _expert_product(op) is not None:
+    """The features whose host time ``op`` pays: an expert product priced from the expert-loop points is
+    one ``mm`` call (a dense GEMM's issue time), not the whole expert loop the regime's points issued."""
+    if f is not None and f.regime == EXPERT_LOOP and isinstance(op, Gemm) and _expert_product(op) is not None:
         return dataclasses.replace(f, regime="gemm")
     return f
+
+
+def _batched_mm_before(op: Gemm) -> Features:
+    """A ``batched_mm`` expert GEMM's features before :data:`BATCHED_MM` was swept: one pair an expert
+    product of the loop (:func:`_expert_product`), more pairs the grouped bmm's kernel with a product per
+    pair, not that of RoPE's k = 1 products (``gemm:batched``, which priced them 3-7x too long on an H100)."""
+    nk = (_lg(op.n), _lg(op.k))
+    experts = _expert_product(op)
+    if experts is not None:
+        return Features(EXPERT_LOOP, "m", _lg(op.m), (*nk, _lg(experts)), ("n", "k", "experts"))
+    return Features(GROUPED_BMM, "m", _lg(op.m), (*nk, _lg(op.batch)), ("n", "k", "experts"))
 
 
 def profile_features(op: OpBase) -> Features | None:
@@ -234,19 +275,22 @@ def profile_features(op: OpBase) -> Features | None:
     nbytes = _lg(roofline_bytes(op))
     if isinstance(op, Gemm):
         nk = (_lg(op.n), _lg(op.k))
+        if is_batched_mm(op):
+            # One bmm of ``batch`` token-expert pairs (``m`` rows each: one, as transformers runs it), one
+            # pair included: the same kernel from a top-1 decode token to a prefill, so one series.
+            pairs = _lg(op.batch * max(op.m, 1))
+            return Features(BATCHED_MM, "pairs", pairs, nk, ("n", "k"), fallback=_batched_mm_before(op))
         experts = _expert_product(op)
         if experts is not None:
-            return Features("gemm:grouped:loop", "m", _lg(op.m), (*nk, _lg(experts)), ("n", "k", "experts"))
+            return Features(EXPERT_LOOP, "m", _lg(op.m), (*nk, _lg(experts)), ("n", "k", "experts"))
         if op.groups > 1:
             return Features(
                 f"gemm:grouped:{_grouped_impl(op)}", "m", _lg(op.m), (*nk, _lg(op.groups)), ("n", "k", "experts")
             )
         if op.target.startswith("moe_experts") and _grouped_impl(op) == "bmm":
-            # transformers' batched_mm experts: one bmm of ``batch`` products (the token-expert pairs),
-            # each a token against its own gathered expert weight: the kernel of the grouped bmm points
-            # ([experts, m, k] @ [experts, k, n]) with a product per pair, not that of RoPE's k = 1
-            # products (``gemm:batched``, which priced them 3-7x too long on an H100).
-            return Features("gemm:grouped:bmm", "m", _lg(op.m), (*nk, _lg(op.batch)), ("n", "k", "experts"))
+            # A batched expert GEMM of one product per expert or pair that names no ``batched_mm``: the
+            # kernel of the grouped bmm points ([experts, m, k] @ [experts, k, n]).
+            return _batched_mm_before(op)
         if op.batch > 1:
             return Features("gemm:batched", "m", _lg(op.m), (_lg(op.batch), *nk), ("batch", "n", "k"))
         return Features("gemm", "m", _lg(op.m), nk, ("n", "k"))
@@ -517,9 +561,18 @@ class _Index:
             if borrowed:
                 self.pooled[(name, dt)] = _regime([*regime.groups, *borrowed])
 
-    def find(self, f: Features, dtype: DType, pooled: bool = False) -> tuple[_Regime, str, DType] | None:
-        """The regime's points for ``dtype`` (or the nearest dtype, or a sibling regime of the kind);
+    def find(self, f: Features, dtype: DType, pooled: bool = False) -> tuple[_Regime, str, DType, Features] | None:
+        """The regime's points for ``dtype`` (or the nearest dtype; for a regime the profile lacks, those of
+        ``f.fallback``, else a sibling regime of the kind) and the features the op has among them;
         ``pooled``: with the shapes only a twin dtype measured."""
+        hit = self._find(f, dtype, pooled, siblings=f.fallback is None)
+        if hit is not None:
+            return (*hit, f)
+        if f.fallback is not None:
+            return self.find(f.fallback, dtype, pooled)
+        return None
+
+    def _find(self, f: Features, dtype: DType, pooled: bool, *, siblings: bool) -> tuple[_Regime, str, DType] | None:
         dtypes = (dtype, *_DTYPE_FALLBACK.get(dtype, (DType.bf16, DType.fp16, DType.fp32)))
         # A variant the profile did not measure (a layout, a weights dtype): the plain regime's points, said so.
         base = variant_base(f.regime)
@@ -536,14 +589,14 @@ class _Index:
                 hit = self.regimes.get((name, dt))
                 if hit is not None:
                     return hit, name, dt
-        for dt in dtypes:
-            siblings = [
+        for dt in dtypes if siblings else ():
+            kin = [
                 (len(r.groups), name)
                 for (name, d), r in self.regimes.items()
                 if d is dt and name.split(":", 1)[0] == f.family and len(r.groups[0].shape) == len(f.shape)
             ]
-            if siblings:
-                name = max(siblings)[1]
+            if kin:
+                name = max(kin)[1]
                 return self.regimes[(name, dt)], name, dt
         return None
 
@@ -663,8 +716,12 @@ class ProfileModel:
             why = "no roofline time" if roof <= 0 else f"not in the profile ({f.regime if f else kind})"
             cost = self._fallback(op, hw, f"profile: {why}, datasheet roofline")
             return dataclasses.replace(cost, host_s=self._host_s(profile, idx, _issued_as(op, f)))
-        regime, regime_name, dtype = found
-        # Along m a GEMM's shape (its weights) moves the roofline in a way m does not: no transfer.
+        # A regime the profile lacks may place the op elsewhere (Features.fallback): its features there.
+        asked = f.regime
+        regime, regime_name, dtype, f = found
+        # Along m a GEMM's shape (its weights) moves the roofline in a way m does not: no transfer. Along
+        # batched_mm's pairs the roofline is the pairs' weight copies, as across its shapes: transfer (on
+        # an H100 it halves the worst error of unseen models' shapes at 1-2 pairs against carrying efficiencies).
         log_eff, used, outside = self._interpolate(regime, f, None if f.axis == "m" else math.log(roof))
         eff = math.exp(log_eff)
         launch = (profile.launch_us if profile.launch_us is not None else hw.launch_latency_us) * 1e-6
@@ -679,8 +736,8 @@ class ProfileModel:
         if seconds < launch and (outside > 1e-9 or shape_far > 1e-9):
             seconds, bound = launch, Bound.LAUNCH  # outside the sweep: never below an empty kernel
         notes = []
-        if regime_name != f.regime:
-            notes.append(f"no {f.regime} points, from {regime_name}")
+        if regime_name != asked:
+            notes.append(f"no {asked} points, from {regime_name}")
         if dtype is not op.dtype:
             notes.append(f"no {op.dtype.value} points, from {dtype.value}")
         if abs(tiles - 1.0) > 5e-4:

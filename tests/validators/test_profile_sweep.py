@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from hardware import DeviceProfile, ProfileExtrapolationWarning, ProfileModel, load_hardware, load_profile
 from hardware.models.profile import profile_features
 from opgraph.cli.app import app
-from opgraph.ir import Attention, DType, Gemm, OpKind, load_graph
+from opgraph.ir import Attention, DType, Gemm, OpBase, OpKind, load_graph
+from opgraph.ir.configs import config_key
 from validators.profile import (
     ProfileError,
     SweepPoint,
@@ -244,3 +245,78 @@ def test_sweep_measures_the_strided_layouts_models_run_and_replays_them_strided(
         assert recipe is not None
         case = recipe.build(p.op, BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0)))
         assert not all(t.is_contiguous() for t in case.inputs if isinstance(t, torch.Tensor) and t.numel())
+
+
+BATCHED_MM_SERIES = {
+    f"moe.{name}.{part}.batched_mm" for name in ("qwen3moe", "mixtral") for part in ("gate_up", "down")
+}
+
+
+def test_sweep_measures_batched_mm_experts_over_the_pairs() -> None:
+    """transformers' opt-in ``batched_mm`` experts (one bmm of a gathered weight copy per token-expert
+    pair) get a series per MoE layer and expert GEMM, over the pairs from a top-1 decode token to a short
+    prefill, short of copies past 16 GiB; at a low priority, after every regime's coarse points."""
+    from validators.recipes import RecipeSelector
+    from validators.recipes.gemm import is_batched_mm
+
+    pts = sweep_points("cuda")
+    new = [p for p in pts if p.series in BATCHED_MM_SERIES]
+    assert {p.series for p in new} == BATCHED_MM_SERIES
+    pairs = {s: sorted(p.op.batch for p in new if p.series == s) for s in BATCHED_MM_SERIES}
+    grid = [1, 2, 4, 8, 32, 128, 512, 2048]
+    assert pairs["moe.qwen3moe.gate_up.batched_mm"] == pairs["moe.qwen3moe.down.batched_mm"] == grid
+    assert pairs["moe.mixtral.gate_up.batched_mm"] == grid[:5]  # 235 MB a pair's copy: 128 pairs is 30 GB
+    assert pairs["moe.mixtral.down.batched_mm"] == grid[:6]
+    for p in new:
+        op = p.op
+        assert isinstance(op, Gemm) and op.m == 1 and is_batched_mm(op)
+        f = profile_features(op)
+        assert f is not None and f.regime == "gemm:grouped:batched_mm" and f.axis == "pairs"
+        assert op.inputs[0].shape == (op.batch, op.n, op.k) and op.inputs[1].shape == (op.batch, op.k, 1)
+        assert p.warm_inputs == (1,)  # the pairs' tokens are activations; the weight copies are not
+        sel = RecipeSelector().select(op)
+        assert sel.recipe is not None and sel.recipe.name == "gemm"
+        assert p.level >= 2  # as the expert loop's series
+    coarse = max(i for i, p in enumerate(pts) if p.level < 2)
+    assert min(pts.index(p) for p in new) > coarse
+    assert len(new) == 27 and len({p.key for p in pts}) == len(pts)
+
+
+def _sweep_key(op: OpBase, tag: str) -> str:
+    return config_key(op) + (f"-{tag}" if tag else "")
+
+
+@pytest.mark.parametrize("device", ["h100-sxm", "h200"])
+def test_the_batched_mm_series_leaves_the_shipped_points_keys(device: str) -> None:
+    """A resumed sweep (``benchmarks/gpu/profile_resume.sh``, which keys the shipped points as the sweep
+    keys them) measures the new series and nothing the profile holds: the plan less the series is the
+    shipped profile's points. A point whose recorded name is the IR's earlier default spelling of it
+    (the window of a prefill that the window does not reach, no longer named since e34a7ae) counts
+    under the name the IR gives it now; names the sweep sets itself must match as they are."""
+    from hardware.models.profile import BATCHED_MM, profile_points
+
+    profile = load_profile(Path(__file__).resolve().parents[2] / "hardware" / "catalog" / f"{device}.profile.json")
+    plan = {p.key for p in sweep_points("cuda") if p.series not in BATCHED_MM_SERIES}
+    own = {p.key for p in profile_points(profile, BATCHED_MM)}
+    shipped = set()
+    for p in profile.points:
+        if p.key in own:
+            continue
+        key = _sweep_key(p.op, p.tag)
+        if key not in plan and p.op.definition != p.op.default_definition():
+            key = _sweep_key(p.op.model_copy(update={"definition": p.op.default_definition()}), p.tag)
+        shipped.add(key)
+    assert shipped == plan
+
+
+def test_cli_profile_plan_lists_the_batched_mm_series() -> None:
+    code, text = _cli("profile", "--device", "cpu", "--plan")
+    assert code == 0, text
+    tiny = [ln.split()[-1] for ln in text.splitlines() if " moe.tiny.gate_up.batched_mm " in ln]
+    assert sorted(tiny) == ["batch=1", "batch=16"]
+    code, text = _cli("profile", "--device", "cuda", "--plan", "--kinds", "gemm")
+    assert code == 0, text
+    for series in BATCHED_MM_SERIES:
+        sizes = {ln.split()[-1] for ln in text.splitlines() if f" {series} " in ln}
+        assert {"batch=1", "batch=2", "batch=32"} <= sizes, series
+    assert " batch=2048" in text

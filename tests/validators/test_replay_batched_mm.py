@@ -125,3 +125,42 @@ def test_a_captured_batched_mm_gemm_replays_and_matches(tmp_path: Path, model_ty
         r = replay_op(op, "cpu", FAST)
         assert r.status is ReplayStatus.OK, r.reason
         assert r.numerics is not None and r.numerics.ok and "batched_mm" in r.numerics.note
+
+
+@pytest.mark.parametrize(("model_type", "experts_key", "inter_key"), [
+    ("qwen3_moe", "num_experts", "moe_intermediate_size"),
+    ("mixtral", "num_local_experts", "intermediate_size"),
+])  # fmt: skip
+def test_the_sweeps_batched_mm_point_is_the_gemm_capture_records(
+    tmp_path: Path, model_type: str, experts_key: str, inter_key: str
+) -> None:
+    """The profile sweep's ``batched_mm`` series (``validators.profile.batched_mm_gemm``) builds, from an
+    MoE layer's experts, top-k, hidden and expert sizes, the op capture records for a decode of that many
+    token-expert pairs: the same replay config (one key), so the profile's points are the captured ops'."""
+    from opgraph.ir.configs import config_key, normalise_op
+    from validators.profile import batched_mm_gemm
+
+    cfg = {**BASE, **TINY[model_type][1]}
+    g = capture(_config(tmp_path, model_type), device="meta", phase="decode", batch=3, kv_len=8)
+    gemms = _expert_gemms(g)
+    assert {o.target for o in gemms} == {"moe_experts_gate_up", "moe_experts_down"}
+    for op in gemms:
+        part = "gate_up" if op.definition.endswith("gate_up") else "down"
+        assert op.batch == 3 * cfg["num_experts_per_tok"]
+        built = batched_mm_gemm(
+            part, op.batch, cfg[experts_key], cfg["num_experts_per_tok"], cfg["hidden_size"], cfg[inter_key]
+        )
+        assert config_key(built) == config_key(normalise_op(op)), op.definition
+
+
+def test_a_sweep_point_of_the_batched_mm_series_replays_on_the_cpu() -> None:
+    """The smallest point of the GPU sweep's ``batched_mm`` series (Qwen3-30B-A3B's down, one pair) replays
+    through the gemm recipe, as transformers runs it, and checks against its reference."""
+    from validators.profile import sweep_points
+
+    series = [p for p in sweep_points("cuda") if p.series.endswith(".batched_mm")]
+    p = min(series, key=lambda q: q.op.total_bytes)
+    assert isinstance(p.op, Gemm) and (p.op.batch, p.op.n, p.op.k) == (1, 2048, 768)
+    r = replay_op(p.op, "cpu", FAST, warm_inputs=p.warm_inputs)
+    assert r.status is ReplayStatus.OK, r.reason
+    assert r.numerics is not None and r.numerics.ok and "batched_mm: torch.bmm over 1 gathered" in r.numerics.note
