@@ -23,13 +23,21 @@ timeout 60 $PY - "hardware/catalog/$NAME.profile.json" "$PROFILE.parts.jsonl" <<
 import json, sys
 from hardware import load_profile
 from validators.configs import config_key
+from validators.profile import sweep_points
 prof = load_profile(sys.argv[1])
+plan = {sp.key for sp in sweep_points("cuda")}
+renamed = 0
 with open(sys.argv[2], "w") as f:
     f.write(json.dumps({"header": prof.device.model_dump(mode="json")}) + "\n")
     for p in prof.points:
-        key = config_key(p.op) + (f"-{p.tag}" if p.tag else "")
+        tag = f"-{p.tag}" if p.tag else ""
+        key = config_key(p.op) + tag
+        if key not in plan:  # the IR may have renamed the op since: its definition derived again
+            op = type(p.op).model_validate({**p.op.model_dump(), "definition": ""})
+            if config_key(op) + tag in plan:
+                p, key, renamed = p.model_copy(update={"op": op}), config_key(op) + tag, renamed + 1
         f.write(json.dumps({"key": key, "point": p.model_dump(mode="json")}) + "\n")
-print(f"parts file from {sys.argv[1]}: {len(prof.points)} points")
+print(f"parts file from {sys.argv[1]}: {len(prof.points)} points ({renamed} renamed by the IR since)")
 PYEOF
 old=$(wc -l < "$PROFILE.parts.jsonl")
 timeout -k 10 $((BUDGET_S + 50)) $PY -m opgraph profile --device cuda --resume --budget-s "$BUDGET_S" \
