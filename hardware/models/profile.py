@@ -515,6 +515,9 @@ class _Index:
         labels: dict[tuple[float, ...], str] = {}
         axes: dict[str, str] = {}
         self.host: dict[str, list[float]] = {}
+        """Measured host times by regime (``gemm`` is the dense GEMMs' regime)."""
+        self.host_family: dict[str, list[float]] = {}
+        """Measured host times by kind (``gemm``: every GEMM regime, expert loops included)."""
         self.skipped = 0
         for p in profile.points:
             if p.tag:
@@ -526,7 +529,7 @@ class _Index:
                 continue
             if p.host_s is not None:
                 self.host.setdefault(f.regime, []).append(p.host_s)
-                self.host.setdefault(f.family, []).append(p.host_s)
+                self.host_family.setdefault(f.family, []).append(p.host_s)
             labels.setdefault(f.shape, f.label())
             axes[f.regime] = f.axis
             name = f"{f.axis}={2**f.size:.4g}" + (f"@{f.label()}" if f.shape else "")
@@ -690,10 +693,10 @@ class ProfileModel:
         return dataclasses.replace(cost, detail=f"{why}: {cost.detail}".rstrip(": "))
 
     def _host_s(self, profile: DeviceProfile, idx: _Index, f: Features | None) -> float | None:
-        for key in (f.regime, f.family) if f is not None else ():
-            hosts = idx.host.get(key)
-            if hosts:
-                return statistics.median(hosts)
+        if f is not None:
+            for hosts in (idx.host.get(f.regime), idx.host_family.get(f.family)):
+                if hosts:
+                    return statistics.median(hosts)
         return profile.aten_issue_us * 1e-6 if profile.aten_issue_us is not None else None
 
     def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:

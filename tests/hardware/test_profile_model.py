@@ -352,3 +352,27 @@ def test_a_decode_is_placed_by_its_sequence_kv_head_pairs() -> None:
     model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *pts]))
     op = Attention(id=0, batch=8, q_len=1, kv_len=2048, heads=4, kv_heads=1, head_dim=128)  # 8 pairs, GQA 4
     assert roofline_seconds(op, H100) / _quiet(model, op)[0] == pytest.approx(0.3)
+
+
+def test_a_dense_gemms_issue_time_is_the_dense_gemm_points_median_not_the_expert_loops() -> None:
+    """The dense GEMM regime (``gemm``) and the GEMM kind share a name: an expert loop's host time (a
+    whole loop of calls) must not enter the dense regime's median, only the kind's fallback."""
+    import statistics
+
+    from hardware.models.profile import profile_features
+
+    path = hardware_profile(load_hardware("h100-sxm"))
+    assert path is not None
+    profile = load_profile(path)
+    dense, family = [], []
+    for p in profile.points:
+        f = profile_features(p.op)
+        if p.tag or f is None or p.host_s is None or f.family != "gemm":
+            continue
+        family.append(p.host_s)
+        if f.regime == "gemm":
+            dense.append(p.host_s)
+    assert statistics.median(family) > statistics.median(dense)  # the loops' hundreds of us pull it up
+    op = Gemm(id=0, m=8, n=4096, k=4096, dtype=DType.bf16)
+    cost = ProfileModel(profile).estimate(op, load_hardware("h100-sxm"))
+    assert cost.host_s == pytest.approx(statistics.median(dense))
