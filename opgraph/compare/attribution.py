@@ -9,8 +9,9 @@ Two methods give a measured trace's kernels to graph ops, tried in this order:
 
 An alignment is only used when it passes two checks: the kernels given to ops fit the ops' kinds (GEMM
 and attention kernels to GEMM and attention ops, the others to the others: :data:`KIND_MISFIT` of the
-attributed time at most), and every layer's reference time stands in about the same ratio to its
-predicted time (:data:`LAYER_SPREAD`), as the layers of one model run the same ops. When neither method
+attributed time at most), and, for an alignment by calls (whose layer boundaries the analysis inferred;
+module ranges name each kernel's layer), every layer's reference time stands in about the same ratio to
+its predicted time (:data:`LAYER_SPREAD`), as the layers of one model run the same ops. When neither method
 gives a fitting alignment the comparison stays at step, layer and kind; a note says which method was
 used, and why the others were not.
 """
@@ -53,12 +54,17 @@ class Attribution:
 
 
 def misfit(
-    owners: Mapping[int, Sequence[GpuEvent]], ops: Mapping[int, OpBase], predicted: Mapping[int, float]
+    owners: Mapping[int, Sequence[GpuEvent]],
+    ops: Mapping[int, OpBase],
+    predicted: Mapping[int, float],
+    layers: bool = True,
 ) -> str | None:
-    """Why an alignment cannot be right (kernels of other kinds, or a layer with a share of the trace far
-    from its share of the prediction); None when it passes both checks.
+    """Why an alignment cannot be right (kernels of other kinds, or, with ``layers``, a layer with a share
+    of the trace far from its share of the prediction); None when it passes the checks.
 
-    ``ops``: the graph ops by id; ``predicted``: predicted device time by op id.
+    ``ops``: the graph ops by id; ``predicted``: predicted device time by op id. The layer check is for
+    alignments whose layer boundaries are inferred (by calls); module ranges name each kernel's layer, and
+    a layer's time may legitimately stray (a router that loads fewer experts in one layer, a noisy host).
     """
     total = wrong = 0.0
     worst: dict[int, float] = defaultdict(float)
@@ -77,6 +83,8 @@ def misfit(
             f"{op.kind.value} op {op_id}, {op.scope or op.target}, got {worst[op_id]:,.1f} us of "
             f"{'other' if op.kind in OpCategory.MATMUL else 'GEMM or attention'} kernels)"
         )
+    if not layers:
+        return None
     ref: dict[int, float] = defaultdict(float)
     pred: dict[int, float] = defaultdict(float)
     for op_id, ks in owners.items():
@@ -121,7 +129,7 @@ def attribute_ops(groups: Sequence[Bucket], data: TraceData, predicted: Mapping[
     elif not modules.owners:
         rejected.append("module ranges: no kernel lined up with an op")
     else:
-        why = misfit(modules.owners, ops, predicted)
+        why = misfit(modules.owners, ops, predicted, layers=False)
         if why is None:
             missed = (
                 f"; scopes not lined up: {', '.join(modules.unaligned_scopes[:6])}" if modules.unaligned_scopes else ""
