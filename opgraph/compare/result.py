@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
@@ -114,8 +114,11 @@ class StepError(FrozenModel):
 
 
 class Comparison(FrozenModel):
-    """The result of comparing a predicted timeline with a reference timeline."""
+    """The result of comparing a predicted timeline with a reference timeline (``opgraph compare --json``, the
+    ``comparison.json`` of ``opgraph validate``; read one back with ``opgraph.ir.load_model(path, Comparison)``)."""
 
+    schema_version: Literal[1] = 1
+    """Format version; the loader refuses other versions with a clear message."""
     predicted: str
     """Label of the predicted timeline."""
     reference: str

@@ -10,12 +10,12 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Literal, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
 from opgraph.ir.errors import GraphLintError, LoadError, SchemaVersionError
-from opgraph.ir.graph import GRAPH_SCHEMA_VERSIONS, SCHEMA_VERSION, OpGraph
+from opgraph.ir.graph import SCHEMA_VERSION, OpGraph
 from opgraph.ir.timeline import Timeline
 
 M = TypeVar("M", bound=BaseModel)
@@ -94,19 +94,34 @@ _WHAT_TO_PASS = {
 }
 
 
-def _kind_of(raw: dict[str, object]) -> str | None:
-    """What kind of opgraph (or other) file a JSON object is, from its top-level keys; None when unknown."""
+_KNOWN_FILES: tuple[tuple[frozenset[str], str, str], ...] = (
+    (frozenset({"traceEvents"}), "", "a torch-profiler trace"),
+    (frozenset({"ops", "edges"}), "OpGraph", "an OpGraph"),
+    (frozenset({"source", "spans"}), "Timeline", "a Timeline"),
+    (frozenset({"phases", "expectations"}), "ScenarioSummary", "a scenario summary"),
+    (frozenset({"makespan_us", "engines"}), "SimulationStats", "simulation statistics"),
+    (
+        frozenset({"predicted", "reference", "join", "end_to_end"}),
+        "Comparison",
+        "a comparison (`opgraph compare --json`)",
+    ),
+    (frozenset({"settings", "summary", "requests"}), "ServingResult", "a serving result (`opgraph serve-sim -o`)"),
+    (
+        frozenset({"model", "device", "hardware", "steps"}),
+        "ValidationSummary",
+        "a validation summary (the summary.json of `opgraph validate`)",
+    ),
+)
+"""Files told apart by their top-level keys: (keys the file holds, the model class it is, what to call it)."""
+
+
+def _kind_of(raw: dict[str, object]) -> tuple[str, str] | None:
+    """``(model class, description)`` of the opgraph (or other) file a JSON object is, from its top-level keys;
+    None when unknown."""
     keys = raw.keys()
-    if "traceEvents" in keys:
-        return "a torch-profiler trace"
-    if {"ops", "edges"} <= keys:
-        return "an OpGraph"
-    if {"source", "spans"} <= keys:
-        return "a Timeline"
-    if {"phases", "expectations"} <= keys:
-        return "a scenario summary"
-    if {"makespan_us", "engines"} <= keys:
-        return "simulation statistics"
+    for needed, cls_name, description in _KNOWN_FILES:
+        if needed <= keys:
+            return cls_name, description
     return None
 
 
@@ -114,11 +129,11 @@ def _wrong_kind(path: str | Path, data: bytes, raw: object, cls: type[BaseModel]
     """A :class:`LoadError` saying which kind of file ``path`` is, when it is clearly not a ``cls``."""
     want = _article(cls.__name__)
     hint = _WHAT_TO_PASS.get(cls.__name__)
-    got: str | None = None
+    got: tuple[str, str] | None = None
     if isinstance(raw, dict):
         got = _kind_of(raw)
     elif str(path).endswith(".toml"):
-        got = "a TOML file (a scenario or a hardware spec)"
+        got = ("", "a TOML file (a scenario or a hardware spec)")
     else:
         first = data.lstrip().split(b"\n", 1)[0]
         try:
@@ -126,10 +141,26 @@ def _wrong_kind(path: str | Path, data: bytes, raw: object, cls: type[BaseModel]
         except (json.JSONDecodeError, UnicodeDecodeError):
             line = None
         if isinstance(line, dict) and {"key", "status"} <= line.keys():
-            got = "replay results (JSON lines from `opgraph replay`)"
-    if got is None or got == want:
+            got = ("", "replay results (JSON lines from `opgraph replay`)")
+    if got is None or got[0] == cls.__name__:
         return None
-    return LoadError(f"is {got}, not {want}", where=str(path), hint=hint)
+    return LoadError(f"is {got[1]}, not {want}", where=str(path), hint=hint)
+
+
+def schema_versions(cls: type[BaseModel]) -> tuple[int, ...]:
+    """The ``schema_version`` values of ``cls`` files this opgraph reads, oldest first (the values of its
+    ``schema_version: Literal[...]`` field); empty for a model without one.
+
+    >>> from opgraph.ir import OpGraph, Timeline
+    >>> schema_versions(OpGraph), schema_versions(Timeline)
+    ((1, 2), (1,))
+    """
+    field = cls.model_fields.get("schema_version")
+    if field is None:
+        return ()
+    if get_origin(field.annotation) is Literal:
+        return tuple(sorted(v for v in get_args(field.annotation) if type(v) is int))
+    return (field.default,) if type(field.default) is int else (SCHEMA_VERSION,)
 
 
 def load_model(path: str | Path, cls: type[M]) -> M:
@@ -154,11 +185,19 @@ def load_model(path: str | Path, cls: type[M]) -> M:
     if not isinstance(raw, dict):
         got = type(raw).__name__
         raise LoadError(f"expected a JSON object for {_article(cls.__name__)}, got {got}", where=str(path))
-    if "schema_version" in cls.model_fields:
+    readable = schema_versions(cls)
+    if readable:
         version = raw.get("schema_version")
-        readable = GRAPH_SCHEMA_VERSIONS if cls is OpGraph else (SCHEMA_VERSION,)
         latest = max(readable)
         if version not in readable or isinstance(version, bool):
+            known = _kind_of(raw)
+            if version is None and known is not None and known[0] == cls.__name__:
+                raise SchemaVersionError(
+                    f"{_article(cls.__name__)} file without a schema_version: written by an opgraph older than "
+                    f"this one's {latest}",
+                    where=str(path),
+                    hint="re-create the file with this opgraph",
+                )
             if not isinstance(version, int) or isinstance(version, bool):
                 raise LoadError(
                     f"not {_article(cls.__name__)} file: schema_version is {version!r}",

@@ -7,7 +7,7 @@ without importing the CLI.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -33,6 +33,9 @@ class ValidationStep(FrozenModel):
 class ValidationSummary(FrozenModel):
     """What ``opgraph validate`` measured and predicted (``summary.json`` of its folder)."""
 
+    schema_version: Literal[1] = 1
+    """Format version; other versions are refused. A ``summary.json`` written before summaries carried one
+    reads as version 1, so a new validation still replaces such a folder."""
     model: str
     device: str
     device_name: str = ""

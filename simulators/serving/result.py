@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -190,9 +190,11 @@ def summarize(
 
 
 class ServingResult(FrozenModel):
-    """A served-workload simulation, saved as JSON."""
+    """A served-workload simulation, saved as JSON (``opgraph serve-sim -o``, a scenario's
+    ``serving.result.json``; read one back with ``opgraph.ir.load_model(path, ServingResult)``)."""
 
-    schema_version: int = 1
+    schema_version: Literal[1] = 1
+    """Format version; the loader refuses other versions with a clear message."""
     settings: ServingSettings
     summary: ServingSummary
     requests: tuple[RequestRecord, ...]

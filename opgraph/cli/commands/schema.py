@@ -25,6 +25,9 @@ SAVED_TYPES: dict[str, str] = {
     "scenario": "opgraph.scenario:Scenario",
     "scenario_summary": "opgraph.scenario:ScenarioSummary",
     "coverage_report": "validators.coverage:CoverageReport",
+    "comparison": "opgraph.compare:Comparison",
+    "validation_summary": "opgraph.scenario.validation:ValidationSummary",
+    "serving_result": "simulators.serving:ServingResult",
 }
 
 

@@ -14,8 +14,17 @@ from conftest import TINY_LLAMA, cli_runner, one_error_line
 
 from opgraph.cli.app import app
 from opgraph.cli.commands.validate import ValidationStep, ValidationSummary
-from opgraph.compare import cpu_device_view
-from opgraph.ir import OpgraphError, Span, Timeline, TimelineKind, TimelineSource, load_graph, load_timeline
+from opgraph.compare import Comparison, cpu_device_view
+from opgraph.ir import (
+    OpgraphError,
+    Span,
+    Timeline,
+    TimelineKind,
+    TimelineSource,
+    load_graph,
+    load_model,
+    load_timeline,
+)
 
 FAST = ["--max-time", "0.02", "--wall-repeats", "1", "--no-check"]
 FILES = {
@@ -44,7 +53,10 @@ def validated(config: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
 def test_validate_on_cpu_writes_every_step_into_one_folder(validated: tuple[Path, str]) -> None:
     out, stdout = validated
     assert {p.name for p in out.iterdir()} == FILES
-    summary = ValidationSummary.model_validate_json((out / "summary.json").read_text())
+    summary = load_model(out / "summary.json", ValidationSummary)
+    # both result files carry their format version, which their loader checks
+    assert json.loads((out / "summary.json").read_text())["schema_version"] == 1
+    assert load_model(out / "comparison.json", Comparison).median_abs_rel_error == summary.median_op_err
     # only the steps that ran: no issue timing on a CPU, and the notes say why
     assert [(s.name, s.done) for s in summary.steps] == [
         ("capture", True), ("replay", True), ("calibrate", True), ("profile", True), ("simulate", True),

@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from opgraph.cli.app import app
+from opgraph.ir import load_model
 from simulators.serving import ServingResult
 from tests.conftest import TINY_LLAMA
 
@@ -51,7 +52,8 @@ def test_poisson_run_writes_result_perfetto_and_plot(config: Path, tmp_path: Pat
         png,
     )
     assert res.exit_code == 0, res.output
-    result = ServingResult.model_validate_json(out.read_text())
+    assert json.loads(out.read_text())["schema_version"] == 1
+    result = load_model(out, ServingResult)  # checks the version as every saved file's loader does
     assert result.summary.completed == 20 and result.settings.scheduler == "chunked"
     assert "TTFT" in res.output and "TPOT" in res.output and "end-to-end" in res.output
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
