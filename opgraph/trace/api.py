@@ -80,9 +80,13 @@ def align_ranks(ranks: Sequence[TraceData]) -> list[RankAlignment]:
     return result
 
 
-def load_trace_data(path: str | Path, *, python: bool = False) -> list[TraceData]:
-    """Every rank at ``path``, imported and linked (the raw form behind :func:`load_trace`)."""
-    return collect_all(path, python=python)
+def load_trace_data(path: str | Path, *, python: bool = False, modules: bool = True) -> list[TraceData]:
+    """Every rank at ``path``, imported and linked (the raw form behind :func:`load_trace`).
+
+    ``python`` keeps every ``python_function`` event (the Python stack of ``with_stack=True``); without
+    it only the ``nn.Module: ...`` ones are kept (unless ``modules`` is false): the module scopes the
+    classifier reads, which :func:`load_trace` and :func:`analyze` keep as well."""
+    return collect_all(path, python=python, modules=modules)
 
 
 @_paused

@@ -21,6 +21,9 @@ HOST_KINDS = (
     SpanCategory.PYTHON,
 )
 """Kinds of host activity (``gpu_annotation`` lies on the device clock but carries no work)."""
+MODULE_EVENT_PREFIX = "nn.Module:"
+"""Start of the name of the ``python_function`` event of an ``nn.Module`` call (``nn.Module: Qwen3MoeExperts_0``,
+with ``with_stack=True``): a module scope, kept on import while other Python events are left out."""
 
 
 @dataclass(slots=True)

@@ -1,9 +1,10 @@
 """Import of Kineto/torch-profiler Chrome traces into linked :class:`TraceData` and measured ``Timeline``s.
 
 Device activity (kernels, memcpy, memset) becomes spans on ``gpu<device>/stream<id>`` tracks; host
-activity (CPU ops, runtime launches, user annotations) spans on ``cpu/<thread>`` tracks; GPU-side user
-annotations on ``gpu<device>/annotations``. Kernels are linked to the runtime call that launched them
-by correlation id (or, lacking it, through the ``ac2g`` flow events) and to the innermost CPU op by
+activity (CPU ops, runtime launches, user annotations, and the ``nn.Module`` events of a trace recorded
+``with_stack=True``, which scope module calls; other Python events are left out) spans on ``cpu/<thread>``
+tracks; GPU-side user annotations on ``gpu<device>/annotations``. Kernels are linked to the runtime call
+that launched them by correlation id (or, lacking it, through the ``ac2g`` flow events) and to the innermost CPU op by
 External id. Known quirks are tolerated and reported in ``Timeline.notes``.
 """
 
@@ -23,7 +24,7 @@ from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.graph import Scalar
 from opgraph.ir.ops import OpKind, Stage
 from opgraph.ir.timeline import Bound, Span, SpanCategory, Timeline, TimelineKind, span_factory
-from opgraph.trace.events import GPU_KINDS, HOST_KINDS, GpuEvent, HostEvent, TraceData
+from opgraph.trace.events import GPU_KINDS, HOST_KINDS, MODULE_EVENT_PREFIX, GpuEvent, HostEvent, TraceData
 from opgraph.trace.reader import NoTraceEventsError, TraceFile, TraceFormatError, discover, read_trace
 from opgraph.trace.window import WINDOW_ARG, WINDOW_PHRASE, window_leftovers, window_note
 
@@ -97,15 +98,20 @@ def _loose_json(value: Any, key: str, notes: list[str]) -> Any:
         return None
 
 
-def collect(file: TraceFile, *, python: bool = False) -> TraceData:
-    """Read one trace file into linked :class:`TraceData` (events sorted by start; times from 0)."""
+def collect(file: TraceFile, *, python: bool = False, modules: bool = True) -> TraceData:
+    """Read one trace file into linked :class:`TraceData` (events sorted by start; times from 0).
+
+    ``python`` keeps every ``python_function`` event (the Python call stack of ``with_stack=True``);
+    otherwise only ``modules`` keeps the ``nn.Module: ...`` ones (:data:`MODULE_EVENT_PREFIX`), the module
+    scopes the classifier reads (an MoE experts module around its per-expert GEMMs). They are few: one per
+    module call, against every Python function call."""
     # Cyclic GC passes over millions of freshly decoded dicts cost more than the parse itself;
     # nothing decoded here forms cycles, so collection is paused while importing.
     with paused_gc():
-        return _collect(file, python)
+        return _collect(file, python, modules)
 
 
-def _collect(file: TraceFile, python: bool) -> TraceData:
+def _collect(file: TraceFile, python: bool, modules: bool) -> TraceData:
     stream = read_trace(file)
     data = TraceData(file=file.name)
     gpu: list[GpuEvent] = []
@@ -141,10 +147,14 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
                     hkind = None if gkind else host_cats.get(cat)
                     if gkind is None and hkind is None:
                         continue
-                if hkind is SpanCategory.PYTHON and not python:
-                    skipped_python += 1
-                    continue
             name = ev.get("name")
+            if (
+                hkind is SpanCategory.PYTHON
+                and not python
+                and not (modules and type(name) is str and name.startswith(MODULE_EVENT_PREFIX))
+            ):
+                skipped_python += 1
+                continue
             dur = ev.get("dur")
             if type(dur) is not float:
                 dur = _num(dur)
@@ -232,8 +242,8 @@ def _collect(file: TraceFile, python: bool) -> TraceData:
         data.incomplete.append(f"skipped {bad_dur} events with a negative duration")
     if skipped_python:
         data.notes.append(
-            f"{skipped_python} python_function events not imported "
-            "(the Python API's opgraph.trace.load_trace_data(path, python=True) keeps them)"
+            f"{skipped_python} python_function events {'other than nn.Module scopes ' if modules else ''}not "
+            "imported (the Python API's opgraph.trace.load_trace_data(path, python=True) keeps them)"
         )
     _link(data, gpu, host, flow_start, flow_end)
     gpu.sort(key=lambda e: e.ts)
@@ -411,14 +421,15 @@ def _describe(data: TraceData) -> None:
         notes.append("no input shapes (record_shapes was off): stages cannot be read from attention shapes")
 
 
-def collect_all(path: str | Path, *, python: bool = False) -> list[TraceData]:
-    """Every rank at ``path`` (a file, a folder of ranks, or a ``.tar.gz``), each linked, sorted by rank."""
+def collect_all(path: str | Path, *, python: bool = False, modules: bool = True) -> list[TraceData]:
+    """Every rank at ``path`` (a file, a folder of ranks, or a ``.tar.gz``), each linked, sorted by rank
+    (``python`` and ``modules``: which Python events to keep, as in :func:`collect`)."""
     files = discover(path)
     out: list[TraceData] = []
     skipped: list[str] = []
     for f in files:
         try:
-            out.append(collect(f, python=python))
+            out.append(collect(f, python=python, modules=modules))
         except NoTraceEventsError:
             if len(files) == 1:
                 raise
@@ -668,8 +679,8 @@ def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> 
     timeline whose device spans sit on ``gpu*`` tracks). ``link`` rebuilds each kernel's launching CPU op
     (``launch_host``, with its parents and input dims) from the host spans, as attribution and comparison
     need; the analysis needs only the op names the spans carry. Without ``cpu_ops`` (and ``link``) only
-    the host spans the analysis reads are kept: annotations (steps) and CUDA-graph launches (the start
-    of graph replays)."""
+    the host spans the analysis reads are kept: annotations (steps), CUDA-graph launches (the start
+    of graph replays) and ``nn.Module`` Python events (module scopes)."""
     data = TraceData(file=tl.source.trace_file or tl.source.name or "timeline")
     data.device_name = tl.source.device
     # the note on window leftovers is the import's; the analysis finds them again and says so in its own words
@@ -682,6 +693,7 @@ def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> 
     all_host = cpu_ops or link
     host_kinds = _HOST_KIND_OF if all_host else _ANALYSIS_HOST_KIND_OF
     runtime = SpanCategory.RUNTIME
+    python = SpanCategory.PYTHON
     gpu_track: dict[str, bool] = {}
     gpu_append = data.gpu.append
     host_append = data.host.append
@@ -729,7 +741,12 @@ def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> 
             gpu_append(ev)
         else:
             hkind = host_kinds.get(typ) if type(typ) is str else None
-            if hkind is not None and (all_host or hkind is not runtime or "GraphLaunch" in s.name):
+            if hkind is not None and (
+                all_host
+                or (hkind is not runtime and hkind is not python)
+                or (hkind is runtime and "GraphLaunch" in s.name)
+                or (hkind is python and s.name.startswith(MODULE_EVENT_PREFIX))
+            ):
                 dims = a.get("input_dims")
                 host_append(
                     HostEvent(
@@ -756,7 +773,9 @@ def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> 
 _GPU_KIND_OF = {k.value: k for k in GPU_KINDS}
 _HOST_KIND_OF = {k.value: k for k in HOST_KINDS}
 _ANALYSIS_HOST_KIND_OF = {
-    k.value: k for k in HOST_KINDS if k in (SpanCategory.ANNOTATION, SpanCategory.GPU_ANNOTATION, SpanCategory.RUNTIME)
+    k.value: k
+    for k in HOST_KINDS
+    if k in (SpanCategory.ANNOTATION, SpanCategory.GPU_ANNOTATION, SpanCategory.RUNTIME, SpanCategory.PYTHON)
 }
 
 
