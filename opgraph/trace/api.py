@@ -89,6 +89,17 @@ def load_trace_data(path: str | Path, *, python: bool = False, modules: bool = T
     return collect_all(path, python=python, modules=modules)
 
 
+def _check_rank(datas: Sequence[TraceData], rank: int, path: str | Path) -> None:
+    """Raise unless ``datas`` hold ``rank`` (a single trace without rank info holds rank 0)."""
+    ranks = [d.rank if d.rank is not None else 0 for d in datas]
+    if rank in ranks:
+        return
+    hint = f"ranks: {ranks}"
+    if len(datas) == 1 and datas[0].rank is None:
+        hint += "; a single-rank trace without distributedInfo is rank 0"
+    raise OpgraphError(f"no rank {rank} in the trace", where=str(path), hint=hint)
+
+
 @_paused
 def load_traces(
     path: str | Path, *, cpu: bool = True, patterns: PatternsArg = None, analyzed: bool = True
@@ -117,10 +128,18 @@ def load_trace(
 ) -> Timeline:
     """The measured ``Timeline`` of a trace: GPU kernels (typed, with layer, stage and pass) and, with
     ``cpu``, host spans. A multi-rank input gives ``rank`` (default: all ranks in one timeline, their
-    tracks prefixed ``rank<r>/`` and clocks aligned on collectives)."""
+    tracks prefixed ``rank<r>/`` and clocks aligned on collectives).
+
+    A ``rank`` the trace does not hold is an :class:`OpgraphError` naming the ranks it does, for a
+    single-rank trace as for a multi-rank one: a single-rank trace holds the rank its
+    ``distributedInfo`` names, or rank 0 when it names none (a trace recorded without distributed
+    info is taken as rank 0, so ``rank=0`` selects it).
+    """
     ps = _patterns(patterns)
     clf = KernelClassifier(ps)
     datas = collect_all(path)
+    if rank is not None:
+        _check_rank(datas, rank, path)
     labels = [Analyzer(ps, clf).labels(d) for d in datas]
     if len(datas) == 1:
         return to_timeline(datas[0], cpu=cpu, labels=labels[0])
@@ -128,7 +147,6 @@ def load_trace(
         for d, lab in zip(datas, labels, strict=True):
             if d.rank == rank:
                 return to_timeline(d, cpu=cpu, labels=lab)
-        raise OpgraphError(f"no rank {rank} in the trace", where=str(path), hint=f"ranks: {[d.rank for d in datas]}")
     align = {a.rank: a for a in align_ranks(datas)}
     origin = min(d.origin_us + align[d.rank or 0].offset_us for d in datas)
     parts = [

@@ -23,8 +23,9 @@ from typing import Any
 from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.graph import Scalar
 from opgraph.ir.ops import OpKind, Stage
-from opgraph.ir.timeline import Bound, Span, SpanCategory, Timeline, TimelineKind, span_factory
+from opgraph.ir.timeline import Bound, KernelType, Span, SpanCategory, Timeline, TimelineKind, span_factory
 from opgraph.trace.events import GPU_KINDS, HOST_KINDS, MODULE_EVENT_PREFIX, GpuEvent, HostEvent, TraceData
+from opgraph.trace.patterns import core_name
 from opgraph.trace.reader import NoTraceEventsError, TraceFile, TraceFormatError, discover, read_trace
 from opgraph.trace.window import WINDOW_ARG, WINDOW_PHRASE, window_leftovers, window_note
 
@@ -502,7 +503,9 @@ def to_timeline(
     checks at a large share of the import's cost."""
     make = _make_span
     category = _CATEGORY
-    opkind = OP_KIND_OF_TYPE
+    opkind_of_type = OP_KIND_OF_TYPE
+    opkind = op_kind
+    moe = KernelType.MOE
     stages = _STAGE
     kernel = SpanCategory.KERNEL
     gpu_tracks: dict[tuple[int, int], str] = {}
@@ -549,7 +552,7 @@ def to_timeline(
             "start_us": g.ts + offset_us,
             "dur_us": g.dur,
             "op_id": None,
-            "kind": opkind.get(ktype),
+            "kind": opkind(g) if ktype is moe else opkind_of_type.get(ktype),
             "category": category[ktype.value if g.kind is kernel else g.kind.value],
             "layer": layer,
             "stage": stage_member,
@@ -667,11 +670,58 @@ OP_KIND_OF_TYPE: dict[str, OpKind] = {
         "communication": "collective",
         "sampling": "topk",
         "embedding": "embedding",
+        "moe": "moe_routing",
+        "quantization": "elementwise",
         "other": "other",
         "unknown": "other",
     }.items()
 }
-"""Kernel type of a device event -> the op kind its span takes (``other`` where the IR has no such kind)."""
+"""Kernel type of a device event -> the op kind its span takes, for every kernel type (``other`` where the
+IR has no such kind). A graph's ``TopK`` op covers sampling (argmax, multinomial), so ``sampling`` kernels
+take its ``topk`` kind. ``moe`` kernels take ``moe_routing`` here, except the expert GEMMs among them, which
+take ``gemm`` (:func:`op_kind`), as a graph lowers an MoE block into ``MoeRouting`` ops (router top-k,
+dispatch, combine) and expert ``Gemm`` ops."""
+
+_EXPERT_GEMM_NAME = re.compile(
+    r"gemm|matmul|nvjet|cutlass|cublas|xmma|fused_moe_kernel|fmoe|ck_moe_stage|fused_experts|gate_up_proj"
+    r"|(^|[^a-z])b?mm([^a-z]|$)",
+    re.IGNORECASE,
+)
+"""Names of MoE kernels that run the experts' GEMMs (vLLM's ``fused_moe_kernel``, ``_matmul_ogs``, grouped
+GEMMs, AITER's ``fmoe``, CK's MoE stages, trtllm-gen's ``bmm_``), unless :data:`_ROUTING_NAME` matches too."""
+_ROUTING_NAME = re.compile(
+    r"topk|sort|histogram|align|finalize|scatter|gather|routing|permute|shuffle|count|softmax|memset|pad|prepare"
+    r"|moe_sum|fused_gate",
+    re.IGNORECASE,
+)
+"""Names of MoE kernels that route, dispatch or combine tokens (``_finalize_matmul_scatter``,
+``moe_align_block_size``, the router's top-k), whatever GEMM word they hold."""
+
+
+def is_expert_gemm(g: GpuEvent) -> bool:
+    """An MoE kernel (``g.ktype`` is ``moe``) that runs expert GEMMs: launched by a matmul CPU op
+    (``aten::_grouped_mm``, ``aten::bmm`` over gathered expert weights, an eager loop's ``aten::mm``), or,
+    without CPU ops, named as a GEMM and not as routing (:data:`_EXPERT_GEMM_NAME`)."""
+    if any(op.endswith("mm") for op in g.launch_stack):
+        return True
+    core = core_name(g.name)
+    return _EXPERT_GEMM_NAME.search(core) is not None and _ROUTING_NAME.search(core) is None
+
+
+def op_kind(g: GpuEvent) -> OpKind | None:
+    """The op kind of a device event's span (:data:`OP_KIND_OF_TYPE`; an expert GEMM is ``gemm``).
+
+    >>> def moe(name: str) -> GpuEvent:
+    ...     return GpuEvent(name, SpanCategory.KERNEL, 0.0, 1.0, 0, 7, ktype=KernelType.MOE)
+    >>> op_kind(moe("_matmul_ogs_NNT_bf16xbf16xmxfp4_16x128x256x1_swiglu")).value
+    'gemm'
+    >>> op_kind(moe("_finalize_matmul_scatter_bf16")).value
+    'moe_routing'
+
+    """
+    if g.ktype is KernelType.MOE and is_expert_gemm(g):
+        return OpKind.GEMM
+    return OP_KIND_OF_TYPE.get(g.ktype)
 
 
 def from_timeline(tl: Timeline, *, link: bool = False, cpu_ops: bool = True) -> TraceData:

@@ -126,8 +126,13 @@ class PatternSet:
         """The type that the launching CPU ops give a kernel (``ops`` innermost first): the outermost op
         matching a ``[[launch]]`` rule decides (``vllm::moe_forward`` around ``aten::mm`` is MoE). Kernels
         whose name a ``fixed`` rule types keep that type (:meth:`name_type`): the copy that ``aten::matmul``
-        makes of a strided input is a copy, not GEMM work."""
+        makes of a strided input is a copy, not GEMM work. The host range inductor opens around each
+        fused Triton kernel's launch is skipped: it is the kernel's own name (``triton_poi_fused_..._sin_``
+        ``..._scaled_dot_product_cudnn_attention_..._3``), which lists the ops that the kernel's outputs
+        feed, not a CPU op that ran it (:func:`inductor_type` reads it)."""
         for op in reversed(ops):
+            if is_inductor_kernel(op):  # inductor's range around its own kernel: the name rules read it
+                continue
             for rule in self.launch_rules:
                 if rule.regex.search(op):
                     return rule.ktype
@@ -248,10 +253,38 @@ _INDUCTOR_MEMORY = frozenset(
     }
 )
 
+_INDUCTOR_CONSUMERS = frozenset(
+    {"mm", "addmm", "bmm", "baddbmm", "scaled", "dot", "product", "attention", "cudnn", "flash", "efficient", "flex"}
+)
+"""Words of the matmul and attention ops (``bmm``, ``_scaled_dot_product_cudnn_attention``) in a pointwise or
+reduction kernel's name: ops whose inputs the kernel prepares (an extern kernel runs them), not what it
+computes."""
+
+
+def is_inductor_kernel(name: str) -> bool:
+    """``name`` is an inductor (torch.compile) fused Triton kernel's: ``triton_poi_fused_add_0``.
+
+    Inductor also opens a host range of that name around each launch; it names the kernel, not a CPU
+    op that says what the kernel computes (see :meth:`PatternSet.launch_type`)."""
+    return _INDUCTOR.match(name) is not None
+
 
 def inductor_type(core: str) -> KernelType | None:
     """The type of a torch.compile (inductor) fused kernel from the ops its name lists, or None for other
-    names. ``triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0`` is an RMSNorm, not a copy."""
+    names. ``triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0`` is an RMSNorm, not a copy.
+
+    The name lists every op of the FX nodes fused into the kernel, including the ones whose inputs it
+    only prepares: RoPE's ``cos``/``sin``/``neg``/``cat`` fused into the producer of an ``mm``'s or a
+    ``_scaled_dot_product_cudnn_attention``'s input carries ``bmm`` and ``attention`` in its name. Only a
+    template kernel (``triton_tem_``) runs a matmul; the matmuls and attention of a compiled graph are
+    otherwise extern kernels (cuBLAS, cuDNN, flash), so a pointwise or reduction kernel (``poi``, ``red``,
+    ``per``) is typed by what it computes, never as a GEMM or by the attention op it feeds.
+
+    >>> inductor_type("triton_poi_fused__to_copy_add_bmm_cat_cos_mul_neg_sin_slice_transpose_2").value
+    'rope'
+    >>> inductor_type("triton_tem_fused_addmm_7").value
+    'gemm'
+    """
     m = _INDUCTOR.match(core)
     if m is None:
         return None
@@ -259,12 +292,15 @@ def inductor_type(core: str) -> KernelType | None:
     ops = {w for w in body.split("_") if w and not w.isdigit()}
     if "moe" in ops or "experts" in ops:  # fused into a custom MoE op (vllm::moe_forward)
         return KernelType.MOE
-    if kind == "tem" or ops & {"mm", "addmm", "bmm", "baddbmm"}:
+    if kind == "tem":
         return KernelType.GEMM
     if ("rsqrt" in ops and ops & {"mean", "var", "sum"}) or "norm" in ops:
         return KernelType.NORM
-    if (ops & {"softmax", "amax"} and ops & {"exp", "softmax"}) or ("flex" in ops and "attention" in ops):
+    if ops & {"softmax", "amax"} and ops & {"exp", "softmax"}:
+        # a fused softmax: attention's (a decomposed math SDPA) when the name says so, as eager attention's
+        # softmax between its batched GEMMs is typed attention
         return KernelType.ATTENTION if "attention" in ops else KernelType.ACTIVATION
+    ops -= _INDUCTOR_CONSUMERS
     if ops & {"silu", "gelu", "relu", "sigmoid", "tanh", "swiglu"}:
         return KernelType.ACTIVATION
     if "embedding" in ops and len(ops - _INDUCTOR_MEMORY) == 0:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -17,6 +18,14 @@ from opgraph.cli.common import (
     print_notes,
 )
 from opgraph.fmt import fmt_us
+
+if TYPE_CHECKING:
+    from opgraph.ir.timeline import Timeline
+
+
+_ATTENTION_LABEL = {"mha": "MHA/GQA"}
+"""How the summary names the analysis's attention variant: ``mha`` only sets apart multi-head attention with
+one key/value head per query head or shared ones (GQA, MQA), which the kernels do not tell apart, from MLA."""
 
 
 def _parse_layers(text: str | None) -> list[int]:
@@ -56,7 +65,7 @@ def analyze(
         None, "-o", "--output", help="Save the measured timeline (kernels labelled by layer/stage/pass) here."
     ),
     gantt: Path | None = typer.Option(None, "--gantt", help="Draw a Gantt chart PNG of the GPU kernels."),
-    top: int = typer.Option(15, "--top", help="Unique kernels to list with -v."),
+    top: int = typer.Option(15, "--top", min=1, help="Unique kernels to list with -v."),
 ) -> None:
     """Classify every GPU kernel of a trace by type, stage (prefill/decode) and transformer layer."""
     from opgraph.ir import save_model
@@ -69,6 +78,8 @@ def analyze(
     check_distinct_outputs([(json_out, "--json-out"), (output, "-o/--output"), (gantt, "--gantt")])
     ps = load_patterns(list(patterns))
     result, datas, labels = analyze_full(trace, patterns=ps, split_half_layers=split_half_layers)
+    if debug:
+        _check_layers(debug, len(result.layers))
     result = result.model_copy(update={"notes": cli_notes(result.notes)})
     if json_out is not None:
         save_model(result, json_out)
@@ -87,15 +98,7 @@ def analyze(
             except ImportError:
                 print("warning: Gantt chart skipped (opgraph.export.write_gantt is not available)", file=sys.stderr)
             else:
-                gpu_only = [
-                    tl.model_copy(
-                        update={
-                            "spans": tuple(s for s in tl.spans if s.args.get("type") in ("kernel", "memcpy", "memset"))
-                        }
-                    )
-                    for tl in timelines
-                ]
-                write_gantt(gpu_only, gantt, title=f"{trace.name}: GPU kernels")
+                write_gantt(_by_kernel_type(timelines), gantt, title=f"{trace.name}: GPU kernels")
     if not result.complete:
         print(
             f"warning: {trace}: incomplete trace, events were skipped; numbers cover part of it "
@@ -114,6 +117,37 @@ def analyze(
         console.print(f"Gantt chart written to {gantt}")
 
 
+def _check_layers(layers: list[int], count: int) -> None:
+    """Refuse ``--debug-layers`` indices that no detected layer has, before anything is printed."""
+    from opgraph.ir.errors import OpgraphError
+
+    missing = [li for li in layers if not 0 <= li < count]
+    if not missing:
+        return
+    which = f"layer {missing[0]}" if len(missing) == 1 else f"layers {', '.join(str(li) for li in missing)}"
+    has = f"its layers are 0..{count - 1}" if count else "no layer was detected"
+    hint = "--show-layers lists them" if count else None
+    raise OpgraphError(f"no {which} in the trace: {has}", where="--debug-layers", hint=hint)
+
+
+def _by_kernel_type(timelines: list[Timeline]) -> list[Timeline]:
+    """The device spans of ``timelines`` without their op kind, so that a chart colours and labels them by
+    kernel type (the span's category), the types the analysis reports: ``sampling``, not the ``topk`` op
+    kind that a graph's sampling op has and the imported timeline gives such kernels."""
+    return [
+        tl.model_copy(
+            update={
+                "spans": tuple(
+                    s.model_copy(update={"kind": None})
+                    for s in tl.spans
+                    if s.args.get("type") in ("kernel", "memcpy", "memset")
+                )
+            }
+        )
+        for tl in timelines
+    ]
+
+
 def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
     from opgraph.trace import AnalysisResult
 
@@ -130,7 +164,7 @@ def _print(r: object, *, verbose: bool, show_layers: bool, top: int) -> None:
     lp = ",".join(str(x) for x in per_pass) if per_pass else "0"
     console.print(
         f"passes: {len(r.passes)} ({stages})  layers: {len(r.layers)} ({lp} per pass)  "
-        f"attention: {r.attention.upper()}  "
+        f"attention: {_ATTENTION_LABEL.get(r.attention, r.attention.upper())}  "
         f"unknown: {r.unknown_pct:.1f}% of time, {r.unknown_count_pct:.1f}% of kernels"
         + ("  half-layers merged" if r.half_layers_merged else "")
     )
@@ -267,11 +301,7 @@ def _debug(
     from opgraph.trace import AnalysisResult, PatternSet, TraceData
 
     assert isinstance(data, TraceData) and isinstance(r, AnalysisResult) and isinstance(ps, PatternSet)
-    known = {x.index for x in r.layers}
-    for li in layers:
-        if li not in known:
-            console.print(f"layer {li}: not found (0..{len(r.layers) - 1})")
-            continue
+    for li in layers:  # all valid (_check_layers)
         info = r.layers[li]
         console.print(
             f"[bold]layer {li}[/bold] (pass {info.pass_index}, layer {info.layer}, {info.kind}, "

@@ -17,7 +17,13 @@ def import_trace(
     ),
     output: Path = typer.Option(..., "-o", "--output", help="Timeline file to write (.json or .json.gz)."),
     kernels_only: bool = typer.Option(False, "--kernels-only", help="Leave out host spans (CPU ops, launches)."),
-    rank: int | None = typer.Option(None, "--rank", help="Only this rank of a multi-rank trace."),
+    rank: int | None = typer.Option(
+        None,
+        "--rank",
+        min=0,
+        help="Only this rank of a multi-rank trace; a rank the trace lacks is an error (a single-rank trace "
+        "without distributedInfo is rank 0).",
+    ),
     patterns: list[Path] = typer.Option([], "--patterns", help="Extra kernel pattern file (TOML) or folder."),
 ) -> None:
     """Import a trace into a measured Timeline (kernels typed and labelled by layer, stage and pass)."""
