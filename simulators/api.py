@@ -91,8 +91,10 @@ def run_problem(
         # default, but not over a per-op time the user gave (``HostConfig.per_op_us``, ``--host-us``).
         host_us = [h if (m is None or h == 0.0) else m for h, m in zip(host_us, problem.host_us, strict=True)]
         own = sum(1 for h, m in zip(host_us, problem.host_us, strict=True) if m is not None and h == m)
+        # Ops charged host time that the cost model has no issue time for take the per-op default.
+        fall_back = sum(1 for h, m in zip(host_us, problem.host_us, strict=True) if h > 0 and (m is None or h != m))
     else:
-        own = 0
+        own = fall_back = 0
     marked = host_syncs(problem.graph) if config.host.mode is HostMode.EAGER else ()
     if marked and not set(marked) <= set(config.host.sync_ops):
         # Ops after which the real run's host waits for the device (torch's _grouped_mm fallback copies
@@ -108,7 +110,9 @@ def run_problem(
         notes.insert(
             0,
             f"host: {own} of {len(host_us)} ops take their eager issue time from {model} (measured per aten "
-            f"call), the others {host_per_op_us:g} us; --host-us sets one time for every op",
+            "call)"
+            + (f", the other {fall_back} op(s) {host_per_op_us:g} us each" if fall_back else "")
+            + "; --host-us sets one time for every op",
         )
     with paused_gc():
         sim = Simulator(problem, config, policy, host_us, progress=progress)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from opgraph.ir import OpKind, Scalar
 from opgraph.ir.tensor import FrozenModel
@@ -127,7 +127,7 @@ class SimulationConfig(FrozenModel):
     )
     """Engine groups of one device (one rank)."""
     policy: str = "earliest"
-    """Scheduling policy: a registered name or ``package.module:Class``."""
+    """Scheduling policy: a registered name, ``package.module:Class`` or ``path/to/file.py:Class``."""
     host: HostConfig = Field(default_factory=HostConfig)
     """The host thread."""
     tp: Annotated[int, Field(ge=1, le=1024)] = 1
@@ -145,17 +145,26 @@ class SimulationConfig(FrozenModel):
     at the device's peaks, which a problem costed on hardware carries; a problem built from plain
     durations has none, and its engines are independent either way."""
 
-    @model_validator(mode="after")
-    def _check_groups(self) -> SimulationConfig:
-        names = [g.name for g in self.groups]
+    @field_validator("groups")
+    @classmethod
+    def _check_groups(cls, groups: tuple[EngineGroup, ...]) -> tuple[EngineGroup, ...]:
+        # A field validator, so that an error names ``groups`` rather than the whole config.
+        if not groups:
+            raise ValueError(
+                "no engine group given: give at least the catch-all compute group, "
+                'e.g. [{"name": "compute", "count": 1}]'
+            )
+        names = [g.name for g in groups]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"engine group names must be unique, {sorted(dup)[0]!r} repeats")
-        catch_all = [g for g in self.groups if not g.kinds]
+        catch_all = [g for g in groups if not g.kinds]
         if len(catch_all) != 1 or catch_all[0].role is not EngineRole.COMPUTE:
-            raise ValueError("exactly one compute group must have no kinds (it takes every unclaimed kind)")
+            rule = "exactly one compute group must have no kinds (it takes every unclaimed kind)"
+            found = ", ".join(f"{g.name!r} ({g.role.value})" for g in catch_all)
+            raise ValueError(f"{rule}; these have none: {found}" if found else f"{rule}; every group names kinds")
         claimed: dict[OpKind, str] = {}
-        for g in self.groups:
+        for g in groups:
             for k in g.kinds:
                 if k in claimed:
                     raise ValueError(f"kind {k.value!r} is claimed by groups {claimed[k]!r} and {g.name!r}")
@@ -164,9 +173,9 @@ class SimulationConfig(FrozenModel):
                 raise ValueError(f"link group {g.name!r} must take only collective ops")
             if g.role is not EngineRole.LINK and OpKind.COLLECTIVE in g.kinds:
                 raise ValueError(f"collective ops must go to a link group, not {g.name!r}")
-        if sum(g.role is EngineRole.LINK for g in self.groups) > 1:
+        if sum(g.role is EngineRole.LINK for g in groups) > 1:
             raise ValueError("at most one link group")
-        return self
+        return groups
 
     @classmethod
     def standard(cls, engines: int = 1, *, copy_engines: int = 0, links: int = 1, **settings: Any) -> SimulationConfig:
@@ -191,6 +200,55 @@ class SimulationConfig(FrozenModel):
         """A copy with ``engines`` engines in the catch-all compute group."""
         groups = tuple(g.model_copy(update={"count": engines}) if not g.kinds else g for g in self.groups)
         return self.model_copy(update={"groups": groups})
+
+    def with_copy_engines(self, copy_engines: int) -> SimulationConfig:
+        """A copy with ``copy_engines`` copy engines: the copy group's count set, the group added
+        (named ``copy``, taking MEMORY ops) when there is none, or removed for 0 (MEMORY ops then run
+        where the other groups route them). Raises ``ValueError`` for several copy groups, as which
+        one is meant is unclear.
+
+        >>> SimulationConfig.standard(2).with_copy_engines(3).provenance()["engines.copy"]
+        3
+        >>> "engines.copy" in SimulationConfig.standard(copy_engines=2).with_copy_engines(0).provenance()
+        False
+        """
+        if copy_engines < 0:
+            raise ValueError(f"copy engine count {copy_engines} is negative")
+        copies = [g for g in self.groups if g.role is EngineRole.COPY]
+        if len(copies) > 1:
+            names = ", ".join(repr(g.name) for g in copies)
+            raise ValueError(f"the config has {len(copies)} copy groups ({names}); set their counts in it")
+        if copies:
+            old = copies[0]
+            groups = tuple(
+                g.model_copy(update={"count": copy_engines}) if g is old else g
+                for g in self.groups
+                if g is not old or copy_engines
+            )
+        elif copy_engines:
+            copy = EngineGroup(name="copy", role=EngineRole.COPY, count=copy_engines)
+            groups = (*self.groups, copy)
+        else:
+            return self
+        return type(self).model_validate({**self.model_dump(), "groups": [g.model_dump() for g in groups]})
+
+    def with_links(self, links: int) -> SimulationConfig:
+        """A copy with ``links`` communication links: the link group's count set, or a link group
+        (named ``link``) added when there is none.
+
+        >>> SimulationConfig().with_links(4).provenance()["engines.link"]
+        4
+        """
+        if links < 1:
+            raise ValueError(f"link count {links} is below 1")
+        has_link = any(g.role is EngineRole.LINK for g in self.groups)
+        if has_link:
+            groups = tuple(
+                g.model_copy(update={"count": links}) if g.role is EngineRole.LINK else g for g in self.groups
+            )
+        else:
+            groups = (*self.groups, EngineGroup(name="link", role=EngineRole.LINK, count=links))
+        return type(self).model_validate({**self.model_dump(), "groups": [g.model_dump() for g in groups]})
 
     def provenance(self) -> dict[str, Scalar]:
         """Flat settings for a timeline's source config."""

@@ -76,14 +76,18 @@ class RunContext:
             return str(rel)
         return text  # a preset, catalog name or hub id (``org/name``)
 
-    def cost_spec(self, spec: str) -> str:
-        """A cost-model spec with its file (``file.py:Class``, a table ``.json``) relative to the scenario."""
+    def code_spec(self, spec: str) -> str:
+        """A ``file.py:Class`` spec (a cost model, a policy) with its file relative to the scenario; others as given."""
         head, sep, cls = spec.rpartition(":")
         if sep and head.endswith(".py"):
             return f"{self.path_of(head)}:{cls}"
-        if spec.endswith((".json", ".json.gz", ".toml")):
-            return str(self.path_of(spec))
         return spec
+
+    def cost_spec(self, spec: str) -> str:
+        """A cost-model spec with its file (``file.py:Class``, a table ``.json``) relative to the scenario."""
+        if spec.endswith((".json", ".json.gz", ".toml")) and not spec.rpartition(":")[0].endswith(".py"):
+            return str(self.path_of(spec))
+        return self.code_spec(spec)
 
     def write(self, name: str) -> Path:
         """The path of artefact ``name`` in the output folder, recorded as written."""

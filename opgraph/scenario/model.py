@@ -125,7 +125,8 @@ class SimulationSection(FrozenModel):
     """Compute engines: a count, a list of counts, or a range ``"1..8"``; several counts sweep them
     and name the smallest count within ``tolerance`` of the best makespan."""
     policy: str = "earliest"
-    """Scheduling policy: ``earliest``, ``critical-path``, ``stream``, or ``module:Class``."""
+    """Scheduling policy: ``earliest``, ``critical-path``, ``stream``, ``module:Class`` or ``file.py:Class`` (relative
+    to the scenario file)."""
     host: Literal["eager", "cuda_graph", "cuda-graph", "none"] = "eager"
     """How the host issues ops: eager PyTorch, a CUDA graph replay, or no host cost."""
     host_us: NonNegFloat | None = None

@@ -76,7 +76,7 @@ def simulation_config(ctx: RunContext) -> SimulationConfig:
         sim.engine_counts[0],
         copy_engines=sim.copy_engines,
         links=sim.links,
-        policy=sim.policy,
+        policy=ctx.code_spec(sim.policy),
         tp=sim.tp,
         host_mode=sim.host_mode,
         host_us=sim.host_us,

@@ -53,7 +53,7 @@ def resolve(ctx: RunContext) -> Resolved:
             f"the cost model does not take these options ({exc})", where=f"{ctx.file}: hardware.cost_options"
         ) from None
     try:
-        get_policy(s.simulation.policy)
+        get_policy(ctx.code_spec(s.simulation.policy))
     except OpgraphError as exc:
         raise ctx.err(exc, "simulation.policy") from None
     if s.simulation.tp > 1:

@@ -1,8 +1,13 @@
-"""The registry of scheduling policies: built-ins by name, users' by ``module:Class`` or entry point."""
+"""The registry of scheduling policies: built-ins by name, users' by ``module:Class``, ``path/to/file.py:Class``
+or entry point.
+
+A ``file.py:Class`` is imported by the loader the cost models use (:mod:`hardware.models.registry`), so a
+policy and a cost model in one user file load it once, with the same errors.
+"""
 
 from __future__ import annotations
 
-from opgraph.ir import Registry, RegistryError
+from opgraph.ir import OpgraphError, Registry, RegistryError
 from simulators.policies.base import SchedulingPolicy
 
 POLICIES: Registry[type[SchedulingPolicy]] = Registry("scheduling policy", entry_point_group="opgraph.policies")
@@ -14,10 +19,11 @@ POLICIES.register_lazy("stream", "simulators.policies.stream:SingleStream")
 
 
 def get_policy(name: str | SchedulingPolicy | type[SchedulingPolicy]) -> SchedulingPolicy:
-    """A policy instance from a registered name, ``package.module:Class``, a class or an instance."""
+    """A policy instance from a registered name, ``package.module:Class``, ``path/to/file.py:Class``, a
+    class or an instance."""
     if isinstance(name, SchedulingPolicy):
         return name
-    obj = POLICIES.get(name) if isinstance(name, str) else name
+    obj = _lookup(name) if isinstance(name, str) else name
     if not (isinstance(obj, type) and issubclass(obj, SchedulingPolicy)):
         raise RegistryError(
             f"{name!r} is not a scheduling policy class",
@@ -27,3 +33,15 @@ def get_policy(name: str | SchedulingPolicy | type[SchedulingPolicy]) -> Schedul
         return obj()
     except TypeError as exc:
         raise RegistryError(f"policy {name!r} cannot be created without arguments: {exc}") from None
+
+
+def _lookup(spec: str) -> object:
+    """The object ``spec`` names: a ``file.py:Class`` from its file, anything else from :data:`POLICIES`."""
+    from hardware.models.registry import _from_file, _is_file_spec
+
+    if not _is_file_spec(spec.strip()):
+        return POLICIES.get(spec)
+    try:
+        return _from_file(spec.strip())
+    except OpgraphError as exc:  # the loader's errors are CostModelErrors: say they are about a policy
+        raise RegistryError(f"policy {spec!r}: {exc.message}", where=exc.where, hint=exc.hint) from None

@@ -22,7 +22,8 @@ from opgraph.fmt import fmt_us
 from opgraph.ir import OpgraphError
 
 if TYPE_CHECKING:
-    from simulators import EngineSweep, SimulationResult, SimulationStats
+    from opgraph.study import StudyResult
+    from simulators import EngineSweep, SimulationConfig, SimulationResult, SimulationStats
 
 MAX_SWEEP = 64
 """Most engine counts one sweep accepts."""
@@ -30,37 +31,62 @@ MAX_SWEEP = 64
 MAX_ENGINES = 4096
 """Largest engine count (the simulator's engine-group limit)."""
 
+MAX_TP = 1024
+"""Most tensor-parallel ranks (the limit of ``SimulationConfig.tp``)."""
+
 
 class SimulateOptionError(OpgraphError):
     """A ``simulate`` option is out of range or malformed."""
 
 
 def parse_engines(text: str) -> list[int]:
-    """``3`` -> [3]; ``1..8`` -> [1..8]; ``1,2,4`` -> [1, 2, 4]. Counts must be 1..4096."""
+    """``3`` -> [3]; ``1..8`` (or ``1-8``) -> [1..8]; ``1,2,4`` -> [1, 2, 4]. Counts must be 1..4096.
+
+    A range is checked against the limits before it is expanded, so ``1..10**12`` fails at once.
+
+    >>> parse_engines("4,1,2")
+    [1, 2, 4]
+    """
     text = text.strip()
+    if not text:
+        raise SimulateOptionError("no engine count given", where="--engines", hint="give N, LOW..HIGH or 1,2,4")
     m = re.fullmatch(r"(\d+)\s*(?:\.\.|-)\s*(\d+)", text)
-    try:
-        if m:
-            lo, hi = int(m.group(1)), int(m.group(2))
-            if hi < lo:
-                raise SimulateOptionError(f"empty range {text!r}", where="--engines", hint="write LOW..HIGH, e.g. 1..8")
-            counts = list(range(lo, hi + 1))
-        else:
-            counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise SimulateOptionError(
-            f"{text!r} is not an engine count", where="--engines", hint="give N, LOW..HIGH or a list like 1,2,4"
-        ) from None
-    if not counts:
-        raise SimulateOptionError("no engine count given", where="--engines")
-    bad = [c for c in counts if c < 1 or c > MAX_ENGINES]
-    if bad:
-        raise SimulateOptionError(
-            f"engine count {bad[0]} is out of range", where="--engines", hint=f"each count must be 1..{MAX_ENGINES}"
-        )
+    if m:
+        lo, hi = int(m.group(1)), int(m.group(2))
+        if hi < lo:
+            raise SimulateOptionError(f"empty range {text!r}", where="--engines", hint="write LOW..HIGH, e.g. 1..8")
+        if lo < 1 or hi > MAX_ENGINES:
+            edge = "starts below 1, the smallest" if lo < 1 else f"goes above {MAX_ENGINES}, the largest"
+            raise SimulateOptionError(
+                f"the range {lo}..{hi} {edge} engine count allowed",
+                where="--engines",
+                hint=f"give counts within 1..{MAX_ENGINES}",
+            )
+        counts = list(range(lo, hi + 1))
+    else:
+        items = [part.strip() for part in text.split(",")]
+        if "" in items:
+            raise SimulateOptionError(
+                f"{text!r} has an empty item", where="--engines", hint="separate counts by single commas, e.g. 1,2,4"
+            )
+        try:
+            counts = [int(part) for part in items]
+        except ValueError:
+            raise SimulateOptionError(
+                f"{text!r} is not an engine count", where="--engines", hint="give N, LOW..HIGH or a list like 1,2,4"
+            ) from None
+        bad = [c for c in counts if c < 1 or c > MAX_ENGINES]
+        if bad:
+            raise SimulateOptionError(
+                f"engine count {bad[0]}{f' in {text!r}' if len(counts) > 1 else ''} is out of range",
+                where="--engines",
+                hint=f"each count must be 1..{MAX_ENGINES}",
+            )
     if len(set(counts)) > MAX_SWEEP:
         raise SimulateOptionError(
-            f"a sweep of {len(set(counts))} counts is too long (max {MAX_SWEEP})", where="--engines"
+            f"a sweep of {len(set(counts))} counts ({text}) is too long",
+            where="--engines",
+            hint=f"give at most {MAX_SWEEP} counts, e.g. a list like 1,2,4,8,16",
         )
     return sorted(set(counts))
 
@@ -92,7 +118,9 @@ def simulate(
         help="roofline, formula, table, profile, a calibrated or profile JSON, module:Class, file.py:Class "
         "(default: the device's measured profile when it ships one, else roofline).",
     ),
-    policy: str = typer.Option("earliest", "--policy", "-p", help="earliest, critical-path, stream, or module:Class."),
+    policy: str = typer.Option(
+        "earliest", "--policy", "-p", help="earliest, critical-path, stream, module:Class or file.py:Class."
+    ),
     independent_engines: bool = typer.Option(
         False,
         "--independent-engines",
@@ -114,8 +142,12 @@ def simulate(
     ),
     copy_engines: int = typer.Option(0, "--copy-engines", help="Copy engines for MEMORY ops (0: they use compute)."),
     links: int = typer.Option(1, "--links", help="Communication links per communicator (collectives)."),
-    host: str = typer.Option("eager", "--host", help="Host issue model: eager, cuda-graph or none."),
-    host_us: float | None = typer.Option(None, "--host-us", help="Host time per op in us (default: the spec's)."),
+    host: str = typer.Option(
+        "eager", "--host", help="Host issue model: eager, cuda-graph, or none (no host: every op issued at time zero)."
+    ),
+    host_us: float | None = typer.Option(
+        None, "--host-us", help="Host time per op in us (default: the spec's); not with --host none."
+    ),
     no_sync: bool = typer.Option(False, "--no-sync", help="The host does not wait for the device between steps."),
     framework_time: bool = typer.Option(
         True, help="Eager: add the framework's host time between ops captured with --host-timing."
@@ -128,13 +160,24 @@ def simulate(
     config_path: Path | None = typer.Option(
         None,
         "--config",
-        help="A SimulationConfig JSON (engine groups as data); replaces --copy-engines/--links, "
-        "--engines sets its compute group, and the flags given on the command line override its settings.",
+        help="A SimulationConfig JSON (engine groups as data). Its settings stand unless the command line "
+        "gives the flag: --engines sets its compute group's count, --copy-engines/--links its copy and link "
+        "groups' (adding or, for --copy-engines 0, removing the group), any other flag its setting.",
     ),
     tolerance: float = typer.Option(0.01, "--tolerance", help="Sweep: counts within this of the best are as good."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the simulated Timeline (.json/.json.gz)."),
-    stats_path: Path | None = typer.Option(None, "--stats", help="Write the statistics as JSON."),
-    as_json: bool = typer.Option(False, "--json", help="Print the statistics (or sweep) as JSON instead of tables."),
+    stats_path: Path | None = typer.Option(
+        None,
+        "--stats",
+        help="Write the statistics as JSON; for a sweep, what --json prints plus every engine count's "
+        'statistics under "runs" (by count).',
+    ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help='Print the statistics as JSON instead of tables; for a sweep, {"sweep", "recommended"}: the sweep '
+        "and the recommended count's statistics.",
+    ),
     no_host_track: bool = typer.Option(False, "--no-host-track", help="Leave host launch spans out of the timeline."),
     open_trace: bool = typer.Option(False, "--open", help="Open the timeline in ui.perfetto.dev."),
 ) -> None:
@@ -144,14 +187,18 @@ def simulate(
     share; with an engine range (``-e 1..8``) prints makespan per count and names the smallest
     count within ``--tolerance`` of the best.
     """
-    from opgraph.ir import load_graph, load_model, save_model, save_timeline
+    from opgraph.ir import load_graph, load_model, save_timeline
     from opgraph.study import run_study, study_config
     from simulators import SimulationConfig
 
     counts = parse_engines(engines) if engines is not None else []
-    for name, value, low in (("--tp", tp, 1), ("--copy-engines", copy_engines, 0), ("--links", links, 1)):
-        if value < low:
-            raise SimulateOptionError(f"{value} is out of range", where=name, hint=f"give {low} or more")
+    for name, value, low, high in (
+        ("--tp", tp, 1, MAX_TP),
+        ("--copy-engines", copy_engines, 0, MAX_ENGINES),
+        ("--links", links, 1, MAX_ENGINES),
+    ):
+        if not low <= value <= high:
+            raise SimulateOptionError(f"{value} is out of range", where=name, hint=f"give {low}..{high}")
     if not 0 <= jitter <= 2:
         raise SimulateOptionError(f"{jitter} is out of range", where="--jitter", hint="give 0..2")
     if host_us is not None and host_us < 0:
@@ -164,29 +211,19 @@ def simulate(
     check_output_path(stats_path, "--stats", inputs=inputs)
     check_distinct_outputs([(output, "-o/--output"), (stats_path, "--stats")])
 
-    from simulators.policies import get_policy
-
-    get_policy(policy)  # fail early, before loading anything large
-    hw = _load_hardware(hardware)
-    default_note: tuple[str, ...] = ()
-    if cost_model is None:
-        from hardware import default_cost_model
-
-        model, uncalibrated = default_cost_model(hw)
-        default_note = (uncalibrated,) if uncalibrated else ()
-    else:
-        model = _load_cost_model(cost_model)
-    graph = load_graph(graph_path)
-    base = load_model(config_path, SimulationConfig) if config_path is not None else None
-    counts = counts or [base.engines if base is not None else 1]
     # With --config, the file's settings stand unless the command line gives the flag.
-    given = _given_options(ctx) if base is not None else None
+    base: SimulationConfig | None = None
+    given: set[str] | None = None
+    if config_path is not None:
+        given = _given_options(ctx)
+        base = load_model(config_path, SimulationConfig)
+        base = _config_with_flags(base, given, config_path, copy_engines, links, framework_time, mode, host_us)
 
     def flag(name: str, value: Any) -> Any:
         return value if given is None or name in given else None
 
     config = study_config(
-        counts[0],
+        (counts or [base.engines if base is not None else 1])[0],
         base=base,
         copy_engines=copy_engines,
         links=links,
@@ -202,6 +239,21 @@ def simulate(
         skip_uncosted=flag("skip_uncosted", skip_uncosted),
         independent_engines=True if independent_engines else None,
     )
+    counts = counts or [config.engines]
+    from_file = f"{config_path}: " if given is not None else ""
+    mode_from = "--host none" if given is None or "host" in given else f"the host mode none of {config_path}"
+    _check_host_time(config, host_us, mode_from, f"{from_file}host.per_op_us")
+    _check_policy(config.policy, "--policy" if given is None or "policy" in given else f"{from_file}policy")
+    hw = _load_hardware(hardware)  # after the cheap checks, before loading anything large
+    default_note: tuple[str, ...] = ()
+    if cost_model is None:
+        from hardware import default_cost_model
+
+        model, uncalibrated = default_cost_model(hw)
+        default_note = (uncalibrated,) if uncalibrated else ()
+    else:
+        model = _load_cost_model(cost_model)
+    graph = load_graph(graph_path)
     tp = config.tp
     fitted = None
     if collective_fit is not None:
@@ -214,20 +266,16 @@ def simulate(
             graph, hw, model, config, engines=counts, shard=not no_shard, tolerance=tolerance, progress=tick
         )
     result, sweep = study.result, study.sweep
-    stats = result.stats()
     fit_notes = _collective_fit_notes(fitted, collective_fit) if fitted is not None else ()
-    if study.notes or default_note or fit_notes:
-        stats = stats.model_copy(update={"notes": (*stats.notes, *default_note, *study.notes, *fit_notes)})
+    extra_notes = (*default_note, *study.notes, *fit_notes)
+    stats = _stats_of(result, extra_notes)
 
     if output is not None:
         save_timeline(result.timeline(), output)
     if stats_path is not None:
-        save_model(stats, stats_path)
+        _save_stats(study, stats, extra_notes, stats_path)
     if as_json:
-        payload: dict[str, Any] = stats.model_dump(mode="json")
-        if sweep is not None:
-            payload = {"sweep": sweep.model_dump(mode="json"), "recommended": payload}
-        typer.echo(json.dumps(payload, indent=2))
+        typer.echo(json.dumps(_stats_payload(study, extra_notes, every_run=False), indent=2))
     else:
         if sweep is not None:
             _print_sweep(sweep)
@@ -235,7 +283,8 @@ def simulate(
         if output is not None:
             console.print(f"timeline: {output} ({len(result.timeline())} spans)")
         if stats_path is not None:
-            console.print(f"statistics: {stats_path}")
+            what = f" (every engine count of the sweep: {', '.join(map(str, counts))})" if sweep is not None else ""
+            console.print(f"statistics{what}: {stats_path}")
     if open_trace:
         _open(result, output)
 
@@ -293,6 +342,120 @@ def _given_options(ctx: typer.Context) -> set[str]:
     return {
         name for name in ctx.params if (src := ctx.get_parameter_source(name)) is not None and src.name not in defaults
     }
+
+
+def _config_with_flags(
+    base: SimulationConfig,
+    given: set[str],
+    path: Path,
+    copy_engines: int,
+    links: int,
+    framework_time: bool,
+    mode: str,
+    host_us: float | None,
+) -> SimulationConfig:
+    """The --config file's settings with the group and host flags the command line gave over them.
+
+    :func:`opgraph.study.study_config` sets the other flags over the file, not these:
+    ``--copy-engines``/``--links`` set the counts of the file's copy and link groups (adding or, for
+    ``--copy-engines 0``, removing the group), ``--framework-time`` turns the file's framework time
+    back on, and ``--host none`` without ``--host-us`` drops the file's host time per op (no host, no
+    host time).
+    """
+    for name, option, count in (("copy_engines", "--copy-engines", copy_engines), ("links", "--links", links)):
+        if name not in given:
+            continue
+        try:
+            base = base.with_copy_engines(count) if name == "copy_engines" else base.with_links(count)
+        except ValueError as exc:
+            raise SimulateOptionError(
+                _first_error(exc),
+                where=f"{option} with --config {path}",
+                hint=f"set the count in the file, or drop {option}",
+            ) from None
+    host = base.host
+    if "framework_time" in given:
+        host = host.model_copy(update={"framework": framework_time})
+    if "host" in given and mode == "none" and host_us is None:
+        host = host.model_copy(update={"per_op_us": None})
+    return base.model_copy(update={"host": host})
+
+
+def _first_error(exc: ValueError) -> str:
+    """A validation error as one message: pydantic's first error, without its ``Value error,`` prefix."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        msg = str(first["msg"]).removeprefix("Value error, ")
+        return f"{loc}: {msg}" if loc else msg
+    return str(exc)
+
+
+def _check_host_time(config: SimulationConfig, host_us: float | None, mode_from: str, file_field: str) -> None:
+    """``--host none`` means no host (:attr:`simulators.HostMode.NONE`: every op issued at time zero), so
+    a host time per op with it is a contradiction, not a setting to apply or drop silently.
+
+    ``mode_from`` names where the mode came from (the flag or the --config file), ``file_field`` the
+    file's ``host.per_op_us`` when the time came from there.
+    """
+    from simulators import HostMode
+
+    if config.host.mode is not HostMode.NONE or not config.host.per_op_us:
+        return
+    if host_us is not None:
+        raise SimulateOptionError(
+            f"{host_us:g} us per op has no host to spend it: {mode_from} issues every op at time zero",
+            where="--host-us",
+            hint="drop --host-us, or give --host eager or --host cuda-graph with it",
+        )
+    raise SimulateOptionError(
+        f"{config.host.per_op_us:g} us per op has no host to spend it: host mode none issues every op at time zero",
+        where=file_field,
+        hint="remove per_op_us from the file, or give --host eager or --host cuda-graph",
+    )
+
+
+def _check_policy(spec: str, where: str) -> None:
+    """Fail early, before loading anything large, when the policy cannot be found or built."""
+    from simulators.policies import get_policy
+
+    try:
+        get_policy(spec)
+    except OpgraphError as exc:
+        raise SimulateOptionError(exc.message, where=where, hint=exc.hint) from None
+
+
+def _stats_of(result: SimulationResult, notes: tuple[str, ...]) -> SimulationStats:
+    """The run's statistics with the notes of the study (cost model, sharding, collective fit) added."""
+    stats = result.stats()
+    return stats.model_copy(update={"notes": (*stats.notes, *notes)}) if notes else stats
+
+
+def _stats_payload(study: StudyResult, notes: tuple[str, ...], *, every_run: bool) -> dict[str, Any]:
+    """What ``--json`` prints and ``--stats`` writes: one run's statistics; for a sweep,
+    ``{"sweep", "recommended"}`` (the recommended count's statistics), and with ``every_run`` also
+    ``"runs"``: every engine count's statistics by count."""
+    stats = _stats_of(study.result, notes).model_dump(mode="json")
+    if study.sweep is None:
+        return stats
+    payload: dict[str, Any] = {"sweep": study.sweep.model_dump(mode="json"), "recommended": stats}
+    if every_run:
+        payload["runs"] = {str(n): _stats_of(r, notes).model_dump(mode="json") for n, r in study.results.items()}
+    return payload
+
+
+def _save_stats(study: StudyResult, stats: SimulationStats, notes: tuple[str, ...], path: Path) -> None:
+    """``--stats``: the run's :class:`~simulators.SimulationStats`; for a sweep, every count's (see ``--stats``)."""
+    from opgraph.ir import save_model
+    from opgraph.ir.io import atomic_write
+
+    if study.sweep is None:
+        save_model(stats, path)
+        return
+    with atomic_write(path) as f:
+        f.write(json.dumps(_stats_payload(study, notes, every_run=True)).encode())
 
 
 def _load_hardware(name: str) -> Any:
