@@ -69,7 +69,9 @@ def _load_file_module(path: Path) -> object:
     return module
 
 
-def _from_file(spec: str) -> object:
+def load_from_file(spec: str) -> object:
+    """The object ``spec`` (``path/to/file.py:Name``, dots for nested names) names, its file imported once
+    per resolved path; a missing file or name is a :class:`CostModelError`."""
     file_part, _, attr = spec.rpartition(":")
     path = Path(file_part)
     if not path.is_file():
@@ -82,7 +84,8 @@ def _from_file(spec: str) -> object:
     return obj
 
 
-def _is_file_spec(spec: str) -> bool:
+def is_file_spec(spec: str) -> bool:
+    """Whether ``spec`` names an object in a Python file (``path/to/file.py:Name``)."""
     file_part, sep, attr = spec.rpartition(":")
     return bool(sep and attr and file_part.endswith(".py"))
 
@@ -109,8 +112,8 @@ def resolve_cost_model(spec: str, **options: object) -> CostModel:
         return instantiate_cost_model(COST_MODELS.get("profile"), spec, {"path": spec, **options})
     if spec.endswith(_TABLE_SUFFIXES) and ":" not in spec.replace("\\", "/").split("/")[-1]:
         return instantiate_cost_model(COST_MODELS.get("table"), spec, {"table": spec, **options})
-    if _is_file_spec(spec):
-        obj = _from_file(spec)
+    if is_file_spec(spec):
+        obj = load_from_file(spec)
     else:
         try:
             obj = COST_MODELS.get(spec)

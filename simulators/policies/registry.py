@@ -37,11 +37,11 @@ def get_policy(name: str | SchedulingPolicy | type[SchedulingPolicy]) -> Schedul
 
 def _lookup(spec: str) -> object:
     """The object ``spec`` names: a ``file.py:Class`` from its file, anything else from :data:`POLICIES`."""
-    from hardware.models.registry import _from_file, _is_file_spec
+    from hardware.models.registry import is_file_spec, load_from_file
 
-    if not _is_file_spec(spec.strip()):
+    if not is_file_spec(spec.strip()):
         return POLICIES.get(spec)
     try:
-        return _from_file(spec.strip())
+        return load_from_file(spec.strip())
     except OpgraphError as exc:  # the loader's errors are CostModelErrors: say they are about a policy
         raise RegistryError(f"policy {spec!r}: {exc.message}", where=exc.where, hint=exc.hint) from None
