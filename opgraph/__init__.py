@@ -2,8 +2,9 @@
 the prediction against measured runs.
 
 ``import opgraph`` is cheap: it loads the IR only. Capture (which needs torch and transformers) is
-imported on first use of :func:`capture` or :func:`tracing`; the simulators on first use of
-:func:`run_study` (one simulation study: shard, cost, run or sweep engine counts).
+imported on first use of :func:`capture` or :func:`tracing` (``opgraph.capture`` is then the package
+:mod:`opgraph.capture`, callable as its :func:`~opgraph.capture.capture`); the simulators on first use
+of :func:`run_study` (one simulation study: shard, cost, run or sweep engine counts).
 """
 
 from __future__ import annotations
@@ -50,11 +51,20 @@ _LAZY = {
 }
 
 
+_CALLABLE_PACKAGES = frozenset({"capture"})
+"""Facade functions named like a subpackage. Importing the subpackage binds ``opgraph.<name>`` to the
+module (Python sets a package's attribute to each submodule it imports), so the module is callable
+as the function (see :mod:`opgraph.capture`) and the facade hands out the module: the attribute is
+one object before and after any ``import opgraph.<name>``."""
+
+
 def __getattr__(name: str) -> Any:
+    """Import the lazy facade names (:data:`_LAZY`) on first use."""
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        return module if name in _CALLABLE_PACKAGES else getattr(module, name)
     raise AttributeError(f"module 'opgraph' has no attribute {name!r}")
 
 

@@ -5,7 +5,18 @@ chosen device (``meta`` by default: no weights) and records it; ``tracing()`` re
 inside a ``with`` block; ``profile_capture(...)`` also runs it under the torch profiler and returns a
 measured :class:`~opgraph.ir.Timeline` whose kernels carry op ids. Importing this package imports
 torch; ``import opgraph`` does not.
+
+The package shares its name with the facade function ``opgraph.capture``, and Python binds the
+attribute ``opgraph.capture`` to this module whenever the package is imported (by ``import
+opgraph.capture``, ``from opgraph.capture import ...`` or the facade's own lazy import). So the
+module itself is callable: ``opgraph.capture(model, ...)`` is :func:`capture` whichever object the
+attribute holds.
 """
+
+import inspect
+import sys
+import types
+from typing import Any
 
 from opgraph.capture.api import CaptureOptions, Tracing, capture, graph_from_recording, tracing
 from opgraph.capture.lowering import DEFAULT_PIPELINE, PASSES
@@ -22,6 +33,20 @@ from opgraph.capture.sources import (
     presets,
     resolve,
 )
+from opgraph.ir import OpGraph
+
+
+class _CallableModule(types.ModuleType):
+    """This package's module type: calling the module calls :func:`capture`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> OpGraph:
+        """Capture a causal LM into a typed op graph: :func:`opgraph.capture.capture`."""
+        return capture(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+__signature__ = inspect.signature(capture)
+"""``inspect.signature(opgraph.capture)`` gives :func:`capture`'s, as the module calls it."""
 
 __all__ = [
     "DEFAULT_PIPELINE",

@@ -177,6 +177,12 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
     routing = moe_model.install(model, opts.moe_skew, opts.device)
     if routing:
         prepared.assumptions.append(routing)
+    elif opts.moe_skew:  # a skew asked for and nothing it applies to: an error, not ignored
+        raise CaptureError(
+            f"{name} has no MoE experts whose loads it could skew",
+            where="--moe-skew",
+            hint="leave it out for a dense model",
+        )
     return prepared
 
 
@@ -338,7 +344,8 @@ def capture(
     hub id in the local HF cache, or an ``nn.Module`` taking ``input_ids``. For a measured timeline
     as well, use :func:`opgraph.capture.profile_capture`. ``host_timing`` also measures the host
     time the framework spends before each op on this machine (``OpBase.host_gap_us``, see
-    :mod:`opgraph.capture.hosttime`).
+    :mod:`opgraph.capture.hosttime`). A ``moe_skew`` above 0 on a model without MoE experts is a
+    :class:`CaptureError`, not ignored.
 
     >>> g = capture("llama-3.2-1b", seq_len=16, layers=1)  # doctest: +SKIP
     >>> g.summary()["by_kind"]["gemm"]["ops"]  # doctest: +SKIP

@@ -8,8 +8,20 @@ import pytest
 import torch
 from replay_helpers import FAST, tiny_graph
 
-from opgraph.ir import Attention, DType, Elementwise, Gemm, Norm, OpBase, OpKind, Other, Reduction, RegistryError
-from tests.ir_builders import mm
+from opgraph.ir import (
+    Attention,
+    DType,
+    Elementwise,
+    Gemm,
+    Norm,
+    OpBase,
+    OpKind,
+    Other,
+    Reduction,
+    RegistryError,
+    Rope,
+)
+from tests.ir_builders import mm, t
 from validators import RECIPES, Case, Recipe, ReplayStatus, register_recipe, replay_graph, replay_op
 from validators.recipes import BuildContext, RecipeSelector
 from validators.replay import ReplayOptions
@@ -222,3 +234,44 @@ def test_typed_divisions_get_a_divisor_and_match(fn: str) -> None:
 def test_torch_function_recipes_refuse_a_function_torch_lacks(op: OpBase) -> None:
     sel = RecipeSelector().select(op)
     assert sel.recipe is None and "no torch function 'no_such_fn' to replay" in sel.reason
+
+
+def _rope_case(op: Rope) -> tuple[Case, ReplayStatus]:
+    """The rope recipe's case for ``op`` on the CPU, and the op's replay status."""
+    sel = RecipeSelector().select(op)
+    assert sel.recipe is not None and sel.recipe.name == "rope"
+    case = sel.recipe.build(op, BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0)))
+    return case, replay_op(op, "cpu", FAST).status
+
+
+def test_rope_recipe_replays_a_partial_rotary_slice_with_the_rest_of_each_head() -> None:
+    # Phi-style capture: the recorded input is the rotated slice [..., :8] of 16-wide heads.
+    seq, h = 8, 4
+    slice_strides = (seq * h * 16, 16, h * 16, 1)
+    op = Rope(id=0, target="rope", tokens=seq, heads=h, head_dim=16, rotary_dim=8, dtype=DType.fp32,
+              inputs=(t(1, h, seq, 8, dtype=DType.fp32, strides=slice_strides),
+                      t(1, 1, seq, 8, dtype=DType.fp32), t(1, 1, seq, 8, dtype=DType.fp32)),
+              outputs=(t(1, h, seq, 16, dtype=DType.fp32),))  # fmt: skip
+    case, status = _rope_case(op)
+    (out,) = case()
+    assert tuple(out.shape) == (1, h, seq, 16)
+    x = case.inputs[2]
+    torch.testing.assert_close(out[..., 8:], x[..., 8:])  # the untouched rest of each head
+    assert status is ReplayStatus.OK
+
+
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "rotary_dim", "x_shape"),
+    [(4, 24, 8, (1, 4, 8, 4)), (1, 8, None, (1, 1, 8, 4))],  # MLA's query, and its one-head rope key
+)
+def test_rope_recipe_builds_from_the_fields_when_recorded_shapes_disagree(
+    heads: int, head_dim: int, rotary_dim: int | None, x_shape: tuple[int, ...]
+) -> None:
+    # DeepSeek's interleaved rope records half-width views ([..., 0::2]) of the rotated part.
+    op = Rope(id=0, target="rope", tokens=8, heads=heads, head_dim=head_dim, rotary_dim=rotary_dim,
+              dtype=DType.fp32, inputs=(t(*x_shape, dtype=DType.fp32), t(1, 1, 8, 4, dtype=DType.fp32),
+                                        t(1, 1, 8, 4, dtype=DType.fp32)))  # fmt: skip
+    case, status = _rope_case(op)
+    (out,) = case()
+    assert tuple(out.shape) == (1, heads, 8, head_dim)
+    assert status is ReplayStatus.OK

@@ -23,10 +23,13 @@ class RopeRecipe(Recipe[Rope]):
 
         rd = op.rotary_dim or op.head_dim
         floats4 = [t for t in op.inputs if len(t.shape) == 4 and t.dtype.is_float]
-        x_specs = [t for t in floats4 if t.shape[1] > 1 or op.heads == 1][:2]
-        table_specs = [t for t in floats4 if t not in x_specs][:2]
+        # Recorded q/k ([b, h, s, d], whole heads or their rotated slice) and cos/sin ([b, 1, s, rd]),
+        # where they agree with the fields; otherwise built from the fields.
+        x_specs = [t for t in floats4 if (t.shape[1] > 1 or op.heads == 1) and t.shape[-1] in (rd, op.head_dim)][:2]
+        table_specs = [t for t in floats4 if t not in x_specs and t.shape[1] == 1 and t.shape[-1] == rd][:2]
         if x_specs:
-            xs = [make_tensor(t, ctx.device, ctx.gen) for t in x_specs]
+            # A recorded rotated slice (partial rotary) replays with its untouched rest, as the model does.
+            xs = [make_tensor(_whole_heads(t, op.head_dim), ctx.device, ctx.gen) for t in x_specs]
             batch, seq = x_specs[0].shape[0], x_specs[0].shape[2]
         else:
             # q_proj(x).view(b, s, h, d).transpose(1, 2): a transposed view, as in the model.
@@ -34,6 +37,8 @@ class RopeRecipe(Recipe[Rope]):
             spec = TensorSpec(shape=(1, h, seq, d), dtype=op.dtype, strides=(seq * h * d, d, h * d, 1))
             xs = [make_tensor(spec, ctx.device, ctx.gen)]
             batch = 1
+        if any(t.shape[0] not in (1, batch) or t.shape[2] != seq for t in table_specs):
+            table_specs = []
         dtype = torch_dtype(op.dtype)
         inv_freq = 1.0 / (ROPE_THETA ** (torch.arange(0, rd, 2, device=ctx.device, dtype=torch.float32) / rd))
         pos = torch.arange(seq, device=ctx.device, dtype=torch.float32)
@@ -66,3 +71,14 @@ class RopeRecipe(Recipe[Rope]):
             return tuple(outs)
 
         return Case(inputs=(cos, sin, *xs), run=run, note="HF apply_rotary_pos_emb")
+
+
+def _whole_heads(spec: TensorSpec, head_dim: int) -> TensorSpec:
+    """``spec`` widened to whole heads of ``head_dim`` where it is the rotated slice of each head.
+
+    A strided slice keeps its strides (they are the whole tensor's); a contiguous one becomes a
+    contiguous tensor of whole heads.
+    """
+    if spec.shape[-1] >= head_dim:
+        return spec
+    return spec.model_copy(update={"shape": (*spec.shape[:-1], head_dim)})

@@ -15,6 +15,10 @@ from validators.sweep.loader import DEFAULT_MAX_CASES, SweepCase, SweepError, Sw
 TEMPLATE = "sweep_module.py.j2"
 """Template file in ``validators/sweep/templates``."""
 
+DEVICE_RE = re.compile(r"cpu|cuda(?::\d+)?")
+"""Replay devices a sweep module may default to: ``cpu``, ``cuda`` or ``cuda:N`` (checked by spelling
+only: the module usually runs on another machine)."""
+
 
 def _test_name(op: str) -> str:
     name = re.sub(r"[^0-9a-zA-Z_]+", "_", op).strip("_").lower() or "op"
@@ -48,9 +52,13 @@ def render_sweep_module(
 
     Without ``embed`` the module reads the catalog (by a path relative to itself) when pytest
     collects it, so it follows the catalog; with ``embed`` the cases are written into the module.
+    ``device`` is the module's default replay device: ``cpu``, ``cuda`` or ``cuda:N``
+    (:data:`DEVICE_RE`); any other is a :class:`SweepError`.
     """
     import jinja2
 
+    if not DEVICE_RE.fullmatch(device):
+        raise SweepError(f"unknown device {device!r}", where="--device", hint="use cpu, cuda or cuda:N")
     catalog_path, out = Path(catalog_path), Path(out)
     loader = SweepLoader(catalog if catalog is not None else load_catalog(catalog_path))
     cases = loader.cases(op, all_cases=all_cases, model=model, phase=phase, limit=limit, max_cases=max_cases)

@@ -282,10 +282,20 @@ class SweepLoader:
     ) -> list[SweepCase]:
         """The cases of ``op`` (operation, kind, definition glob or hash prefix).
 
-        Default: each distinct traced config once, most used first. ``all_cases``: the product of
+        Default: each distinct traced config once, most used first; equally used ones by definition,
+        then by sizes in numeric order (``m1`` before ``m2048``), dtypes and hash (see
+        :func:`_traced_order`). A ``phase`` (or stage) no config was seen in is a
+        :class:`SweepError` naming the catalog's phases. ``all_cases``: the product of
         distinct shapes, dtypes and options (traced configs first among equals); raises
         :class:`SweepError` past ``max_cases`` unless ``limit`` truncates.
         """
+        if phase is not None and not filter_entries(self.catalog, phase=phase):
+            known = sorted({n for e in self.catalog.entries for s in e.sources for n in (s.phase, s.stage) if n})
+            raise SweepError(
+                f"unknown phase {phase!r}: no config of the catalog was seen in it",
+                where="--phase",
+                hint=f"valid phases: {', '.join(known)}" if known else "the catalog records no phases",
+            )
         entries = filter_entries(self.catalog, model=model, phase=phase)
         try:
             hits = select_op(entries, op)
@@ -293,6 +303,7 @@ class SweepLoader:
             raise SweepError(exc.message, where=exc.where, hint=exc.hint) from None
         by_hash = {e.hash: e for e in hits}
         if not all_cases:
+            hits = sorted(hits, key=_traced_order)
             cases = [SweepCase(id=case_id(e.op), op=e.op, hash=e.hash, uses=e.uses, models=e.models) for e in hits]
         else:
             ops = _all_case_ops(hits)
@@ -322,6 +333,23 @@ class SweepLoader:
     def get_suite_parameters(self, op: str, *, all_cases: bool = False, **kwargs: Any) -> list[ParameterSet]:
         """``pytest.param(op, id=...)`` for each case (the seed's name for :func:`sweep_params`)."""
         return to_params(self.cases(op, all_cases=all_cases, **kwargs))
+
+
+def _natural(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key of ``text`` with its digit runs compared as numbers (``m2`` before ``m10``)."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in _DIGITS.split(text) if p)
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def _traced_order(e: CatalogEntry) -> tuple[Any, ...]:
+    """Order of traced configs: most used first, then definition, sizes (numerically), dtypes, hash.
+
+    The catalog breaks ties by config hash alone, which is stable but says nothing; sizes in numeric
+    order keep a sweep's equally used configs readable (``m1`` before ``m2048``).
+    """
+    return (-e.uses, e.op.definition, _natural(size_label(e.op)), dtype_signature(e.op), e.hash)
 
 
 def _varying_options(ops: Iterable[OpBase]) -> set[Path_]:

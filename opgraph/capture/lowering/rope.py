@@ -5,7 +5,8 @@ pointwise ops, ``cat`` and copies that ran in the same module call as the attent
 ``apply_rotary_pos_emb`` inside the attention module; the cos/sin tables are built elsewhere) and
 stops at GEMMs, norms and the KV-cache write. A walk that met a ``mul`` of two tensors (the
 rotation by the cos/sin tables) is one ``Rope`` op; a multiply by a scalar alone (OPT's query
-scaling ``q_proj(x) * 0.125``) is no rotation and is left to the pointwise pass.
+scaling ``q_proj(x) * 0.125``) is no rotation and is left to the pointwise pass. The op's heads,
+head size and rotated part come from the tensors the walk rotates (:func:`_rope_fields`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from opgraph.capture.lowering.base import Lowering, float_inputs, numel
+from opgraph.capture.lowering.base import Lowering, float_inputs, last_dim, numel
 from opgraph.capture.recorder import Event, TRef
 from opgraph.ir.ops import OpKind
 
@@ -35,6 +36,10 @@ _ROPE_FNS = frozenset(
         "slice_scatter",
     }
 )
+
+
+_COPIES = frozenset({"_to_copy", "clone", "copy"})
+"""Copies a rotation may end with (``q_embed.to(dtype)``); the rotated part is the copied tensor's."""
 
 
 def _rotates(ev: Event) -> bool:
@@ -88,8 +93,78 @@ class FuseRope:
             return
         if not any(_rotates(lw.events[m]) for m in members):
             return
-        heads = int(attn["heads"] if which == "q" else attn["kv_heads"])  # type: ignore[call-overload]
-        d = int(attn["head_dim"])  # type: ignore[call-overload]
-        b = int(attn["batch"])  # type: ignore[call-overload]
-        q_len = int(attn["q_len"])  # type: ignore[call-overload]
-        lw.claim(members, OpKind.ROPE, {"tokens": b * q_len, "heads": heads, "head_dim": d}, target="rope", call=call)
+        lw.claim(members, OpKind.ROPE, _rope_fields(lw, members, attn, which), target="rope", call=call)
+
+
+def _rope_fields(lw: Lowering, members: list[int], attn: dict[str, object], which: str) -> dict[str, int]:
+    """``Rope`` fields from the tensors the rotation writes, not from the attention it feeds.
+
+    ``members[0]``, the first event the walk met, writes the rope's output: its last dimension is the
+    head size, and its elements per token over that are the heads. The rotated part is what descends
+    from the cos/sin products (see :func:`_rotated_output`); ``rotary_dim`` is set where that is less
+    than the head (partial rotary: GPT-NeoX, Phi; MLA's query, ``cat(q_nope, q_rope)``). MLA's shared
+    rope key is so one head of ``qk_rope_head_dim``, broadcast to the heads only afterwards. Where
+    the shapes do not divide this way, the attention's heads and head size are used.
+    """
+    b = int(attn["batch"])  # type: ignore[call-overload]
+    tokens = b * int(attn["q_len"])  # type: ignore[call-overload]
+    fallback = {
+        "tokens": tokens,
+        "heads": int(attn["heads"] if which == "q" else attn["kv_heads"]),  # type: ignore[call-overload]
+        "head_dim": int(attn["head_dim"]),  # type: ignore[call-overload]
+    }
+    rotated: set[int] = set()
+    for m in sorted(members):  # event order is data-flow order
+        ev = lw.events[m]
+        if _rotates(ev) or any(r.tid in rotated for r in ev.inputs):
+            rotated.update(r.tid for r in ev.outputs)
+    found = _rotated_output(lw, lw.events[members[0]], set(members), rotated)
+    if found is None or tokens <= 0:
+        return fallback
+    out, rotated_numel = found
+    head_dim = last_dim(out)
+    per_token, rem = divmod(numel(out), tokens)
+    if rem or head_dim <= 0 or per_token % head_dim:
+        return fallback
+    heads = per_token // head_dim
+    rot_per_token, rem = divmod(rotated_numel, tokens)
+    if rem or rot_per_token <= 0 or rot_per_token % heads or rot_per_token > per_token:
+        return fallback
+    rotary_dim = rot_per_token // heads
+    fields = {"tokens": tokens, "heads": heads, "head_dim": head_dim}
+    if rotary_dim < head_dim:
+        fields["rotary_dim"] = rotary_dim
+    return fields
+
+
+def _rotated_output(lw: Lowering, ev: Event, members: set[int], rotated: set[int]) -> tuple[TRef, int] | None:
+    """The rope's output tensor and how many of its elements were rotated, from its last event ``ev``.
+
+    Seen through the casts and copies at the end: a ``cat`` along the last dimension that appends
+    untouched slices to the rotated ones (partial rotary) rotates only those; a ``cat`` along another
+    dimension (the cached keys before the new ones) is no part of the rotation, whose output is then
+    its one rotated input. Anything else rotated all of its output.
+    """
+    out: TRef | None = ev.outputs[0] if ev.outputs else None
+    while out is not None:
+        if ev.fn in _COPIES and ev.inputs:
+            src = ev.inputs[-1] if ev.fn == "copy" else ev.inputs[0]
+            p = lw.producer_of(src.tid)
+            if p is None or p.index not in members:
+                return out, numel(out)
+            ev = p
+            continue
+        if ev.fn != "cat":
+            return out, numel(out)
+        parts = [r for r in ev.inputs if numel(r) > 0]
+        rot = [r for r in parts if r.tid in rotated]
+        if ev.outputs and all(r.shape[:-1] == ev.outputs[0].shape[:-1] for r in parts):  # last dimension
+            return out, sum(numel(r) for r in rot)
+        if len(rot) != 1:
+            return None
+        out = rot[0]
+        p = lw.producer_of(out.tid)
+        if p is None or p.index not in members:
+            return out, numel(out)
+        ev = p
+    return None

@@ -22,7 +22,7 @@ def sweep(
     model: str = typer.Option(None, "--model", "-m", help="Only configs seen in this model (glob allowed)."),
     phase: str = typer.Option(None, "--phase", help="Only configs seen in this phase or stage."),
     limit: int = typer.Option(None, "--limit", "-n", min=1, help="At most this many cases (most used first)."),
-    device: str = typer.Option("cpu", "--device", help="Default replay device of the module (cpu, cuda)."),
+    device: str = typer.Option("cpu", "--device", help="Default replay device of the module: cpu, cuda or cuda:N."),
     embed: bool = typer.Option(
         False, "--embed", help="Write the cases into the module instead of reading the catalog at collection."
     ),

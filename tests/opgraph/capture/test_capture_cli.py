@@ -86,6 +86,8 @@ def test_list_presets() -> None:
         (["llama-3.2-1b", "--kv-len", "100"], "--kv-len: only applies to --phase decode, not prefill"),
         (["llama-3.2-1b", "--phase", "generate", "--kv-len", "100"], "--kv-len: only applies to --phase decode"),
         (["llama-3.2-1b", "--timeline", "t.json"], "--timeline: only applies with --profile"),
+        # a skew of MoE expert loads on a dense model would change nothing
+        (["llama-3.2-1b", "--layers", "1", "--moe-skew", "2"], "--moe-skew: llama-3.2-1b has no MoE experts"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_no_file(tmp_path: Path, args: list[str], message: str | None) -> None:

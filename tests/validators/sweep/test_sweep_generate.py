@@ -102,3 +102,35 @@ def test_sweep_cli_options_and_errors(tmp_path: Path, graphs: ModuleType) -> Non
         app, ["sweep", str(cat), "--op", "gemm", "-o", str(tmp_path / "t.py"), "--all-cases", "--max-cases", "1"]
     )
     assert res.exit_code == 2 and "max_cases" in res.output
+
+
+def _one_line_error(args: list[str]) -> str:
+    """Run ``opgraph`` with ``args``; assert a one-line error with exit 2 and return it."""
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    return lines[0]
+
+
+def test_sweep_refuses_a_device_replay_cannot_use(tmp_path: Path, graphs: ModuleType) -> None:
+    cat = _catalog(tmp_path, graphs)
+    for device in ("tpu", "cuda:x", "cpu:0", "CUDA"):
+        out = tmp_path / "t.py"
+        line = _one_line_error(["sweep", str(cat), "--op", "gemm", "-o", str(out), "--device", device])
+        assert f"--device: unknown device {device!r}" in line and "cuda:N" in line
+        assert not out.exists()
+    for device in ("cuda", "cuda:1"):
+        out = tmp_path / f"test_{device.replace(':', '_')}.py"
+        res = runner.invoke(app, ["sweep", str(cat), "--op", "gemm", "-o", str(out), "--device", device])
+        assert res.exit_code == 0, res.output
+        assert f'"OPGRAPH_SWEEP_DEVICE", "{device}"' in out.read_text()
+
+
+def test_sweep_names_an_unknown_phase_and_the_valid_ones(tmp_path: Path, graphs: ModuleType) -> None:
+    cat = _catalog(tmp_path, graphs)
+    line = _one_line_error(["sweep", str(cat), "--op", "gemm", "--phase", "bogus", "-o", str(tmp_path / "t.py")])
+    assert "--phase: unknown phase 'bogus'" in line and "valid phases: " in line, line
+    assert "prefill" in line.split("valid phases: ")[1]
+    res = runner.invoke(app, ["sweep", str(cat), "--op", "gemm", "--phase", "prefill", "--dry-run", "-o", "t.py"])
+    assert res.exit_code == 0, res.output

@@ -101,3 +101,17 @@ def test_check_replay_statuses() -> None:
         check_replay(_Result("mismatch", "max_rel 0.5"))
     with pytest.raises(pytest.fail.Exception, match="error"):
         check_replay(_Result("error", "boom"))
+
+
+def test_equally_used_configs_in_numeric_size_order() -> None:
+    from opgraph.ir import Gemm
+
+    sizes = (2048, 1, 256, 16)
+    ops = [Gemm(id=i, m=m, n=4096, k=4096) for i, m in enumerate(sizes)]
+    ops.append(Gemm(id=len(ops), m=256, n=4096, k=4096))  # m256 used twice: first
+    loader = SweepLoader(build_catalog([OpGraph(metadata=GraphMetadata(model="m"), ops=tuple(ops))]))
+    ids = [c.id for c in loader.cases("gemm")]
+    assert ids == [f"gemm_n4096_k4096-m{m}-bf16" for m in (256, 1, 16, 2048)]
+    # The same order from a catalog built from the ops in another order.
+    again = SweepLoader(build_catalog([OpGraph(metadata=GraphMetadata(model="m"), ops=tuple(reversed(ops)))]))
+    assert [c.id for c in again.cases("gemm")] == ids

@@ -1,0 +1,69 @@
+"""``Rope`` ops take their heads and rotated dims from the tensors they rotate, not from the attention:
+MLA's one-head rope key and partial query, partial rotary (Phi, GPT-NeoX), and Llama unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from opgraph.capture import capture
+from opgraph.ir import OpGraph, OpKind, Rope
+from tests.opgraph.capture.test_capture_architectures import BASE, tiny_config
+
+SEQ = 8
+
+
+def ropes(g: OpGraph) -> list[tuple[str, int, int, int, int | None, int]]:
+    """(definition, tokens, heads, head_dim, rotary_dim, flops) of the first layer's ropes."""
+    out = []
+    for o in g.ops_of(OpKind.ROPE):
+        assert isinstance(o, Rope)
+        if o.layer == 0:
+            out.append((o.definition, o.tokens, o.heads, o.head_dim, o.rotary_dim, o.flops))
+    return sorted(out)
+
+
+def write_config(tmp_path: Path, model_type: str, arch: str, extra: dict[str, Any]) -> str:
+    """A tiny config of ``model_type`` on the shared sizes (4 heads, 2 KV heads, head_dim 16)."""
+    path = tmp_path / f"{model_type}.json"
+    path.write_text(json.dumps({**BASE, **extra, "model_type": model_type, "architectures": [arch]}))
+    return str(path)
+
+
+def test_llama_rope_unchanged(tmp_path: Path) -> None:
+    g = capture(tiny_config(tmp_path, "llama"), seq_len=SEQ)
+    assert ropes(g) == [
+        ("rope_h2_d16", SEQ, 2, 16, None, 3 * SEQ * 2 * 16),
+        ("rope_h4_d16", SEQ, 4, 16, None, 3 * SEQ * 4 * 16),
+    ]
+
+
+@pytest.mark.parametrize(("phase", "tokens"), [("prefill", SEQ), ("decode", 1)])
+def test_mla_rope_key_is_one_head_and_query_rotates_its_rope_part(tmp_path: Path, phase: str, tokens: int) -> None:
+    # The tiny DeepSeek-V3: 4 heads of qk_nope 16 + qk_rope 8 = 24; the rope key is shared by the heads.
+    g = capture(tiny_config(tmp_path, "deepseek_v3"), seq_len=SEQ, kv_len=SEQ, phase=phase)
+    assert ropes(g) == [
+        ("rope_h1_d8", tokens, 1, 8, None, 3 * tokens * 1 * 8),
+        ("rope_h4_d24", tokens, 4, 24, 8, 3 * tokens * 4 * 8),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model_type", "arch", "extra", "rotary_dim"),
+    [
+        ("phi", "PhiForCausalLM", {"partial_rotary_factor": 0.5}, 8),
+        ("gpt_neox", "GPTNeoXForCausalLM", {"rotary_pct": 0.25}, 4),
+    ],
+)
+def test_partial_rotary_sets_rotary_dim(
+    tmp_path: Path, model_type: str, arch: str, extra: dict[str, Any], rotary_dim: int
+) -> None:
+    g = capture(write_config(tmp_path, model_type, arch, extra), seq_len=SEQ)
+    got = ropes(g)
+    assert got and all(r[3] == 16 and r[4] == rotary_dim for r in got), got
+    assert all(r[5] == 3 * SEQ * r[2] * rotary_dim for r in got), got
