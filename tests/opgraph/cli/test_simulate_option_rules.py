@@ -19,21 +19,12 @@ from hardware.base import Cost
 from hardware.models.roofline import RooflineModel
 from hardware.spec import HardwareSpec
 from opgraph.cli.app import app
-from opgraph.ir import Edge, Gemm, GraphMetadata, Norm, OpBase, OpGraph, OpKind, Stage, save_graph
+from opgraph.ir import OpBase, OpKind, save_graph
 from tests.conftest import cli_runner, one_error_line
+from tests.opgraph.cli.test_simulate_export_options import _graph
 
 POLICY_FILE = Path(__file__).resolve().parents[2] / "simulators" / "sim_policies.py"
 """A user's policy in a plain file (``LongestFirst``, named ``longest-first``), not an importable module."""
-
-
-def _graph() -> OpGraph:
-    ops: list[OpBase] = [Norm(id=0, rows=8, hidden=64, layer=0, stage=Stage.PREFILL)]
-    ops += [Gemm(id=i, m=8, n=64, k=64, layer=0, stage=Stage.PREFILL) for i in (1, 2)]
-    return OpGraph(
-        metadata=GraphMetadata(model="tiny", phase="prefill", capture={"batch": 1, "seq_len": 8}),
-        ops=tuple(ops),
-        edges=(Edge(src=0, dst=1), Edge(src=0, dst=2)),
-    )
 
 
 @pytest.fixture
