@@ -339,12 +339,17 @@ class Rope(OpBase):
     """Rotary position embedding applied to ``heads`` heads of ``tokens`` tokens."""
 
     kind: Literal[OpKind.ROPE] = OpKind.ROPE
-    definition_format: ClassVar[str] = "rope_h{heads}_d{head_dim}"
     tokens: NonNegInt
     heads: PosInt
     head_dim: PosInt
     rotary_dim: PosInt | None = None
     """Rotated part of each head (partial rotary); ``None`` means the whole head."""
+
+    def default_definition(self) -> str:
+        """``rope_h{heads}_d{head_dim}``, with ``_r{rotary_dim}`` where only part of each head rotates (its
+        FLOPs and bytes differ from a whole head's)."""
+        partial = self.rotary_dim is not None and self.rotary_dim < self.head_dim
+        return f"rope_h{self.heads}_d{self.head_dim}" + (f"_r{self.rotary_dim}" if partial else "")
 
     def default_flops(self) -> float:
         return 3 * self.tokens * self.heads * (self.rotary_dim or self.head_dim)

@@ -49,7 +49,7 @@ def test_mla_rope_key_is_one_head_and_query_rotates_its_rope_part(tmp_path: Path
     g = capture(tiny_config(tmp_path, "deepseek_v3"), seq_len=SEQ, kv_len=SEQ, phase=phase)
     assert ropes(g) == [
         ("rope_h1_d8", tokens, 1, 8, None, 3 * tokens * 1 * 8),
-        ("rope_h4_d24", tokens, 4, 24, 8, 3 * tokens * 4 * 8),
+        ("rope_h4_d24_r8", tokens, 4, 24, 8, 3 * tokens * 4 * 8),  # named apart from a whole-head rope
     ]
 
 
@@ -66,4 +66,5 @@ def test_partial_rotary_sets_rotary_dim(
     g = capture(write_config(tmp_path, model_type, arch, extra), seq_len=SEQ)
     got = ropes(g)
     assert got and all(r[3] == 16 and r[4] == rotary_dim for r in got), got
+    assert all(r[0] == f"rope_h{r[2]}_d16_r{rotary_dim}" for r in got), got
     assert all(r[5] == 3 * SEQ * r[2] * rotary_dim for r in got), got
