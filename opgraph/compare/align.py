@@ -251,7 +251,7 @@ def hand_over(buckets: Sequence[Bucket], owners: dict[int, list[GpuEvent]]) -> N
 
 def work_kind(g: GpuEvent) -> str:
     """What a kernel computes, for handing it to one of several fused ops: GEMMs by their launching op."""
-    if any(op.endswith("mm") for op in g.launch_stack):
+    if g.launched_by_matmul:
         return "gemm"
     kind = kind_of(g)
     return "moe_routing" if kind == "moe" else kind

@@ -63,6 +63,12 @@ class GpuEvent:
     ours: dict[str, Any] | None = None
     """Op attribution written by opgraph's own exporter (op_id, definition, layer, stage, step, bound)."""
 
+    @property
+    def launched_by_matmul(self) -> bool:
+        """A matmul CPU op launched it (``aten::mm``, ``aten::bmm``, ``aten::_grouped_mm``... in its launch
+        stack): what it computes is a GEMM, whatever its name says."""
+        return any(op.endswith("mm") for op in self.launch_stack)
+
 
 @dataclass(slots=True)
 class HostEvent:

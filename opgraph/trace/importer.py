@@ -702,7 +702,7 @@ def is_expert_gemm(g: GpuEvent) -> bool:
     """An MoE kernel (``g.ktype`` is ``moe``) that runs expert GEMMs: launched by a matmul CPU op
     (``aten::_grouped_mm``, ``aten::bmm`` over gathered expert weights, an eager loop's ``aten::mm``), or,
     without CPU ops, named as a GEMM and not as routing (:data:`_EXPERT_GEMM_NAME`)."""
-    if any(op.endswith("mm") for op in g.launch_stack):
+    if g.launched_by_matmul:
         return True
     core = core_name(g.name)
     return _EXPERT_GEMM_NAME.search(core) is not None and _ROUTING_NAME.search(core) is None

@@ -227,15 +227,6 @@ def collect_replays(
     return got
 
 
-def replay_measurements(
-    replays: list[Path], issue_us: dict[str, float], include_mismatch: bool = True
-) -> tuple[list[Measurement], set[str], int, int]:
-    """What a fit takes from replay results, every timing kept: ``(measurements, devices, configs timed
-    by issue_us, results)`` (:func:`collect_replays` with ``keep_unsettled``)."""
-    got = collect_replays(replays, issue_us, include_mismatch, keep_unsettled=True)
-    return got.measurements, got.devices, got.from_issue, got.total
-
-
 def _unsettled_names(results: list[ReplayResult], shown: int = 4) -> str:
     """``gemm_n64_k64 (median ±16% after 9 samples, spread 31%), ...``: the first few, and how many more."""
     parts = [f"{r.definition} ({r.timing.instability})" for r in results[:shown] if r.timing is not None]
@@ -250,43 +241,33 @@ def _unsettled_note(results: list[ReplayResult], kept: bool) -> str:
     return f"{len(results)} unsettled timing(s) left out, costed as unmeasured shapes: {names}"
 
 
-def replay_device_mismatch(device: str, device_name: str, hw: HardwareSpec) -> str:
-    """Why a replay on ``device`` (``cpu``, ``cuda:0``) named ``device_name`` cannot calibrate ``hw``,
-    ``""`` when it can (or when its GPU is one the catalog does not know, so nothing tells).
-
-    A CPU replay calibrates a CPU spec only, a GPU replay a GPU spec only; a GPU the catalog knows
-    (:func:`~validators.profile.guess_hardware`) must be ``hw`` (its name or one of its aliases).
-    """
-    from hardware.loader import normalize_name
-    from hardware.spec import DeviceKind
-    from validators.profile import guess_hardware
-
-    on_cpu = device.split(":")[0] == "cpu"
-    ran = f"the CPU ({device_name})" if on_cpu and device_name else device_name or device
-    if on_cpu != (hw.kind is DeviceKind.CPU):
-        kind = "a CPU" if hw.kind is DeviceKind.CPU else f"a {hw.kind.value.upper()}"
-        return f"the results were replayed on {ran}, not on {hw.name}, {kind}"
-    guessed = "" if on_cpu else guess_hardware(device_name)
-    if guessed and normalize_name(guessed) not in {normalize_name(n) for n in (hw.name, *hw.aliases)}:
-        return f"the results were replayed on {ran} ({guessed}), not on {hw.name}"
-    return ""
-
-
 def check_replay_devices(results: list[ReplayResult], hw: HardwareSpec) -> None:
     """Refuse results replayed on another device than ``hw``: a table fitted from them would carry
-    ``hw``'s name, and ``simulate -H`` would take it for that device (one-line error, the first)."""
+    ``hw``'s name, and ``simulate -H`` would take it for that device (one-line error, the first).
+
+    A CPU replay calibrates a CPU spec only, a GPU replay a GPU spec only; a GPU the catalog knows
+    (:func:`~validators.profile.guess_hardware`) must be ``hw`` (its name or one of its aliases); one it
+    does not know is taken as it is (nothing tells).
+    """
+    from hardware.loader import normalize_name
     from hardware.spec import DeviceKind
     from opgraph.ir import OpgraphError
     from validators.profile import guess_hardware
 
+    names = {normalize_name(n) for n in (hw.name, *hw.aliases)}
+    replay = "--device cpu" if hw.kind is DeviceKind.CPU else "--device cuda"
     for r in results:
-        why = replay_device_mismatch(r.device, r.device_name, hw)
-        if not why:
-            continue
         on_cpu = r.device.split(":")[0] == "cpu"
+        ran = f"the CPU ({r.device_name})" if on_cpu and r.device_name else r.device_name or r.device
         guessed = "" if on_cpu else guess_hardware(r.device_name)
+        if on_cpu != (hw.kind is DeviceKind.CPU):
+            kind = "a CPU" if hw.kind is DeviceKind.CPU else f"a {hw.kind.value.upper()}"
+            why = f"the results were replayed on {ran}, not on {hw.name}, {kind}"
+        elif guessed and normalize_name(guessed) not in names:
+            why = f"the results were replayed on {ran} ({guessed}), not on {hw.name}"
+        else:
+            continue
         theirs = "-H cpu or a CPU spec file" if on_cpu else f"-H {guessed}" if guessed else "-H for their GPU"
-        replay = "--device cpu" if hw.kind is DeviceKind.CPU else "--device cuda"
         raise OpgraphError(
             why,
             where="--hardware",
