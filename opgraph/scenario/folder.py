@@ -57,6 +57,11 @@ def summary_files(summary_json: bytes | str) -> frozenset[str] | None:
         return None
 
 
+def _not_a_run_folder(out: Path, why: str) -> ScenarioError:
+    """The one-line refusal of an output folder that is not an earlier run's: ``out``, ``why``, what to do."""
+    return ScenarioError(f"{out} {why}; a run replaces its output folder", where="output", hint=_HINT)
+
+
 def _folder_files(out: Path) -> tuple[list[str], list[str]]:
     """``(files, others)`` under ``out``: regular files as relative POSIX names, and anything else (links, ...)."""
     files: list[str] = []
@@ -83,36 +88,26 @@ def earlier_run_files(out: Path) -> frozenset[str]:
         return frozenset()
     summary = out / SUMMARY_FILE
     if summary.is_symlink() or not summary.is_file():
-        raise ScenarioError(
-            f"{out} holds files that are not an earlier run's (no {SUMMARY_FILE}); a run replaces its output folder",
-            where="output",
-            hint=_HINT,
-        )
+        raise _not_a_run_folder(out, f"holds files that are not an earlier run's (no {SUMMARY_FILE})")
     try:
         text = summary.read_bytes()
     except OSError as exc:
-        raise ScenarioError(
-            f"{out} holds a {SUMMARY_FILE} that cannot be read ({exc.strerror}); a run replaces its output folder",
-            where="output",
-            hint=_HINT,
-        ) from None
+        raise _not_a_run_folder(out, f"holds a {SUMMARY_FILE} that cannot be read ({exc.strerror})") from None
     written = summary_files(text)
     if written is None:
-        raise ScenarioError(
-            f"{out} holds files that are not an earlier run's (its {SUMMARY_FILE} is not one `opgraph run` or "
-            "`opgraph validate` writes); a run replaces its output folder",
-            where="output",
-            hint=_HINT,
+        raise _not_a_run_folder(
+            out,
+            f"holds files that are not an earlier run's (its {SUMMARY_FILE} is not one `opgraph run` or "
+            "`opgraph validate` writes)",
         )
     files, others = _folder_files(out)
     foreign = others + [f for f in files if f not in written]
     if foreign:
         more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
-        raise ScenarioError(
-            f"{out} holds files that are not an earlier run's ({foreign[0]}{more}: not among the files its "
-            f"{SUMMARY_FILE} lists); a run replaces its output folder",
-            where="output",
-            hint=_HINT,
+        raise _not_a_run_folder(
+            out,
+            f"holds files that are not an earlier run's ({foreign[0]}{more}: not among the files its "
+            f"{SUMMARY_FILE} lists)",
         )
     return frozenset(files)
 
