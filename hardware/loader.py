@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from hardware.spec import HardwareSpec
-from opgraph.ir import LoadError, OpgraphError, read_json_bytes
+from opgraph.ir import LoadError, OpgraphError, check_schema_version, read_json_bytes
 
 HARDWARE_SUFFIXES = (".toml", ".json", ".gz")
 """File suffixes that :func:`load_hardware` reads as files rather than catalog names."""
@@ -113,8 +113,11 @@ def spec_from_table(
     TOML); it is registered for the spec (:func:`hardware.profile.hardware_profile`), not a field of it.
     ``host_profile = FILE`` names the host profile of the CPU that measured it, the same way
     (:func:`hardware.hostprofile.hardware_host_profile`).
-    Errors name ``where`` (the file) and the field at fault.
+    Errors name ``where`` (the file) and the field at fault; a ``schema_version`` newer than this
+    opgraph reads is refused (:func:`opgraph.ir.check_schema_version`), and a table without one, as
+    users write them, reads as version 1.
     """
+    check_schema_version(data, HardwareSpec, where)
     data = dict(data)
     profile = data.pop("profile", None)
     if profile is not None and (not isinstance(profile, str) or not profile.strip()):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -80,6 +80,11 @@ class Interconnect(FrozenModel):
 class HardwareSpec(FrozenModel):
     """One device: compute peaks, memory, caches, launch and host costs, interconnect."""
 
+    reads_unversioned: ClassVar[bool] = True
+
+    schema_version: Literal[1] = 1
+    """Format version, optional in a file written by hand (read as 1); the loader refuses newer versions with a clear
+    message."""
     name: str
     """Catalog key (``h100-sxm``)."""
     vendor: str = ""

@@ -7,7 +7,7 @@ in a timeline's provenance.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -121,6 +121,11 @@ class SimulationConfig(FrozenModel):
     how many engines a decoder layer can use).
     """
 
+    reads_unversioned: ClassVar[bool] = True
+
+    schema_version: Literal[1] = 1
+    """Format version, optional in a file written by hand (read as 1); the loader refuses newer versions with a
+    clear message."""
     groups: tuple[EngineGroup, ...] = (
         EngineGroup(name="compute", role=EngineRole.COMPUTE, count=1),
         EngineGroup(name="link", role=EngineRole.LINK, count=1),

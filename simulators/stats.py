@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -89,6 +89,11 @@ class UncostedOpStats(FrozenModel):
 class SimulationStats(FrozenModel):
     """What a simulated run achieved: makespan, per-engine utilisation, critical path, breakdowns."""
 
+    reads_unversioned: ClassVar[bool] = True
+
+    schema_version: Literal[1] = 1
+    """Format version; the loader refuses newer versions with a clear message and reads a file without one
+    (written before it was kept) as version 1."""
     makespan_us: NonNegFloat
     """From time zero to the end of the last op on any rank."""
     serial_us: NonNegFloat
@@ -148,6 +153,11 @@ class SweepPoint(FrozenModel):
 class EngineSweep(FrozenModel):
     """Makespan against the number of compute engines, and the smallest count near the best."""
 
+    reads_unversioned: ClassVar[bool] = True
+
+    schema_version: Literal[1] = 1
+    """Format version; the loader refuses newer versions with a clear message and reads a file without one
+    (written before it was kept) as version 1."""
     points: tuple[SweepPoint, ...]
     best_makespan_us: NonNegFloat
     tolerance: NonNegFloat

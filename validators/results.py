@@ -14,16 +14,15 @@ from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
 from enum import Enum
 from pathlib import Path
-from typing import IO, Annotated, Literal
+from typing import IO, Annotated, ClassVar, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from opgraph.ir import DType, LoadError, Op, OpKind
+from opgraph.ir.filekinds import describe_json, known_file
+from opgraph.ir.io import check_schema_version
 from opgraph.ir.tensor import FrozenModel, NonNegInt
 from opgraph.ir.timeline import NonNegFloat
-
-RESULT_VERSION = 1
-"""Version of the replay record; bumped on incompatible changes."""
 
 
 class ReplayStatus(str, Enum):
@@ -170,11 +169,21 @@ class EnergyStats(FrozenModel):
     """``energy_counter`` (NVML total-energy counter) or ``power_samples`` (integrated samples)."""
 
 
+def _version_renamed(record: dict[str, object]) -> dict[str, object]:
+    """A replay record with the ``version`` key of records written before ``schema_version`` under its new name."""
+    if "version" in record and "schema_version" not in record:
+        return {("schema_version" if k == "version" else k): v for k, v in record.items()}
+    return record
+
+
 class ReplayResult(FrozenModel):
     """One replayed config: what it is, where it ran, how long it took, whether it was right."""
 
-    version: int = RESULT_VERSION
-    """Record format version."""
+    reads_unversioned: ClassVar[bool] = True
+
+    schema_version: Literal[1] = 1
+    """Format version of the record (records written before it was kept read as 1; their ``version``
+    key, always 1, is the same number under its old name)."""
     key: str
     """Stable id of the config (hash of definition, shapes, dtypes, strides and call)."""
     definition: str
@@ -217,6 +226,11 @@ class ReplayResult(FrozenModel):
     """Rank that replayed it under torchrun."""
     created: str = ""
     """ISO-8601 UTC time of the measurement."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_version_key(cls, data: object) -> object:
+        return _version_renamed(data) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _status_fields(self) -> ReplayResult:
@@ -305,6 +319,7 @@ def iter_results(path: str | Path, *, strict: bool = False, skipped: list[int] |
         try:
             yield ReplayResult.model_validate_json(line)
         except ValidationError as exc:
+            _check_line_version(line, f"{p}: line {i + 1}")
             torn = i == last
             if skipped is not None:
                 skipped.append(i + 1)
@@ -312,6 +327,18 @@ def iter_results(path: str | Path, *, strict: bool = False, skipped: list[int] |
                 first = exc.errors()[0]
                 loc = ".".join(str(x) for x in first["loc"]) or "(line)"
                 raise LoadError(f"line {i + 1}: {loc}: {first['msg']}", where=str(p)) from None
+
+
+def _check_line_version(line: str, where: str) -> None:
+    """Refuse a record of a ``schema_version`` this opgraph does not read, rather than skip it as unreadable."""
+    import json
+
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):
+        return
+    if isinstance(record, dict) and (kind := known_file(record)) is not None and kind.model == "ReplayResult":
+        check_schema_version(_version_renamed(record), ReplayResult, where)
 
 
 def load_results(path: str | Path, *, strict: bool = False, skipped: list[int] | None = None) -> list[ReplayResult]:
@@ -328,30 +355,11 @@ def load_results(path: str | Path, *, strict: bool = False, skipped: list[int] |
     return list(by_key.values())
 
 
-_JSON_KINDS: tuple[tuple[frozenset[str], str], ...] = (
-    (frozenset({"traceEvents"}), "a profiler trace"),
-    (frozenset({"ops", "edges"}), "an op graph (`opgraph capture`)"),
-    (frozenset({"source", "spans"}), "a timeline"),
-    (frozenset({"us_by_key"}), "host issue times (`opgraph replay --issue-only`: give them to --issue)"),
-    (frozenset({"makespan_us", "engines"}), "simulation statistics"),
-)
-_FORMATS = {
-    "opgraph.cost_table": "a calibrated cost table (`opgraph calibrate`)",
-    "opgraph.device_profile": "a device profile (`opgraph profile`)",
+_USE_INSTEAD = {
+    "CollectiveMeasurement": "fit them with --collectives",
+    "SequenceIssue": "give them to --issue",
 }
-
-
-def _json_kind(value: object) -> str:
-    if isinstance(value, dict):
-        fmt = value.get("format")
-        if isinstance(fmt, str) and fmt in _FORMATS:
-            return _FORMATS[fmt]
-        for keys, kind in _JSON_KINDS:
-            if keys <= value.keys():
-                return kind
-        shown = ", ".join(list(value)[:5]) + (", ..." if len(value) > 5 else "")
-        return f"a JSON object (keys {shown})"
-    return f"a JSON {type(value).__name__}"
+"""What to do with a file of another replay output than results (by its model in the table of known files)."""
 
 
 def describe_file(path: str | Path) -> str:
@@ -385,11 +393,12 @@ def describe_file(path: str | Path) -> str:
             record = json.loads(next(line for line in text.split("\n") if line.strip()))
         except json.JSONDecodeError:
             return f"not JSON lines (its first line is not JSON){suffix}"
-    if isinstance(record, dict) and {"collective", "group_size"} <= record.keys():
-        return "collective measurements (`opgraph replay --collectives`: fit them with --collectives)"
-    if isinstance(record, dict) and {"key", "status"} <= record.keys():
+    known = known_file(record) if isinstance(record, dict) else None
+    if known is not None and known.model == "ReplayResult":
         return f"replay results none of which this opgraph can read{suffix}"
-    kind = _json_kind(record)
+    if known is not None and known.model in _USE_INSTEAD:
+        return known.describe(_USE_INSTEAD[known.model]) + suffix
+    kind = describe_json(record)
     return (f"JSON lines of {kind}, not replay results" if lines else kind) + suffix
 
 

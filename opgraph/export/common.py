@@ -7,6 +7,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -26,6 +27,11 @@ class ServeTimeoutError(ExportError):
 class ReportTable(FrozenModel):
     """An extra titled table for the HTML report (a comparison, a calibration summary, ...)."""
 
+    reads_unversioned: ClassVar[bool] = True
+
+    schema_version: Literal[1] = 1
+    """Format version; the loader refuses newer versions with a clear message and reads a file without one (written
+    before it was kept) as version 1."""
     title: str
     """Heading shown above the table."""
     columns: tuple[str, ...]

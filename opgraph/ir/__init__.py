@@ -43,6 +43,7 @@ from opgraph.ir.graph import (
 from opgraph.ir.identity import GraphIdentity
 from opgraph.ir.io import (
     atomic_write,
+    check_schema_version,
     load_graph,
     load_model,
     load_timeline,
@@ -156,6 +157,7 @@ __all__ = [
     "atomic_write",
     "attended_pairs",
     "capture_settings",
+    "check_schema_version",
     "collective_definition",
     "critical_path",
     "dtype_from_torch_name",

@@ -7,7 +7,7 @@ import json
 import os
 import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Literal, TypeVar, get_args, get_origin
@@ -15,7 +15,9 @@ from typing import IO, Literal, TypeVar, get_args, get_origin
 from pydantic import BaseModel, ValidationError
 
 from opgraph.ir.errors import GraphLintError, LoadError, SchemaVersionError
+from opgraph.ir.filekinds import KnownFile, known_file
 from opgraph.ir.graph import SCHEMA_VERSION, OpGraph
+from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import Timeline
 
 M = TypeVar("M", bound=BaseModel)
@@ -94,57 +96,27 @@ _WHAT_TO_PASS = {
 }
 
 
-_KNOWN_FILES: tuple[tuple[frozenset[str], str, str], ...] = (
-    (frozenset({"traceEvents"}), "", "a torch-profiler trace"),
-    (frozenset({"ops", "edges"}), "OpGraph", "an OpGraph"),
-    (frozenset({"source", "spans"}), "Timeline", "a Timeline"),
-    (frozenset({"phases", "expectations"}), "ScenarioSummary", "a scenario summary"),
-    (frozenset({"makespan_us", "engines"}), "SimulationStats", "simulation statistics"),
-    (
-        frozenset({"predicted", "reference", "join", "end_to_end"}),
-        "Comparison",
-        "a comparison (`opgraph compare --json`)",
-    ),
-    (frozenset({"settings", "summary", "requests"}), "ServingResult", "a serving result (`opgraph serve-sim -o`)"),
-    (
-        frozenset({"model", "device", "hardware", "steps"}),
-        "ValidationSummary",
-        "a validation summary (the summary.json of `opgraph validate`)",
-    ),
-)
-"""Files told apart by their top-level keys: (keys the file holds, the model class it is, what to call it)."""
-
-
-def _kind_of(raw: dict[str, object]) -> tuple[str, str] | None:
-    """``(model class, description)`` of the opgraph (or other) file a JSON object is, from its top-level keys;
-    None when unknown."""
-    keys = raw.keys()
-    for needed, cls_name, description in _KNOWN_FILES:
-        if needed <= keys:
-            return cls_name, description
-    return None
-
-
 def _wrong_kind(path: str | Path, data: bytes, raw: object, cls: type[BaseModel]) -> LoadError | None:
     """A :class:`LoadError` saying which kind of file ``path`` is, when it is clearly not a ``cls``."""
     want = _article(cls.__name__)
     hint = _WHAT_TO_PASS.get(cls.__name__)
-    got: tuple[str, str] | None = None
+    got: KnownFile | None = None
     if isinstance(raw, dict):
-        got = _kind_of(raw)
+        got = known_file(raw)
     elif str(path).endswith(".toml"):
-        got = ("", "a TOML file (a scenario or a hardware spec)")
+        got = KnownFile("a TOML file", "a scenario or a hardware spec")
     else:
         first = data.lstrip().split(b"\n", 1)[0]
         try:
             line = json.loads(first)
         except (json.JSONDecodeError, UnicodeDecodeError):
             line = None
-        if isinstance(line, dict) and {"key", "status"} <= line.keys():
-            got = ("", "replay results (JSON lines from `opgraph replay`)")
-    if got is None or got[0] == cls.__name__:
+        if isinstance(line, dict):
+            got = known_file(line)
+            got = got if got is not None and got.json_lines else None
+    if got is None or got.model == cls.__name__:
         return None
-    return LoadError(f"is {got[1]}, not {want}", where=str(path), hint=hint)
+    return LoadError(f"is {got.description}, not {want}", where=str(path), hint=hint)
 
 
 def schema_versions(cls: type[BaseModel]) -> tuple[int, ...]:
@@ -163,11 +135,62 @@ def schema_versions(cls: type[BaseModel]) -> tuple[int, ...]:
     return (field.default,) if type(field.default) is int else (SCHEMA_VERSION,)
 
 
+def check_schema_version(raw: Mapping[str, object], cls: type[BaseModel], where: str) -> None:
+    """Raise a one-line error naming ``where`` unless ``raw`` (a file's top-level table, or one record of
+    a JSON-lines file) has a ``schema_version`` that ``cls`` reads.
+
+    A newer version is a :class:`SchemaVersionError` that says to upgrade opgraph, an older one that
+    says to re-create the file. A table without a ``schema_version`` reads as the oldest version when
+    ``cls.reads_unversioned`` (files written before the type had a version, files written by hand);
+    otherwise it is refused as too old when it is a ``cls`` by its keys, and as another kind of file
+    when not. Nothing is checked for a model without a ``schema_version`` field.
+
+    >>> from opgraph.ir import Timeline
+    >>> check_schema_version({"schema_version": 1}, Timeline, "t.json")
+    >>> try:
+    ...     check_schema_version({"schema_version": 9}, Timeline, "t.json")
+    ... except SchemaVersionError as exc:
+    ...     print(exc.one_line())
+    t.json: schema_version 9 is newer than this opgraph's 1 (upgrade opgraph to read it)
+    """
+    readable = schema_versions(cls)
+    if not readable:
+        return
+    if "schema_version" not in raw and issubclass(cls, FrozenModel) and cls.reads_unversioned:
+        return
+    version = raw.get("schema_version")
+    if version in readable and not isinstance(version, bool):
+        return
+    latest = max(readable)
+    if version is None:
+        known = known_file(raw)
+        if known is not None and known.model == cls.__name__:
+            raise SchemaVersionError(
+                f"{_article(cls.__name__)} file without a schema_version: written by an opgraph older than "
+                f"this one's {latest}",
+                where=where,
+                hint="re-create the file with this opgraph",
+            )
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise LoadError(
+            f"not {_article(cls.__name__)} file: schema_version is {version!r}",
+            where=where,
+            hint="expected a file written by `opgraph` with schema_version " + " or ".join(str(v) for v in readable),
+        )
+    newer = version > latest
+    raise SchemaVersionError(
+        f"schema_version {version} is {'newer' if newer else 'older'} than this opgraph's {latest}",
+        where=where,
+        hint="upgrade opgraph to read it" if newer else "re-create the file with this opgraph",
+    )
+
+
 def load_model(path: str | Path, cls: type[M]) -> M:
     """Load ``cls`` from a JSON file; every failure is a one-line :class:`LoadError`.
 
     A file of another known kind (a timeline where a graph is expected, a profiler trace, replay
-    results, a scenario) is named as such.
+    results, a scenario) is named as such; a ``schema_version`` this opgraph does not read is refused
+    by :func:`check_schema_version`.
     """
     data = read_json_bytes(path)
     try:
@@ -185,32 +208,7 @@ def load_model(path: str | Path, cls: type[M]) -> M:
     if not isinstance(raw, dict):
         got = type(raw).__name__
         raise LoadError(f"expected a JSON object for {_article(cls.__name__)}, got {got}", where=str(path))
-    readable = schema_versions(cls)
-    if readable:
-        version = raw.get("schema_version")
-        latest = max(readable)
-        if version not in readable or isinstance(version, bool):
-            known = _kind_of(raw)
-            if version is None and known is not None and known[0] == cls.__name__:
-                raise SchemaVersionError(
-                    f"{_article(cls.__name__)} file without a schema_version: written by an opgraph older than "
-                    f"this one's {latest}",
-                    where=str(path),
-                    hint="re-create the file with this opgraph",
-                )
-            if not isinstance(version, int) or isinstance(version, bool):
-                raise LoadError(
-                    f"not {_article(cls.__name__)} file: schema_version is {version!r}",
-                    where=str(path),
-                    hint="expected a file written by `opgraph` with schema_version "
-                    + " or ".join(str(v) for v in readable),
-                )
-            newer = version > latest
-            raise SchemaVersionError(
-                f"schema_version {version} is {'newer' if newer else 'older'} than this opgraph's {latest}",
-                where=str(path),
-                hint="upgrade opgraph to read it" if newer else "re-create the file with this opgraph",
-            )
+    check_schema_version(raw, cls, str(path))
     try:
         return cls.model_validate(raw)
     except ValidationError as exc:

@@ -4,7 +4,7 @@ the base record of every saved IR type."""
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -21,6 +21,11 @@ class FrozenModel(BaseModel):
     """Base of every saved record: a pydantic model with the :data:`FROZEN` config."""
 
     model_config = FROZEN
+
+    reads_unversioned: ClassVar[bool] = False
+    """For a type with a ``schema_version`` field: a file without one (written before the type had a
+    version, or by hand) reads as its oldest version; off, such a file is refused as too old
+    (:func:`opgraph.ir.io.check_schema_version`)."""
 
 
 class TensorSpec(FrozenModel):

@@ -18,11 +18,20 @@ import difflib
 import re
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-from opgraph.ir import OpgraphError, OpKind
+from opgraph.ir import OpgraphError, OpKind, check_schema_version
 from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import NonNegFloat
 
@@ -150,6 +159,18 @@ class SimulationSection(FrozenModel):
     @classmethod
     def _check_engines(cls, value: int | list[int] | str) -> int | list[int] | str:
         parse_engines(value)
+        return value
+
+    @field_validator("host_us")
+    @classmethod
+    def _host_to_spend_it(cls, value: float | None, info: ValidationInfo) -> float | None:
+        # As `opgraph simulate --host none --host-us`: no host issues every op at time zero, so a host time
+        # per op with it is a contradiction, not a setting to apply or drop silently.
+        if value and info.data.get("host") == "none":
+            raise ValueError(
+                f"{value:g} us per op has no host to spend it: host = 'none' issues every op at time zero "
+                "(remove host_us, or give host = 'eager' or 'cuda-graph')"
+            )
         return value
 
     @property
@@ -361,6 +382,11 @@ class ServingSection(FrozenModel):
 class Scenario(FrozenModel):
     """A declarative study: capture, simulate, replay and compare, with expectations that make it a test."""
 
+    reads_unversioned: ClassVar[bool] = True
+
+    schema_version: Literal[1] = 1
+    """Format version, optional in a file written by hand (read as 1); the loader refuses newer versions with a clear
+    message."""
     name: Name | None = None
     """Scenario name (default: the file name without ``.scenario.toml``)."""
     description: str = ""
@@ -488,7 +514,12 @@ def format_validation(exc: ValidationError, data: Any) -> tuple[str, str]:
 
 
 def parse_scenario(data: dict[str, Any], where: str = "scenario") -> Scenario:
-    """Validate a scenario table; :class:`ScenarioError` names ``where`` and the field at fault."""
+    """Validate a scenario table; :class:`ScenarioError` names ``where`` and the field at fault.
+
+    A scenario needs no ``schema_version``; one newer than this opgraph reads is a
+    :class:`~opgraph.ir.SchemaVersionError` naming ``where`` (:func:`opgraph.ir.check_schema_version`).
+    """
+    check_schema_version(data, Scenario, where)
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:

@@ -1,10 +1,12 @@
 """What a scenario run produced: per-phase results, every expectation's outcome, the artefacts.
 
 :class:`ScenarioSummary` is written to ``summary.json`` in the output folder (``opgraph schema
-scenario-summary`` gives its JSON schema).
+scenario_summary`` gives its JSON schema).
 """
 
 from __future__ import annotations
+
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -138,6 +140,11 @@ class ReplaySummary(FrozenModel):
 class ScenarioSummary(FrozenModel):
     """Everything a scenario run decided: written to ``summary.json``."""
 
+    reads_unversioned: ClassVar[bool] = True
+
+    schema_version: Literal[1] = 1
+    """Format version; the loader refuses newer versions with a clear message and reads a file without one (written
+    before it was kept) as version 1."""
     name: str
     """Scenario name."""
     file: str

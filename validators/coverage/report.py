@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import ClassVar, Literal
 
 from opgraph.ir import GraphIdentity, OpGraph, OpKind
 from opgraph.ir.tensor import FrozenModel
@@ -35,6 +36,11 @@ class OperatorCoverage(FrozenModel):
 class CoverageReport(GraphIdentity):
     """The result of checking a graph against a family's expectations."""
 
+    reads_unversioned: ClassVar[bool] = True
+
+    schema_version: Literal[1] = 1
+    """Format version; the loader refuses newer versions with a clear message and reads a file without one (written
+    before it was kept) as version 1."""
     source: str = ""
     """The graph file."""
     family: str

@@ -182,12 +182,12 @@ def test_sweep_summary_names_the_engine_count_shown(graph_file: Path) -> None:
 
 def test_a_timeline_where_a_graph_is_expected(timeline_file: Path) -> None:
     res = cli_runner().invoke(app, ["simulate", str(timeline_file)])
-    _one_line_exit_2(res, "is a Timeline, not an OpGraph", "opgraph capture")
+    _one_line_exit_2(res, "is a timeline, not an OpGraph", "opgraph capture")
 
 
 def test_a_graph_where_a_timeline_is_expected(graph_file: Path) -> None:
     res = cli_runner().invoke(app, ["export", str(graph_file), "-o", str(graph_file.with_name("x.json"))])
-    _one_line_exit_2(res, "is an OpGraph, not a Timeline")
+    _one_line_exit_2(res, "is an op graph (`opgraph capture`), not a Timeline")
 
 
 @pytest.mark.parametrize(

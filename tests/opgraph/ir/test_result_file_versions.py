@@ -207,5 +207,5 @@ def test_every_versioned_model_reads_its_own_versions() -> None:
 
 def test_a_timeline_is_not_taken_for_a_comparison(tmp_path: Path) -> None:
     path = save_timeline(_timelines()[0], tmp_path / "t.json")
-    with pytest.raises(LoadError, match="is a Timeline, not a Comparison"):
+    with pytest.raises(LoadError, match="is a timeline, not a Comparison"):
         load_model(path, Comparison)

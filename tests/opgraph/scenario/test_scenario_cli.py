@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import cli_runner
+from conftest import cli_runner, one_error_line
 
 from opgraph.cli.app import app
 
@@ -90,3 +90,12 @@ def test_help_lists_exit_codes() -> None:
     res = cli_runner().invoke(app, ["run", "--help"])
     assert res.exit_code == 0
     assert "SCENARIO" in res.stdout and "--output" in res.stdout and "exit" in res.stdout.lower()
+
+
+def test_a_host_time_without_a_host_is_one_line_exit_2(tmp_path: Path) -> None:
+    path = graph_scenario(tmp_path, "")
+    path.write_text(path.read_text().replace("[simulation]\n", "[simulation]\nhost = 'none'\nhost_us = 3.5\n"))
+    res = cli_runner().invoke(app, ["run", str(path), "-o", str(tmp_path / "out"), "--no-report"])
+    line = one_error_line(res)
+    assert f"{path}: simulation.host_us: 3.5 us per op has no host to spend it" in line
+    assert "remove host_us" in line and not (tmp_path / "out").exists()

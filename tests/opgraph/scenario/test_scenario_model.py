@@ -96,10 +96,22 @@ def test_round_trip(tmp_path: Path) -> None:
         (MINIMAL + "[[phases]]\nphase = 'prefill'\n", "phase names must be unique"),
         (MINIMAL + "[replay]\nkinds = ['gem']\n", "replay.kinds[0]: Input should be 'gemm'"),
         ("[[phases]]\ngraph = 'g.json'\n[unknown]\nx = 1\n", "unknown: unknown field"),
+        (
+            MINIMAL + "[simulation]\nhost = 'none'\nhost_us = 5\n",
+            "simulation.host_us: 5 us per op has no host to spend it: host = 'none' issues every op at time zero",
+        ),
     ],
 )
 def test_bad_input_is_one_line_naming_file_and_field(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in error_of(tmp_path, text)
+
+
+@pytest.mark.parametrize(("host", "host_us"), [("none", 0.0), ("eager", 5.0), ("cuda-graph", 5.0), ("none", None)])
+def test_a_host_time_goes_with_a_host(tmp_path: Path, host: str, host_us: float | None) -> None:
+    # only a positive time per op with no host contradicts itself (as `opgraph simulate --host none --host-us`)
+    given = "" if host_us is None else f"host_us = {host_us}\n"
+    s = load_scenario(write(tmp_path, MINIMAL + f"[simulation]\nhost = '{host}'\n{given}"))
+    assert (s.simulation.host, s.simulation.host_us) == (host, host_us)
 
 
 def test_missing_file_and_folder(tmp_path: Path) -> None:
