@@ -10,7 +10,9 @@ The package shares its name with the facade function ``opgraph.capture``, and Py
 attribute ``opgraph.capture`` to this module whenever the package is imported (by ``import
 opgraph.capture``, ``from opgraph.capture import ...`` or the facade's own lazy import). So the
 module itself is callable: ``opgraph.capture(model, ...)`` is :func:`capture` whichever object the
-attribute holds.
+attribute holds. For the same reason a submodule named like a public function would replace it on
+import; the module refuses that binding, so ``import opgraph.capture.presets`` (the folder of preset
+configs) leaves :func:`presets` in place.
 """
 
 import inspect
@@ -37,11 +39,24 @@ from opgraph.ir import OpGraph
 
 
 class _CallableModule(types.ModuleType):
-    """This package's module type: calling the module calls :func:`capture`."""
+    """This package's module type: calling the module calls :func:`capture`, and importing a submodule
+    never rebinds one of the package's public names (:data:`__all__`)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> OpGraph:
         """Capture a causal LM into a typed op graph: :func:`opgraph.capture.capture`."""
         return capture(*args, **kwargs)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set an attribute, except the import system's binding of a submodule over a public name.
+
+        Python sets ``opgraph.capture.<child>`` to each submodule it loads. The folder of shipped
+        preset configs, ``presets/``, has no ``__init__.py``, so ``import opgraph.capture.presets``
+        loads it as a namespace package and would replace :func:`presets` with it. Such a binding is
+        skipped: the submodule stays in ``sys.modules``, the public name keeps its object.
+        """
+        if isinstance(value, types.ModuleType) and name in __all__ and value.__name__ == f"{self.__name__}.{name}":
+            return
+        super().__setattr__(name, value)
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console, ConsoleDimensions, ConsoleOptions, RenderResult
@@ -26,11 +26,16 @@ from rich.text import Text
 from opgraph.fmt import fmt_bytes, fmt_count, fmt_us
 from opgraph.ir.errors import OpgraphError, RegistryError
 
+if TYPE_CHECKING:
+    from simulators import SimulationConfig
+
 __all__ = [
+    "HostTimeError",
     "KindsOption",
     "OutputPathError",
     "add_commands",
     "check_distinct_outputs",
+    "check_host_time",
     "check_output_path",
     "cli_notes",
     "command",
@@ -319,6 +324,41 @@ def check_distinct_outputs(outputs: list[tuple[Path | None, str]]) -> None:
                 where=option,
                 hint="write each output to its own file",
             )
+
+
+class HostTimeError(OpgraphError):
+    """A host time per op given with host mode ``none``, which has no host to spend it."""
+
+
+def check_host_time(
+    config: SimulationConfig,
+    host_us: float | None,
+    mode_from: str = "--host none",
+    file_field: str = "host.per_op_us",
+) -> None:
+    """``--host none`` means no host (:attr:`simulators.HostMode.NONE`: every op issued at time zero), so
+    a host time per op with it is a contradiction, not a setting to apply or drop silently: one error
+    line (``simulate``, ``serve-sim``). A time of 0 agrees with no host and passes.
+
+    ``config`` is the command's settings once built, ``host_us`` the ``--host-us`` given (``None``:
+    not given); ``mode_from`` names where the mode came from (the flag, or a --config file), and
+    ``file_field`` the file's ``host.per_op_us`` when the time came from there.
+    """
+    from simulators import HostMode
+
+    if config.host.mode is not HostMode.NONE or not config.host.per_op_us:
+        return
+    if host_us is not None:
+        raise HostTimeError(
+            f"{host_us:g} us per op has no host to spend it: {mode_from} issues every op at time zero",
+            where="--host-us",
+            hint="drop --host-us, or give --host eager or --host cuda-graph with it",
+        )
+    raise HostTimeError(
+        f"{config.host.per_op_us:g} us per op has no host to spend it: host mode none issues every op at time zero",
+        where=file_field,
+        hint="remove per_op_us from the file, or give --host eager or --host cuda-graph",
+    )
 
 
 def _silence_stdout() -> None:

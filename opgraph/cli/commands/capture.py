@@ -51,7 +51,7 @@ def _check_phase_options(ctx: typer.Context, phase: str, profile: bool) -> None:
                 where=flag,
                 hint=f"leave it out: {instead}",
             )
-    for name, flag in (("timeline", "--timeline"), ("trace", "--trace")):
+    for name, flag in (("timeline", "--timeline"), ("trace", "--trace"), ("wall_repeats", "--wall-repeats")):
         if not profile and given(name):
             raise OpgraphError("only applies with --profile", where=flag, hint="add --profile, or leave it out")
 
@@ -86,6 +86,9 @@ def capture(
     profile: bool = typer.Option(False, help="Run under torch.profiler (cuda, or cpu) and write a measured timeline."),
     timeline: Path = typer.Option(None, help="Timeline file for --profile (default: OUTPUT with .timeline.json)."),
     trace: Path = typer.Option(None, help="Also keep the raw profiler trace here (--profile)."),
+    wall_repeats: int = typer.Option(
+        3, "--wall-repeats", help="Plain runs timed for --profile's wall time (their median, after one warm-up run)."
+    ),
     list_presets: bool = typer.Option(False, "--list", help="List the shipped presets and exit."),
 ) -> None:
     """Capture a causal LM into a typed op graph (no GPU and no weights needed on the meta device)."""
@@ -105,6 +108,8 @@ def capture(
     check_output_path(trace, "--trace")
     check_distinct_outputs([(output, "-o/--output"), (timeline, "--timeline"), (trace, "--trace")])
     _check_phase_options(ctx, phase, profile)
+    if wall_repeats < 1:
+        raise OpgraphError(f"{wall_repeats} is out of range", where="--wall-repeats", hint="give 1 or more")
     opts: dict[str, Any] = dict(
         phase=phase,
         batch=batch,
@@ -127,7 +132,7 @@ def capture(
     if profile:
         from opgraph.capture.profile import profile_capture
 
-        result = profile_capture(model, keep_trace=trace, **opts)
+        result = profile_capture(model, keep_trace=trace, wall_repeats=wall_repeats, **opts)
         graph = result.graph
         tl_path = timeline or output.with_name(output.name.split(".json")[0] + ".timeline.json")
         save_graph(graph, output)

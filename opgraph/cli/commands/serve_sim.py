@@ -11,6 +11,7 @@ import typer
 
 from opgraph.cli.common import (
     check_distinct_outputs,
+    check_host_time,
     check_output_path,
     command,
     console,
@@ -96,6 +97,9 @@ def serve_sim(
     layers: int | None = typer.Option(None, "--layers", help="Keep only the first N layers (quick looks)."),
     dtype: str = typer.Option("bf16", "--dtype", help="Model dtype: bf16, fp16 or fp32."),
     host: str = typer.Option("eager", "--host", help="Host issue model of each step: eager, cuda-graph or none."),
+    host_us: float | None = typer.Option(
+        None, "--host-us", help="Host time per op in us (default: the spec's); not with --host none."
+    ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the ServingResult as JSON."),
     perfetto: Path | None = typer.Option(
         None, "--perfetto", help="Write a Perfetto trace of steps and requests (.json/.json.gz)."
@@ -113,6 +117,8 @@ def serve_sim(
             raise ServeSimOptionError(f"must be at least 1 (got {value})", where=where)
     if not 0 < utilisation <= 1:
         raise ServeSimOptionError(f"must be in (0, 1] (got {utilisation})", where="--memory-utilisation")
+    if host_us is not None and host_us < 0:
+        raise ServeSimOptionError(f"{host_us} is negative", where="--host-us")
     mode = host.strip().lower().replace("-", "_")
     if mode not in ("eager", "cuda_graph", "none"):
         raise ServeSimOptionError(f"unknown host mode {host!r}", where="--host", hint="eager, cuda-graph or none")
@@ -121,6 +127,10 @@ def serve_sim(
     check_output_path(perfetto, "--perfetto", inputs=inputs)
     check_output_path(plot, "--plot", inputs=inputs)
     check_distinct_outputs([(output, "-o/--output"), (perfetto, "--perfetto"), (plot, "--plot")])
+    from opgraph.study import study_config
+
+    config = study_config(tp=tp, host_mode=mode, host_us=host_us)
+    check_host_time(config, host_us)
     from hardware import load_hardware, resolve_cost_model
     from simulators.serving import check_plot_path, get_scheduler
 
@@ -143,15 +153,13 @@ def serve_sim(
 
     if rate is not None:  # a synthetic workload longer than the model's context window is a mistake
         _check_lengths(model, context_window(model, layers), prompt_len, output_len)
-    from opgraph.study import study_config
-
     templates = capture_serving_model(model, dtype=dtype, layers=layers)
     result = simulate_serving(
         templates,
         requests,
         hardware=hw,
         cost_model=cm,
-        config=study_config(tp=tp, host_mode=mode),
+        config=config,
         scheduler=scheduler,
         max_batch=max_batch,
         token_budget=token_budget,

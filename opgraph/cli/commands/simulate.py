@@ -11,6 +11,7 @@ import typer
 
 from opgraph.cli.common import (
     check_distinct_outputs,
+    check_host_time,
     check_output_path,
     command,
     console,
@@ -242,7 +243,7 @@ def simulate(
     counts = counts or [config.engines]
     from_file = f"{config_path}: " if given is not None else ""
     mode_from = "--host none" if given is None or "host" in given else f"the host mode none of {config_path}"
-    _check_host_time(config, host_us, mode_from, f"{from_file}host.per_op_us")
+    check_host_time(config, host_us, mode_from, f"{from_file}host.per_op_us")
     _check_policy(config.policy, "--policy" if given is None or "policy" in given else f"{from_file}policy")
     hw = _load_hardware(hardware)  # after the cheap checks, before loading anything large
     default_note: tuple[str, ...] = ()
@@ -391,30 +392,6 @@ def _first_error(exc: ValueError) -> str:
         msg = str(first["msg"]).removeprefix("Value error, ")
         return f"{loc}: {msg}" if loc else msg
     return str(exc)
-
-
-def _check_host_time(config: SimulationConfig, host_us: float | None, mode_from: str, file_field: str) -> None:
-    """``--host none`` means no host (:attr:`simulators.HostMode.NONE`: every op issued at time zero), so
-    a host time per op with it is a contradiction, not a setting to apply or drop silently.
-
-    ``mode_from`` names where the mode came from (the flag or the --config file), ``file_field`` the
-    file's ``host.per_op_us`` when the time came from there.
-    """
-    from simulators import HostMode
-
-    if config.host.mode is not HostMode.NONE or not config.host.per_op_us:
-        return
-    if host_us is not None:
-        raise SimulateOptionError(
-            f"{host_us:g} us per op has no host to spend it: {mode_from} issues every op at time zero",
-            where="--host-us",
-            hint="drop --host-us, or give --host eager or --host cuda-graph with it",
-        )
-    raise SimulateOptionError(
-        f"{config.host.per_op_us:g} us per op has no host to spend it: host mode none issues every op at time zero",
-        where=file_field,
-        hint="remove per_op_us from the file, or give --host eager or --host cuda-graph",
-    )
 
 
 def _check_policy(spec: str, where: str) -> None:

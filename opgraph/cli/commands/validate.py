@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from opgraph.ir import OpGraph
     from opgraph.scenario.validation import ValidationStep, ValidationSummary
 
-__all__ = ["ValidationStep", "ValidationSummary", "register", "validate"]
+__all__ = ["ValidateSettings", "ValidationStep", "ValidationSummary", "register", "validate"]
 
 
 def __getattr__(name: str) -> Any:
@@ -114,9 +115,10 @@ def validate(
         dict(phase=phase, batch=batch, seq_len=seq_len, kv_len=kv_len, dtype=dtype, layers=layers,
              attn_impl=attn_impl),
     )  # fmt: skip
+    settings = ValidateSettings(model_id=model_id, capture=kw, device=device, hardware=hw_name, warm_l2=warm_l2,
+                                check=check, max_time=max_time, wall_repeats=wall_repeats)  # fmt: skip
     with staged_folder(output) as tmp:
-        summary = _run(tmp, output, graph, model_id, kw, device, hw, hw_name, captured=not _is_graph_file(target),
-                       warm_l2=warm_l2, check=check, max_time=max_time, wall_repeats=wall_repeats)  # fmt: skip
+        summary = _run(tmp, output, graph, settings, hw, captured=not _is_graph_file(target))
     console.print(f"wrote {output}/ (summary.json and {len(list(output.iterdir())) - 1} files)")
     del summary
 
@@ -183,16 +185,12 @@ _CAPTURE_FLAGS = {
 }  # fmt: skip
 """Capture settings as ``opgraph capture`` takes them, in the order the recorded commands give them."""
 
-PROFILE_WALL_REPEATS = 3
-"""Plain runs ``opgraph capture --profile`` times (``profile_capture``'s default)."""
-
-
 _UNREAD_BY_PHASE = {"prefill": "kv_len", "decode": "seq_len"}
 """The size a phase does not read (``opgraph capture`` refuses it): a prefill's prompt is ``seq_len``, a decode
 step's context ``kv_len``."""
 
 
-def _capture_args(kw: dict[str, Any]) -> list[str]:
+def _capture_args(kw: Mapping[str, Any]) -> list[str]:
     """Every capture setting in ``kw`` that the phase reads, as ``opgraph capture`` flags (none left to a default)."""
     unread = _UNREAD_BY_PHASE.get(str(kw.get("phase")))
     args: list[str] = []
@@ -234,15 +232,73 @@ def _command(*args: object) -> str:
     return shlex.join(["opgraph", *map(str, args)])
 
 
+@dataclass(frozen=True)
+class ValidateSettings:
+    """The settings of one ``validate`` run that change what a step measures or computes.
+
+    The steps run with these, and the commands recorded in ``summary.json`` are built from them
+    (:meth:`capture_command` ... :meth:`profile_command`), each giving every one its step reads, so
+    that a recorded command run on the folder's files reproduces its step.
+    """
+
+    model_id: str
+    """The model captured and profiled (a preset, config.json or folder)."""
+    capture: Mapping[str, Any]
+    """Capture settings (``phase``, ``batch``, ``seq_len``, ...) as :class:`~opgraph.capture.CaptureOptions` names
+    them."""
+    device: str
+    """``cuda``, ``cuda:N`` or ``cpu``."""
+    hardware: str
+    """The device's catalog name or spec file (``--hardware``)."""
+    warm_l2: bool
+    """Replay with a warm L2 (on CUDA the L2 is otherwise flushed before each call)."""
+    check: bool
+    """Replay: compare each op with a float64 reference."""
+    max_time: float
+    """Replay: most seconds of sampling per config."""
+    wall_repeats: int
+    """Profiled run: plain runs timed (their median is the measured wall)."""
+
+    @property
+    def cold_l2(self) -> bool:
+        """Whether the replays flush the L2 before each call: on CUDA, unless :attr:`warm_l2`."""
+        return self.device.split(":")[0] == "cuda" and not self.warm_l2
+
+    def _l2_flag(self) -> str:
+        return "--cold-l2" if self.cold_l2 else "--warm-l2"
+
+    def capture_command(self, folder: Path) -> str:
+        """``opgraph capture`` on meta with host timing: the graph the run replays, ``graph.json.gz``."""
+        return _command("capture", self.model_id, *_capture_args(self.capture), "--device", "meta", "--host-timing",
+                        "-o", folder / "graph.json.gz")  # fmt: skip
+
+    def replay_command(self, folder: Path) -> str:
+        """``opgraph replay`` of every unique config of the graph: ``replay.jsonl``."""
+        return _command("replay", folder / "graph.json.gz", "--device", self.device, self._l2_flag(),
+                        "--check" if self.check else "--no-check", "--max-time", self.max_time,
+                        "--hardware", self.hardware, "-o", folder / "replay.jsonl")  # fmt: skip
+
+    def issue_command(self, folder: Path) -> str:
+        """``opgraph replay --issue-only``: the host issue times of the graph's ops in order, ``issue.json``."""
+        return _command("replay", folder / "graph.json.gz", "--device", self.device, "--issue-only",
+                        self._l2_flag(), "--no-check", "--no-energy", "--max-time", self.max_time,
+                        "-o", folder / "issue.json")  # fmt: skip
+
+    def profile_command(self, folder: Path) -> str:
+        """``opgraph capture --profile`` on the device: ``profiled.graph.json.gz`` and ``measured.timeline.json.gz``."""
+        return _command("capture", self.model_id, *_capture_args(self.capture), "--device", self.device,
+                        "--profile", "--wall-repeats", self.wall_repeats, "-o", folder / "profiled.graph.json.gz",
+                        "--timeline", folder / "measured.timeline.json.gz")  # fmt: skip
+
+
 def _run(
-    tmp: Path, output: Path, graph: OpGraph, model_id: str, kw: dict[str, Any], device: str, hw: Any, hw_spec: str,
-    *, captured: bool, warm_l2: bool, check: bool, max_time: float, wall_repeats: int,
-) -> ValidationSummary:  # fmt: skip
+    tmp: Path, output: Path, graph: OpGraph, settings: ValidateSettings, hw: Any, *, captured: bool
+) -> ValidationSummary:
     """Every step into ``tmp`` (the staged folder); prints the tables; returns the summary it wrote.
 
-    Each step runs with the settings its recorded command gives, so that the command, run on the
-    folder's files, writes the same file (the same numbers where the step computes rather than
-    measures).
+    Each step runs with the settings its recorded command gives (both come from ``settings``), so
+    that the command, run on the folder's files, writes the same file (the same numbers where the
+    step computes rather than measures).
     """
     from hardware import TableModel
     from hardware.models.table import CostTable
@@ -254,7 +310,8 @@ def _run(
     from opgraph.study import run_study, study_config
     from validators import ReplayOptions, TimingConfig, cost_estimator, run_replay
 
-    dev = device.split(":")[0]
+    s = settings
+    device, dev, hw_spec, wall_repeats = s.device, s.device.split(":")[0], s.hardware, s.wall_repeats
     steps: list[ValidationStep] = []
     notes: list[str] = []
 
@@ -276,23 +333,17 @@ def _run(
                      "(capture the model with --host-timing)")  # fmt: skip
     ops_detail = f"{len(graph.ops)} ops" + (", host timed" if host_timed else "")
     if captured:
-        step("capture", t0, _command("capture", model_id, *_capture_args(kw), "--device", "meta", "--host-timing",
-                                     "-o", at("graph.json.gz")), ("graph.json.gz",), ops_detail)  # fmt: skip
+        step("capture", t0, s.capture_command(output), ("graph.json.gz",), ops_detail)
     else:  # the given graph, copied in: no command ran
         step("graph", t0, "", ("graph.json.gz",), f"the given graph ({ops_detail})")
 
     # 2. replay every unique config (as `opgraph replay`, the L2 flushed before each call on CUDA)
     t0 = time.perf_counter()
-    cold = dev == "cuda" and not warm_l2
-    timing = TimingConfig(cold_l2=cold, max_time_s=max_time)
-    options = ReplayOptions(timing=timing, check=check)
+    timing = TimingConfig(cold_l2=s.cold_l2, max_time_s=s.max_time)
+    options = ReplayOptions(timing=timing, check=s.check)
     run = run_replay([str(tmp / "graph.json.gz")], device=device, out=tmp / "replay.jsonl", options=options,
                      estimate=cost_estimator(hw))  # fmt: skip
-    l2_flag = "--cold-l2" if cold else "--warm-l2"
-    check_flag = "--check" if check else "--no-check"
-    step("replay", t0, _command("replay", at("graph.json.gz"), "--device", device, l2_flag, check_flag,
-                                "--max-time", max_time, "--hardware", hw_spec, "-o", at("replay.jsonl")),
-         ("replay.jsonl",), f"{run.device_name}: {run.coverage.line()}")  # fmt: skip
+    step("replay", t0, s.replay_command(output), ("replay.jsonl",), f"{run.device_name}: {run.coverage.line()}")
     if dev != "cuda":
         notes.append("the CPU replay times each op as a whole call (no L2 flush, no kernel timer)")
 
@@ -305,9 +356,8 @@ def _run(
         issue_opts = ReplayOptions(check=False, energy=False, timing=timing)  # `--no-check --no-energy`
         seq = time_issue([str(tmp / "graph.json.gz")], device=device, out=tmp / "issue.json", options=issue_opts)
         issue_us = seq.us_by_key
-        step("issue", t0, _command("replay", at("graph.json.gz"), "--device", device, "--issue-only", l2_flag,
-                                   "--no-check", "--no-energy", "--max-time", max_time, "-o", at("issue.json")),
-             ("issue.json",), f"{len(issue_us)} configs issued in the graph's order")  # fmt: skip
+        step("issue", t0, s.issue_command(output), ("issue.json",),
+             f"{len(issue_us)} configs issued in the graph's order")  # fmt: skip
     else:
         notes.append("no issue timing (it needs CUDA: on a CPU a call runs the whole op): the calibration takes "
                      "the replay's host times")  # fmt: skip
@@ -327,7 +377,7 @@ def _run(
 
     # 5. the real model under the profiler (as `opgraph capture --profile`: the graph and timeline it writes)
     t0 = time.perf_counter()
-    pc = profile_capture(model_id, device=device, wall_repeats=wall_repeats, **kw)
+    pc = profile_capture(s.model_id, device=device, wall_repeats=wall_repeats, **s.capture)
     save_graph(pc.graph, tmp / "profiled.graph.json.gz")
     save_timeline(pc.timeline, tmp / "measured.timeline.json.gz")
     routing = [a for a in pc.graph.metadata.assumptions if "MoE routing is modelled" in a]
@@ -335,12 +385,8 @@ def _run(
         notes.append("the profiled run is not the unmodified model: capture replaces its MoE routing (" + routing[0]
                      + "); issue 18 item 5 asks for the model's own routing")  # fmt: skip
     profile_detail = f"wall {pc.wall_us:,.1f} us (median of {wall_repeats}), {len(pc.timeline.spans)} spans"
-    if wall_repeats != PROFILE_WALL_REPEATS:
-        profile_detail += (f"; `capture --profile` times {PROFILE_WALL_REPEATS} plain runs (it has no "
-                           "--wall-repeats), so its wall differs by run-to-run noise")  # fmt: skip
-    step("profile", t0, _command("capture", model_id, *_capture_args(kw), "--device", device, "--profile",
-                                 "-o", at("profiled.graph.json.gz"), "--timeline", at("measured.timeline.json.gz")),
-         ("profiled.graph.json.gz", "measured.timeline.json.gz"), profile_detail)  # fmt: skip
+    step("profile", t0, s.profile_command(output), ("profiled.graph.json.gz", "measured.timeline.json.gz"),
+         profile_detail)  # fmt: skip
 
     # 6. simulate with the table (one in-order stream, eager host). The replayed graph is the profiled
     # one op for op (same ids, same configs) and holds the host gaps timed on meta: simulating it
@@ -409,11 +455,11 @@ def _run(
     import torch
 
     summary = ValidationSummary(
-        model=model_id,
+        model=s.model_id,
         device=device,
         device_name=torch.cuda.get_device_name() if dev == "cuda" else run.device_name,
         hardware=hw.name,
-        settings=kw,
+        settings=dict(s.capture),
         steps=tuple(steps),
         gpu_time_err=gpu[0] / gpu[1] - 1 if gpu else None,
         wall_time_err=wall[0] / pc.wall_us - 1 if wall and pc.wall_us > 0 else None,

@@ -86,6 +86,8 @@ def test_list_presets() -> None:
         (["llama-3.2-1b", "--kv-len", "100"], "--kv-len: only applies to --phase decode, not prefill"),
         (["llama-3.2-1b", "--phase", "generate", "--kv-len", "100"], "--kv-len: only applies to --phase decode"),
         (["llama-3.2-1b", "--timeline", "t.json"], "--timeline: only applies with --profile"),
+        (["llama-3.2-1b", "--wall-repeats", "5"], "--wall-repeats: only applies with --profile"),
+        (["llama-3.2-1b", "--profile", "--device", "cpu", "--wall-repeats", "0"], "--wall-repeats: 0 is out of range"),
         # a skew of MoE expert loads on a dense model would change nothing
         (["llama-3.2-1b", "--layers", "1", "--moe-skew", "2"], "--moe-skew: llama-3.2-1b has no MoE experts"),
     ],
@@ -209,3 +211,28 @@ def test_more_layers_than_the_model_has_is_refused(tmp_path: Path) -> None:
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "--layers" in lines[0] and "1000" in lines[0] and "has 2" in lines[0]
     assert not (tmp_path / "g.json").exists()
+
+
+@pytest.mark.parametrize(("given", "expected"), [([], None), (["--wall-repeats", "7"], 7)])
+def test_profile_times_the_plain_runs_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, given: list[str], expected: int | None
+) -> None:
+    # `--wall-repeats` reaches profile_capture (`validate` records it so that its profile step's command
+    # reproduces the run); left out, the run times as many as profile_capture does by default.
+    import inspect
+
+    from opgraph.capture import profile
+    from opgraph.ir import OpgraphError
+
+    seen: dict[str, object] = {}
+
+    def fake(model: str, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise OpgraphError("stopped after the call", where="profile")
+
+    default = inspect.signature(profile.profile_capture).parameters["wall_repeats"].default
+    monkeypatch.setattr(profile, "profile_capture", fake)
+    out = tmp_path / "g.json"
+    res = runner.invoke(app, ["capture", "llama-3.2-1b", "--profile", "--device", "cpu", *given, "-o", str(out)])
+    assert res.exit_code == 2 and "stopped after the call" in res.stderr, res.output
+    assert seen["wall_repeats"] == (default if expected is None else expected)

@@ -64,3 +64,48 @@ def test_import_opgraph_stays_free_of_torch() -> None:
         assert "torch" not in sys.modules and "opgraph.capture" not in sys.modules
         """
     )
+
+
+def test_importing_the_presets_folder_leaves_the_presets_function() -> None:
+    # The preset configs' folder, opgraph/capture/presets/, has no __init__.py: Python imports it as a
+    # namespace package and used to bind it over the function `presets` of the same name.
+    run_fresh(
+        """
+        import opgraph.capture
+        import opgraph.capture.presets
+        from opgraph.capture import presets
+        from opgraph.capture.sources import presets as defined
+        assert opgraph.capture.presets is presets is defined
+        assert "llama-3.1-8b" in opgraph.capture.presets()
+        """
+    )
+
+
+def test_no_submodule_import_rebinds_a_public_name() -> None:
+    # Every package whose folder holds a module or folder named like one of its public names
+    # (opgraph.capture.presets, opgraph.transforms.rebatch, validators.coverage, ...): each public name
+    # is the same object after that submodule is imported as before.
+    run_fresh(
+        """
+        import importlib
+        from pathlib import Path
+
+        packages = []
+        for root in ("opgraph", "simulators", "validators", "hardware"):
+            top = Path(importlib.import_module(root).__path__[0])
+            for init in sorted(top.rglob("__init__.py")):
+                packages.append(".".join((root, *init.parent.relative_to(top).parts)))
+        checked = []
+        for name in packages:
+            package = importlib.import_module(name)
+            folder = Path(package.__path__[0])
+            children = {p.stem if p.suffix == ".py" else p.name for p in folder.iterdir()
+                        if (p.suffix == ".py" or p.is_dir()) and p.name not in ("__init__.py", "__pycache__")}
+            for child in sorted(children & set(getattr(package, "__all__", ()))):
+                before = getattr(package, child)
+                importlib.import_module(f"{name}.{child}")
+                assert getattr(package, child) is before, f"import {name}.{child} rebound {name}.{child}"
+                checked.append(f"{name}.{child}")
+        assert "opgraph.capture.presets" in checked and len(checked) >= 3, checked
+        """
+    )

@@ -6,14 +6,16 @@ run (issue times, cold L2) skips without a GPU.
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import TINY_LLAMA, cli_runner, one_error_line
 
 from opgraph.cli.app import app
-from opgraph.cli.commands.validate import ValidationStep, ValidationSummary
+from opgraph.cli.commands.validate import ValidateSettings, ValidationStep, ValidationSummary
 from opgraph.compare import Comparison, cpu_device_view
 from opgraph.ir import (
     OpgraphError,
@@ -262,6 +264,7 @@ def test_every_recorded_command_reproduces_its_step(validated: tuple[Path, str],
     assert "--seq-len 16" in by_name["profile"].command
     for flag in ("--no-check", "--max-time 0.02", "--warm-l2", "--hardware cpu"):
         assert flag in by_name["replay"].command
+    assert "--wall-repeats 1" in by_name["profile"].command
     for step in summary.steps:
         again = tmp_path / step.name
         _replay_step(out, step, again)
@@ -338,3 +341,59 @@ def test_validate_refuses_a_folder_with_a_foreign_summary_and_replaces_its_own(
     assert {p.name for p in mine.iterdir()} == FILES
     assert json.loads((mine / "summary.json").read_text())["created"] >= old_created
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((".mine.", ".data."))]
+
+
+# ---------------------------------------------------------------- the recorded commands, without a GPU
+def _parsed(command: str) -> dict[str, Any]:
+    """The parameters the command's own CLI parser reads from a recorded command line (a path option may
+    come back as text or as a ``Path``, by typer's release)."""
+    import typer
+
+    args = shlex.split(command)
+    assert args[0] == "opgraph"
+    cmd = typer.main.get_command(app).commands[args[1]]  # type: ignore[attr-defined]
+    return dict(cmd.make_context(args[1], args[2:]).params)
+
+
+def _settings(**changes: Any) -> ValidateSettings:
+    capture = {"phase": "decode", "batch": 4, "seq_len": 512, "kv_len": 300, "dtype": "fp16", "layers": 2,
+               "attn_impl": "eager", "moe_skew": 1.5}  # fmt: skip
+    base: dict[str, Any] = dict(model_id="qwen3-30b-a3b", capture=capture, device="cuda", hardware="h200",
+                                warm_l2=True, check=False, max_time=0.25, wall_repeats=7)  # fmt: skip
+    return ValidateSettings(**{**base, **changes})
+
+
+@pytest.mark.parametrize("wall_repeats", [1, 3, 7, 9, 25])
+def test_the_recorded_profile_command_times_as_many_plain_runs(wall_repeats: int, tmp_path: Path) -> None:
+    # QA: with --wall-repeats other than capture's default the recorded `capture --profile` timed another
+    # number of plain runs than the profile step did, so its wall was not the run's.
+    profile = _parsed(_settings(wall_repeats=wall_repeats).profile_command(tmp_path))
+    assert profile["wall_repeats"] == wall_repeats and profile["profile"] is True
+
+
+def test_every_recorded_command_gives_every_setting_of_its_step(tmp_path: Path) -> None:
+    # Each setting of `validate` that changes what a step measures, read back from the recorded commands
+    # by the commands' own parsers (away from every default, so that none is right by accident).
+    s = _settings()
+    capture, profile = _parsed(s.capture_command(tmp_path)), _parsed(s.profile_command(tmp_path))
+    replay, issue = _parsed(s.replay_command(tmp_path)), _parsed(s.issue_command(tmp_path))
+    read = {k: v for k, v in s.capture.items() if k != "seq_len"}  # a decode step's context is kv_len
+    for parsed in (capture, profile):
+        assert parsed["model"] == s.model_id and {k: parsed[k] for k in read} == read
+    assert (capture["device"], capture["host_timing"]) == ("meta", True)
+    assert Path(capture["output"]) == tmp_path / "graph.json.gz"
+    assert (profile["device"], profile["profile"], profile["wall_repeats"]) == ("cuda", True, 7)
+    assert (Path(profile["output"]), Path(profile["timeline"])) == (
+        tmp_path / "profiled.graph.json.gz", tmp_path / "measured.timeline.json.gz"
+    )  # fmt: skip
+    for parsed in (replay, issue):
+        assert [Path(g) for g in parsed["graphs"]] == [tmp_path / "graph.json.gz"]
+        assert (parsed["device"], parsed["cold_l2"], parsed["max_time"]) == ("cuda", False, 0.25)
+        assert parsed["check"] is False
+    assert (replay["hardware"], Path(replay["out"]), replay["issue_only"]) == ("h200", tmp_path / "replay.jsonl", False)
+    assert (issue["issue_only"], issue["energy"], Path(issue["out"])) == (True, False, tmp_path / "issue.json")
+    # the L2 and the check the other way round; on the CPU the L2 is never flushed
+    other = _settings(warm_l2=False, check=True)
+    assert _parsed(other.replay_command(tmp_path))["cold_l2"] is True
+    assert _parsed(other.replay_command(tmp_path))["check"] is True
+    assert _parsed(_settings(device="cpu", warm_l2=False).replay_command(tmp_path))["cold_l2"] is False

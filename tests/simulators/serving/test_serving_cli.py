@@ -207,3 +207,38 @@ def test_the_cost_model_defaults_as_simulate_chooses_it(
     assert result.settings.cost_model == cost_model
     assert f"cost model {cost_model}" in " ".join(res.output.split())
     assert any("is uncalibrated" in n for n in result.notes) is uncalibrated
+
+
+# ---------------------------------------------------------------- --host and --host-us
+def test_a_host_time_with_no_host_is_refused_as_simulate_refuses_it(config: Path, tmp_path: Path) -> None:
+    # HostMode.NONE issues every op at time zero: a host time per op with it is a contradiction, refused
+    # before any capture with simulate's own error line (one check serves both commands).
+    from opgraph.ir import save_graph
+    from tests.conftest import cli_runner, one_error_line
+    from tests.opgraph.cli.test_simulate_export_options import _graph
+
+    flags = ["--host", "none", "--host-us", "30"]
+    serve = one_error_line(cli_runner().invoke(app, ["serve-sim", str(config), "--poisson", "1", "-n", "2", *flags]))
+    graph = save_graph(_graph(), tmp_path / "g.json")
+    simulate = one_error_line(cli_runner().invoke(app, ["simulate", str(graph), *flags]))
+    assert serve == simulate
+    assert serve.startswith("error: --host-us: 30 us per op has no host to spend it: --host none issues every op")
+    res = cli_runner().invoke(app, ["serve-sim", str(config), "--poisson", "1", "-n", "2", "--host-us", "-1"])
+    assert one_error_line(res) == "error: --host-us: -1.0 is negative"
+
+
+def test_the_host_time_per_op_prices_every_step(config: Path, tmp_path: Path) -> None:
+    # An eager host that spends 200 us on each op makes every step host-bound: each step of the tiny
+    # model (dozens of ops of a few us) takes longer than at 0 us, and --host none with 0 us agrees.
+    def steps(*flags: str) -> list[float]:
+        out = tmp_path / "r.json"
+        res = _serve(config, "--requests", trace, "-o", out, *flags)
+        assert res.exit_code == 0, res.output
+        return [s.dur_us for s in ServingResult.model_validate_json(out.read_text()).steps]
+
+    trace = tmp_path / "reqs.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,8,3\n")
+    free, busy = steps("--host-us", "0"), steps("--host-us", "200")
+    assert len(free) == len(busy) == 3
+    assert all(b > f + 200 for f, b in zip(free, busy, strict=True))
+    assert steps("--host", "none", "--host-us", "0") == steps("--host", "none")
