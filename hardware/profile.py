@@ -81,6 +81,9 @@ class ProfilePoint(FrozenModel):
     """Median SM clock while the point was timed."""
     tag: str = ""
     """A role beyond the op (``launch``: the empty-ish kernel that measures the launch floor)."""
+    passes: tuple[NonNegFloat, ...] = ()
+    """Device time of one call in each pass, when the sweep measured the point more than once (a
+    compute-bound point: its time moves with the GPU's power state); ``seconds`` is their median."""
 
 
 class DeviceProfile(FrozenModel):

@@ -14,6 +14,12 @@ check. Points are ordered coarse to fine (:func:`order_points`: the ends and mid
 axis first) so a sweep stopped at its time budget still spans every regime; each result is
 appended to a JSONL parts file as it completes (``--resume`` carries on from it, skipping a cut
 last line) and the :class:`~hardware.profile.DeviceProfile` is written at the end.
+
+A compute-bound point's time moves with the GPU's power state (on an H100 a large GEMM runs 1.18 ms
+from idle and up to 1.6 ms at the 700 W limit; re-measured at another moment of a sweep, such points
+differ by 3.5% at the median and 11% at the 90th percentile, memory-bound ones by 0.2%:
+``benchmarks/results/gpu/h100/thermal/``). The sweep measures those points again after it, in
+:data:`REPEAT_PASSES` passes in all (:func:`repeat_plan`), and keeps the median.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from hardware.profile import (
     parts_path,
     read_parts,
 )
+from hardware.spec import HardwareSpec
 from opgraph.ir import (
     Activation,
     AtenCall,
@@ -545,6 +552,72 @@ def order_points(points: Iterable[SweepPoint]) -> list[SweepPoint]:
     return [p for _, p in sorted(out, key=lambda x: x[0])]
 
 
+REPEAT_PASSES = 3
+"""Passes over the power-bound points (:func:`power_bound`): the sweep's own, then the others after it
+(the second in reverse order), each at another moment of the GPU's power state; a point keeps the median."""
+REPEAT_MIN_S = 50e-6
+"""Shortest point measured in several passes (shorter compute-bound points are small GEMMs whose tiles,
+not the clock, set their time; the passes stay cheap)."""
+PASS_MARK = "@pass"
+"""Parts-file key of a later pass of a point: ``KEY@pass2``."""
+
+
+def power_bound(point: ProfilePoint, hardware: HardwareSpec | None) -> bool:
+    """Whether ``point``'s time moves with the GPU's power state, so that the sweep measures it in
+    several passes: compute-bound on ``hardware``'s roofline (its FLOPs per byte at or above the
+    ridge point; any point when the device is not in the catalog) and at least :data:`REPEAT_MIN_S`."""
+    if point.tag or point.seconds < REPEAT_MIN_S:
+        return False
+    if hardware is None:
+        return True
+    op = point.op
+    return op.flops >= hardware.ridge_point(op.dtype) * max(op.bytes_read + op.bytes_written, 1)
+
+
+def repeat_plan(
+    plan: list[SweepPoint], points: dict[str, ProfilePoint], hardware: HardwareSpec | None, passes: int = REPEAT_PASSES
+) -> list[tuple[str, SweepPoint]]:
+    """The later passes over the measured power-bound points of ``plan`` (``(parts key, point)``;
+    passes 2, 4... in reverse plan order, 3, 5... in plan order), skipping points that already hold
+    their passes (a profile resumed from a finished one)."""
+    bound = [
+        sp for sp in plan if sp.key in points and not points[sp.key].passes and power_bound(points[sp.key], hardware)
+    ]
+    return [
+        (f"{sp.key}{PASS_MARK}{n}", sp) for n in range(2, passes + 1) for sp in (bound[::-1] if n % 2 == 0 else bound)
+    ]
+
+
+def fold_passes(points: dict[str, ProfilePoint]) -> dict[str, ProfilePoint]:
+    """``points`` keyed as in a parts file, each point's later passes (``KEY@passN``) folded into it:
+    its ``passes`` the time of every pass in order, ``seconds`` their median, ``samples`` their sum and
+    the SM clock the median of the passes' clocks. A later pass of a point not measured is dropped."""
+    later: dict[str, list[tuple[int, ProfilePoint]]] = {}
+    out: dict[str, ProfilePoint] = {}
+    for key, p in points.items():
+        base, mark, n = key.partition(PASS_MARK)
+        if mark and n.isdigit():
+            later.setdefault(base, []).append((int(n), p))
+        else:
+            out[key] = p
+    for key, reps in later.items():
+        first = out.get(key)
+        if first is None or first.passes:
+            continue
+        runs = [first, *(p for _, p in sorted(reps, key=lambda x: x[0]))]
+        times = tuple(p.seconds for p in runs)
+        clocks = [p.sm_clock_mhz for p in runs if p.sm_clock_mhz]
+        out[key] = first.model_copy(
+            update={
+                "seconds": statistics.median(times),
+                "passes": times,
+                "samples": sum(p.samples for p in runs),
+                "sm_clock_mhz": statistics.median(clocks) if clocks else None,
+            }
+        )
+    return out
+
+
 # -- timing and provenance ------------------------------------------------------------------------------
 
 
@@ -716,6 +789,7 @@ def run_profile(
     resume: bool = False,
     hardware: str = "",
     timing: TimingConfig | None = None,
+    passes: int | None = None,
     on_point: Callable[[int, int, SweepPoint, ReplayResult | None], None] | None = None,
 ) -> DeviceProfile:
     """Replay the sweep on ``device`` and write the profile to ``out`` (its points stream to
@@ -724,9 +798,13 @@ def run_profile(
     ``points`` defaults to :func:`sweep_points` for the device; ``budget_s`` stops cleanly before
     the next point would overrun it (the profile is then marked incomplete); ``resume`` keeps the
     parts file of an earlier run and skips what it holds; ``hardware`` is the catalog name the
-    profile predicts for (guessed from the GPU's name when empty). ``on_point(i, n, point, result)``
+    profile predicts for (guessed from the GPU's name when empty). The power-bound points are
+    measured in ``passes`` passes (:func:`repeat_plan`; default :data:`REPEAT_PASSES` on a GPU, 1 on
+    the CPU, where no power limit moves the clock). ``on_point(i, n, point, result)``
     is told about each point (``result`` ``None`` for one done in an earlier run).
     """
+    if passes is not None and passes < 1:
+        raise ProfileError(f"{passes} passes: give 1 or more", where="--passes")
     start = time.monotonic()
     if budget_s is not None and budget_s <= 0:
         raise ProfileError(f"budget {budget_s:g} s is not positive", where="--budget-s")
@@ -738,6 +816,7 @@ def run_profile(
 
         hardware = load_hardware(hardware).name
     rep = Replayer(device, sweep_options(timing))
+    n_passes = passes if passes is not None else (REPEAT_PASSES if rep.device.type == "cuda" else 1)
     try:
         plan = points if points is not None else sweep_points(rep.device.type)
         info = provenance(rep, hardware)
@@ -750,42 +829,51 @@ def run_profile(
         else:
             parts.write_text(json.dumps({"header": info.model_dump(mode="json")}) + "\n", encoding="utf-8")
         durations: list[float] = []
-        stopped = False
         lost: DeviceLostError | None = None
-        n = len(plan)
-        for i, sp in enumerate(plan, 1):
-            if sp.key in done:
+
+        def measure(todo: list[tuple[str, SweepPoint]], first: int, n: int) -> bool:
+            """Replay each ``(parts key, point)`` not done; False once the budget or the device stops it."""
+            nonlocal lost
+            for i, (key, sp) in enumerate(todo, first):
+                if key in done:
+                    if on_point is not None:
+                        on_point(i, n, sp, None)
+                    continue
+                if budget_s is not None and time.monotonic() - start + max(durations[-8:], default=0.0) > budget_s:
+                    return False
+                t0 = time.monotonic()
+                cfg = OpConfig(key=sp.key, op=sp.op, count=1, op_ids=[0], warm_inputs=sp.warm_inputs)
+                try:
+                    result = rep.replay(cfg)
+                except DeviceLostError as exc:
+                    _append(parts, {"key": key, "failed": f"device lost: {exc.message}"[:300]})
+                    done.add(key)
+                    lost = exc
+                    return False
+                durations.append(time.monotonic() - t0)
+                point = _point(sp, result)
+                if point is not None:
+                    done_points[key] = point
+                    _append(parts, {"key": key, "point": point.model_dump(mode="json")})
+                else:
+                    _append(parts, {"key": key, "failed": f"{result.status.value}: {result.reason}"[:300]})
+                done.add(key)
                 if on_point is not None:
-                    on_point(i, n, sp, None)
-                continue
-            if budget_s is not None:
-                elapsed = time.monotonic() - start
-                need = max(durations[-8:], default=0.0)
-                if elapsed + need > budget_s:
-                    stopped = True
-                    break
-            t0 = time.monotonic()
-            cfg = OpConfig(key=sp.key, op=sp.op, count=1, op_ids=[0], warm_inputs=sp.warm_inputs)
-            try:
-                result = rep.replay(cfg)
-            except DeviceLostError as exc:
-                _append(parts, {"key": sp.key, "failed": f"device lost: {exc.message}"[:300]})
-                done.add(sp.key)
-                lost = exc
-                break
-            durations.append(time.monotonic() - t0)
-            point = _point(sp, result)
-            if point is not None:
-                done_points[sp.key] = point
-                _append(parts, {"key": sp.key, "point": point.model_dump(mode="json")})
-            else:
-                _append(parts, {"key": sp.key, "failed": f"{result.status.value}: {result.reason}"[:300]})
-            done.add(sp.key)
-            if on_point is not None:
-                on_point(i, n, sp, result)
+                    on_point(i, n, sp, result)
+            return True
+
+        finished = measure([(sp.key, sp) for sp in plan], 1, len(plan))
+        repeats: list[tuple[str, SweepPoint]] = []
+        if finished and n_passes > 1:
+            spec = _catalog_spec(info.hardware)
+            repeats = repeat_plan(plan, fold_passes(done_points), spec, n_passes)
+            finished = measure(repeats, len(plan) + 1, len(plan) + len(repeats))
     finally:
         rep.close()
-    profile = finish_profile(plan, done_points, done, info, timing, stopped=stopped or lost is not None, bad_lines=bad)
+    profile = finish_profile(
+        plan, done_points, done, info, timing, stopped=not finished, bad_lines=bad, passes=n_passes,
+        repeats_left=sum(1 for key, _ in repeats if key not in done),
+    )  # fmt: skip
     guessed = guess_hardware(info.name) if info.device_type == "cuda" else ""
     if guessed and info.hardware and guessed != info.hardware:
         note = f"measured on {info.name!r}, which looks like {guessed}, for --hardware {info.hardware}"
@@ -821,6 +909,16 @@ def profile_from_parts(
     return profile
 
 
+def _catalog_spec(hardware: str) -> HardwareSpec | None:
+    """The catalog device ``hardware`` names (``None`` when it names none)."""
+    from hardware import load_hardware
+
+    try:
+        return load_hardware(hardware) if hardware else None
+    except OpgraphError:
+        return None
+
+
 def finish_profile(
     plan: list[SweepPoint],
     points: dict[str, ProfilePoint],
@@ -830,16 +928,28 @@ def finish_profile(
     *,
     stopped: bool = False,
     bad_lines: int = 0,
+    passes: int = 1,
+    repeats_left: int = 0,
 ) -> DeviceProfile:
-    """The :class:`DeviceProfile` of the measured ``points`` of ``plan`` (in plan order), with the
-    launch floor and host time per aten call from the ``launch`` points."""
+    """The :class:`DeviceProfile` of the measured ``points`` of ``plan`` (in plan order; later passes
+    folded in, :func:`fold_passes`), with the launch floor and host time per aten call from the
+    ``launch`` points. ``passes``: the passes the sweep planned over power-bound points, of which
+    ``repeats_left`` measurements were not made (a budget stop)."""
+    points = fold_passes(points)
+    done = {k for k in done if PASS_MARK not in k}
     ordered = [points[p.key] for p in plan if p.key in points]
     ordered += [p for k, p in points.items() if k not in {sp.key for sp in plan}]
+    passes = max([passes, *(len(p.passes) for p in ordered)])
     launch = [p for p in ordered if p.tag == "launch"]
     clocks = [p.sm_clock_mhz for p in ordered if p.sm_clock_mhz]
     failed = len([k for k in done if k not in points])
     notes = []
-    if stopped:
+    if stopped and repeats_left:
+        notes.append(
+            f"stopped at the time budget with {repeats_left} later-pass measurement(s) of compute-bound points not"
+            " made: those points keep the passes measured"
+        )
+    elif stopped:
         notes.append(f"stopped at the time budget after {len(done)} of {len(plan)} planned points")
     if failed:
         notes.append(f"{failed} point(s) failed (see the parts file)")
@@ -856,6 +966,7 @@ def finish_profile(
             "max_sessions": timing.max_kernel_sessions,
             "session_ms": timing.kernel_session_ms,
             "target_ci": timing.target_ci,
+            "passes": passes,
         },
         launch_us=min(p.seconds for p in launch) * 1e6 if launch else None,
         aten_issue_us=statistics.median(host) * 1e6 if host else None,

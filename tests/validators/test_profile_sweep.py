@@ -5,26 +5,36 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from hardware import DeviceProfile, ProfileExtrapolationWarning, ProfileModel, load_hardware, load_profile
 from hardware.models.profile import profile_features
+from hardware.profile import ProfileDevice, ProfilePoint
 from opgraph.cli.app import app
 from opgraph.ir import Attention, DType, Gemm, OpBase, OpKind, load_graph
 from opgraph.ir.configs import config_key
+from validators.configs import OpConfig
 from validators.profile import (
+    PASS_MARK,
     ProfileError,
     SweepPoint,
     coarse_to_fine,
+    finish_profile,
+    fold_passes,
     guess_hardware,
+    power_bound,
     profile_from_parts,
     profile_from_replays,
+    repeat_plan,
     run_profile,
     sweep_points,
     sweep_timing,
 )
+from validators.replay import Replayer
+from validators.results import ReplayResult
 
 GRAPH = Path(__file__).resolve().parents[1] / "data" / "h100" / "llama-3.2-1b-l2-prefill256.graph.json.gz"
 
@@ -320,3 +330,118 @@ def test_cli_profile_plan_lists_the_batched_mm_series() -> None:
         sizes = {ln.split()[-1] for ln in text.splitlines() if f" {series} " in ln}
         assert {"batch=1", "batch=2", "batch=32"} <= sizes, series
     assert " batch=2048" in text
+
+
+# -- several passes over the power-bound points -------------------------------------------------------
+
+
+def _gemm(m: int, n: int, k: int) -> Gemm:
+    """A bf16 GEMM as the sweep builds one (FLOPs and bytes from its shapes)."""
+    return next(p.op for p in sweep_points("cuda") if isinstance(p.op, Gemm)).model_copy(
+        update={"m": m, "n": n, "k": k, "flops": 2 * m * n * k, "bytes_read": 2 * (m * k + n * k),
+                "bytes_written": 2 * m * n, "definition": f"gemm_n{n}_k{k}"}
+    )  # fmt: skip
+
+
+def _measured(op: OpBase, us: float, *, tag: str = "", passes: tuple[float, ...] = ()) -> ProfilePoint:
+    return ProfilePoint(key=config_key(op), op=op, seconds=us * 1e-6, tag=tag, passes=passes)
+
+
+def test_power_bound_points_are_the_compute_bound_ones_worth_a_pass() -> None:
+    h100 = load_hardware("h100")
+    big = _gemm(2048, 28672, 8192)  # ~1 ms, 1500 FLOP/byte
+    decode = _gemm(8, 28672, 8192)  # weight streaming: memory-bound
+    small = _gemm(256, 256, 256)
+    assert power_bound(_measured(big, 1200.0), h100)
+    assert not power_bound(_measured(decode, 300.0), h100)
+    assert not power_bound(_measured(small, 5.0), h100)  # under REPEAT_MIN_S
+    assert not power_bound(_measured(big, 1200.0, tag="launch"), h100)
+    assert power_bound(_measured(decode, 300.0), None)  # no catalog device: every long point
+
+
+def test_repeat_plan_alternates_order_and_skips_points_that_hold_their_passes() -> None:
+    pts = [SweepPoint(_gemm(m, 8192, 8192), "s") for m in (2048, 4096, 8192)]
+    done = {sp.key: _measured(sp.op, 1000.0) for sp in pts}
+    plan = repeat_plan(pts, done, load_hardware("h100"), passes=3)
+    keys = [sp.key for sp in pts]
+    assert [k for k, _ in plan] == [f"{k}{PASS_MARK}2" for k in keys[::-1]] + [f"{k}{PASS_MARK}3" for k in keys]
+    done[keys[0]] = _measured(pts[0].op, 1000.0, passes=(1e-3, 1.1e-3, 0.9e-3))
+    assert keys[0] not in {sp.key for _, sp in repeat_plan(pts, done, load_hardware("h100"), passes=3)}
+    assert repeat_plan(pts, done, load_hardware("h100"), passes=1) == []
+
+
+def test_fold_passes_keeps_the_median_and_every_pass_in_order() -> None:
+    op = _gemm(2048, 8192, 8192)
+    key = config_key(op)
+    first = _measured(op, 1000.0).model_copy(update={"samples": 3, "sm_clock_mhz": 1980.0})
+    folded = fold_passes(
+        {
+            key: first,
+            f"{key}{PASS_MARK}3": _measured(op, 900.0).model_copy(update={"samples": 5, "sm_clock_mhz": 1410.0}),
+            f"{key}{PASS_MARK}2": _measured(op, 1300.0).model_copy(update={"samples": 3, "sm_clock_mhz": 1500.0}),
+            f"other{PASS_MARK}2": _measured(op, 5.0),  # a later pass of a point never measured: dropped
+        }
+    )
+    assert list(folded) == [key]
+    p = folded[key]
+    assert p.passes == pytest.approx((1000e-6, 1300e-6, 900e-6)) and p.seconds == pytest.approx(1000e-6)
+    assert p.samples == 11 and p.sm_clock_mhz == 1500.0
+
+
+class _PassReplayer(Replayer):
+    """A CPU replayer whose n-th measurement of a config reports ``TIMES[n]`` microseconds."""
+
+    TIMES = (100.0, 130.0, 90.0)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: dict[str, int] = {}
+
+    def replay(self, cfg: OpConfig, *, moe_skew: float = 0.0) -> ReplayResult:
+        r = super().replay(cfg, moe_skew=moe_skew)
+        n = self.calls.get(cfg.key, 0)
+        self.calls[cfg.key] = n + 1
+        assert r.timing is not None
+        return r.model_copy(update={"timing": r.timing.model_copy(update={"median_us": self.TIMES[n]})})
+
+
+def test_sweep_measures_power_bound_points_in_three_passes_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("validators.profile.Replayer", _PassReplayer)
+    out = tmp_path / "p.profile.json"
+    pts = _few(4)
+    seen: list[tuple[int, int, bool]] = []
+    prof = run_profile(out, "cpu", points=pts, passes=3, on_point=lambda i, n, sp, r: seen.append((i, n, r is None)))
+    # No catalog device on the CPU: every point of 50 us or more but the launch kernel is power-bound.
+    repeated = [sp for sp in pts if sp.tag != "launch"]
+    assert len(seen) == len(pts) + 2 * len(repeated) and seen[-1][:2] == (len(seen), len(seen))
+    by_key = {p.key: p for p in prof.points}
+    for sp in repeated:
+        assert by_key[sp.key].passes == pytest.approx((100e-6, 130e-6, 90e-6))
+        assert by_key[sp.key].seconds == pytest.approx(100e-6)
+    assert all(not p.passes for p in prof.points if p.tag == "launch")
+    assert prof.complete and prof.timing["passes"] == 3 and load_profile(out) == prof
+    keys = [json.loads(x)["key"] for x in (tmp_path / "p.profile.json.parts.jsonl").read_text().splitlines()[1:]]
+    second = [k.removesuffix(f"{PASS_MARK}2") for k in keys if k.endswith(f"{PASS_MARK}2")]
+    assert second == [sp.key for sp in repeated][::-1]  # the second pass runs backwards
+    again: list[bool] = []
+    resumed = run_profile(
+        out, "cpu", points=pts, passes=3, resume=True, on_point=lambda i, n, sp, r: again.append(r is None)
+    )
+    assert resumed.points == prof.points and resumed.timing == prof.timing  # the provenance's date is the resume's
+    assert again == [True] * len(pts)  # every point done, every point holding its passes: nothing measured
+
+
+def test_a_budget_stop_in_the_later_passes_says_so() -> None:
+    info = ProfileDevice(name="x")
+    op = _gemm(2048, 8192, 8192)
+    sp = SweepPoint(op, "s")
+    prof = finish_profile([sp], {sp.key: _measured(op, 1000.0)}, {sp.key}, info, sweep_timing("cpu"), stopped=True,
+                          passes=3, repeats_left=2)  # fmt: skip
+    assert prof.complete and "2 later-pass measurement(s)" in prof.notes[0]
+
+
+def test_cli_profile_passes_must_be_positive(tmp_path: Path) -> None:
+    code, text = _cli("profile", "--device", "cpu", "-o", tmp_path / "x.profile.json", "--passes", "0")
+    assert code == 2 and text.startswith("error: --passes:") and len(text.strip().splitlines()) == 1

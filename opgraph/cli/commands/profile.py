@@ -30,6 +30,12 @@ def profile(
     ),
     sessions: int = typer.Option(3, "--sessions", help="Fewest profiler sessions per point (kernels timer)."),
     max_sessions: int = typer.Option(5, "--max-sessions", help="Most profiler sessions per point."),
+    passes: int | None = typer.Option(
+        None,
+        "--passes",
+        help="Passes over the compute-bound points, whose time moves with the GPU's power state; each keeps"
+        " the median (default: 3 on a GPU, 1 on the CPU).",
+    ),
     kinds: KindsOption = "",
     max_points: int | None = typer.Option(None, "--max-points", help="Only the first N points of the sweep."),
     plan: bool = typer.Option(False, "--plan", help="Print the sweep's points and exit without measuring."),
@@ -59,6 +65,8 @@ def profile(
         raise OpgraphError(f"{max_points} is out of range", where="--max-points", hint="give 1 or more")
     if sessions < 1 or max_sessions < 1:
         raise OpgraphError("session counts must be 1 or more", where="--sessions/--max-sessions")
+    if passes is not None and passes < 1:
+        raise OpgraphError(f"{passes} passes is out of range", where="--passes", hint="give 1 or more")
     if out is None and not plan:
         raise OpgraphError("missing the profile to write", where="-o/--out", hint="e.g. -o h100.profile.json")
     hw_name = load_hardware(hardware).name if hardware else ""
@@ -79,12 +87,13 @@ def profile(
     def on_point(i: int, n: int, sp: SweepPoint, r: ReplayResult | None) -> None:
         if quiet:
             return
+        again = " (again)" if i > len(points) else ""
         if r is None:
-            console.print(f"[{i}/{n}] done earlier  {sp.op.definition}")
+            console.print(f"[{i}/{n}] done earlier  {sp.op.definition}{again}")
             return
         t = r.timing
         took = f"{fmt_us(t.median_us)}" if t is not None else r.reason[:120]
-        console.print(f"[{i}/{n}] {r.status.value:<11} {sp.series:<28} {sp.op.definition}  {took}")
+        console.print(f"[{i}/{n}] {r.status.value:<11} {sp.series:<28} {sp.op.definition}{again}  {took}")
 
     timing = sweep_timing(device_type, sessions=sessions, max_sessions=max_sessions)
     if from_parts:
@@ -94,7 +103,7 @@ def profile(
     try:
         prof = run_profile(
             out, device, points=points, budget_s=budget_s, resume=resume, hardware=hw_name,
-            timing=timing, on_point=on_point,
+            timing=timing, passes=passes, on_point=on_point,
         )  # fmt: skip
     except KeyboardInterrupt:
         err_console().print(f"interrupted: points measured so far are in {out}.parts.jsonl; rerun with --resume")
