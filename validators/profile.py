@@ -578,8 +578,9 @@ def repeat_plan(
     plan: list[SweepPoint], points: dict[str, ProfilePoint], hardware: HardwareSpec | None, passes: int = REPEAT_PASSES
 ) -> list[tuple[str, SweepPoint]]:
     """The later passes over the measured power-bound points of ``plan`` (``(parts key, point)``;
-    passes 2, 4... in reverse plan order, 3, 5... in plan order), skipping points that already hold
-    their passes (a profile resumed from a finished one)."""
+    passes 2, 4... in reverse plan order, 3, 5... in plan order). ``points`` are keyed as in a parts file
+    (first passes unfolded); a point that already holds its passes (resumed from a finished profile)
+    is skipped, and the caller skips the later passes already done."""
     bound = [
         sp for sp in plan if sp.key in points and not points[sp.key].passes and power_bound(points[sp.key], hardware)
     ]
@@ -866,7 +867,7 @@ def run_profile(
         repeats: list[tuple[str, SweepPoint]] = []
         if finished and n_passes > 1:
             spec = _catalog_spec(info.hardware)
-            repeats = repeat_plan(plan, fold_passes(done_points), spec, n_passes)
+            repeats = repeat_plan(plan, done_points, spec, n_passes)
             finished = measure(repeats, len(plan) + 1, len(plan) + len(repeats))
     finally:
         rep.close()

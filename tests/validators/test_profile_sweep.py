@@ -430,7 +430,22 @@ def test_sweep_measures_power_bound_points_in_three_passes_and_resumes(
         out, "cpu", points=pts, passes=3, resume=True, on_point=lambda i, n, sp, r: again.append(r is None)
     )
     assert resumed.points == prof.points and resumed.timing == prof.timing  # the provenance's date is the resume's
-    assert again == [True] * len(pts)  # every point done, every point holding its passes: nothing measured
+    assert again == [True] * len(seen)  # every pass of every point done: nothing measured
+    # Killed before its third pass: a resume measures only what is left.
+    parts = tmp_path / "p.profile.json.parts.jsonl"
+    kept = [
+        ln for ln in parts.read_text().splitlines() if not ln.startswith(f'{{"key":"{repeated[0].key}{PASS_MARK}3"')
+    ]
+    assert len(kept) == len(keys)
+    parts.write_text("\n".join(kept) + "\n")
+    measured: list[str] = []
+
+    def record(i: int, n: int, sp: SweepPoint, r: ReplayResult | None) -> None:
+        if r is not None:
+            measured.append(sp.key)
+
+    run_profile(out, "cpu", points=pts, passes=3, resume=True, on_point=record)
+    assert measured == [repeated[0].key]
 
 
 def test_a_budget_stop_in_the_later_passes_says_so() -> None:
