@@ -460,3 +460,10 @@ def test_a_budget_stop_in_the_later_passes_says_so() -> None:
 def test_cli_profile_passes_must_be_positive(tmp_path: Path) -> None:
     code, text = _cli("profile", "--device", "cpu", "-o", tmp_path / "x.profile.json", "--passes", "0")
     assert code == 2 and text.startswith("error: --passes:") and len(text.strip().splitlines()) == 1
+
+
+def test_cli_profile_plan_tells_the_later_passes_on_a_gpu() -> None:
+    code, text = _cli("profile", "--device", "cuda", "--plan")
+    assert code == 0 and text.splitlines()[-1].startswith("then 2 more pass(es) over the points measured compute-bound")
+    code, text = _cli("profile", "--device", "cuda", "--plan", "--passes", "1")
+    assert code == 0 and text.splitlines()[-1] == f"{len(sweep_points('cuda'))} points"

@@ -56,7 +56,7 @@ def profile(
     """
     from hardware import load_hardware
     from opgraph.ir import OpgraphError
-    from validators.profile import profile_from_parts, run_profile, sweep_points, sweep_timing
+    from validators.profile import REPEAT_PASSES, profile_from_parts, run_profile, sweep_points, sweep_timing
 
     wanted = parse_kinds(kinds)
     if budget_s is not None and budget_s <= 0:
@@ -76,6 +76,13 @@ def profile(
         points = points[:max_points]
     if plan:
         _print_plan(points)
+        if device_type == "cuda" and (passes is None or passes > 1):
+            console.print(
+                f"then {(passes or REPEAT_PASSES) - 1} more pass(es) over the points measured compute-bound"
+                " (50 us or more), each keeping the median of its passes",
+                markup=False,
+                highlight=False,
+            )
         return
     if out is None:  # --plan returned above
         raise OpgraphError("missing the profile to write", where="-o/--out", hint="e.g. -o h100.profile.json")
