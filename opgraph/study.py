@@ -88,13 +88,22 @@ def study_config(
     its framework time. A setting left ``None`` is the base's (without a base, the default of
     :class:`~simulators.SimulationConfig`: ``earliest``, tp 1, eager host at the spec's time per op, a
     sync each step, the host track recorded, no jitter, seed 0, uncosted ops an error, engines sharing
-    the device); a setting given overrides the base's.
+    the device); a setting given overrides the base's. ``host_mode="none"`` without ``host_us`` drops
+    the base's host time per op (no host, no host time); with a ``host_us`` above 0 it is a
+    contradiction that :class:`~simulators.HostConfig` refuses (a pydantic ``ValidationError``, a
+    ``ValueError``, whose message is :func:`simulators.host_time_conflict`'s).
 
     >>> from simulators import SimulationConfig
     >>> base = SimulationConfig.standard(2).model_copy(update={"policy": "critical-path", "tp": 2})
     >>> cfg = study_config(2, base=base, jitter=0.5)
     >>> cfg.policy, cfg.tp, cfg.jitter, study_config().policy
     ('critical-path', 2, 0.5, 'earliest')
+    >>> study_config(host_mode="none", host_us=30)
+    Traceback (most recent call last):
+    ...
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for HostConfig
+    per_op_us
+      30 us per op has no host to spend it: host mode none issues every op at time zero [...]
     """
     from simulators import HostConfig, HostMode, SimulationConfig
 
@@ -102,9 +111,11 @@ def study_config(
         base = SimulationConfig.standard(engines, copy_engines=copy_engines, links=links)
 
     bh = base.host
+    mode = HostMode(host_mode) if host_mode is not None else bh.mode
+    base_us = None if host_mode is not None and mode is HostMode.NONE else bh.per_op_us
     host = HostConfig(
-        mode=HostMode(host_mode) if host_mode is not None else bh.mode,
-        per_op_us=_pick(host_us, bh.per_op_us),
+        mode=mode,
+        per_op_us=_pick(host_us, base_us),
         sync_each_step=_pick(sync_each_step, bh.sync_each_step),
         sync_ops=bh.sync_ops,
         free_ops=bh.free_ops,

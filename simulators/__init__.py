@@ -10,7 +10,7 @@
 """
 
 from simulators.api import cost_problem, default_host_us, run_problem, simulate, sweep_engines, uncosted_error
-from simulators.config import EngineGroup, EngineRole, HostConfig, HostMode, SimulationConfig
+from simulators.config import EngineGroup, EngineRole, HostConfig, HostMode, SimulationConfig, host_time_conflict
 from simulators.costing import FixedCostModel
 from simulators.errors import SimulationConfigError, SimulationError, UncostedOpsError
 from simulators.generation import GenerationSimulation, StepWindow, simulate_generation
@@ -60,6 +60,7 @@ __all__ = [
     "cost_problem",
     "default_host_us",
     "get_policy",
+    "host_time_conflict",
     "run_problem",
     "simulate",
     "simulate_generation",

@@ -9,7 +9,8 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from opgraph.ir import OpKind, Scalar
 from opgraph.ir.tensor import FrozenModel
@@ -75,6 +76,24 @@ class HostMode(str, Enum):
     """No host cost: every op is issued at time zero (an ideal launcher)."""
 
 
+def host_time_conflict(mode: HostMode | str, per_op_us: float | None) -> str | None:
+    """Why a host time of ``per_op_us`` per op cannot go with host ``mode``, or ``None`` when it can.
+
+    Host mode ``none`` means no host (every op issued at time zero), so a host time per op above 0
+    with it is a contradiction, not a setting to apply or drop silently. :class:`HostConfig` refuses
+    it with this message; the CLI (``--host none --host-us``) and scenario files (``host = 'none'``,
+    ``host_us``) refuse it with the same one, naming their own option or field.
+
+    >>> host_time_conflict(HostMode.NONE, 30.0)
+    '30 us per op has no host to spend it: host mode none issues every op at time zero'
+    >>> host_time_conflict("none", 0.0) is None, host_time_conflict(HostMode.EAGER, 30.0) is None
+    (True, True)
+    """
+    if HostMode(mode) is not HostMode.NONE or not per_op_us:
+        return None
+    return f"{per_op_us:g} us per op has no host to spend it: host mode none issues every op at time zero"
+
+
 class HostConfig(FrozenModel):
     """The host thread: issues ops in program order, spending ``per_op_us`` on each; launches are
     asynchronous, so the host runs ahead of the device except at sync points."""
@@ -82,7 +101,8 @@ class HostConfig(FrozenModel):
     mode: HostMode = HostMode.EAGER
     """Eager, CUDA graph, or none."""
     per_op_us: NonNegFloat | None = None
-    """Host time per op; ``None`` takes it from the hardware spec for ``mode``."""
+    """Host time per op; ``None`` takes it from the hardware spec for ``mode``. Above 0 only with a
+    host: mode ``none`` refuses it (:func:`host_time_conflict`)."""
     free_ops: bool = False
     """Charge host time for ops that launch no kernel (views) too."""
     framework: bool = True
@@ -101,6 +121,18 @@ class HostConfig(FrozenModel):
     """Op ids after which the host waits for the device (``.item()``, ``.cpu()``)."""
     record: bool = True
     """Record host spans on a ``host`` track."""
+
+    @model_validator(mode="after")
+    def _host_to_spend_it(self) -> HostConfig:
+        conflict = host_time_conflict(self.mode, self.per_op_us)
+        if conflict is not None:
+            # Raised at ``per_op_us``, not at the model, so that an error names the field
+            # (``host.per_op_us`` in a SimulationConfig file); a custom error keeps pydantic's
+            # ``Value error,`` prefix off the message.
+            error = PydanticCustomError("host_time_without_host", conflict)
+            detail = InitErrorDetails(type=error, loc=("per_op_us",), input=self.per_op_us)
+            raise ValidationError.from_exception_data(type(self).__name__, [detail])
+        return self
 
 
 class SimulationConfig(FrozenModel):

@@ -6,7 +6,7 @@ sequence over a KV cache of ``kv_len`` tokens, filled beforehand without recordi
 (a prefill then ``new_tokens`` greedy decode steps, each op tagged with its stage and step).
 
 The model is built directly on the target device from its config (``meta``: no weights, any size;
-``cpu``/``cuda``: random weights). Mixture-of-experts layers run with modelled routing
+``cpu``, ``cuda`` or ``cuda:N``: random weights). Mixture-of-experts layers run with modelled routing
 (:mod:`opgraph.capture.moe_model`).
 """
 
@@ -147,11 +147,11 @@ def check_transformers(version: str) -> None:
 
 
 def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
-    """Resolve and build the model on ``opts.device`` (or take a given ``nn.Module``)."""
+    """Resolve and build the model on ``opts.device`` (or take a given ``nn.Module``); a device that is
+    not here (no CUDA, ``cuda:N`` beyond the visible devices) is a :class:`CaptureError` naming ``--device``."""
     import torch
 
-    if opts.device == "cuda" and not torch.cuda.is_available():
-        raise CaptureError("CUDA is not available here", where="--device", hint="use --device meta or cpu")
+    opts.validate()
     if isinstance(model_or_id, torch.nn.Module):
         model = model_or_id
         config = getattr(model, "config", None)

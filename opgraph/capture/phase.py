@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Protocol, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    model_validator,
+)
 
 from opgraph.capture.lowering import Hints
 from opgraph.capture.sources import CaptureError, ModelSource
@@ -26,15 +35,66 @@ CaptureDType = Literal["bf16", "fp16", "fp32"]
 """Dtype the model is built in."""
 AttnImpl = Literal["sdpa", "eager"]
 """transformers attention implementation asked for."""
-CaptureDevice = Literal["meta", "cpu", "cuda"]
-"""Where the model is built and run (``meta``: no weights, no data)."""
+DEVICE_CHOICES = ("meta", "cpu", "cuda", "cuda:N")
+"""The devices a capture runs on, as ``--device`` takes them (``cuda``: the current CUDA device)."""
+
+
+def parse_device(text: str) -> str:
+    """The capture device ``text`` names: ``meta``, ``cpu``, ``cuda`` or ``cuda:N`` (the index written
+    plainly, ``cuda:01`` -> ``cuda:1``); anything else is a :class:`CaptureError` naming ``--device``.
+
+    Only the spelling is checked: whether the device exists here is :func:`check_device`'s job.
+
+    >>> parse_device("cuda:01"), parse_device("cuda"), parse_device("meta")
+    ('cuda:1', 'cuda', 'meta')
+    """
+    kind, colon, index = text.partition(":")
+    if kind not in ("meta", "cpu", "cuda") or (colon and kind != "cuda"):
+        raise CaptureError(f"unknown device {text!r}", where="--device", hint=f"one of {', '.join(DEVICE_CHOICES)}")
+    if not colon:
+        return kind
+    if not re.fullmatch(r"[0-9]+", index):
+        raise CaptureError(
+            f"unknown device {text!r}: the N of cuda:N is a device index, a number",
+            where="--device",
+            hint="e.g. cuda:0, cuda:1",
+        )
+    return f"cuda:{int(index)}"
+
+
+def check_device(device: str) -> None:
+    """Fail with one :class:`CaptureError` line naming ``--device`` when ``device`` (as :func:`parse_device`
+    spells it) is not here: CUDA without a CUDA device, or ``cuda:N`` at or above the visible count.
+
+    ``meta`` and ``cpu`` are always here; torch is imported only for CUDA.
+    """
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CaptureError("CUDA is not available here", where="--device", hint="use --device meta or cpu")
+    count = torch.cuda.device_count()
+    if index and int(index) >= count:
+        visible = ", ".join(f"cuda:{i}" for i in range(count))
+        raise CaptureError(
+            f"{device} does not exist: {count} CUDA device{'s' if count != 1 else ''} visible ({visible})",
+            where="--device",
+            hint="pick one of those or check CUDA_VISIBLE_DEVICES",
+        )
+
+
+CaptureDevice = Annotated[str, AfterValidator(parse_device)]
+"""Where the model is built and run: ``meta`` (no weights, no data), ``cpu``, ``cuda`` or ``cuda:N``
+(random weights); checked by :func:`parse_device`."""
 
 _LABELS = {"phase": "phase", "dtype": "dtype", "attn_impl": "attention implementation", "device": "device"}
 _CHOICES: dict[str, tuple[str, ...]] = {
     "phase": get_args(Phase),
     "dtype": get_args(CaptureDType),
     "attn_impl": get_args(AttnImpl),
-    "device": get_args(CaptureDevice),
+    "device": DEVICE_CHOICES,
 }
 _RANGES = {"moe_skew": "must be between 0 (balanced) and 8"}
 
@@ -76,6 +136,7 @@ class CaptureOptions(BaseModel):
     """Keep only the first layers (at most the model's count)."""
     attn_impl: AttnImpl = "sdpa"
     device: CaptureDevice = "meta"
+    """``meta``, ``cpu``, ``cuda`` or ``cuda:N`` (:func:`parse_device`); :meth:`validate` checks it is here."""
     moe_skew: Annotated[float, Field(ge=0, le=8)] | None = None
     """Zipf exponent of modelled expert loads (``None``: balanced)."""
     trust_remote_code: bool = False
@@ -102,7 +163,14 @@ class CaptureOptions(BaseModel):
         return self
 
     def validate(self) -> None:  # type: ignore[override]
-        """Nothing left to check: the options were checked when made (kept for callers)."""
+        """Check what depends on this machine (the values were checked when made): that the device is
+        here (:func:`check_device`). A :class:`CaptureError` naming ``--device`` otherwise."""
+        check_device(self.device)
+
+    @property
+    def device_type(self) -> str:
+        """The device without its index: ``meta``, ``cpu`` or ``cuda`` (for ``cuda:1`` too)."""
+        return self.device.partition(":")[0]
 
     @property
     def positions(self) -> int:

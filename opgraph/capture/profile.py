@@ -58,10 +58,11 @@ class ProfiledCapture:
 
 
 def _sync(device: str) -> None:
-    if device == "cuda":
+    """Wait for ``device`` (``cuda``, ``cuda:N``) to finish its work; nothing to wait for on the CPU."""
+    if device.startswith("cuda"):
         import torch
 
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
 
 
 def profile_capture(
@@ -72,7 +73,7 @@ def profile_capture(
     between_runs: Callable[[], None] | None = None,
     **options: Any,
 ) -> ProfiledCapture:
-    """Capture like :func:`~opgraph.capture.capture` (``device`` cuda or cpu) and profile the same run.
+    """Capture like :func:`~opgraph.capture.capture` (``device`` cuda, cuda:N or cpu) and profile the same run.
 
     The plain wall time is the median of ``wall_repeats`` runs after one warm-up run (library
     initialisation, allocator growth and autotuning stay out of it). ``between_runs`` is called
@@ -103,7 +104,8 @@ def profile_capture(
     rec = Recorder(profile_ranges=True)
     rec.add_root(prepared.model)
     acts = [torch.profiler.ProfilerActivity.CPU]
-    if opts.device == "cuda":
+    gpu = opts.device_type == "cuda"
+    if gpu:
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     cache = setup_phase(prepared, opts)
     _sync(opts.device)
@@ -123,8 +125,7 @@ def profile_capture(
         kept = str(keep_trace)
         Path(kept).parent.mkdir(parents=True, exist_ok=True)
         Path(kept).write_bytes(gzip.compress(raw) if kept.endswith(".gz") else raw)
-    device_name = torch.cuda.get_device_name() if opts.device == "cuda" else "cpu"
-    gpu = opts.device == "cuda"
+    device_name = torch.cuda.get_device_name(opts.device) if gpu else "cpu"
     # A timeline's spans and wall come from one run, so that its device time never exceeds its wall.
     # On CUDA the kernels keep their time under the profiler (its overhead is on the host): the wall
     # is the plain runs' median, what a user's run takes. On the CPU the ops are the device work and

@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console, ConsoleDimensions, ConsoleOptions, RenderResult
@@ -25,9 +25,6 @@ from rich.text import Text
 
 from opgraph.fmt import fmt_bytes, fmt_count, fmt_us
 from opgraph.ir.errors import OpgraphError, RegistryError
-
-if TYPE_CHECKING:
-    from simulators import SimulationConfig
 
 __all__ = [
     "HostTimeError",
@@ -330,35 +327,23 @@ class HostTimeError(OpgraphError):
     """A host time per op given with host mode ``none``, which has no host to spend it."""
 
 
-def check_host_time(
-    config: SimulationConfig,
-    host_us: float | None,
-    mode_from: str = "--host none",
-    file_field: str = "host.per_op_us",
-) -> None:
-    """``--host none`` means no host (:attr:`simulators.HostMode.NONE`: every op issued at time zero), so
-    a host time per op with it is a contradiction, not a setting to apply or drop silently: one error
-    line (``simulate``, ``serve-sim``). A time of 0 agrees with no host and passes.
+def check_host_time(host_mode: str, host_us: float | None, where: str = "--host-us") -> None:
+    """Refuse ``--host-us`` above 0 with host mode ``none`` as one error line naming ``where`` (``simulate``,
+    ``serve-sim``), before the command builds its settings.
 
-    ``config`` is the command's settings once built, ``host_us`` the ``--host-us`` given (``None``:
-    not given); ``mode_from`` names where the mode came from (the flag, or a --config file), and
-    ``file_field`` the file's ``host.per_op_us`` when the time came from there.
+    The rule and its message are :func:`simulators.host_time_conflict`'s, which
+    :class:`simulators.HostConfig` enforces, so the command line, ``--config`` files, scenario files
+    and the Python API refuse the same thing with the same words. ``host_mode`` is the mode the run
+    gets (from ``--host``, or the ``--config`` file when the flag is not given), ``host_us`` the
+    ``--host-us`` given (``None``: not given); ``where`` names the option, and the file the mode came
+    from. A time of 0 agrees with no host and passes.
     """
-    from simulators import HostMode
+    from simulators import host_time_conflict
 
-    if config.host.mode is not HostMode.NONE or not config.host.per_op_us:
-        return
-    if host_us is not None:
-        raise HostTimeError(
-            f"{host_us:g} us per op has no host to spend it: {mode_from} issues every op at time zero",
-            where="--host-us",
-            hint="drop --host-us, or give --host eager or --host cuda-graph with it",
-        )
-    raise HostTimeError(
-        f"{config.host.per_op_us:g} us per op has no host to spend it: host mode none issues every op at time zero",
-        where=file_field,
-        hint="remove per_op_us from the file, or give --host eager or --host cuda-graph",
-    )
+    conflict = host_time_conflict(host_mode, host_us)
+    if conflict is not None:
+        hint = "drop --host-us, or give --host eager or --host cuda-graph with it"
+        raise HostTimeError(conflict, where=where, hint=hint)
 
 
 def _silence_stdout() -> None:

@@ -100,7 +100,7 @@ class CaptureSettings(BaseModel):
     dtype: str | None = None
     """Compute dtype asked for (``bf16``)."""
     device: str | None = None
-    """Where the model ran: ``meta``, ``cpu`` or ``cuda``."""
+    """Where the model ran: ``meta``, ``cpu``, ``cuda`` or ``cuda:N``."""
     attn_impl: str | None = None
     """Attention implementation asked for (``sdpa``, ``eager``)."""
     seq_len: PosInt | None = None

@@ -34,6 +34,7 @@ from pydantic import (
 from opgraph.ir import OpgraphError, OpKind, check_schema_version
 from opgraph.ir.tensor import FrozenModel
 from opgraph.ir.timeline import NonNegFloat
+from simulators.config import host_time_conflict
 
 SCENARIO_SUFFIX = ".scenario.toml"
 """File names that ``opgraph run`` and the pytest plugin recognise as scenarios."""
@@ -164,13 +165,12 @@ class SimulationSection(FrozenModel):
     @field_validator("host_us")
     @classmethod
     def _host_to_spend_it(cls, value: float | None, info: ValidationInfo) -> float | None:
-        # As `opgraph simulate --host none --host-us`: no host issues every op at time zero, so a host time
-        # per op with it is a contradiction, not a setting to apply or drop silently.
-        if value and info.data.get("host") == "none":
-            raise ValueError(
-                f"{value:g} us per op has no host to spend it: host = 'none' issues every op at time zero "
-                "(remove host_us, or give host = 'eager' or 'cuda-graph')"
-            )
+        # SimulationConfig's own rule and words (simulators.host_time_conflict), checked here so that a
+        # scenario fails when it is read, naming simulation.host_us, rather than when its run builds the config.
+        host = info.data.get("host")
+        conflict = host_time_conflict(host.replace("-", "_"), value) if host is not None else None
+        if conflict is not None:
+            raise ValueError(f"{conflict} (remove host_us, or give host = 'eager' or 'cuda-graph')")
         return value
 
     @property

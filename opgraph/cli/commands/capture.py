@@ -77,13 +77,15 @@ def capture(
     dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
     layers: int = typer.Option(None, help="Cut the model to its first N layers."),
     attn_impl: str = typer.Option("sdpa", help="Attention implementation: sdpa or eager."),
-    device: str = typer.Option("meta", help="meta (no weights), cpu or cuda (random weights)."),
+    device: str = typer.Option("meta", help="meta (no weights), cpu, cuda or cuda:N (random weights)."),
     moe_skew: float = typer.Option(None, help="Zipf exponent of MoE expert loads (0 or unset: balanced)."),
     trust_remote_code: bool = typer.Option(False, help="Allow a local model's own modelling code."),
     host_timing: bool = typer.Option(
         False, help="Also time the framework's host work before each op on this machine (for eager wall time)."
     ),
-    profile: bool = typer.Option(False, help="Run under torch.profiler (cuda, or cpu) and write a measured timeline."),
+    profile: bool = typer.Option(
+        False, help="Run under torch.profiler (cuda, cuda:N or cpu) and write a measured timeline."
+    ),
     timeline: Path = typer.Option(None, help="Timeline file for --profile (default: OUTPUT with .timeline.json)."),
     trace: Path = typer.Option(None, help="Also keep the raw profiler trace here (--profile)."),
     wall_repeats: int = typer.Option(
@@ -126,7 +128,7 @@ def capture(
     )
     from opgraph.capture.api import CaptureOptions
 
-    CaptureOptions(**opts).validate()
+    CaptureOptions(**opts).validate()  # the device's spelling and presence too, before the model is built
     from opgraph.ir.io import save_graph, save_timeline
 
     if profile:

@@ -129,8 +129,8 @@ def serve_sim(
     check_distinct_outputs([(output, "-o/--output"), (perfetto, "--perfetto"), (plot, "--plot")])
     from opgraph.study import study_config
 
+    check_host_time(mode, host_us)
     config = study_config(tp=tp, host_mode=mode, host_us=host_us)
-    check_host_time(config, host_us)
     from hardware import load_hardware, resolve_cost_model
     from simulators.serving import check_plot_path, get_scheduler
 

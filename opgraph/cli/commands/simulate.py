@@ -215,10 +215,16 @@ def simulate(
     # With --config, the file's settings stand unless the command line gives the flag.
     base: SimulationConfig | None = None
     given: set[str] | None = None
+    run_mode, host_us_where = mode, "--host-us"
     if config_path is not None:
         given = _given_options(ctx)
+        # A file that gives a host time with host mode none is refused here (SimulationConfig's own
+        # rule), one line naming the file and its host.per_op_us.
         base = load_model(config_path, SimulationConfig)
-        base = _config_with_flags(base, given, config_path, copy_engines, links, framework_time, mode, host_us)
+        base = _config_with_flags(base, given, config_path, copy_engines, links, framework_time)
+        if "host" not in given:
+            run_mode, host_us_where = base.host.mode.value, f"--host-us with --config {config_path}"
+    check_host_time(run_mode, host_us, host_us_where)
 
     def flag(name: str, value: Any) -> Any:
         return value if given is None or name in given else None
@@ -242,8 +248,6 @@ def simulate(
     )
     counts = counts or [config.engines]
     from_file = f"{config_path}: " if given is not None else ""
-    mode_from = "--host none" if given is None or "host" in given else f"the host mode none of {config_path}"
-    check_host_time(config, host_us, mode_from, f"{from_file}host.per_op_us")
     _check_policy(config.policy, "--policy" if given is None or "policy" in given else f"{from_file}policy")
     hw = _load_hardware(hardware)  # after the cheap checks, before loading anything large
     default_note: tuple[str, ...] = ()
@@ -352,16 +356,14 @@ def _config_with_flags(
     copy_engines: int,
     links: int,
     framework_time: bool,
-    mode: str,
-    host_us: float | None,
 ) -> SimulationConfig:
-    """The --config file's settings with the group and host flags the command line gave over them.
+    """The --config file's settings with the group and framework-time flags the command line gave over them.
 
     :func:`opgraph.study.study_config` sets the other flags over the file, not these:
     ``--copy-engines``/``--links`` set the counts of the file's copy and link groups (adding or, for
-    ``--copy-engines 0``, removing the group), ``--framework-time`` turns the file's framework time
-    back on, and ``--host none`` without ``--host-us`` drops the file's host time per op (no host, no
-    host time).
+    ``--copy-engines 0``, removing the group), and ``--framework-time`` turns the file's framework
+    time back on. (``--host none`` without ``--host-us`` drops the file's host time per op in
+    ``study_config``: no host, no host time.)
     """
     for name, option, count in (("copy_engines", "--copy-engines", copy_engines), ("links", "--links", links)):
         if name not in given:
@@ -377,8 +379,6 @@ def _config_with_flags(
     host = base.host
     if "framework_time" in given:
         host = host.model_copy(update={"framework": framework_time})
-    if "host" in given and mode == "none" and host_us is None:
-        host = host.model_copy(update={"per_op_us": None})
     return base.model_copy(update={"host": host})
 
 

@@ -26,6 +26,7 @@ from opgraph.cli.common import check_output_path, console, handle_errors, new_ta
 from opgraph.ir import OpgraphError
 
 if TYPE_CHECKING:
+    from opgraph.capture.phase import CaptureOptions
     from opgraph.ir import OpGraph
     from opgraph.scenario.validation import ValidationStep, ValidationSummary
 
@@ -90,11 +91,15 @@ def validate(
     run, and writes the graph, replay results, issue times, calibrated table, profiled graph and
     timeline, simulated timeline, comparison and summary.json into the output folder.
     """
+    from opgraph.capture.phase import check_device, parse_device
     from opgraph.scenario.folder import check_run_folder, staged_folder
 
-    dev = device.split(":")[0]
+    dev = device.partition(":")[0]
     if dev not in ("cuda", "cpu"):
         raise ValidateError(f"unknown device {device!r}", where="--device", hint="cuda, cuda:N or cpu")
+    # Every step runs on this one device, the profiled run (a capture) too: checked as capture checks
+    # it (``cuda:x`` has no index, ``cuda:N`` must be visible), before anything long runs.
+    device = parse_device(device)
     if wall_repeats < 1:
         raise ValidateError(f"{wall_repeats} is out of range", where="--wall-repeats", hint="give 1 or more")
     if not max_time > 0:
@@ -104,6 +109,7 @@ def validate(
 
         if not torch.cuda.is_available():
             raise ValidateError("CUDA is not available here", where="--device", hint="use --device cpu for a smoke run")
+        check_device(device)
     check_output_path(output, "-o/--output", inputs=[Path(target)], folder=True)
     check_run_folder(output)
     hw_name = hardware or ("h100" if dev == "cuda" else "cpu")
@@ -117,6 +123,7 @@ def validate(
     )  # fmt: skip
     settings = ValidateSettings(model_id=model_id, capture=kw, device=device, hardware=hw_name, warm_l2=warm_l2,
                                 check=check, max_time=max_time, wall_repeats=wall_repeats)  # fmt: skip
+    settings.profile_options.validate()  # a given graph's settings too, before the long steps
     with staged_folder(output) as tmp:
         summary = _run(tmp, output, graph, settings, hw, captured=not _is_graph_file(target))
     console.print(f"wrote {output}/ (summary.json and {len(list(output.iterdir())) - 1} files)")
@@ -247,7 +254,8 @@ class ValidateSettings:
     """Capture settings (``phase``, ``batch``, ``seq_len``, ...) as :class:`~opgraph.capture.CaptureOptions` names
     them."""
     device: str
-    """``cuda``, ``cuda:N`` or ``cpu``."""
+    """``cuda``, ``cuda:N`` or ``cpu``: every step that runs on a device runs on this one (the replay, the
+    issue timing and the profiled run; the graph is captured on meta), and their recorded commands give it."""
     hardware: str
     """The device's catalog name or spec file (``--hardware``)."""
     warm_l2: bool
@@ -258,6 +266,14 @@ class ValidateSettings:
     """Replay: most seconds of sampling per config."""
     wall_repeats: int
     """Profiled run: plain runs timed (their median is the measured wall)."""
+
+    @property
+    def profile_options(self) -> CaptureOptions:
+        """The profiled run's capture options: :attr:`capture` on :attr:`device`, as :meth:`profile_command`
+        gives them (checked when made: a :class:`~opgraph.capture.CaptureError` names the option at fault)."""
+        from opgraph.capture.phase import CaptureOptions
+
+        return CaptureOptions(device=self.device, **self.capture)
 
     @property
     def cold_l2(self) -> bool:
@@ -377,7 +393,7 @@ def _run(
 
     # 5. the real model under the profiler (as `opgraph capture --profile`: the graph and timeline it writes)
     t0 = time.perf_counter()
-    pc = profile_capture(s.model_id, device=device, wall_repeats=wall_repeats, **s.capture)
+    pc = profile_capture(s.model_id, wall_repeats=wall_repeats, **s.profile_options.model_dump())
     save_graph(pc.graph, tmp / "profiled.graph.json.gz")
     save_timeline(pc.timeline, tmp / "measured.timeline.json.gz")
     routing = [a for a in pc.graph.metadata.assumptions if "MoE routing is modelled" in a]
@@ -457,7 +473,7 @@ def _run(
     summary = ValidationSummary(
         model=s.model_id,
         device=device,
-        device_name=torch.cuda.get_device_name() if dev == "cuda" else run.device_name,
+        device_name=torch.cuda.get_device_name(device) if dev == "cuda" else run.device_name,
         hardware=hw.name,
         settings=dict(s.capture),
         steps=tuple(steps),

@@ -397,3 +397,72 @@ def test_every_recorded_command_gives_every_setting_of_its_step(tmp_path: Path) 
     assert _parsed(other.replay_command(tmp_path))["cold_l2"] is True
     assert _parsed(other.replay_command(tmp_path))["check"] is True
     assert _parsed(_settings(device="cpu", warm_l2=False).replay_command(tmp_path))["cold_l2"] is False
+
+
+# ---------------------------------------------------------------- --device cuda:N, without a GPU
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A machine with two visible CUDA devices, as torch reports them (nothing runs on them)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+@pytest.mark.usefixtures("two_gpus")
+def test_a_cuda_device_is_checked_before_any_step(config: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    for device, message in (
+        ("cuda:x", "error: --device: unknown device 'cuda:x': the N of cuda:N is a device index"),
+        ("cuda:2", "error: --device: cuda:2 does not exist: 2 CUDA devices visible (cuda:0, cuda:1)"),
+    ):
+        res = cli_runner().invoke(app, ["validate", str(config), "-d", device, "-o", str(out)])
+        assert one_error_line(res).startswith(message)
+    assert not out.exists()
+
+
+@pytest.mark.usefixtures("two_gpus")
+def test_every_step_gets_cuda_n(config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The steps run with the settings validate builds, and their recorded commands come from the same settings:
+    # the device given reaches the replay, the issue timing and the profiled run (the graph is captured on meta).
+    import opgraph.cli.commands.validate as validate
+
+    seen: list[ValidateSettings] = []
+
+    def stop(tmp: Path, output: Path, graph: Any, settings: ValidateSettings, hw: Any, *, captured: bool) -> Any:
+        seen.append(settings)
+        raise OpgraphError("stopped before the steps")
+
+    monkeypatch.setattr(validate, "_run", stop)
+    out = tmp_path / "o"
+    res = cli_runner().invoke(app, ["validate", str(config), "-d", "cuda:1", "--seq-len", "16", "-o", str(out)])
+    assert one_error_line(res) == "error: stopped before the steps" and not out.exists()
+    (s,) = seen
+    assert s.device == "cuda:1" and s.cold_l2
+    assert (s.profile_options.device, s.profile_options.seq_len) == ("cuda:1", 16)  # what the profile step runs
+    profile = _parsed(s.profile_command(out))
+    assert (profile["device"], profile["profile"]) == ("cuda:1", True)
+    assert _parsed(s.capture_command(out))["device"] == "meta"
+    for command in (s.replay_command(out), s.issue_command(out)):
+        assert _parsed(command)["device"] == "cuda:1"
+
+
+@pytest.mark.usefixtures("two_gpus")
+def test_the_recorded_profile_command_runs_on_cuda_n(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `opgraph capture --device cuda:1 --profile`, as validate records it, is taken by capture and reaches the
+    # profiled run's model preparation with the device and settings of the step.
+    import opgraph.capture.profile
+    from opgraph.capture import CaptureOptions
+
+    prepared: list[CaptureOptions] = []
+
+    def prepare(model: str, opts: CaptureOptions) -> Any:
+        prepared.append(opts)
+        raise OpgraphError("stopped before the model is built")
+
+    monkeypatch.setattr(opgraph.capture.profile, "prepare", prepare)
+    s = _settings(device="cuda:1")
+    res = cli_runner().invoke(app, shlex.split(s.profile_command(tmp_path))[1:])
+    assert one_error_line(res) == "error: stopped before the model is built"
+    (opts,) = prepared
+    assert opts == s.profile_options and opts.device == "cuda:1"

@@ -49,20 +49,56 @@ def _config(tmp_path: Path, data: dict[str, Any]) -> Path:
 
 
 # ---------------------------------------------------------------- --host none
+NO_HOST = "us per op has no host to spend it: host mode none issues every op at time zero"
+"""The one message every surface gives for a host time with host mode none (SimulationConfig's own)."""
+
+
 def test_host_us_with_no_host_is_an_error(graph_file: Path) -> None:
     # HostMode.NONE is "no host cost: every op issued at time zero"; 50 us per op made the run host-bound.
     res = _run(graph_file, "--host", "none", "--host-us", "50")
-    line = one_error_line(res)
-    assert line.startswith("error: --host-us: 50 us per op has no host") and "--host eager" in line
+    assert one_error_line(res) == (
+        f"error: --host-us: 50 {NO_HOST} (drop --host-us, or give --host eager or --host cuda-graph with it)"
+    )
 
 
 def test_a_config_files_host_time_with_no_host_is_an_error_naming_the_field(graph_file: Path, tmp_path: Path) -> None:
+    # The file alone is contradictory: SimulationConfig refuses it when read, naming the file and the field,
+    # whatever the command line asks for (the file is no valid config, with or without --host eager).
     cfg = _config(tmp_path, {"host": {"mode": "none", "per_op_us": 5.0}})
     line = one_error_line(_run(graph_file, "--config", cfg))
-    assert line.startswith(f"error: {cfg}: host.per_op_us: 5 us per op has no host")
+    assert line.startswith(f"error: {cfg}: host.per_op_us: 5 {NO_HOST}")
+    assert one_error_line(_run(graph_file, "--config", cfg, "--host", "eager")) == line
     # The file says no host, the command line gives a time: the error names both.
     line = one_error_line(_run(graph_file, "--config", _config(tmp_path, {"host": {"mode": "none"}}), "--host-us", "3"))
-    assert line.startswith(f"error: --host-us: 3 us per op has no host to spend it: the host mode none of {cfg}")
+    assert line.startswith(f"error: --host-us with --config {cfg}: 3 {NO_HOST}")
+    # A file host mode that the command line replaces: the flag's mode decides.
+    eager = _config(tmp_path, {"host": {"mode": "eager"}})
+    line = one_error_line(_run(graph_file, "--config", eager, "--host", "none", "--host-us", "3"))
+    assert line.startswith(f"error: --host-us: 3 {NO_HOST}")
+
+
+def test_the_python_api_refuses_a_host_time_with_no_host() -> None:
+    # The rule lives in the config model: study_config, SimulationConfig and HostConfig refuse what the CLI does.
+    from pydantic import ValidationError
+
+    from opgraph.study import study_config
+    from simulators import HostConfig, HostMode, SimulationConfig
+
+    for build in (
+        lambda: study_config(host_mode="none", host_us=30),
+        lambda: SimulationConfig(host=HostConfig(mode=HostMode.NONE, per_op_us=30.0)),
+        lambda: SimulationConfig.model_validate({"host": {"mode": "none", "per_op_us": 30}}),
+        lambda: SimulationConfig.standard(2, host={"mode": "none", "per_op_us": 30}),
+    ):
+        with pytest.raises(ValidationError) as info:
+            build()
+        (error,) = info.value.errors()
+        assert error["msg"] == f"30 {NO_HOST}" and error["loc"][-1] == "per_op_us"
+    # 0 agrees with no host, and a host mode given without a time drops the base's time (no host, no host time).
+    assert study_config(host_mode="none", host_us=0).host.per_op_us == 0.0
+    base = SimulationConfig(host=HostConfig(mode=HostMode.EAGER, per_op_us=50.0))
+    assert study_config(base=base, host_mode="none").host.per_op_us is None
+    assert study_config(base=base, host_mode="cuda_graph").host.per_op_us == 50.0
 
 
 def test_no_host_has_no_host_time(graph_file: Path, tmp_path: Path) -> None:

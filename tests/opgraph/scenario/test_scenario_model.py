@@ -98,7 +98,8 @@ def test_round_trip(tmp_path: Path) -> None:
         ("[[phases]]\ngraph = 'g.json'\n[unknown]\nx = 1\n", "unknown: unknown field"),
         (
             MINIMAL + "[simulation]\nhost = 'none'\nhost_us = 5\n",
-            "simulation.host_us: 5 us per op has no host to spend it: host = 'none' issues every op at time zero",
+            "simulation.host_us: 5 us per op has no host to spend it: host mode none issues every op at time zero "
+            "(remove host_us, or give host = 'eager' or 'cuda-graph')",
         ),
     ],
 )

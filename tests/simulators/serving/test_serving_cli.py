@@ -222,7 +222,7 @@ def test_a_host_time_with_no_host_is_refused_as_simulate_refuses_it(config: Path
     graph = save_graph(_graph(), tmp_path / "g.json")
     simulate = one_error_line(cli_runner().invoke(app, ["simulate", str(graph), *flags]))
     assert serve == simulate
-    assert serve.startswith("error: --host-us: 30 us per op has no host to spend it: --host none issues every op")
+    assert serve.startswith("error: --host-us: 30 us per op has no host to spend it: host mode none issues every op")
     res = cli_runner().invoke(app, ["serve-sim", str(config), "--poisson", "1", "-n", "2", "--host-us", "-1"])
     assert one_error_line(res) == "error: --host-us: -1.0 is negative"
 
