@@ -54,6 +54,9 @@ from opgraph.ir import (
     DType,
     Elementwise,
     Embedding,
+    ExpertGemm,
+    ExpertPart,
+    ExpertsImpl,
     Gemm,
     Memory,
     MoeRouting,
@@ -223,7 +226,7 @@ def _experts(name: str, part: str, tokens: int, experts: int, top_k: int, n: int
         call = AtenCall(args=({"tensor": 0}, {"tensor": 1}, {"tensor": 2}))
         return Gemm(
             id=0, m=m, n=n, k=k, groups=experts, dtype=dt, inputs=ins, outputs=out, target=target,
-            definition=definition, call=call,
+            definition=definition, call=call, expert=_expert(impl, experts, top_k, part),
         )  # fmt: skip
     if impl == "bmm":
         # As capture records transformers' batched experts: [E, m, k] @ [E, k, n] (a transposed weight view).
@@ -239,8 +242,13 @@ def _experts(name: str, part: str, tokens: int, experts: int, top_k: int, n: int
         definition = f"moe_loop_e{experts}_n{n}_k{k}_topk{top_k}_{part}"
         target = f"{name}_experts_{part}"
     return Gemm(
-        id=0, m=m, n=n, k=k, groups=experts, dtype=dt, inputs=ins, outputs=out, target=target, definition=definition
-    )
+        id=0, m=m, n=n, k=k, groups=experts, dtype=dt, inputs=ins, outputs=out, target=target, definition=definition,
+        expert=_expert(impl, experts, top_k, part),
+    )  # fmt: skip
+
+
+def _expert(impl: str, experts: int, top_k: int, part: str) -> ExpertGemm:
+    return ExpertGemm(impl=ExpertsImpl.named(impl), experts=experts, top_k=top_k, part=ExpertPart(part))
 
 
 def batched_mm_gemm(part: str, pairs: int, experts: int, top_k: int, hidden: int, inter: int) -> Gemm:
@@ -253,7 +261,7 @@ def batched_mm_gemm(part: str, pairs: int, experts: int, top_k: int, hidden: int
     return Gemm(
         id=0, m=1, n=n, k=k, batch=pairs, dtype=dt, inputs=ins, outputs=(TensorSpec(shape=(pairs, n, 1), dtype=dt),),
         target=f"moe_experts_{part}", definition=f"moe_batched_mm_e{experts}_h{hidden}_i{inter}_topk{top_k}_{part}",
-        call=AtenCall(args=({"tensor": 0}, {"tensor": 1})),
+        call=AtenCall(args=({"tensor": 0}, {"tensor": 1})), expert=_expert("batched_mm", experts, top_k, part),
     )  # fmt: skip
 
 

@@ -22,6 +22,10 @@ transformers' ``batched_mm`` expert GEMMs (one ``bmm`` of the token-expert pairs
 copies) have a regime of their own (:data:`BATCHED_MM`, along ``log2 pairs``); a profile measured before
 it had one prices them as it did then (:attr:`Features.fallback`), and says so.
 
+An expert GEMM is a :class:`~opgraph.ir.Gemm` whose ``expert`` field is set: its regime, experts and
+top-k come from that field (:class:`~opgraph.ir.ExpertGemm`, :func:`~opgraph.ir.experts.grouped_kernel`),
+never from its definition, which only names it.
+
 A ``_grouped_mm`` expert GEMM pays whole row tiles of torch's grouped kernel (:data:`TILE_ROWS`) for
 the uneven loads a router deals, where the profile measured even ones (:func:`row_tiles_factor`): the
 roofline's compute term grows with the tiles (padded rows are MMA work), its memory term stays.
@@ -42,7 +46,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-import re
 import statistics
 import warnings
 from dataclasses import dataclass, field
@@ -57,6 +60,7 @@ from opgraph.ir import (
     DType,
     Elementwise,
     Embedding,
+    ExpertsImpl,
     Gemm,
     Memory,
     MoeRouting,
@@ -70,6 +74,7 @@ from opgraph.ir import (
     TopK,
 )
 from opgraph.ir.configs import is_contiguous
+from opgraph.ir.experts import grouped_kernel
 
 FAR = 2.0
 """Log2 distance (4x) past the sweep's range, or from the nearest measured shape in any shape
@@ -140,32 +145,19 @@ def _lg(x: float) -> float:
     return math.log2(max(float(x), 1.0))
 
 
-def _grouped_impl(op: Gemm) -> str:
-    # As the gemm replay recipe tells the implementations apart.
-    target = f"{op.target} {op.definition}".lower()
-    if "bmm" in target or "batched_mm" in target:
-        return "bmm"
-    if "grouped_mm" in target:
-        return "grouped_mm"
-    return "loop"
-
-
 def is_batched_mm(op: Gemm) -> bool:
-    """Whether ``op`` is an expert GEMM of transformers' ``batched_mm`` experts, as capture names it
-    (the replay recipe's test, ``validators.recipes.gemm.is_batched_mm``, on expert GEMMs).
+    """Whether ``op`` is an expert GEMM of transformers' ``batched_mm`` experts (its ``expert`` field
+    says so; the replay recipe's test, ``validators.recipes.gemm.is_batched_mm``, on ungrouped GEMMs).
 
-    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, batch=6, target="moe_experts_gate_up",
-    ...                    definition="moe_batched_mm_e4_h4_i4_topk2_gate_up"))
+    >>> from opgraph.ir import ExpertGemm
+    >>> expert = ExpertGemm(impl="batched_mm", experts=4, top_k=2, part="gate_up")
+    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, batch=6, target="moe_experts_gate_up", expert=expert))
     True
     >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, groups=4, target="moe_experts_gate_up",
-    ...                    definition="moe_bmm_e4_h4_topk2_gate_up"))
+    ...                    expert=expert.model_copy(update={"impl": ExpertsImpl.BMM})))
     False
     """
-    return op.groups <= 1 and op.target.startswith("moe_experts") and "batched_mm" in op.definition.lower()
-
-
-_LOOP_EXPERTS = re.compile(r"_e(\d+)_")
-"""The expert count in an expert GEMM's definition (``moe_grouped_mm_e128_h2048_i768_topk8_down``)."""
+    return op.groups <= 1 and op.expert is not None and op.expert.impl is ExpertsImpl.BATCHED_MM
 
 
 def _expert_product(op: Gemm) -> int | None:
@@ -181,17 +173,14 @@ def _expert_product(op: Gemm) -> int | None:
     the grouped bmm points, all of 8 or more products, price it at a third of that
     (``tests/data/h100/batched_mm.json``). Of more pairs it is then a grouped bmm (:func:`_batched_mm_before`).
     """
-    if op.groups > 1 or op.batch > 1 or not op.target.startswith("moe_experts"):
+    if op.groups > 1 or op.batch > 1 or op.expert is None:
         return None
-    hit = _LOOP_EXPERTS.search(op.definition)
-    return int(hit.group(1)) if hit else 1
+    return op.expert.experts
 
 
 TILE_ROWS = 128
 """Rows per tile of the grouped GEMM kernel torch runs for ``_grouped_mm`` on sm90 (CUTLASS, 128 x 256 x 64
 tiles, as its kernel name says): an expert with ``r`` rows costs ``ceil(r / 128)`` row tiles."""
-_EXPERTS_TOPK = re.compile(r"_e(\d+)_.*_topk(\d+)_")
-"""Experts and top-k in an expert GEMM's definition (``moe_grouped_mm_e8_h4096_i14336_topk2_gate_up``)."""
 
 
 def expected_row_tiles(rows: float, experts: int, top_k: int) -> float:
@@ -221,13 +210,13 @@ def row_tiles_factor(op: Gemm) -> float:
     """How much longer a ``_grouped_mm`` expert GEMM runs for a router's uneven loads than for the even
     loads the profile measured (``validators.inputs.routing_counts``): the expected row tiles of a
     uniform router (:func:`expected_row_tiles`) over those of ``m`` rows per expert (below 1 where some
-    experts' loads fall under a tile boundary the even loads cross). 1 when the definition does not name
-    the experts and top-k, or below a tile (one partly filled tile either way)."""
-    hit = _EXPERTS_TOPK.search(op.definition)
-    if op.groups <= 1 or hit is None or op.m < TILE_ROWS:
+    experts' loads fall under a tile boundary the even loads cross). 1 for a GEMM that is no expert GEMM
+    (its ``expert`` field gives the experts and top-k), or below a tile (one partly filled tile either way)."""
+    expert = op.expert
+    if op.groups <= 1 or expert is None or op.m < TILE_ROWS:
         return 1.0
     even = math.ceil(op.m / TILE_ROWS)
-    return expected_row_tiles(op.m, int(hit.group(1)), int(hit.group(2))) / even
+    return expected_row_tiles(op.m, expert.experts, expert.top_k) / even
 
 
 def router_tiles(op: OpBase, hw: HardwareSpec) -> tuple[float, str]:
@@ -235,7 +224,7 @@ def router_tiles(op: OpBase, hw: HardwareSpec) -> tuple[float, str]:
     that replay and the profile's sweep measure it with, and a note saying so (``(1.0, "")`` for any
     other op): its padded row tiles (:func:`row_tiles_factor`) are MMA work, so the roofline's compute
     term grows by their ratio and its memory term stays."""
-    if not isinstance(op, Gemm) or op.groups <= 1 or _grouped_impl(op) != "grouped_mm":
+    if not isinstance(op, Gemm) or op.groups <= 1 or grouped_kernel(op) != "grouped_mm":
         return 1.0, ""
     rows = row_tiles_factor(op)
     compute_s, memory_s = roofline_terms(op, hw)
@@ -285,9 +274,9 @@ def profile_features(op: OpBase) -> Features | None:
             return Features(EXPERT_LOOP, "m", _lg(op.m), (*nk, _lg(experts)), ("n", "k", "experts"))
         if op.groups > 1:
             return Features(
-                f"gemm:grouped:{_grouped_impl(op)}", "m", _lg(op.m), (*nk, _lg(op.groups)), ("n", "k", "experts")
+                f"gemm:grouped:{grouped_kernel(op)}", "m", _lg(op.m), (*nk, _lg(op.groups)), ("n", "k", "experts")
             )
-        if op.target.startswith("moe_experts") and _grouped_impl(op) == "bmm":
+        if op.expert is not None and grouped_kernel(op) == "bmm":
             # A batched expert GEMM of one product per expert or pair that names no ``batched_mm``: the
             # kernel of the grouped bmm points ([experts, m, k] @ [experts, k, n]).
             return _batched_mm_before(op)

@@ -18,6 +18,7 @@ from opgraph.ir.errors import (
     RegistryError,
     SchemaVersionError,
 )
+from opgraph.ir.experts import ExpertGemm, ExpertPart, ExpertsImpl, grouped_kernel
 from opgraph.ir.generation import (
     SAMPLER_SCOPE,
     EdgeTemplate,
@@ -52,7 +53,7 @@ from opgraph.ir.io import (
     save_model,
     save_timeline,
 )
-from opgraph.ir.issue import NESTED_MARK, SYNC_MARK, host_syncs, is_nested
+from opgraph.ir.issue import NESTED_MARK, SYNC_MARK, HostIssue, host_syncs, is_nested
 from opgraph.ir.ops import (
     IDENTITY_FIELDS,
     OP_TYPES,
@@ -115,6 +116,9 @@ __all__ = [
     "EdgeTemplate",
     "Elementwise",
     "Embedding",
+    "ExpertGemm",
+    "ExpertPart",
+    "ExpertsImpl",
     "FieldDelta",
     "FrozenModel",
     "Gemm",
@@ -122,6 +126,7 @@ __all__ = [
     "GraphIdentity",
     "GraphLintError",
     "GraphMetadata",
+    "HostIssue",
     "HostTimingSummary",
     "LazyEdges",
     "LazyOps",
@@ -162,6 +167,7 @@ __all__ = [
     "critical_path",
     "dtype_from_torch_name",
     "find_cycle",
+    "grouped_kernel",
     "host_syncs",
     "import_object",
     "is_nested",

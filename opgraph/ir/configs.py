@@ -9,6 +9,12 @@ kind, definition, target, kind fields, tensor shapes, dtypes and strides, and th
 call arguments. Where an op sits (id, scope, layer, stage, step) and which tensor ids it touched
 are provenance, not config, and are dropped before hashing. FLOP and byte counts are derived cost
 annotations, kept on the stored op but left out of the hash.
+
+The typed facts that ops saved before they were fields said in their definition (``issue``,
+``Gemm.expert``: :func:`~opgraph.ir.ops.legacy_facts`) are left out of both the key and the hash where
+they hold what the definition says, so every op keeps the key and hash it had before those fields
+existed (the keys of shipped device profiles among them); an op whose fields say something else than
+its definition keys differently.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from opgraph.ir.ops import IDENTITY_FIELDS, OP_TYPES, OpBase, OpKind, parse_op
+from opgraph.ir.ops import IDENTITY_FIELDS, OP_TYPES, OpBase, OpKind, legacy_facts, parse_op
 from opgraph.ir.tensor import TensorSpec
 
 CONFIG_HASH_VERSION = 1
@@ -109,15 +115,32 @@ def _without_defaults(data: dict[str, Any], model: type[BaseModel]) -> dict[str,
     return {k: v for k, v in data.items() if not (k in defaults and v == defaults[k])}
 
 
+def _json(value: object) -> object:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value.value if isinstance(value, Enum) else value
+
+
+def _facts_against_definition(op_type: type[OpBase], data: dict[str, Any]) -> tuple[set[str], set[str]]:
+    """The typed-fact fields of ``data`` (an op's JSON form) that hold what its definition says, and
+    those that hold something else."""
+    facts = legacy_facts(op_type, str(data.get("definition") or ""))
+    said = {k for k, v in facts.items() if k in data and data[k] == _json(v)}
+    return said, {k for k in facts if k in data and k not in said}
+
+
 def hash_config_dict(data: dict[str, Any]) -> str:
     """sha256 (hex) of the canonical JSON of a :func:`config_dict`, without its cost fields.
 
     Fields equal to their declared default are left out, so adding a field with a default to the
-    IR does not change the hash of any existing config.
+    IR does not change the hash of any existing config; so are the typed facts that hold what the
+    op's definition says (:func:`~opgraph.ir.ops.legacy_facts`), and those that say something else are
+    kept, defaults or not.
     """
     op_type = OP_TYPES[OpKind(data["kind"])]
-    keyed = {k: v for k, v in data.items() if k not in _COST_FIELDS and k not in IDENTITY_FIELDS}
-    keyed = _without_defaults(keyed, op_type)
+    said, other = _facts_against_definition(op_type, data)
+    keyed = {k: v for k, v in data.items() if k not in _COST_FIELDS and k not in IDENTITY_FIELDS and k not in said}
+    keyed = {**_without_defaults(keyed, op_type), **{k: data[k] for k in other}}
     for side in ("inputs", "outputs"):
         if side in keyed:
             keyed[side] = [_without_defaults(t, TensorSpec) for t in keyed[side]]
@@ -146,13 +169,17 @@ def config_key(op: OpBase) -> str:
     """A stable 16-hex-digit key of the op's replay config (same config, same key, across runs and graphs).
 
     Unlike :func:`config_hash` it keeps the op's fields exactly as recorded (strides, cost fields,
-    defaults): it keys replay results and resume files, whose saved keys must not change.
+    defaults): it keys replay results, resume files and device profiles, whose saved keys must not
+    change. The typed facts that hold what the op's definition says are left out (those ops saved
+    before they were fields keep their keys: :func:`~opgraph.ir.ops.legacy_facts`).
 
     >>> from opgraph.ir import Gemm
     >>> config_key(Gemm(id=1, m=8, n=16, k=32, layer=3)) == config_key(Gemm(id=9, m=8, n=16, k=32))
     True
     """
-    blob = op.model_dump_json(exclude=_KEY_EXCLUDE)  # type: ignore[arg-type]
+    facts = legacy_facts(type(op), op.definition)
+    implied = {k: True for k, v in facts.items() if getattr(op, k) == v}
+    blob = op.model_dump_json(exclude={**_KEY_EXCLUDE, **implied})  # type: ignore[arg-type]
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 
 

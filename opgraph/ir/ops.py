@@ -1,20 +1,26 @@
 """Operator kinds and one frozen pydantic model per kind, joined in a discriminated union on ``kind``.
 
 Every op carries the common fields of :class:`OpBase` (id, target, tensors, scope, layer, stage,
-FLOPs, bytes, definition) plus the fields that matter for its cost. ``flops``, ``bytes_read``,
-``bytes_written`` and ``definition`` are derived from the kind's own fields when not given, so an
-op written by hand is complete; capture passes may override them with what they measured.
+FLOPs, bytes, definition, how the host issues it) plus the fields that matter for its cost. ``flops``,
+``bytes_read``, ``bytes_written`` and ``definition`` are derived from the kind's own fields when not given,
+so an op written by hand is complete; capture passes may override them with what they measured.
+
+The ``definition`` is a name, never read for facts about the op: those are typed fields (``issue``,
+``Gemm.expert``). Ops saved before those fields existed said them only in the definition; the one legacy
+path that reads them back from it is :func:`legacy_facts`, run where an op is validated without them.
 """
 
 from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Annotated, ClassVar, Literal, Union, get_args
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
 from opgraph.ir.dtypes import DType
+from opgraph.ir.experts import ExpertGemm, legacy_expert
+from opgraph.ir.issue import HostIssue, legacy_issue
 from opgraph.ir.tensor import FrozenModel, NonNegInt, TensorSpec
 
 IDENTITY_FIELDS: frozenset[str] = frozenset({"id", "scope", "layer", "stage", "step", "host_gap_us"})
@@ -119,6 +125,24 @@ class OpBase(FrozenModel):
     """Host time the framework spent before issuing this op (Python, module calls and the views
     folded away since the previous op), measured at capture with ``host_timing``; ``None`` when not
     measured. Eager simulations add it to the op's issue time."""
+    issue: HostIssue = HostIssue.CALL
+    """How the host issues the op: a Python-level call, nested in the call before it (no framework time
+    before it) or a call after which the host waits for the device (:mod:`opgraph.ir.issue`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_facts(cls, data: Any) -> Any:
+        # The legacy path: an op validated without its typed facts (a file written before they were
+        # fields, or an op built with a definition only) takes them from its definition's marks.
+        if not isinstance(data, dict):
+            return data
+        definition = data.get("definition")
+        if not definition or not isinstance(definition, str):
+            return data
+        fields = cls.model_fields
+        facts = legacy_facts(cls, definition).items()
+        missing = {k: v for k, v in facts if k not in data and v != fields[k].default}
+        return {**data, **missing} if missing else data
 
     @model_validator(mode="after")
     def _derive_defaults(self) -> OpBase:
@@ -172,6 +196,25 @@ class OpBase(FrozenModel):
         return self.flops / self.total_bytes if self.total_bytes else math.inf
 
 
+def legacy_facts(op_type: type[OpBase], definition: str) -> dict[str, Any]:
+    """The typed facts that an op of ``op_type`` saved before they were fields says in its definition
+    (``@nested``/``@sync`` marks, an expert GEMM's ``moe_{impl}_e{E}_..._topk{K}_{part}`` name): the one
+    place that reads them from a definition (:func:`~opgraph.ir.issue.legacy_issue`,
+    :func:`~opgraph.ir.experts.legacy_expert`). An op validated without a field takes its value from
+    here, and :func:`~opgraph.ir.configs.config_key` leaves out the fields that hold it, so the key of an
+    op is the key it had before the fields existed.
+
+    >>> legacy_facts(Gemm, "moe_bmm_e4_h8_topk2_down")["expert"].impl.value
+    'bmm'
+    >>> legacy_facts(Norm, "rmsnorm_h64")
+    {'issue': <HostIssue.CALL: 'call'>}
+    """
+    facts: dict[str, Any] = {"issue": legacy_issue(definition)}
+    if "expert" in op_type.model_fields:
+        facts["expert"] = legacy_expert(definition) if definition.startswith("moe_") else None
+    return facts
+
+
 def _isz(dtype: DType) -> float:
     return dtype.itemsize
 
@@ -194,6 +237,9 @@ class Gemm(OpBase):
     """Output dtype when it differs from ``dtype``."""
     bias: bool = False
     """An added bias vector (addmm, linear with bias)."""
+    expert: ExpertGemm | None = None
+    """What makes the op an expert GEMM of a mixture-of-experts layer (its experts implementation, the
+    layer's experts and top-k, the projection); ``None`` for a dense GEMM."""
 
     def default_flops(self) -> float:
         return (2 * self.m * self.n * self.k + (self.m * self.n if self.bias else 0)) * self.batch * self.groups

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal, TypeVar
 
+from opgraph.ir.experts import ExpertsImpl
 from opgraph.ir.graph import OpGraph
 from opgraph.ir.ops import Gemm, MoeRouting
 
@@ -125,7 +126,7 @@ def _build(graph: OpGraph) -> MoeLayout:
                 cur = None
             continue
         if isinstance(op, Gemm) and _is_stacked(op):
-            role[i] = "batched" if "batched_mm" in op.definition else "grouped"
+            role[i] = "batched" if op.expert is not None and op.expert.impl is ExpertsImpl.BATCHED_MM else "grouped"
             continue
         if isinstance(op, Gemm):
             family = op.target or f"{op.n}x{op.k}"

@@ -24,12 +24,12 @@ from hardware.hostprofile import (
     predict_gaps,
 )
 from opgraph.ir import (
-    NESTED_MARK,
     SAMPLER_SCOPE,
     CaptureSettings,
     Elementwise,
     Gemm,
     GraphMetadata,
+    HostIssue,
     LoadError,
     Norm,
     OpBase,
@@ -325,9 +325,7 @@ def test_a_training_graph_timed_while_the_host_was_disturbed_is_left_out() -> No
 
 
 def _with_nested(g: OpGraph, ids: set[int]) -> OpGraph:
-    ops = tuple(
-        op.model_copy(update={"definition": op.definition + NESTED_MARK}) if op.id in ids else op for op in g.ops
-    )
+    ops = tuple(op.model_copy(update={"issue": HostIssue.NESTED}) if op.id in ids else op for op in g.ops)
     return g.model_copy(update={"ops": ops})
 
 

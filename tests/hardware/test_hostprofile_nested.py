@@ -4,14 +4,14 @@ no framework time and are not scaled as Python-level calls in context."""
 from __future__ import annotations
 
 from hardware.hostprofile import in_context, predict_gaps
-from opgraph.ir import NESTED_MARK, OpBase, OpGraph, is_nested
+from opgraph.ir import HostIssue, OpBase, OpGraph, is_nested
 from tests.hardware.host_builders import toy_graph, toy_profile
 
 
 def _nest(graph: OpGraph, index: int) -> OpGraph:
     ops: list[OpBase] = list(graph.ops)
     op = ops[index]
-    ops[index] = op.model_copy(update={"definition": op.definition + NESTED_MARK})
+    ops[index] = op.model_copy(update={"issue": HostIssue.NESTED})  # its definition stays as it was
     return graph.model_copy(update={"ops": tuple(ops)})
 
 
@@ -38,11 +38,11 @@ def test_in_context_terms_leave_a_nested_ops_host_time_as_measured() -> None:
 
 
 def test_host_syncs_are_the_ops_marked_so_in_program_order() -> None:
-    from opgraph.ir import SYNC_MARK, host_syncs
+    from opgraph.ir import host_syncs
 
     g = toy_graph(2, timed=False)
     assert host_syncs(g) == ()
-    ops = [op.model_copy(update={"definition": op.definition + SYNC_MARK}) if op.id in (5, 1) else op for op in g.ops]
+    ops = [op.model_copy(update={"issue": HostIssue.SYNC}) if op.id in (5, 1) else op for op in g.ops]
     marked = g.model_copy(update={"ops": tuple(ops)})
     assert host_syncs(marked) == (1, 5)
     assert not any(is_nested(op) for op in marked.ops)  # a sync is a Python-level call

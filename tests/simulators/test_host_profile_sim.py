@@ -192,11 +192,11 @@ def test_a_busy_device_slows_the_host_by_the_fitted_busy_scale(tmp_path: Path) -
 def test_a_nested_op_drops_the_framework_time_its_graph_measured_before_it(tmp_path: Path) -> None:
     # --host-timing on meta times the Python that emulates torch's C++ loop before each nested op:
     # none of it runs on the device's host.
-    from opgraph.ir import NESTED_MARK
+    from opgraph.ir import HostIssue
 
     timed = toy_graph(2)
     ops = list(timed.ops)
-    ops[1] = ops[1].model_copy(update={"definition": ops[1].definition + NESTED_MARK})
+    ops[1] = ops[1].model_copy(update={"issue": HostIssue.NESTED})
     nested = timed.model_copy(update={"ops": tuple(ops)})
     own = [0.0 if i == 1 else op.host_gap_us or 0.0 for i, op in enumerate(timed.ops)]
     assert (timed.ops[1].host_gap_us or 0.0) > 0.0
@@ -205,14 +205,13 @@ def test_a_nested_op_drops_the_framework_time_its_graph_measured_before_it(tmp_p
 
 
 def test_ops_marked_as_host_syncs_make_the_eager_host_wait_for_the_device() -> None:
-    """An op whose definition carries the sync mark (capture puts it on the product of torch's
-    _grouped_mm fallback that follows its offsets copy) is a sync point of an eager host, not of a
-    CUDA-graph one."""
-    from opgraph.ir import SYNC_MARK
+    """An op issued as a host sync (capture marks so the product of torch's _grouped_mm fallback that
+    follows its offsets copy) is a sync point of an eager host, not of a CUDA-graph one."""
+    from opgraph.ir import HostIssue
 
     graph = toy_graph(2, timed=False)
     ops = list(graph.ops)
-    ops[1] = ops[1].model_copy(update={"definition": ops[1].definition + SYNC_MARK})
+    ops[1] = ops[1].model_copy(update={"issue": HostIssue.SYNC})
     marked = graph.model_copy(update={"ops": tuple(ops)})
     eager = SimulationConfig.standard(
         1, policy="stream", host=HostConfig(mode=HostMode.EAGER, framework=False, sync_each_step=False)

@@ -1,13 +1,14 @@
 """GEMMs without a recorded call: linear layers, batched products and grouped expert GEMMs.
 
-A grouped GEMM (``groups > 1``: the experts of a MoE layer) runs the way its target says the model
-ran it: ``torch.nn.functional.grouped_mm`` / ``torch._grouped_mm`` for a ``grouped_mm`` target,
-one ``torch.bmm`` over the experts in the recorded layouts for a ``bmm`` one, and otherwise
-transformers' eager loop of one ``F.linear`` per expert on that expert's rows. Rows per expert
+A grouped GEMM (``groups > 1``: the experts of a MoE layer) runs the way the model ran it
+(:func:`~opgraph.ir.grouped_kernel`: an expert GEMM's ``expert`` field, else the aten op of its target):
+``torch.nn.functional.grouped_mm`` / ``torch._grouped_mm`` for ``grouped_mm``, one ``torch.bmm`` over
+the experts in the recorded layouts for ``bmm``, and otherwise transformers' eager loop of one
+``F.linear`` per expert on that expert's rows. Rows per expert
 follow the graph's routing assumption (balanced unless the graph records a skew); ``m`` is the mean
 rows per group.
 
-An expert GEMM of transformers' ``batched_mm`` experts (a ``batched_mm`` definition: ``batch``
+An expert GEMM of transformers' ``batched_mm`` experts (``expert.impl`` ``batched_mm``: ``batch``
 token-expert pairs, one ``[m x k] @ [k x n]`` product each) runs as that implementation launches it:
 the stacked ``[experts, n, k]`` weights gathered by the routed expert ids into one weight copy per
 pair (``gate_up_proj[expert_ids]``), then one ``torch.bmm`` of the copies against the pairs' tokens,
@@ -18,28 +19,26 @@ when the case is built and only the ``bmm`` is timed.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from opgraph.ir import Gemm, TensorSpec
+from opgraph.ir import ExpertsImpl, Gemm, TensorSpec, grouped_kernel
 from validators.inputs import make_tensor, routing_counts, torch_dtype
 from validators.recipes.base import BuildContext, Case, Recipe
 from validators.recipes.registry import register_recipe
 
-_EXPERTS = re.compile(r"_e(\d+)_")
-"""The expert count in an expert GEMM's definition (``moe_batched_mm_e128_h2048_i768_topk8_gate_up``)."""
-
 
 def is_batched_mm(op: Gemm) -> bool:
     """Whether ``op`` is an expert GEMM of transformers' ``batched_mm`` experts (one product per
-    token-expert pair on its own gathered weight copy), as capture names it.
+    token-expert pair on its own gathered weight copy), as its ``expert`` field says.
 
-    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, batch=6, definition="moe_batched_mm_e4_h4_i4_topk2_gate_up"))
+    >>> from opgraph.ir import ExpertGemm
+    >>> expert = ExpertGemm(impl="batched_mm", experts=4, top_k=2, part="gate_up")
+    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, batch=6, definition="experts_up", expert=expert))
     True
-    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, groups=4, definition="moe_bmm_e4_h4_i4_topk2_gate_up"))
+    >>> is_batched_mm(Gemm(id=0, m=1, n=8, k=4, groups=4, expert=expert.model_copy(update={"impl": "bmm"})))
     False
     """
-    return "batched_mm" in f"{op.target} {op.definition}".lower()
+    return op.expert is not None and op.expert.impl is ExpertsImpl.BATCHED_MM
 
 
 def _grouped_mm_fn() -> Any:
@@ -93,10 +92,10 @@ class GemmRecipe(Recipe[Gemm]):
         total = sum(counts)
         x = make_tensor(TensorSpec(shape=(total, op.k), dtype=op.dtype), ctx.device, ctx.gen)
         w = make_tensor(TensorSpec(shape=(g, op.n, op.k), dtype=op.dtype), ctx.device, ctx.gen)
-        target = f"{op.target} {op.definition}".lower()
+        kernel = grouped_kernel(op)
         grouped = _grouped_mm_fn()
         rec = [t for t in op.inputs if len(t.shape) == 3 and t.dtype.is_float]
-        if ("bmm" in target or "batched_mm" in target) and len(rec) >= 2:
+        if kernel == "bmm" and len(rec) >= 2:
             # One bmm over the active experts, in the recorded layouts (weights as transposed views).
             a = make_tensor(rec[0], ctx.device, ctx.gen)
             b = make_tensor(rec[1], ctx.device, ctx.gen)
@@ -106,7 +105,7 @@ class GemmRecipe(Recipe[Gemm]):
 
             return Case(inputs=(a, b), run=run_rec_bmm, note=f"torch.bmm over {g} experts (recorded layouts)")
         skew = f"skew {ctx.moe_skew:g}" if ctx.moe_skew > 0 else "balanced"
-        if "grouped_mm" in target and grouped is not None:
+        if kernel == "grouped_mm" and grouped is not None:
             offs = torch.tensor(counts, device=ctx.device, dtype=torch.int32).cumsum(0).to(torch.int32)
 
             def run_grouped(inputs: tuple[Any, ...], reference: bool) -> Any:
@@ -137,8 +136,7 @@ class GemmRecipe(Recipe[Gemm]):
         import torch
 
         pairs = op.batch * op.groups
-        hit = _EXPERTS.search(op.definition)
-        experts = max(1, int(hit.group(1))) if hit else pairs
+        experts = op.expert.experts if op.expert is not None else pairs
         # transformers' default layout, weight first: each pair's [n, k] copy @ its token as [k, m].
         weight_spec = TensorSpec(shape=(pairs, op.n, op.k), dtype=op.dtype)
         token_spec = TensorSpec(shape=(pairs, op.k, op.m), dtype=op.dtype)

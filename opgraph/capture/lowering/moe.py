@@ -1,6 +1,10 @@
 """``moe``: routers become ``MoeRouting(route)``; an experts call becomes dispatch, its expert GEMMs
 (``moe_{impl}_e{E}_h{H}_i{I}_topk{K}_gate_up`` / ``_down``), the gated activation, and combine.
 
+An expert GEMM's ``expert`` field (:class:`~opgraph.ir.ExpertGemm`) holds what its definition names (the
+experts implementation, experts, top-k and projection) and how the host issues it is its ``issue``
+field (:class:`~opgraph.ir.HostIssue`): consumers read those, the definition is a name.
+
 An experts call runs the model's own experts implementation (:mod:`opgraph.capture.moe_model`):
 the ops before its first GEMM dispatch, those after its last combine. A ``_grouped_mm`` becomes one
 grouped GEMM whose groups are the experts that received rows (``m`` their mean rows, from the call's
@@ -10,8 +14,9 @@ GEMM at its own rows, so each small product is costed at its real ``m`` (an idle
 zero rows, launches nothing and folds away). The fallback's products run nested in one Python-level
 ``_grouped_mm`` call, its C++ loop issuing them with no Python between: the call's first product
 stands for the Python-level call and holds its copy of the offsets to the host (a wait for the device:
-its definition ends with :data:`SYNC_MARK`), the others' with :data:`NESTED_MARK`, so the host model
-charges them no framework time. The eager loop's products are Python-level calls. A
+``issue`` :attr:`~opgraph.ir.HostIssue.SYNC`, its definition ending with :data:`SYNC_MARK`), the others
+are :attr:`~opgraph.ir.HostIssue.NESTED` (their definitions ending with :data:`NESTED_MARK`), so the host
+model charges them no framework time. The eager loop's products are Python-level calls. A
 grouped GEMM moves the weights of the experts that received rows only: its bytes count those, not the
 whole stacked weight tensor it was handed.
 
@@ -35,7 +40,8 @@ from opgraph.capture.lowering.base import Lowering, float_inputs, last_dim, nume
 from opgraph.capture.moe_model import ExpertPlan, is_experts_module, resolve_plan
 from opgraph.capture.recorder import Event
 from opgraph.ir.dtypes import DType
-from opgraph.ir.issue import NESTED_MARK, SYNC_MARK
+from opgraph.ir.experts import ExpertGemm, ExpertPart, ExpertsImpl
+from opgraph.ir.issue import NESTED_MARK, SYNC_MARK, HostIssue
 from opgraph.ir.ops import OpKind
 
 _ROUTER_CLASS = re.compile(r"Router|TopkRouter|TopKRouter|MoeGate|MoEGate")
@@ -168,6 +174,9 @@ class LowerMoe:
         for pos, ((n, k), fam) in enumerate(families.items()):
             part = "gate_up" if pos == 0 else "down"
             definition = f"moe_{impl}_e{experts}_h{h}_i{inter}_topk{top_k}_{part}"
+            expert = ExpertGemm(
+                impl=ExpertsImpl.named(impl), experts=max(1, experts), top_k=max(1, top_k), part=ExpertPart(part)
+            )
             grouped = [i for i in fam if lw.events[i].fn in _GROUPED]
             if grouped:
                 # One grouped kernel per call: its groups are the experts that received rows.
@@ -182,6 +191,7 @@ class LowerMoe:
                             "n": n,
                             "k": k,
                             "groups": active,
+                            "expert": expert,
                             **_grouped_bytes(lw.events[i], rows, active, n, k),
                         },
                         target=f"moe_experts_{part}",
@@ -196,7 +206,7 @@ class LowerMoe:
                 lw.claim(
                     [i],
                     OpKind.GEMM,
-                    {"m": s.m, "n": n, "k": k, "batch": s.batch},
+                    {"m": s.m, "n": n, "k": k, "batch": s.batch, "expert": expert},
                     target=f"moe_experts_{part}",
                     call=call,
                     flops=2 * s.batch * s.m * n * k,
@@ -215,13 +225,14 @@ class LowerMoe:
                 if rows == 0:  # an idle expert's product in torch's fallback: a call, no kernel
                     lw.fold(i)
                     continue
-                mark = ""
+                issue = HostIssue.CALL
                 if fallback:
-                    mark = (SYNC_MARK if pending else "") if entry else NESTED_MARK
+                    issue = (HostIssue.SYNC if pending else HostIssue.CALL) if entry else HostIssue.NESTED
+                mark = {HostIssue.SYNC: SYNC_MARK, HostIssue.NESTED: NESTED_MARK}.get(issue, "")
                 lw.claim(
                     [*pending, i],
                     OpKind.GEMM,
-                    {"m": rows, "n": n, "k": k},
+                    {"m": rows, "n": n, "k": k, "expert": expert, "issue": issue},
                     target=f"moe_experts_{part}",
                     call=call,
                     flops=2 * rows * n * k,
