@@ -321,5 +321,8 @@ def test_third_run_meets_the_per_rank_targets_with_the_shipped_profile(tmp_path:
         for r in c.ranks:
             assert r.gpu_nowait_err is not None and abs(r.gpu_nowait_err) <= 0.10, (c.case.name, r.rank)
             assert r.transfer_err is not None and abs(r.transfer_err) <= 0.15, (c.case.name, r.rank)
+    # The README's rows are of captures made with CAPTURED_WITH; another release's graphs move the
+    # reported-apart wall column by a rounding step (the targets above hold either way).
+    skip_unless_captured_with(CAPTURED_WITH, "the README's run 3 rows")
     rows = {r for r in tp_predict.comparison_table(report).splitlines() if r.startswith("| llama")}
     assert rows == _readme_rows(run3=True)
