@@ -137,22 +137,24 @@ def study_config(
     return SimulationConfig.model_validate(config.model_dump())
 
 
-def shard_for_tp(graph: OpGraph, tp: int) -> tuple[OpGraph, str | None]:
+def shard_for_tp(graph: OpGraph, tp: int, *, expert_parallel: bool = False) -> tuple[OpGraph, str | None]:
     """One rank of a ``tp``-way run of ``graph`` and a note; the graph as given when it has collectives.
 
     A graph without collectives is sharded Megatron-style (column/row-parallel linears, heads / tp)
-    by :func:`opgraph.transforms.shard_tensor_parallel`; a graph that has them already is one rank.
+    by :func:`opgraph.transforms.shard_tensor_parallel`, its experts split by expert with
+    ``expert_parallel`` (else inside each expert); a graph that has them already is one rank.
     """
     if tp <= 1 or graph.ops_of(OpKind.COLLECTIVE):
         return graph, None
     from opgraph.transforms import shard_tensor_parallel
 
-    sharded = shard_tensor_parallel(graph, tp)
+    sharded = shard_tensor_parallel(graph, tp, expert_parallel=expert_parallel)
     colls = [getattr(o, "collective", None) for o in sharded.ops_of(OpKind.COLLECTIVE)]
     counts = ", ".join(f"{colls.count(c)} {c.value}" for c in dict.fromkeys(colls) if c is not None)
     note = (
         f"graph sharded for tensor parallelism (tp={tp}, Megatron-style: column/row-parallel linears, "
-        f"heads / tp; {counts or 'no collectives'} inserted); --no-shard runs it replicated"
+        f"heads / tp; {'experts / tp' if expert_parallel else 'each expert split'}; "
+        f"{counts or 'no collectives'} inserted); --no-shard runs it replicated"
     )
     return sharded, note
 
@@ -165,16 +167,18 @@ def run_study(
     *,
     engines: Sequence[int] | None = None,
     shard: bool = True,
+    expert_parallel: bool = False,
     tolerance: float = 0.01,
     progress: StudyProgress | None = None,
 ) -> StudyResult:
     """Simulate ``graph`` on ``hardware`` with ``cost_model`` for each engine count of ``engines``.
 
-    Shards the graph for ``config.tp`` ranks first when it has no collectives (unless
-    ``shard=False``), costs every op once, fails with :class:`~simulators.UncostedOpsError` when an
-    op has no cost and ``config.skip_uncosted`` is off, then runs the one count (default
-    ``config.engines``) or sweeps them and recommends the smallest count within ``tolerance`` of the
-    best makespan. Raises :class:`~opgraph.ir.OpgraphError` subclasses on bad input.
+    Shards the graph for ``config.tp`` ranks first when it has no collectives (unless ``shard=False``;
+    ``expert_parallel`` splits MoE experts by expert), costs every op once, fails with
+    :class:`~simulators.UncostedOpsError` when an op has no cost and ``config.skip_uncosted`` is off,
+    then runs the one count (default ``config.engines``) or sweeps them and recommends the smallest
+    count within ``tolerance`` of the best makespan. Raises :class:`~opgraph.ir.OpgraphError`
+    subclasses on bad input.
     """
     from hardware import cost_warnings
     from simulators import cost_problem, default_host_us, run_problem, sweep_engines, uncosted_error
@@ -182,7 +186,7 @@ def run_study(
     counts = list(engines) if engines else [config.engines]
     notes: tuple[str, ...] = ()
     if shard:
-        graph, note = shard_for_tp(graph, config.tp)
+        graph, note = shard_for_tp(graph, config.tp, expert_parallel=expert_parallel)
         notes = (note,) if note else ()
     with cost_warnings() as warned:
         problem, model_name, _ = cost_problem(graph, cost_model, hardware)

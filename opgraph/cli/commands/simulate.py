@@ -135,6 +135,11 @@ def simulate(
         help="With --tp N: run the graph as given on every rank instead of sharding a graph "
         "without collectives Megatron-style first.",
     ),
+    expert_parallel: bool = typer.Option(
+        False,
+        "--expert-parallel",
+        help="With --tp N: split MoE experts by expert (each rank its experts' tokens) instead of inside each expert.",
+    ),
     collective_fit: Path | None = typer.Option(
         None,
         "--collective-fit",
@@ -188,7 +193,7 @@ def simulate(
     share; with an engine range (``-e 1..8``) prints makespan per count and names the smallest
     count within ``--tolerance`` of the best.
     """
-    from opgraph.ir import load_graph, load_model, save_timeline
+    from opgraph.ir import Gemm, load_graph, load_model, save_timeline
     from opgraph.study import run_study, study_config
     from simulators import SimulationConfig
 
@@ -247,6 +252,11 @@ def simulate(
         independent_engines=True if independent_engines else None,
     )
     counts = counts or [config.engines]
+    if expert_parallel and (config.tp <= 1 or no_shard):
+        raise OpgraphError(
+            "splits a graph's experts over the --tp ranks when it is sharded: it needs --tp above 1 and no --no-shard",
+            where="--expert-parallel",
+        )
     from_file = f"{config_path}: " if given is not None else ""
     _check_policy(config.policy, "--policy" if given is None or "policy" in given else f"{from_file}policy")
     hw = _load_hardware(hardware)  # after the cheap checks, before loading anything large
@@ -259,6 +269,8 @@ def simulate(
     else:
         model = _load_cost_model(cost_model)
     graph = load_graph(graph_path)
+    if expert_parallel and not any(isinstance(op, Gemm) and op.expert is not None for op in graph.ops):
+        raise OpgraphError("the graph has no MoE expert GEMMs to split", where="--expert-parallel")
     tp = config.tp
     fitted = None
     if collective_fit is not None:
@@ -268,8 +280,9 @@ def simulate(
         return
     with _progress(len(graph.ops) * tp * len(counts)) as tick:
         study = run_study(
-            graph, hw, model, config, engines=counts, shard=not no_shard, tolerance=tolerance, progress=tick
-        )
+            graph, hw, model, config, engines=counts, shard=not no_shard, expert_parallel=expert_parallel,
+            tolerance=tolerance, progress=tick,
+        )  # fmt: skip
     result, sweep = study.result, study.sweep
     fit_notes = _collective_fit_notes(fitted, collective_fit) if fitted is not None else ()
     extra_notes = (*default_note, *study.notes, *fit_notes)

@@ -1,5 +1,5 @@
 """Facts about the unsharded graph gathered before the rewrite: head counts, K/V split factors and the
-expert weight gathers of ``batched_mm`` experts."""
+expert weight gathers of ``batched_mm`` experts (split inside the experts, or by expert)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from opgraph.ir import Attention, Gemm, Memory, OpBase, OpGraph, OpKind, TensorSpec
+from opgraph.ir.experts import ExpertsImpl
 from opgraph.transforms.tensor_parallel.rules import LinearRule, ParallelStyle, linear_style
 from opgraph.transforms.tensor_parallel.tensors import TensorParallelError, dim_of_size, op_name
 
@@ -26,6 +27,12 @@ class Context:
     the routed ids that feed a sharded expert GEMM (transformers' ``batched_mm`` experts,
     ``gate_up_proj[expert_ids]``). Each rank gathers its own slice of the experts' weights, split as
     the GEMM splits its weight operand."""
+    expert_gathers: dict[int, int] = field(default_factory=dict)
+    """Memory op id -> the token-expert pairs of its call: the gathers of stacked expert parameters by
+    the routed expert ids of ``batched_mm`` experts (the weight copies their GEMMs read, and per-pair
+    biases gathered by the same ids), each an ``index`` of a parameter whose leading dimension is the
+    experts into a tensor whose leading dimension is the pairs. Under expert parallelism a rank holds
+    its experts' parameters and gathers for its own pairs only."""
 
 
 def analyse(graph: OpGraph, tp: int, rules: Sequence[LinearRule]) -> Context:
@@ -68,9 +75,11 @@ def analyse(graph: OpGraph, tp: int, rules: Sequence[LinearRule]) -> Context:
             frontier = nxt
         return found
 
+    routed_ids: dict[tuple[int, int | None], tuple[int, int]] = {}
     for i, op in enumerate(ops):
         if isinstance(op, Gemm):
             ctx.weight_gathers.update(_weight_gathers(op, i, rules, writer_before))
+            routed_ids.update(_routed_ids(op, i, rules, writer_before))
         if not isinstance(op, Attention):
             continue
         ctx.heads_by_layer.setdefault(op.layer, set()).update({op.heads, op.kv_heads})
@@ -99,7 +108,68 @@ def analyse(graph: OpGraph, tp: int, rules: Sequence[LinearRule]) -> Context:
         if op.kv_heads < tp:
             for g in kv_gemms:
                 ctx.kv_factor[g] = op.kv_heads
+    for i, op in enumerate(ops):
+        pairs = _expert_gather_pairs(op, i, routed_ids, writer_before)
+        if pairs is not None:
+            ctx.expert_gathers[op.id] = pairs
     return ctx
+
+
+WriterBefore = Callable[[int | None, int], OpBase | None]
+"""``writer_before(tensor id, op index)``: the last op before that index that wrote the tensor."""
+
+
+def _param_gather(op: OpBase, at: int, writer_before: WriterBefore) -> Memory | None:
+    """``op`` when it is an ``index`` of a tensor no op writes before it (a parameter) by an index tensor."""
+    if not isinstance(op, Memory) or op.fn != "index" or len(op.inputs) < 2 or not op.inputs[0].shape:
+        return None
+    return op if writer_before(op.inputs[0].id, at) is None else None
+
+
+def _routed_ids(
+    op: Gemm, at: int, rules: Sequence[LinearRule], writer_before: WriterBefore
+) -> dict[tuple[int, int | None], tuple[int, int]]:
+    """The routed expert ids by which the weight copies a ``batched_mm`` expert GEMM reads were gathered
+    (one copy per token-expert pair: the GEMM's ``batch``), keyed by (tensor id, id of the op that wrote
+    it), with (pairs, experts)."""
+    rule = linear_style(op, rules)
+    expert = op.expert
+    if rule is None or not rule.moe_experts or expert is None or expert.impl is not ExpertsImpl.BATCHED_MM:
+        return {}
+    found: dict[tuple[int, int | None], tuple[int, int]] = {}
+    for spec in op.inputs:
+        src = writer_before(spec.id, at)
+        gather = _param_gather(src, at, writer_before) if src is not None else None
+        if gather is None or op.groups != 1:
+            continue
+        stacked, ids = gather.inputs[0], gather.inputs[1]
+        out = gather.outputs[0] if gather.outputs else None
+        if ids.id is None or out is None or not out.shape or out.shape[0] != op.batch:
+            continue
+        if len(stacked.shape) == 3 and stacked.shape[0] == expert.experts:
+            writer = writer_before(ids.id, at)
+            found[(ids.id, writer.id if writer is not None else None)] = (op.batch, expert.experts)
+    return found
+
+
+def _expert_gather_pairs(
+    op: OpBase, at: int, routed_ids: dict[tuple[int, int | None], tuple[int, int]], writer_before: WriterBefore
+) -> int | None:
+    """The pairs of the ``batched_mm`` call by whose routed ids ``op`` gathers a stacked expert
+    parameter (:attr:`Context.expert_gathers`), or ``None``."""
+    gather = _param_gather(op, at, writer_before) if routed_ids else None
+    if gather is None or gather.inputs[1].id is None:
+        return None
+    ids = gather.inputs[1]
+    writer = writer_before(ids.id, at)
+    hit = routed_ids.get((ids.id, writer.id if writer is not None else None)) if ids.id is not None else None
+    if hit is None:
+        return None
+    pairs, experts = hit
+    out = gather.outputs[0] if gather.outputs else None
+    if gather.inputs[0].shape[0] != experts or out is None or not out.shape or out.shape[0] != pairs:
+        return None
+    return pairs
 
 
 def _weight_gathers(

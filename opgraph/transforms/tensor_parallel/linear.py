@@ -1,5 +1,6 @@
 """GEMMs: column-parallel (``n / tp``), row-parallel (``k / tp``, partial sums), vocab-parallel
-``lm_head`` (then an all-gather of the logits), per-head batched GEMMs; stacked experts in :mod:`.moe`."""
+``lm_head`` (then an all-gather of the logits), per-head batched GEMMs; expert parallelism (stacked
+experts by expert, ``batched_mm`` experts by token-expert pair) in :mod:`.moe`."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import math
 from collections.abc import Sequence
 
 from opgraph.ir import CollectiveKind, Gemm, OpBase, TensorSpec
-from opgraph.transforms.tensor_parallel.moe import shard_experts
+from opgraph.transforms.tensor_parallel.moe import is_batched_experts, shard_expert_pairs, shard_experts
 from opgraph.transforms.tensor_parallel.rules import ParallelStyle, linear_style
 from opgraph.transforms.tensor_parallel.sharder import Sharder, register_handler
-from opgraph.transforms.tensor_parallel.tensors import Partial, Split, State, dim_of_size, pick_dim, reshard
+from opgraph.transforms.tensor_parallel.tensors import PairSplit, Partial, Split, State, dim_of_size, pick_dim, reshard
 
 
 def gemm_roles(sh: Sharder, op: Gemm, inputs: Sequence[TensorSpec]) -> tuple[int | None, list[int], list[int]]:
@@ -50,11 +51,17 @@ def shard_gemm(sh: Sharder, op: Gemm, inputs: list[TensorSpec]) -> OpBase:
         if rule is None:
             sh.unknown.append(op)
         return sh.replicated(op, inputs)
+    if sh.expert_parallel and rule.moe_experts:
+        if op.groups > 1:
+            return shard_experts(sh, op, rule, list(inputs))
+        if is_batched_experts(op):
+            by_pairs = shard_expert_pairs(sh, op, rule, list(inputs))
+            if by_pairs is not None:
+                return by_pairs
+    # Token-expert pairs split by expert are read whole by a GEMM split any other way.
+    inputs = [sh.whole(op, s) if isinstance(sh.state_of(s), PairSplit) else s for s in inputs]
     act, weights, biases = gemm_roles(sh, op, inputs)
-    ep = sh.expert_parallel and rule.moe_experts and op.groups > 1
     new_in = list(inputs)
-    if ep:
-        return shard_experts(sh, op, rule, new_in)
     if rule.style in (ParallelStyle.COLUMN, ParallelStyle.VOCAB):
         vocab = rule.style is ParallelStyle.VOCAB
         if vocab and sh.lm_head == "replicated":

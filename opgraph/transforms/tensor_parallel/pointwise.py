@@ -19,9 +19,9 @@ from opgraph.ir import (
     TensorSpec,
     View,
 )
-from opgraph.transforms.tensor_parallel.moe import shard_weight_gather
+from opgraph.transforms.tensor_parallel.moe import shard_expert_gather, shard_pair_op, shard_weight_gather
 from opgraph.transforms.tensor_parallel.sharder import Sharder, register_handler
-from opgraph.transforms.tensor_parallel.tensors import Partial, Split, State, pick_dim, reshard
+from opgraph.transforms.tensor_parallel.tensors import PairSplit, Partial, Split, State, pick_dim, reshard
 
 LINEAR_PROPAGATING = frozenset({"copy", "cast", "clone", "contiguous", "view", "reshape", "_to_copy"})
 
@@ -47,7 +47,13 @@ def keeps_partial(sh: Sharder, op: OpBase, inputs: Sequence[TensorSpec]) -> bool
 @register_handler(Rope, Norm, Activation, Elementwise, Memory, View, Softmax, Reduction)
 def shard_pointwise(sh: Sharder, op: OpBase, inputs: list[TensorSpec]) -> OpBase:
     """A pointwise op on the local slice of its split input, partial when linear in a partial sum
-    (a gather of expert weights for a sharded expert GEMM: :func:`.moe.shard_weight_gather`)."""
+    (a gather of expert weights for a sharded expert GEMM: :func:`.moe.shard_weight_gather`; under expert
+    parallelism, a gather by the routed ids of ``batched_mm`` experts and the ops on the rank's
+    token-expert pairs: :func:`.moe.shard_expert_gather`, :func:`.moe.shard_pair_op`)."""
+    if sh.expert_parallel and isinstance(op, Memory) and op.id in sh.ctx.expert_gathers:
+        return shard_expert_gather(sh, op, inputs, sh.ctx.expert_gathers[op.id])
+    if any(isinstance(sh.state_of(s), PairSplit) for s in inputs):
+        return shard_pair_op(sh, op, inputs)
     if isinstance(op, Memory) and op.id in sh.ctx.weight_gathers:
         return shard_weight_gather(sh, op, inputs, sh.ctx.weight_gathers[op.id])
     if keeps_partial(sh, op, inputs):

@@ -22,6 +22,7 @@ from opgraph.ir.dispatch import OpTypeRegistry
 from opgraph.transforms.tensor_parallel.analysis import analyse
 from opgraph.transforms.tensor_parallel.rules import LinearRule
 from opgraph.transforms.tensor_parallel.tensors import (
+    PairSplit,
     Partial,
     Split,
     State,
@@ -82,7 +83,7 @@ class Sharder:
         self.embedding = embedding
         self.lm_head = lm_head
         self.expert_parallel = expert_parallel
-        self.state: dict[int, Split | Partial] = {}
+        self.state: dict[int, Split | Partial | PairSplit] = {}
         self.producer: dict[int, OpBase] = {}
         self.consumed: set[int] = set()
         self.slots: list[list[OpBase]] = []
@@ -126,7 +127,7 @@ class Sharder:
             assert isinstance(st, Partial)
             spec_in, spec_out, group = st.spec, retag(st.spec, new_tid), self.tp
         else:
-            assert isinstance(st, Split)
+            assert isinstance(st, (Split, PairSplit))
             spec_in, spec_out, group = st.local, retag(st.full, new_tid), st.factor
         coll = Collective(
             id=self.next_op,
@@ -202,8 +203,8 @@ class Sharder:
         """A custom (capture-given) definition for the sharded op: MoE ``_i{I}`` becomes the local size."""
         name = old.definition
         if isinstance(old, Gemm) and isinstance(new, Gemm):
-            if new.groups != old.groups:
-                return f"{name}_ep{self.tp}"
+            if new.groups != old.groups or (old.expert is not None and new.batch != old.batch):
+                return f"{name}_ep{self.tp}"  # split by expert (grouped) or by token-expert pair (batched_mm)
             m = re.search(r"_i(\d+)", name)
             if m:
                 local = int(m.group(1)) * (new.n / old.n) * (new.k / old.k)
@@ -270,7 +271,11 @@ class Sharder:
         capture = {**md.capture, "tp": self.tp}
         head = "vocab-parallel lm_head + all-gather" if self.lm_head == "vocab_parallel" else "replicated lm_head"
         emb = "vocab-parallel embedding + all-reduce" if self.embedding == "vocab_parallel" else "replicated embedding"
-        moe = "expert-parallel experts (groups / tp)" if self.expert_parallel else "experts split inside (n or k / tp)"
+        moe = (
+            "expert-parallel experts (groups / tp; batched_mm experts: token-expert pairs / tp)"
+            if self.expert_parallel
+            else "experts split inside (n or k / tp)"
+        )
         lines = [
             f"tensor parallel tp={self.tp} (Megatron-style; this is the graph of one rank, every rank runs it): "
             f"{self.counts['column']} column-parallel GEMMs (n / tp), {self.counts['row']} row-parallel GEMMs "

@@ -33,7 +33,44 @@ class Partial:
     spec: TensorSpec
 
 
-State = Split | Partial | None
+@dataclass(frozen=True)
+class PairSplit:
+    """A tensor sized by the token-expert pairs of an experts call (leading dimension ``pairs``) of
+    which a rank holds the pairs routed to its own experts (expert parallelism over transformers'
+    ``batched_mm`` experts): :func:`local_pairs` of them, ``ceil(pairs / factor)``."""
+
+    pairs: int
+    """Token-expert pairs of the call: the leading dimension of the unsharded tensor."""
+    factor: int
+    full: TensorSpec
+    """The unsharded tensor as its producer wrote it."""
+    local: TensorSpec
+    """The rank-local tensor as the sharded producer writes it."""
+
+
+State = Split | Partial | PairSplit | None
+
+
+def local_pairs(pairs: int, tp: int) -> int:
+    """Token-expert pairs one rank of a ``tp``-way expert-parallel run multiplies: with balanced routing
+    each rank's experts receive ``pairs / tp``; when ``tp`` does not divide them every rank is modelled
+    as the busiest one, ``ceil(pairs / tp)`` (as the grouped experts' ``ceil(groups / tp)``).
+
+    >>> local_pairs(24, 4), local_pairs(26, 4), local_pairs(1, 4)
+    (6, 7, 1)
+    """
+    return -(-pairs // tp)
+
+
+def scale_by_pairs(value: int, pairs: int, local: int) -> int:
+    """A size field (``numel``, ``rows``) of an op on ``pairs`` token-expert pairs, on ``local`` of them.
+
+    >>> scale_by_pairs(24 * 48, 24, 7), scale_by_pairs(5, 24, 7)
+    (336, 2)
+    """
+    if value % pairs == 0:
+        return value // pairs * local
+    return max(1, -(-value * local // pairs))
 
 
 def op_name(op: OpBase) -> str:
