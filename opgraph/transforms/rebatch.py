@@ -36,6 +36,9 @@ How dimensions are rewritten:
   A batch of decodes over their mean ``kv_len`` reads, in a sliding layer, the mean of the capped
   lengths, which is shorter when some caches are shorter than the window and some longer:
   ``window_kv`` gives those keys per window (:func:`template_windows` lists a template's windows).
+- A chunk over a prefix builds the causal mask that transformers skips in a prefill template (SDPA's
+  causal flag): its ops, the mask each full layer's SDPA reads and, with GQA, the copies of keys and
+  values to every query head (:mod:`opgraph.transforms.rebatch_mask`), once per chunk of a mixed step.
 - Mixture-of-experts calls (:mod:`opgraph.transforms.rebatch_moe`): rows per expert are not template
   sizes but derived ones, re-routed for the new token count by the capture's own routing model
   (:func:`opgraph.capture.moe_model.expert_counts`, balanced or the template's ``moe_skew``). A
@@ -71,6 +74,7 @@ from opgraph.ir.configs import contiguous_strides
 from opgraph.ir.graph import CaptureSettings, Edge, EdgeKind, OpGraph
 from opgraph.ir.ops import OP_TYPES, Attention, Collective, Gemm, Memory, MoeRouting, OpBase, OpKind, Stage
 from opgraph.ir.tensor import TensorSpec
+from opgraph.transforms.rebatch_mask import MaskedChunk, add_prefix_masks, mask_plan
 from opgraph.transforms.rebatch_moe import graph_memo, moe_layout, routed_rows, tokens_reaching_all
 
 __all__ = [
@@ -938,10 +942,12 @@ def rebatch(
     q_len)`` keys, or ``window_kv[window]`` where given: a batch over its mean ``kv_len`` whose
     sequences' capped lengths have a shorter mean (the windows of :func:`template_windows`, each at
     least ``q_len`` and at most that cap, else :class:`RebatchError`). Ops keep their ids, order and
-    edges; FLOPs, bytes and definitions are recomputed by the op models. ``like``, a rebatch of the same
+    edges (a chunk over a prefix gains its mask ops, which renumber the ops after them); FLOPs, bytes
+    and definitions are recomputed by the op models. ``like``, a rebatch of the same
     ``graph`` at the same ``batch`` and ``q_len`` (any ``kv_len``), lends the ops that do not depend
     on ``kv_len``, so only attention and KV-cache ops are rewritten (a serving simulator walking
-    kv lengths at one batch size). ``tensor_ids=False`` lets ops repeated across layers share the
+    kv lengths at one batch size; a prefill ``like`` holding a chunk's mask ops is rewritten in full).
+    ``tensor_ids=False`` lets ops repeated across layers share the
     rewritten tensors of the first one (their ids too): costs are the same and rebatching is faster,
     but tensor ids no longer trace data flow (edges still do); for graphs that are only simulated.
     Raises :class:`RebatchError`.
@@ -949,17 +955,25 @@ def rebatch(
     phase, q_len, kv_len = _target(graph, batch, q_len, kv_len)
     rw = _Rewriter(graph, batch, q_len, kv_len, tensor_ids, window_kv)
     full: list[OpBase | None]
-    if like is None:
-        full = [rw.op(op, i) for i, op in enumerate(graph.ops)]
-    else:
+    dropped = rw.dropped()  # the same ops as ``like``'s: they depend on the token count only
+    at = [i for i in range(len(graph.ops)) if i not in dropped]
+    plan = mask_plan(graph) if phase == "prefill" else None
+    if like is not None:
         lc = like.metadata.capture
         same_q = lc.seq_len == q_len if phase == "prefill" else True
-        dropped = rw.dropped()  # the same ops as ``like``'s: they depend on the token count only
-        at = [i for i in range(len(graph.ops)) if i not in dropped]
-        if len(like.ops) != len(at) or lc.batch != batch or not same_q:
+        if lc.batch != batch or not same_q or len(like.ops) < len(at):
             raise RebatchError(
                 "`like` is not a rebatch of this graph at the same batch and q_len", where="rebatch(like=...)"
             )
+        if plan is not None and len(like.ops) > len(at):  # a chunk with its mask ops: rewrite in full
+            like = None
+        elif len(like.ops) != len(at):
+            raise RebatchError(
+                "`like` is not a rebatch of this graph at the same batch and q_len", where="rebatch(like=...)"
+            )
+    if like is None:
+        full = [rw.op(op, i) for i, op in enumerate(graph.ops)]
+    else:
         dependent = _kv_layout(graph).kv_dependent
         full = [None] * len(graph.ops)
         for k, i in enumerate(at):
@@ -969,6 +983,15 @@ def rebatch(
                 lent, tid = like.ops[k], graph.ops[i].id
                 full[i] = lent if lent.id == tid else _replace(lent, {"id": tid})
     ops, edges = _without(graph, full)
+    if plan is not None and kv_len > q_len:
+        kept = sorted(dropped)
+
+        def position(i: int) -> int:
+            return i - bisect.bisect_left(kept, i)
+
+        attention = tuple((position(a), tuple(position(s) for s in src)) for a, src in plan.attention)
+        chunk = MaskedChunk(batch, q_len, kv_len, position(plan.after), attention)
+        ops, edges = add_prefix_masks(ops, edges, [chunk])
     cap = graph.metadata.capture.model_copy(
         update={
             "batch": batch,
@@ -1032,4 +1055,32 @@ def mixed_step(
         else:
             pairs = ((s, d) for s in srcs for d in dsts)
         edges += [_replace(e, {"src": s, "dst": d}) for s, d in pairs]
-    return OpGraph.model_construct(metadata=base.metadata, ops=tuple(new_ops), edges=tuple(edges))  # type: ignore[arg-type]
+    masked = _part_masks(prefill, base, tokens, parts, new_id)
+    ops, all_edges = add_prefix_masks(new_ops, edges, masked)
+    return OpGraph.model_construct(metadata=base.metadata, ops=ops, edges=all_edges)  # type: ignore[arg-type]
+
+
+def _part_masks(
+    prefill: OpGraph, base: OpGraph, tokens: int, parts: Sequence[AttentionPart], new_id: dict[int, list[int]]
+) -> list[MaskedChunk]:
+    """The prefill parts of a mixed step that are chunks over a prefix, each with its mask (as
+    :func:`rebatch` gives one chunk: :mod:`opgraph.transforms.rebatch_mask`), by op id in the step."""
+    plan = mask_plan(prefill)
+    if plan is None or all(p.kv_len == p.q_len for p in parts):
+        return []
+    dropped = sorted(_Rewriter(prefill, 1, tokens, tokens, tensor_ids=False).dropped())
+
+    def ids(i: int) -> list[int]:
+        return new_id[base.ops[i - bisect.bisect_left(dropped, i)].id]
+
+    return [
+        MaskedChunk(
+            p.batch,
+            p.q_len,
+            p.kv_len,
+            ids(plan.after)[0],
+            tuple((ids(a)[k], tuple(ids(s)[k] for s in src)) for a, src in plan.attention),
+        )
+        for k, p in enumerate(parts)
+        if p.kv_len > p.q_len
+    ]

@@ -181,6 +181,11 @@ def test_rebatch_like_reuses_kv_independent_ops_and_equals_a_full_rebatch(phase:
         like = rebatch(t, batch=1, q_len=8, kv_len=8)
         full, got = rebatch(t, batch=1, q_len=8, kv_len=30), rebatch(t, batch=1, q_len=8, kv_len=30, like=like)
     assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in full.ops]
+    if phase == "prefill":  # a chunk with its mask ops lends nothing: rewritten in full
+        again = rebatch(t, batch=1, q_len=8, kv_len=40, like=full)
+        assert [_cost_view(o) for o in again.ops] == [
+            _cost_view(o) for o in rebatch(t, batch=1, q_len=8, kv_len=40).ops
+        ]
     with pytest.raises(RebatchError, match="same batch"):
         rebatch(t, batch=2, q_len=None if phase == "decode" else 8, kv_len=30, like=like)
 
@@ -352,6 +357,60 @@ def test_chunk_over_a_prefix_equals_transformers_running_it(name: str, prefix: i
     else:
         sliding = min(prefix + q_len, WINDOW - 1 + q_len)
         assert _attention_kv(got) == [(0, 2, sliding, WINDOW), (1, 2, prefix + q_len, None)]
+
+
+@pytest.mark.parametrize(
+    ("name", "batch", "prefix", "q_len"),
+    [
+        ("llama", 2, 20, 11),  # GQA: with a mask SDPA takes keys and values copied to every query head
+        ("llama", 3, 5, 9),
+        ("moe", 2, 30, 7),
+        ("deepseek_v3_long", 2, 50, 11),  # MLA: as many key/value heads as query heads, no copies
+    ],
+)
+def test_sdpa_chunk_over_a_prefix_builds_its_mask_as_transformers_does(
+    name: str, batch: int, prefix: int, q_len: int
+) -> None:
+    # transformers skips the causal mask where queries and keys have one length (the template) but builds
+    # it for a chunk over a prefix: every op, edge and simulated time equals its own run of that chunk.
+    from hardware import load_hardware, resolve_cost_model
+    from opgraph.study import run_study, study_config
+
+    got = rebatch(_template(name, "prefill"), batch=batch, q_len=q_len, kv_len=prefix + q_len)
+    fresh = _capture_chunk(name, batch, prefix, q_len)
+    got.lint()
+    assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in fresh.ops]
+    assert sorted((e.src, e.dst, e.kind) for e in got.edges) == sorted((e.src, e.dst, e.kind) for e in fresh.edges)
+    # The mask: q x (prefix + q) booleans, each query's own causal row (an independent count of its elements).
+    (mask,) = [o for o in got.ops if o.target == "aten.le.Tensor"]
+    assert mask.outputs[0].shape == (1, 1, q_len, prefix + q_len)
+    attn = [o for o in got.ops if isinstance(o, Attention)]
+    assert all(a.inputs[-1].shape == (batch, 1, q_len, prefix + q_len) for a in attn)
+    hw, cm, cfg = load_hardware("h100"), resolve_cost_model("roofline"), study_config()
+    assert run_study(got, hw, cm, cfg).result.makespan_us == pytest.approx(
+        run_study(fresh, hw, cm, cfg).result.makespan_us, rel=1e-9
+    )
+
+
+def test_a_prefill_without_a_prefix_and_a_decode_build_no_mask() -> None:
+    pre, dec = _template("llama", "prefill"), _template("llama", "decode")
+    for g in (rebatch(pre, batch=2, q_len=11), rebatch(dec, batch=2, kv_len=31)):
+        assert not [o for o in g.ops if o.target in ("aten.le.Tensor", "aten.clone.default")]
+        assert all(len(o.inputs) == 3 for o in g.ops if isinstance(o, Attention))
+
+
+def test_mixed_step_gives_each_chunk_over_a_prefix_its_own_mask() -> None:
+    pre, dec = _template("llama", "prefill"), _template("llama", "decode")
+    parts = [AttentionPart(1, 8, 30), AttentionPart(1, 6, 6), AttentionPart(2, 5, 12)]
+    g = mixed_step(pre, dec, parts, AttentionPart(3, 1, 20))
+    g.lint()
+    masks = [o.outputs[0].shape for o in g.ops if o.target == "aten.le.Tensor"]
+    assert masks == [(1, 1, 8, 30), (1, 1, 5, 12)]  # the chunks over a prefix; not the whole prompt, nor decodes
+    attn = [o for o in g.ops if isinstance(o, Attention) and o.layer == 0]
+    assert [len(a.inputs) for a in attn] == [4, 3, 4, 3]
+    # One chunk alone is the template rebatched to it, op for op.
+    one = mixed_step(pre, dec, [AttentionPart(1, 8, 30)], None)
+    assert [_cost_view(o) for o in one.ops] == [_cost_view(o) for o in rebatch(pre, batch=1, q_len=8, kv_len=30).ops]
 
 
 def test_mixed_step_gives_each_part_the_ops_over_its_keys() -> None:
