@@ -24,6 +24,7 @@ from opgraph.ir.dtypes import DType
 from opgraph.ir.graph import Edge, EdgeKind, OpGraph
 from opgraph.ir.ops import OP_TYPES, AtenCall, Attention, Elementwise, Memory, OpBase
 from opgraph.ir.tensor import TensorSpec
+from opgraph.transforms.rebatch_moe import graph_memo
 
 __all__ = ["MaskPlan", "MaskedChunk", "add_prefix_masks", "mask_plan"]
 
@@ -60,12 +61,7 @@ _PLAN_CACHE: dict[int, tuple[OpGraph, MaskPlan | None]] = {}
 def mask_plan(graph: OpGraph) -> MaskPlan | None:
     """The :class:`MaskPlan` of a prefill template, or ``None`` where it has no unmasked causal SDPA of a
     full-attention layer (memoised)."""
-    hit = _PLAN_CACHE.get(id(graph))
-    if hit is not None and hit[0] is graph:
-        return hit[1]
-    plan = _build_plan(graph)
-    _PLAN_CACHE[id(graph)] = (graph, plan)
-    return plan
+    return graph_memo(_PLAN_CACHE, graph, _build_plan)
 
 
 def _maskless(op: OpBase) -> bool:
