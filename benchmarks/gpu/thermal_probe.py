@@ -1,7 +1,8 @@
 """How a GPU's heavy kernels depend on its thermal and power state (the sweep's state versus a model run's).
 
-Run on the GPU machine (``benchmarks/gpu/thermal_probe.sh``). Three measurements, one JSON line each
-in ``OUT/thermal.jsonl``:
+Run from the repo root on the GPU machine: ``source benchmarks/gpu/env.sh; $PY benchmarks/gpu/thermal_probe.py
+hardware/catalog/h100-sxm.profile.json --out $OUT/thermal.jsonl --min-us 500`` (about 5 minutes). Three
+measurements, one JSON line each in the ``--out`` file:
 
 1. ``transient``: after ``--idle-s`` idle seconds, one heavy GEMM back to back for ``--soak-s`` seconds,
    each call timed by CUDA events, with the SM clock, power and temperature sampled along the way:
