@@ -16,10 +16,10 @@ appended to a JSONL parts file as it completes (``--resume`` carries on from it,
 last line) and the :class:`~hardware.profile.DeviceProfile` is written at the end.
 
 A compute-bound point's time moves with the GPU's power state (on an H100 a large GEMM runs 1.18 ms
-from idle and 1.30-1.34 ms at the median, single calls up to 1.6 ms, at the 700 W limit; re-measured at another moment of a sweep, such points
-differ by 3.5% at the median and 11% at the 90th percentile, memory-bound ones by 0.2%:
-``benchmarks/results/gpu/h100/thermal/``). The sweep measures those points again after it, in
-:data:`REPEAT_PASSES` passes in all (:func:`repeat_plan`), and keeps the median.
+from idle and 1.30-1.34 ms at the median, single calls up to 1.6 ms, at the 700 W limit; re-measured at
+another moment of a sweep, such points differ by 3.5% at the median and 11% at the 90th percentile,
+memory-bound ones by 0.2%: ``benchmarks/results/gpu/h100/thermal/``). The sweep measures those points
+again after it, in :data:`REPEAT_PASSES` passes in all (:func:`repeat_plan`), and keeps the median.
 """
 
 from __future__ import annotations
