@@ -126,9 +126,12 @@ _PLACE = ("id", "target", "scope", "layer", "stage", "step", "call", "host_gap_u
 
 _M = TypeVar("_M", bound=BaseModel)
 _T = TypeVar("_T")
-_Role = Literal["tokens", "keys", "append"]
-"""How :class:`_Rewriter` rewrites an op: over the new tokens, over the keys, or a KV-cache append (new
-tokens in, keys out)."""
+_Role = Literal["tokens", "keys", "append", "mask"]
+"""How :class:`_Rewriter` rewrites an op: over the new tokens, over the keys, a KV-cache append (new
+tokens in, keys out), or an op outside the layers that builds an attention mask (some dimensions over
+the keys, the others over the tokens)."""
+_Dims = tuple[frozenset[int], ...]
+"""The positions of the key dimensions of each tensor of an op (inputs or outputs)."""
 
 
 class RebatchError(OpgraphError):
@@ -268,13 +271,17 @@ class _KvLayout:
     windows: dict[int, int]
     """Sliding window of each layer that has one."""
     outside: dict[int, int]
-    """Decode: indices of the ops outside the layers that feed sliding layers of one window only (its
+    """Indices of the ops outside the layers that feed sliding layers of one window only (its
     sliding-window mask), with that window."""
     key_side: frozenset[int]
     """Prefill: indices of the ops that run over the keys, from each KV-cache append to (not including)
     the attention it feeds."""
     appends: frozenset[int]
     """Prefill: the KV-cache appends among them (new tokens in, keys out)."""
+    mask: dict[int, tuple[_Dims, _Dims]]
+    """Prefill: indices of the ops outside the layers whose data reaches a key dimension of an attention
+    operand (the mask eager attention reads: ``[b, 1, q, keys]``), with the key dimensions of each of
+    their inputs and outputs (:func:`_mask_dims`)."""
     kv_dependent: frozenset[int]
     """Indices of the ops whose cost depends on ``kv_len`` at a fixed batch and ``q_len``."""
 
@@ -288,7 +295,7 @@ def _kv_layout(graph: OpGraph) -> _KvLayout:
 
 
 def _build_kv_layout(graph: OpGraph) -> _KvLayout:
-    phase, b, _, kv = source_shape(graph)
+    phase, b, q, kv = source_shape(graph)
     ops = graph.ops
     attention = {i for i, op in enumerate(ops) if isinstance(op, Attention)}
     windows: dict[int, int] = {}
@@ -308,7 +315,7 @@ def _build_kv_layout(graph: OpGraph) -> _KvLayout:
             i for i, op in enumerate(ops) if any(d in kv_dims for t in (*op.inputs, *op.outputs) for d in t.shape)
         }
         outside = _outside_windows(ops, edges, attention, windows) if windows else {}
-        return _KvLayout(windows, outside, frozenset(), frozenset(), frozenset(attention | dependent))
+        return _KvLayout(windows, outside, frozenset(), frozenset(), {}, frozenset(attention | dependent))
     # A prefill appends its new keys to an empty cache (an input of no elements); what runs from there to
     # the attention of the same layer runs over the keys. Data edges only, within the layer.
     succ: dict[int, list[int]] = {}
@@ -325,7 +332,11 @@ def _build_kv_layout(graph: OpGraph) -> _KvLayout:
     reached = _reach(appends, succ, attention)
     feeding = _reach(attention & reached, {d: [s for s in ss if s in reached] for d, ss in pred.items()}, set())
     key_side = frozenset(feeding - attention)
-    return _KvLayout(windows, {}, key_side, frozenset(appends & key_side), frozenset(attention | key_side))
+    mask = _mask_dims(ops, graph.edges, index, sorted(attention), q)
+    outside = _outside_windows(ops, edges, attention, windows) if windows and mask else {}
+    return _KvLayout(
+        windows, outside, key_side, frozenset(appends & key_side), mask, frozenset(attention | key_side | set(mask))
+    )
 
 
 def _outside_windows(
@@ -343,6 +354,94 @@ def _outside_windows(
         for i in _reach([a], pred, set()) - {a}:
             fed.setdefault(i, set()).add(None if layer is None else windows.get(layer))
     return {i: w for i, ws in fed.items() if len(ws) == 1 and (w := next(iter(ws))) is not None}
+
+
+def _mask_dims(
+    ops: Sequence[OpBase], edges: Iterable[Edge], index: Mapping[int, int], attention: Sequence[int], q: int
+) -> dict[int, tuple[_Dims, _Dims]]:
+    """Prefill: the ops outside the layers whose data reaches a key dimension of an attention operand, with
+    the key dimensions of each of their inputs and outputs. In a template queries and keys have one
+    length ``q``; which of an op's ``q``-sized dimensions are keys follows the data backwards from each
+    attention (its operands' key dimensions, :func:`_sequence_dims`): an elementwise or memory op
+    broadcasts its inputs to its output (aligned on the right), a view keeps the order of the
+    ``q``-sized dimensions. A dimension that any consumer reads over the tokens stays over the tokens.
+
+    >>> from opgraph.ir.ops import Elementwise
+    >>> md = dict(batch=7, heads=4, kv_heads=4, head_dim=16, q_len=37, kv_len=37, layer=0)
+    >>> mask = TensorSpec(shape=(7, 1, 37, 37), dtype="bool", id=1)
+    >>> le = Elementwise(id=0, fn="le", numel=7 * 37 * 37, hidden=37, outputs=(mask,))
+    >>> att = Attention(id=1, inputs=(TensorSpec(shape=(7, 4, 37, 16), dtype="bf16", id=0), mask), **md)
+    >>> edge = Edge(src=0, dst=1, kind=EdgeKind.DATA, tensor=1)
+    >>> _mask_dims((le, att), [edge], {0: 0, 1: 1}, [1], 37)
+    {0: ((), (frozenset({3}),))}
+    """
+    into: dict[int, list[tuple[int, int]]] = {}  # producer outside the layers -> (consumer, tensor id)
+    for e in edges:
+        if e.kind is EdgeKind.DATA and e.tensor is not None and ops[index[e.src]].layer is None:
+            into.setdefault(index[e.src], []).append((index[e.dst], e.tensor))
+    wanted: dict[int, _Dims] = {}  # the key dimensions of each input of an op, as the op reads it
+    for a in attention:
+        op = ops[a]
+        assert isinstance(op, Attention)
+        wanted[a] = tuple(
+            frozenset(i for i, key in _sequence_dims(op, t, query=j == 0) if key) for j, t in enumerate(op.inputs)
+        )
+    found: dict[int, tuple[_Dims, _Dims]] = {}
+    for p in sorted(into, reverse=True):  # a consumer follows its producers
+        op = ops[p]
+        keys: dict[int, set[int]] = {}
+        tokens: dict[int, set[int]] = {}
+        for c, tid in into[p]:
+            out = next((t for t in op.outputs if t.id == tid), None)
+            if out is None:
+                continue
+            for j, t in enumerate(ops[c].inputs):
+                if t.id != tid:
+                    continue
+                want = wanted[c][j] if c in wanted else frozenset()
+                seen = [i for i, d in enumerate(t.shape) if d == q]
+                mine = [i for i, d in enumerate(out.shape) if d == q]
+                if len(seen) != len(mine):  # a view that merges or splits them: over the tokens
+                    tokens.setdefault(tid, set()).update(mine)
+                    continue
+                for i, m in zip(seen, mine, strict=True):
+                    (keys if i in want else tokens).setdefault(tid, set()).add(m)
+        outs = tuple(
+            frozenset(keys.get(t.id, set()) - tokens.get(t.id, set())) if t.id is not None else frozenset()
+            for t in op.outputs
+        )
+        if not any(outs):
+            continue
+        ins: _Dims = ()
+        if op.kind in (OpKind.ELEMENTWISE, OpKind.MEMORY) and op.outputs:
+            shape, out_keys = op.outputs[0].shape, outs[0]
+            ins = tuple(
+                frozenset(i for i, d in enumerate(t.shape) if d == q and i + len(shape) - len(t.shape) in out_keys)
+                for t in op.inputs
+            )
+            wanted[p] = ins
+        found[p] = (ins, outs)
+    return found
+
+
+def _sequence_dims(op: Attention, t: TensorSpec, query: bool) -> list[tuple[int, bool]]:
+    """The query or key dimensions of an attention operand (or output, ``query``), each with whether it
+    counts keys. In a prefill template queries and keys have one length: the query and outputs hold
+    queries, an operand with a head-size dimension (keys, values, transposed keys) keys, and a mask
+    both, queries first."""
+    shape = t.shape
+    if len(shape) < 2:
+        return []
+    seq = [i for i in range(1, len(shape)) if shape[i] > 1 and shape[i] in (op.q_len, op.kv_len)]
+    keys = not query and any(shape[i] in (op.head_dim, op.dv) for i in range(1, len(shape)))
+    out = []
+    for n, i in enumerate(seq):
+        if op.q_len != op.kv_len:
+            is_q = shape[i] == op.q_len
+        else:
+            is_q = query or (len(seq) > 1 and n == 0) or (len(seq) == 1 and not keys)
+        out.append((i, not is_q))
+    return out
 
 
 def _reach(start: Iterable[int], step: dict[int, list[int]], stop: set[int]) -> set[int]:
@@ -505,8 +604,8 @@ class _Rewriter:
         ids), as every layer's are, are rewritten once and copied."""
         rep = self.reps[index]
         role, keys = self._context(index, op)
-        if rep < 0:
-            return self._moe_op(op, index) if index in self.moe.section_of else self._rewrite(op, role, keys)
+        if rep < 0 or role == "mask":  # a mask op: its key dimensions are its own, a handful of ops
+            return self._moe_op(op, index) if index in self.moe.section_of else self._rewrite(op, role, keys, index)
         done = self.done.get((rep, role, keys))
         if done is None:
             done = self.done[(rep, role, keys)] = self._rewrite(op, role, keys)
@@ -543,10 +642,13 @@ class _Rewriter:
 
     def _context(self, index: int, op: OpBase) -> tuple[_Role, int]:
         """How the template's op at ``index`` is rewritten: its role (``tokens``; ``keys``, an op over the
-        keys of a prefill; ``append``, a prefill's KV-cache append) and the keys its layer reads (0 where
-        they do not matter, so that the token-wise ops of every layer are rewritten once)."""
+        keys of a prefill; ``append``, a prefill's KV-cache append; ``mask``, a prefill's op outside the
+        layers that builds a mask) and the keys its layer reads (0 where they do not matter, so that the
+        token-wise ops of every layer are rewritten once)."""
         layout = self.layout
         keys = self._keys(layout.windows.get(op.layer) if op.layer is not None else layout.outside.get(index))
+        if index in layout.mask:
+            return "mask", keys
         if index in layout.appends:
             return "append", keys
         if index in layout.key_side:
@@ -566,8 +668,10 @@ class _Rewriter:
             self._key_maps[keys] = hit
         return hit
 
-    def _rewrite(self, op: OpBase, role: _Role, keys: int) -> OpBase:
-        """``op`` in its role (see :meth:`_context`): an append takes new tokens and gives keys."""
+    def _rewrite(self, op: OpBase, role: _Role, keys: int, index: int = -1) -> OpBase:
+        """``op`` (at ``index``) in its role (see :meth:`_context`): an append takes new tokens and gives keys."""
+        if role == "mask":
+            return self._mask_op(op, *self.layout.mask[index], keys)
         if role == "tokens":
             out = self._op(op, self._key_dims(keys) if self.phase == "decode" else None)
         elif role == "keys":
@@ -628,6 +732,26 @@ class _Rewriter:
             )
         return self._with_tensors(op, updates, keep)
 
+    def _mask_op(self, op: OpBase, ins: _Dims, outs: _Dims, keys: int) -> OpBase:
+        """An op outside the layers that builds a mask: its key dimensions (``ins``, ``outs``) take ``keys``,
+        its other dimensions the target's; its token fields follow the keys where its output's last
+        dimension is one (the row of an elementwise op: ``hidden``)."""
+        q = self.src[1]
+
+        def tensor(t: TensorSpec, at: frozenset[int]) -> TensorSpec:
+            return _reshaped(t, tuple(keys if i in at else self.dims.get(d, d) for i, d in enumerate(t.shape)))
+
+        new_ins = tuple(tensor(t, ins[j] if j < len(ins) else frozenset()) for j, t in enumerate(op.inputs))
+        new_outs = tuple(tensor(t, outs[j]) for j, t in enumerate(op.outputs))
+        last = len(op.outputs[0].shape) - 1
+        dims = {**self.dims, q: keys} if last in outs[0] else self.dims
+        updates: dict[str, Any] = {"inputs": new_ins, "outputs": new_outs}
+        for f in _token_fields(op):
+            v = getattr(op, f)
+            if v in dims:
+                updates[f] = dims[v]
+        return self._with_tensors(op, updates)
+
     def _with_tensors(self, op: OpBase, updates: dict[str, Any], keep: Iterable[str] = ()) -> OpBase:
         """``op`` rebuilt with ``updates`` (which hold its new tensors); element counts follow the tensors."""
         ins, outs = updates["inputs"], updates["outputs"]
@@ -667,23 +791,15 @@ class _Rewriter:
 
     def _attention_tensor(self, op: Attention, t: TensorSpec, kv_len: int, query: bool) -> TensorSpec:
         """An attention operand at the target: its leading batch (or batch x heads, the eager bmm
-        layout) and its query or key length. In a prefill template queries and keys have one length:
-        the query and outputs hold queries, an operand with a head-size dimension (keys, values,
-        transposed keys) keys, and a mask both, queries first."""
+        layout) and its query or key length (:func:`_sequence_dims`)."""
         shape = list(t.shape)
         if len(shape) < 2:
             return t
         b, nb = op.batch, self.batch
         lead = {b: nb, b * op.heads: nb * op.heads, b * op.kv_heads: nb * op.kv_heads}
         shape[0] = lead.get(shape[0], shape[0])
-        seq = [i for i in range(1, len(shape)) if shape[i] > 1 and shape[i] in (op.q_len, op.kv_len)]
-        keys = not query and any(shape[i] in (op.head_dim, op.dv) for i in range(1, len(shape)))
-        for n, i in enumerate(seq):
-            if op.q_len != op.kv_len:
-                is_q = shape[i] == op.q_len
-            else:
-                is_q = query or (len(seq) > 1 and n == 0) or (len(seq) == 1 and not keys)
-            shape[i] = self.q_len if is_q else kv_len
+        for i, key in _sequence_dims(op, t, query):
+            shape[i] = kv_len if key else self.q_len
         return _reshaped(t, tuple(shape))
 
     # ------------------------------------------------------------------ experts calls

@@ -306,23 +306,6 @@ def _capture_chunk(name: str, batch: int, prefix: int, q_len: int) -> OpGraph:
     return graph
 
 
-def _layer_views(g: OpGraph, fresh: OpGraph) -> list[tuple[Any, Any]]:
-    """Pairs of cost views of the ops inside layers of ``g`` and ``fresh``. The ops outside the layers
-    build the mask, which a chunk over a prefix needs and a template captured without a prefix (SDPA's
-    causal flag) does not; for the same reason an SDPA attention of ``fresh`` reads a mask too (its
-    bytes, not the keys': its keys, FLOPs and outputs are compared)."""
-    ours = [o for o in g.ops if o.layer is not None]
-    theirs = [o for o in fresh.ops if o.layer is not None]
-    assert len(ours) == len(theirs)
-    pairs = []
-    for a, f in zip(ours, theirs, strict=True):
-        va, vf = _cost_view(a), _cost_view(f)
-        if isinstance(a, Attention) and len(f.inputs) > len(a.inputs):
-            del va["bytes_read"], vf["bytes_read"], va["strided_inputs"], vf["strided_inputs"]
-        pairs.append((va, vf))
-    return pairs
-
-
 def _attention_kv(g: OpGraph) -> list[tuple[int | None, int, int, int | None]]:
     return [(o.layer, o.batch, o.kv_len, o.window) for o in g.ops if isinstance(o, Attention)]
 
@@ -348,15 +331,27 @@ def test_sliding_decode_reads_the_window_as_a_fresh_capture(cache_len: int) -> N
     ],
 )
 def test_chunk_over_a_prefix_equals_transformers_running_it(name: str, prefix: int, q_len: int) -> None:
-    got = rebatch(_template(name, "prefill"), batch=2, q_len=q_len, kv_len=prefix + q_len)
+    # Every op, inside the layers and out (the masks eager attention reads are built outside them), and
+    # every edge: as transformers runs the chunk.
+    template = _template(name, "prefill")
+    got = rebatch(template, batch=2, q_len=q_len, kv_len=prefix + q_len)
     fresh = _capture_chunk(name, 2, prefix, q_len)
-    for ours, theirs in _layer_views(got, fresh):
-        assert ours == theirs
+    got.lint()
+    assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in fresh.ops]
+    assert sorted((e.src, e.dst, e.kind) for e in got.edges) == sorted((e.src, e.dst, e.kind) for e in fresh.edges)
+    # ``like``, at other keys, lends only the ops that do not depend on them.
+    assert (
+        rebatch(template, batch=2, q_len=q_len, kv_len=prefix + q_len, like=rebatch(template, batch=2, q_len=q_len)).ops
+        == got.ops
+    )
     if name == "deepseek_v3_long":  # kv_b_proj: the only GEMM from the latent rank (16)
         assert {o.m for o in got.ops_of(OpKind.GEMM) if o.k == 16} == {2 * (prefix + q_len)}  # type: ignore[attr-defined]
     else:
         sliding = min(prefix + q_len, WINDOW - 1 + q_len)
         assert _attention_kv(got) == [(0, 2, sliding, WINDOW), (1, 2, prefix + q_len, None)]
+        # Eager attention reads a [batch, 1, queries, keys] mask per window, built outside the layers.
+        masks = [o.outputs[0].shape for o in got.ops if o.layer is None and o.target == "aten.where.self"]
+        assert sorted(masks) == sorted([(2, 1, q_len, prefix + q_len), (2, 1, q_len, sliding)])
 
 
 @pytest.mark.parametrize(
