@@ -94,20 +94,13 @@ def resolve_device(device: str) -> torch.device:
     if dev.type == "cpu":
         return dev
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            built = torch.version.cuda
-            why = "this torch is built without CUDA" if not built else f"no CUDA GPU is visible (torch CUDA {built})"
-            raise DeviceError(f"cannot use {device}: {why}", where="--device", hint="use --device cpu")
-        n = torch.cuda.device_count()
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        if idx >= n:
-            raise DeviceError(
-                f"{device} does not exist: {n} CUDA device{'s' if n != 1 else ''} visible "
-                f"({', '.join(f'cuda:{i}' for i in range(n))})",
-                where="--device",
-                hint="pick one of those or check CUDA_VISIBLE_DEVICES",
-            )
-        return torch.device("cuda", idx)
+        from opgraph.devices import cuda_problem
+
+        problem = cuda_problem(device, dev.index)
+        if problem is not None:
+            hint = "use --device cpu" if problem.no_cuda else "pick one of those or check CUDA_VISIBLE_DEVICES"
+            raise DeviceError(problem.message, where="--device", hint=hint)
+        return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
     backend = getattr(torch, dev.type, None)
     available = getattr(backend, "is_available", None)
     if callable(available) and available():

@@ -71,18 +71,12 @@ def check_device(device: str) -> None:
     kind, _, index = device.partition(":")
     if kind != "cuda":
         return
-    import torch
+    from opgraph.devices import cuda_problem
 
-    if not torch.cuda.is_available():
-        raise CaptureError("CUDA is not available here", where="--device", hint="use --device meta or cpu")
-    count = torch.cuda.device_count()
-    if index and int(index) >= count:
-        visible = ", ".join(f"cuda:{i}" for i in range(count))
-        raise CaptureError(
-            f"{device} does not exist: {count} CUDA device{'s' if count != 1 else ''} visible ({visible})",
-            where="--device",
-            hint="pick one of those or check CUDA_VISIBLE_DEVICES",
-        )
+    problem = cuda_problem(device, int(index) if index else None)
+    if problem is not None:
+        hint = "use --device meta or cpu" if problem.no_cuda else "pick one of those or check CUDA_VISIBLE_DEVICES"
+        raise CaptureError(problem.message, where="--device", hint=hint)
 
 
 CaptureDevice = Annotated[str, AfterValidator(parse_device)]
