@@ -94,7 +94,7 @@ def resolve_device(device: str) -> torch.device:
     if dev.type == "cpu":
         return dev
     if dev.type == "cuda":
-        from opgraph.devices import cuda_problem
+        from hardware.devices import cuda_problem
 
         problem = cuda_problem(device, dev.index)
         if problem is not None:

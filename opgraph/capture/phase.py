@@ -71,7 +71,7 @@ def check_device(device: str) -> None:
     kind, _, index = device.partition(":")
     if kind != "cuda":
         return
-    from opgraph.devices import cuda_problem
+    from hardware.devices import cuda_problem
 
     problem = cuda_problem(device, int(index) if index else None)
     if problem is not None:
