@@ -298,11 +298,9 @@ def test_deeper_cuts_meet_the_gpu_target() -> None:
 
 H200 = REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout"
 """The 12 held-out cases measured on an H200 and predicted with ``-H h200`` (its own profile)."""
-H200_MISSES = {
-    ("mixtral_prefill_b1_s2048_bf16_l2", "gpu_err"),
-    ("mixtral_decode_b16_kv2048_fp16_l2", "wall_err"),
-}
-"""What the H200 data shows for the CLI default (README there)."""
+H200_MISSES = {("mixtral_decode_b16_kv2048_fp16_l2", "wall_err")}
+"""What the H200 data shows for the CLI default (README there; the Mixtral prefill's GPU time, +6.2% with
+the one-pass profile points, is +2.2% with the three-pass ones)."""
 
 
 def test_the_h200_cases_are_predicted_from_the_h200_profile() -> None:
@@ -312,12 +310,17 @@ def test_the_h200_cases_are_predicted_from_the_h200_profile() -> None:
     assert target_misses(recomputed, recomputed["cli_default_cost_model"]) == H200_MISSES
 
 
-def test_deeper_cuts_on_the_h200_meet_the_gpu_target() -> None:
-    # The same deeper cuts on an H200, predicted from its profile: GPU time within the target on all four;
+def test_deeper_cuts_on_the_h200() -> None:
+    # The same deeper cuts on an H200, predicted from its profile. The 24-layer 70B prefill (150 ms
+    # forwards, run after run: the sustained power state) is -6.7% with the three-pass profile points
+    # (-4.5% with the one-pass ones, whose 70B GEMM points had been measured slow), its 2-layer cut +2.6%;
     # the 24-layer decode's wall in this sequential pass met the host's slow state (wall spread 54%).
     recomputed = reproduced(H200 / "depth-2132", "H200 deeper-cut run", hardware="h200")
     misses = target_misses(recomputed, recomputed["cli_default_cost_model"])
-    assert misses == {("depth_llama70b_decode_b8_kv4096_bf16_l24", "wall_err")}
+    assert misses == {
+        ("depth_llama70b_prefill_b1_s2048_bf16_l24", "gpu_err"),
+        ("depth_llama70b_decode_b8_kv4096_bf16_l24", "wall_err"),
+    }
 
 
 # ---------------------------------------------------------------- the pipeline, on fake CPU data
