@@ -35,9 +35,11 @@ from hardware.collective_fit import (
 )
 from hardware.hostprofile import (
     HOST_PROFILE_SCHEMA_VERSION,
+    FallbackLoop,
     GapPrediction,
     HostProfile,
     HostProfileWarning,
+    fallback_issue_us,
     hardware_host_profile,
     load_host_profile,
     predict_gaps,
@@ -116,6 +118,7 @@ __all__ = [
     "DeviceKind",
     "DeviceProfile",
     "EfficiencyCurve",
+    "FallbackLoop",
     "FormulaDispatchModel",
     "FormulaModel",
     "FormulaParams",
@@ -150,6 +153,7 @@ __all__ = [
     "cost_warnings",
     "default_cost_model",
     "estimate_op",
+    "fallback_issue_us",
     "fit_collectives",
     "fit_cost_table",
     "hardware_host_profile",

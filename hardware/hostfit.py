@@ -12,9 +12,13 @@ the simulated walls, which the caller provides (``benchmarks/gpu/host_profile.sh
 training graph as ``opgraph simulate -H HW -e 1 --policy stream`` does for a graph captured without
 host timing).
 
-``python -m hardware.hostfit GRAPH... -o h100-sxm.host.json [--device-profile FILE]`` builds one
-from the captures (``--device-profile`` copies its host time per aten call into the profile as the
-issue time).
+The host time of torch's ``_grouped_mm`` fallback (:class:`~hardware.hostprofile.FallbackLoop`) comes
+from a measurement of the call at several expert loads on the same machine
+(``benchmarks/gpu/grouped_fallback_host.py``): :func:`fit_fallback_loops`.
+
+``python -m hardware.hostfit GRAPH... -o h100-sxm.host.json [--device-profile FILE] [--fallback FILE]``
+builds one from the captures (``--device-profile`` copies its host time per aten call into the profile
+as the issue time, ``--fallback`` adds the fallback's measured loops).
 """
 
 from __future__ import annotations
@@ -32,7 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
-from hardware.hostprofile import GapStat, HostInfo, HostProfile, TrainingGraph, WallSample, graph_keys
+from hardware.hostprofile import (
+    FallbackLoop,
+    GapStat,
+    HostInfo,
+    HostProfile,
+    TrainingGraph,
+    WallSample,
+    graph_keys,
+)
 from opgraph.ir import LoadError, OpGraph, OpgraphError, capture_settings, is_nested
 
 
@@ -350,6 +362,69 @@ def describe_walls(profile: HostProfile) -> list[str]:
     return lines
 
 
+def with_fallback_loops(profile: HostProfile, path: Path) -> HostProfile:
+    """``profile`` with the fallback loops of the ``grouped_fallback_host.py`` result ``path``
+    (:func:`fit_fallback_loops`) and a note naming the file and its device; a file that is not one is a
+    one-line :class:`~opgraph.ir.OpgraphError`."""
+    import json
+
+    try:
+        measured = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise OpgraphError(f"cannot read the fallback measurement: {exc}", where=str(path)) from None
+    if not isinstance(measured, dict) or not isinstance(measured.get("rows"), list):
+        raise OpgraphError("not a grouped_fallback_host.py result (a JSON object with a 'rows' list)", where=str(path))
+    loops = fit_fallback_loops(measured)
+    if not loops:
+        raise OpgraphError("no expert shape measured at two or more loads", where=str(path))
+    note = (
+        f"grouped_fallback: torch's _grouped_mm fallback measured on {measured.get('device', '?')} "
+        f"({measured.get('date', '?')}, torch {measured.get('torch', '?')}) by {path.name}: "
+        + ", ".join(f"{x.experts}x{x.n}x{x.k} {x.first_us:.0f} + {x.per_expert_us:.1f}/expert us" for x in loops)
+    )
+    notes = tuple(n for n in profile.notes if not n.startswith("grouped_fallback:"))
+    return profile.model_copy(update={"grouped_fallback": loops, "notes": (*notes, note)})
+
+
+def fit_fallback_loops(measured: Mapping[str, object]) -> tuple[FallbackLoop, ...]:
+    """One :class:`~hardware.hostprofile.FallbackLoop` per expert shape of a
+    ``grouped_fallback_host.py`` result (its ``rows``: one record per shape, rows per expert and experts
+    active, with ``idle_us``, the call's host time with the device idle before it): per active count the
+    median over the rows per expert (the host time does not follow them), then a least-squares line over
+    the active counts. A shape measured at fewer than two active counts is left out.
+
+    >>> rows = [{"shape": "s", "experts": 8, "k": 32, "n": 64, "rows": r, "active": a, "idle_us": 30.0 + 15 * a}
+    ...         for r in (1, 4) for a in (1, 4, 8)]
+    >>> fit_fallback_loops({"rows": rows})[0].model_dump()
+    {'experts': 8, 'n': 64, 'k': 32, 'first_us': 45.0, 'per_expert_us': 15.0, 'calls': 6}
+    """
+    records = measured.get("rows")
+    if not isinstance(records, list):
+        raise OpgraphError("not a grouped_fallback_host.py result: no 'rows' list")
+    by_shape: dict[tuple[int, int, int], dict[int, list[float]]] = {}
+    for r in records:
+        if not isinstance(r, dict) or "idle_us" not in r:
+            continue  # the Python-level mm lines
+        key = (int(r["experts"]), int(r["n"]), int(r["k"]))
+        by_shape.setdefault(key, {}).setdefault(int(r["active"]), []).append(float(r["idle_us"]))
+    loops = []
+    for (experts, n, k), by_active in sorted(by_shape.items()):
+        if len(by_active) < 2:
+            continue
+        xs = sorted(by_active)
+        ys = [statistics.median(by_active[a]) for a in xs]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs))
+        first = max(0.0, my + slope * (1 - mx))
+        calls = sum(len(v) for v in by_active.values())
+        loops.append(
+            FallbackLoop(
+                experts=experts, n=n, k=k, first_us=round(first, 2), per_expert_us=round(slope, 3), calls=calls
+            )
+        )
+    return tuple(loops)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hardware.hostfit GRAPH... -o OUT [--device-profile FILE] [--note TEXT]``."""
     parser = argparse.ArgumentParser(prog="python -m hardware.hostfit", description=__doc__.split("\n\n")[0])
@@ -357,6 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-o", "--output", type=Path, required=True, help="host profile to write (.host.json)")
     parser.add_argument("--device-profile", type=Path, help="device profile whose aten issue time to carry")
     parser.add_argument("--note", action="append", default=[], help="a remark to keep in the profile")
+    parser.add_argument(
+        "--fallback", type=Path, help="grouped_fallback_host.py result: the _grouped_mm fallback's measured loops"
+    )
     args = parser.parse_args(argv)
     from opgraph.ir import load_graph
 
@@ -370,6 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             dev = load_profile(args.device_profile)
             issue, source = dev.aten_issue_us, f"device profile {args.device_profile.name}"
         prof = fit_host_profile(graphs, issue_us=issue, issue_source=source, notes=args.note)
+        if args.fallback is not None:
+            prof = with_fallback_loops(prof, args.fallback)
     except (LoadError, OpgraphError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -31,7 +31,12 @@ An op issued from C++ inside another aten call (:func:`is_nested`: torch's fallb
 for fp16/fp32 runs one ``mm`` per expert from one Python-level call) pays no framework time: no Python
 runs between it and the call before it. Its issue time is the cost model's (measured for a call from
 Python) times :attr:`HostProfile.nested_scale`, fitted on training walls whose graphs hold such calls
-(1 without them).
+(1 without them). Where the profile measured that fallback's loop on this CPU
+(:attr:`HostProfile.grouped_fallback`, :class:`FallbackLoop`), the call's products take the measured
+times instead (:func:`fallback_issue_us`): the first, which stands for the call, the call's host time
+with one expert active; each further one the loop's time per active expert, times
+:attr:`HostProfile.nested_scale`. The call copies its offsets to the host before its first product:
+the simulator's eager host waits there for the op issued before it (``simulators.api``).
 
 Catalog devices name their host profile in their TOML (``host_profile = "h100-sxm.host.json"``, the
 CPU of the machine that measured the device profile); :func:`hardware_host_profile` finds it.
@@ -39,6 +44,7 @@ CPU of the machine that measured the device profile); :func:`hardware_host_profi
 
 from __future__ import annotations
 
+import math
 import re
 import warnings
 from collections import Counter
@@ -59,8 +65,9 @@ from opgraph.ir.tensor import FrozenModel
 
 HOST_PROFILE_FORMAT = "opgraph.host_profile"
 """The ``format`` marker of a host profile file."""
-HOST_PROFILE_SCHEMA_VERSION = 1
-"""The host profile file format version this opgraph reads and writes."""
+HOST_PROFILE_SCHEMA_VERSION = 2
+"""The host profile file format version this opgraph writes (it reads version 1 too: version 2 added
+:attr:`HostProfile.grouped_fallback`)."""
 HOST_PROFILE_SUFFIX = ".host.json"
 """File names ending so are host profiles."""
 
@@ -138,6 +145,27 @@ class WallSample(FrozenModel):
     """The simulated wall without them (op scale 1, no forward time)."""
 
 
+class FallbackLoop(FrozenModel):
+    """Host time of torch's C++ fallback of ``_grouped_mm`` (fp16, fp32: one ``mm`` per expert that
+    received rows) on this CPU for one expert shape, the device idle before each call: a call with ``a``
+    experts active takes ``first_us + (a - 1) * per_expert_us`` (a line fitted over calls with several
+    expert loads, ``benchmarks/gpu/grouped_fallback_host.py``)."""
+
+    experts: Annotated[int, Field(ge=1)]
+    """Experts of the layer (the loop visits each, idle or not)."""
+    n: Annotated[int, Field(ge=1)]
+    """Output features of each expert's product."""
+    k: Annotated[int, Field(ge=1)]
+    """Input features of each expert's product."""
+    first_us: NonNegFloat
+    """The call with one expert active: its Python-level call, the offsets copied to the host (a sync
+    on an idle device), the idle experts' loop steps and the one product."""
+    per_expert_us: NonNegFloat
+    """Each further active expert: its loop step and its ``mm``'s dispatch and launch."""
+    calls: Annotated[int, Field(ge=2)]
+    """Expert loads the line was fitted over."""
+
+
 class HostProfile(FrozenModel):
     """The framework's host time between ops on one CPU, keyed by the op's place in the model."""
 
@@ -167,9 +195,11 @@ class HostProfile(FrozenModel):
     """Each op's host time in context on the real device over its issue time plus framework time as
     measured alone (fitted from measured walls; 1 without them)."""
     nested_scale: Annotated[float, Field(gt=0)] = 1.0
-    """Host time of an op issued from C++ inside the call before it (:func:`is_nested`) over the cost
-    model's issue time of the same op called from Python (fitted from measured walls of graphs holding
-    such ops; 1 without them): the Python binding and argument parsing it does not pay."""
+    """Host time in context of an op issued from C++ inside the call before it (:func:`is_nested`) over
+    its issue time: the measured loop's time per expert (:attr:`grouped_fallback`) where the profile has
+    it, else the cost model's issue time of the same op called from Python, which includes a Python
+    binding and argument parsing it does not pay (fitted from measured walls of graphs holding such ops;
+    1 without them)."""
     busy_scale: NonNegFloat = 0.0
     """How much slower the host runs while the device is busy: each op's host time in a forward pass
     whose device time is a share ``u = min(1, device / host)`` of its host time is ``1 + busy_scale * u``
@@ -182,6 +212,9 @@ class HostProfile(FrozenModel):
     generate_setup_us: NonNegFloat = 0.0
     """Host time of ``generate``'s preamble before the prompt's forward pass (its checks and set-up), on
     the first op of a generate graph (fitted with :attr:`generate_step_us`)."""
+    grouped_fallback: tuple[FallbackLoop, ...] = ()
+    """The host time of torch's ``_grouped_mm`` fallback on this CPU, by expert shape (measured; empty:
+    its products take the cost model's issue time, :attr:`nested_scale` for the nested ones)."""
     walls: tuple[WallSample, ...] = ()
     """The measured forwards :attr:`forward_us` and :attr:`op_scale` were fitted on."""
     training: tuple[TrainingGraph, ...] = ()
@@ -291,6 +324,37 @@ def forward_starts(graph: OpGraph) -> list[int]:
     return out
 
 
+def fallback_issue_us(profile: HostProfile, op: OpBase) -> float | None:
+    """The host time the profile measured for ``op`` when it is a product of torch's ``_grouped_mm``
+    fallback (an expert GEMM issued as :attr:`~opgraph.ir.HostIssue.SYNC`, the call's first product, or
+    :attr:`~opgraph.ir.HostIssue.NESTED`, a further one), from the measured loop of the nearest expert
+    shape (the same expert count first, then the nearest ``n`` and ``k`` in log space); ``None`` for any
+    other op or when the profile measured no loop.
+
+    >>> from opgraph.ir import ExpertGemm, Gemm, HostIssue
+    >>> loop = FallbackLoop(experts=8, n=64, k=32, first_us=40.0, per_expert_us=15.0, calls=3)
+    >>> prof = HostProfile(host=HostInfo(cpu="x"), global_gap=GapStat(median_us=1.0, n=1), grouped_fallback=(loop,))
+    >>> expert = ExpertGemm(impl="grouped_mm", experts=8, top_k=2, part="gate_up")
+    >>> first = Gemm(id=0, m=4, n=64, k=32, expert=expert, issue=HostIssue.SYNC)
+    >>> fallback_issue_us(prof, first), fallback_issue_us(prof, first.model_copy(update={"issue": "nested"}))
+    (40.0, 15.0)
+    """
+    from opgraph.ir import Gemm, HostIssue
+
+    if not profile.grouped_fallback or not isinstance(op, Gemm) or op.expert is None:
+        return None
+    if op.issue not in (HostIssue.SYNC, HostIssue.NESTED):
+        return None
+    experts = op.expert.experts
+
+    def distance(loop: FallbackLoop) -> tuple[bool, float]:
+        shape = abs(math.log(loop.n / op.n)) + abs(math.log(loop.k / op.k)) if op.n and op.k else 0.0
+        return loop.experts != experts, shape + abs(math.log(loop.experts / max(experts, 1)))
+
+    loop = min(profile.grouped_fallback, key=distance)
+    return loop.first_us if op.issue is HostIssue.SYNC else loop.per_expert_us
+
+
 def in_generate_loop(host_us: Sequence[float], graph: OpGraph, profile: HostProfile) -> list[float]:
     """``host_us`` with the host profile's generate-loop terms added: :attr:`HostProfile.generate_step_us`
     on the first op of each step's sampler (the ops recorded in the ``sampler`` scope), and
@@ -345,6 +409,7 @@ HOST_PROFILE_FILE = FileKind(
     HOST_PROFILE_SCHEMA_VERSION,
     "python -m hardware.hostfit",
     "rebuild it with `python -m hardware.hostfit`",
+    older=(1,),
 )
 """How a host profile file is checked and read."""
 

@@ -32,6 +32,8 @@ class FileKind:
     """The command that writes one (``opgraph profile``), for hints."""
     remake: str
     """The hint for an older or unreadable file."""
+    older: tuple[int, ...] = ()
+    """Older versions this opgraph still reads (what came since are fields with defaults)."""
 
     def check(self, raw: dict[str, object], where: str) -> None:
         """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is of this kind and version."""
@@ -42,7 +44,7 @@ class FileKind:
                 hint=f"give a file written by `{self.made_by}`",
             )
         version = raw.get("schema_version")
-        if version != self.version:
+        if version != self.version and (version not in self.older or isinstance(version, bool)):
             if not isinstance(version, int) or isinstance(version, bool):
                 raise LoadError(f"{self.noun} with a bad schema_version {version!r}", where=where)
             newer = version > self.version

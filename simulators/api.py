@@ -12,6 +12,7 @@ from hardware.base import CostModel, cost_graph
 from hardware.hostprofile import (
     HostProfile,
     check_host_cpu,
+    fallback_issue_us,
     hardware_host_profile,
     in_context,
     in_generate_loop,
@@ -95,10 +96,11 @@ def run_problem(
         fall_back = sum(1 for h, m in zip(host_us, problem.host_us, strict=True) if h > 0 and (m is None or h != m))
     else:
         own = fall_back = 0
-    marked = host_syncs(problem.graph) if config.host.mode is HostMode.EAGER else ()
+    marked = _waits_before(problem.graph) if config.host.mode is HostMode.EAGER else ()
     if marked and not set(marked) <= set(config.host.sync_ops):
-        # Ops after which the real run's host waits for the device (torch's _grouped_mm fallback copies
-        # its offsets to the host): the graph marks them at capture.
+        # The real run's host waits for the device before these ops' kernels (torch's _grouped_mm fallback
+        # copies its offsets to the host first): the graph marks them at capture; the host waits for the
+        # op issued before each.
         host = config.host.model_copy(update={"sync_ops": tuple(sorted({*config.host.sync_ops, *marked}))})
         config = config.model_copy(update={"host": host})
     if config.host.mode is HostMode.EAGER and config.host.framework:
@@ -177,6 +179,18 @@ def _add_framework_time(
             per_op_us if h > 0.0 and m is None else (h * scale if m is not None and h == m else h)
             for h, m in zip(host_us, measured, strict=True)
         ]
+    if config.host.per_op_us is None and profile.grouped_fallback:
+        # The products of torch's _grouped_mm fallback: the loop this CPU was measured running.
+        loops = [
+            fallback_issue_us(profile, op) if h > 0.0 else None for op, h in zip(problem.ops, host_us, strict=True)
+        ]
+        if any(x is not None for x in loops):
+            host_us = [h if x is None else x for h, x in zip(host_us, loops, strict=True)]
+            calls = sum(1 for op, x in zip(problem.ops, loops, strict=True) if x is not None and not is_nested(op))
+            notes.append(
+                f"host: {sum(1 for x in loops if x is not None)} expert products of {calls} _grouped_mm fallback "
+                f"call(s) take the loop {where} measured (the call with its first expert, then each further one)"
+            )
     predicted = predict_gaps(problem.graph, profile)
     notes.append(
         f"host: {predicted.total_us / 1e3:.3f} ms of framework time between ops predicted by the host profile "
@@ -214,6 +228,14 @@ def _add_framework_time(
         )
         total = in_context(total, problem.graph, profile, problem.dur_us)
     return total, per_op_us
+
+
+def _waits_before(graph: OpGraph) -> tuple[int, ...]:
+    """Ids of the ops after which an eager host waits for the device because the op after them is a host
+    sync (:func:`~opgraph.ir.host_syncs`: its call copies device data to the host before it launches)."""
+    marked = set(host_syncs(graph))
+    ops = graph.ops
+    return tuple(ops[i - 1].id for i in range(1, len(ops)) if ops[i].id in marked)
 
 
 def issue_scale(host: HostProfile, hardware_name: str) -> tuple[float, str]:

@@ -21,6 +21,8 @@
 # Run from the repo root on the GPU machine:  OUT=/path/to/out bash benchmarks/gpu/host_profile.sh
 # About 2-4 minutes: training cases past BUDGET seconds are skipped and logged. Without a GPU (a CPU
 # test) the walls are skipped and the fit keeps op scale 1 and no forward time.
+# FALLBACK=<grouped_fallback_host.py result> with REFIT: the _grouped_mm fallback's loops from that file
+# (a GPU run measures them itself, benchmarks/gpu/grouped_fallback_host.py, into $OUT/grouped_fallback_host.json).
 # REFIT=1 (CPU only): fit the two wall terms again from $OUT/h100-sxm.host.json and $OUT/host_graphs.tar.gz
 # of an earlier run (its graphs and measured walls), as this version of hardware.hostfit fits them; the
 # profile's generate-loop terms (fitted apart, benchmarks/generate_validate_report.py) are kept. With
@@ -81,7 +83,7 @@ if [ -n "${REFIT:-}" ]; then
   tar -xzf "$OUT/host_graphs.tar.gz" -C "$OUT" || exit 1
   echo "# REFIT on $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1) ($(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null))" | tee -a "$LOG"
   # The gap tables again from the run's graphs, with the run's provenance (CPU, versions, issue time).
-  PROFILE="$OUT/h100-sxm.host.json" TRAIN_DIR="$DIR/train" $PY - 2>&1 <<'EOF' | tee -a "$LOG"
+  FALLBACK="${FALLBACK:-}" PROFILE="$OUT/h100-sxm.host.json" TRAIN_DIR="$DIR/train" $PY - 2>&1 <<'EOF' | tee -a "$LOG"
 import os
 from pathlib import Path
 from hardware.hostfit import fit_host_profile
@@ -93,7 +95,12 @@ old = load_host_profile(path)
 graphs = [load_graph(p) for p in sorted(train.glob("*.json.gz"))]
 notes = [n for n in old.notes if not n.startswith(("left out", "op scale"))]
 prof = fit_host_profile(graphs, host=old.host, issue_us=old.issue_us, issue_source=old.issue_source, notes=notes)
-prof = prof.model_copy(update={"generate_step_us": old.generate_step_us, "generate_setup_us": old.generate_setup_us})
+prof = prof.model_copy(update={"generate_step_us": old.generate_step_us, "generate_setup_us": old.generate_setup_us,
+                               "grouped_fallback": old.grouped_fallback})
+if os.environ.get("FALLBACK"):  # the _grouped_mm fallback's loop measured on the GPU machine
+    from hardware.hostfit import with_fallback_loops
+    prof = with_fallback_loops(prof, Path(os.environ["FALLBACK"]))
+    print("\n".join(n for n in prof.notes if n.startswith("grouped_fallback:")))
 prof.save(path)
 print(f"gap tables from {len(prof.training)} of {len(graphs)} graphs; {len(prof.exact)} exact keys")
 print("\n".join(n for n in prof.notes if n.startswith("left out")))
@@ -223,8 +230,17 @@ for line in os.environ["TRAIN"].strip().splitlines():
 (out / "walls_detail.json").write_text(json.dumps(detail, indent=1))
 EOF
 
+# The host time of torch's _grouped_mm fallback (fp16 MoE experts) at several expert loads.
+FALLBACK_ARGS=()
+if $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())" 2>/dev/null; then
+  if timeout -k 5 120 $PY benchmarks/gpu/grouped_fallback_host.py -o "$OUT/grouped_fallback_host.json" >> "$LOG" 2>&1; then
+    FALLBACK_ARGS=(--fallback "$OUT/grouped_fallback_host.json")
+  else
+    echo "grouped_fallback_host.py FAILED: the fallback's products keep the cost model's issue time" | tee -a "$LOG"
+  fi
+fi
 echo "# fit ($(( $(date +%s) - START ))s)" | tee -a "$LOG"
-timeout -k 5 60 $PY -m hardware.hostfit "$DIR"/train/*.json.gz -o "$OUT/h100-sxm.host.json" \
+timeout -k 5 60 $PY -m hardware.hostfit "$DIR"/train/*.json.gz -o "$OUT/h100-sxm.host.json" "${FALLBACK_ARGS[@]}" \
   --device-profile hardware/catalog/h100-sxm.profile.json \
   --note "training set: benchmarks/gpu/host_profile.sh TRAIN (preset shapes of 1, 3 or 5 layers, none of benchmarks/gpu/heldout.py's cases; no Llama-3.1-70B)" \
   --note "framework gaps: captured on meta with --host-timing on the machine that measured hardware/catalog/h100-sxm.profile.json" \

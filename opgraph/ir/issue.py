@@ -6,8 +6,9 @@ Two kinds are not:
 - :attr:`HostIssue.NESTED`: C++ issues the op inside the Python-level call before it (torch's fallback of
   ``_grouped_mm`` for fp16/fp32 runs one ``mm`` per expert from one call), so no framework Python runs
   before it;
-- :attr:`HostIssue.SYNC`: a Python-level call after which the host waits for the device (it copies
-  device data to the host, as that fallback copies its offsets).
+- :attr:`HostIssue.SYNC`: a Python-level call that waits for the device before it launches (it first
+  copies device data to the host, as that fallback copies its offsets): an eager host waits there for
+  what it issued before.
 
 Capture (:mod:`opgraph.capture.lowering.moe`) fills the field; the host model (:mod:`hardware.hostprofile`)
 and the simulator read it through :func:`is_nested` and :func:`host_syncs`. Capture also ends such an op's
@@ -33,7 +34,7 @@ class HostIssue(str, Enum):
     NESTED = "nested"
     """Issued from C++ inside the Python-level call before it: no framework Python before it."""
     SYNC = "sync"
-    """A Python-level call after which the host waits for the device."""
+    """A Python-level call that waits for the device (for the ops issued before it) before it launches."""
 
 
 NESTED_MARK = "@nested"
@@ -67,8 +68,8 @@ def is_nested(op: OpBase) -> bool:
 
 
 def host_syncs(graph: OpGraph) -> tuple[int, ...]:
-    """Ids of the ops of ``graph`` after which the host waits for the device (:attr:`HostIssue.SYNC`),
-    in program order: the ``sync_ops`` of a simulation's eager host.
+    """Ids of the ops of ``graph`` that wait for the device before they launch (:attr:`HostIssue.SYNC`),
+    in program order: a simulation's eager host waits after the op before each (its ``sync_ops``).
 
     >>> from opgraph.ir import Gemm, OpGraph
     >>> host_syncs(OpGraph(ops=(Gemm(id=3, m=8, n=8, k=8, issue=HostIssue.SYNC),)))

@@ -99,8 +99,9 @@ def test_saved_profile_round_trips(tmp_path: Path) -> None:
     ("edit", "error", "match"),
     [
         (lambda text: text[: len(text) // 2], LoadError, "truncated or not valid JSON"),
-        (lambda text: text.replace('"schema_version":1', '"schema_version":0'), SchemaVersionError, "older"),
-        (lambda text: text.replace('"schema_version":1', '"schema_version":9'), SchemaVersionError, "newer"),
+        (lambda text: text.replace('"schema_version":2', '"schema_version":0'), SchemaVersionError, "older"),
+        (lambda text: text.replace('"schema_version":2', '"schema_version":9'), SchemaVersionError, "newer"),
+        (lambda text: text.replace('"schema_version":2', '"schema_version":true'), LoadError, "bad schema_version"),
         (lambda text: text.replace("opgraph.host_profile", "opgraph.device_profile"), LoadError, "not a host profile"),
         (lambda text: text.replace('"median_us":40.0', '"median_us":-1'), LoadError, "invalid host profile"),
     ],
@@ -168,7 +169,18 @@ def test_a_user_toml_registers_its_host_profile(tmp_path: Path) -> None:
 
 def test_json_profile_is_plain_data(tmp_path: Path) -> None:
     raw = json.loads(toy_profile().save(tmp_path / "t.host.json").read_text())
-    assert raw["format"] == "opgraph.host_profile" and raw["schema_version"] == 1
+    assert raw["format"] == "opgraph.host_profile" and raw["schema_version"] == 2
+
+
+def test_a_version_1_profile_still_reads_without_fallback_loops(tmp_path: Path) -> None:
+    # Version 2 added grouped_fallback (a field with a default): a version-1 file is the same data.
+    path = tmp_path / "v1.host.json"
+    raw = json.loads(toy_profile().save(path).read_text())
+    raw["schema_version"] = 1
+    del raw["grouped_fallback"]
+    path.write_text(json.dumps(raw))
+    prof = load_host_profile(path)
+    assert prof.grouped_fallback == () and prof.schema_version == 1
     assert set(raw["host"]) >= {"cpu", "cores", "torch", "transformers", "python", "date"}
 
 

@@ -277,6 +277,22 @@ def test_gpu_time_measured_after_the_three_pass_profile_meets_the_target() -> No
     assert {(c, m) for c, m in target_misses(recomputed, label) if m != "wall_err"} == set()
 
 
+FALLBACK_CHECK = RESULTS / "fallback-check-0322"
+"""Four fp16 MoE shapes (torch's C++ fallback of ``_grouped_mm``), chosen and measured after the host
+profile gained the fallback's measured loop (``heldout.py --cases check_...``, 2026-11-27 03:22 UTC)."""
+
+
+def test_fp16_moe_checks_measured_after_the_fallback_loop_meet_the_gpu_target() -> None:
+    # Never fitted: GPU time within 5% and per-op within 10% on each. The walls met the host slower than
+    # the walls the host profile was fitted on (a tiny launch 7.3-11.9 us, median 7.8, against 6.4-7.0):
+    # all four are under-predicted, -9.6% to -17.4% (README there), and are not judged.
+    recomputed = reproduced(FALLBACK_CHECK, "fp16 MoE check run")
+    assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.FALLBACK_CHECK_CASES}
+    label = recomputed["cli_default_cost_model"]
+    assert {(c, m) for c, m in target_misses(recomputed, label) if m != "wall_err"} == set()
+    assert all(c["settings"]["dtype"] == "fp16" for c in recomputed["cases"])
+
+
 DEPTH = RESULTS / "depth-2003"
 """Deeper cuts of held-out shapes (``heldout.py --cases depth_...``, one pass): the Llama-70B prefill at 24
 layers beside its 2-layer held-out case in the same run, a 24-layer 70B decode and the full 32-layer 8B

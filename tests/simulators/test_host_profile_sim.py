@@ -205,24 +205,64 @@ def test_a_nested_op_drops_the_framework_time_its_graph_measured_before_it(tmp_p
 
 
 def test_ops_marked_as_host_syncs_make_the_eager_host_wait_for_the_device() -> None:
-    """An op issued as a host sync (capture marks so the product of torch's _grouped_mm fallback that
-    follows its offsets copy) is a sync point of an eager host, not of a CUDA-graph one."""
+    """An op issued as a host sync (capture marks so the first product of torch's _grouped_mm fallback,
+    whose call copies its offsets to the host before it launches) makes an eager host wait for the op
+    before it, not for its own kernel; a CUDA-graph host waits for neither."""
     from opgraph.ir import HostIssue
 
     graph = toy_graph(2, timed=False)
     ops = list(graph.ops)
-    ops[1] = ops[1].model_copy(update={"issue": HostIssue.SYNC})
+    ops[2] = ops[2].model_copy(update={"issue": HostIssue.SYNC})  # the op after the 10 us GEMM
     marked = graph.model_copy(update={"ops": tuple(ops)})
     eager = SimulationConfig.standard(
         1, policy="stream", host=HostConfig(mode=HostMode.EAGER, framework=False, sync_each_step=False)
     )
     plain = simulate(graph, hw(EAGER_US), PerOpCost(), eager)
     synced = simulate(marked, hw(EAGER_US), PerOpCost(), eager)
-    # The GEMM (10 us) must finish before the host issues the next op: the host cannot run ahead of it.
     assert synced.config.host.sync_ops == (ops[1].id,)
     assert synced.stats().makespan_us > plain.stats().makespan_us
+    spans = synced.timeline().spans
+    host = {s.args["op"]: s for s in spans if s.track == "host"}
+    device = {s.op_id: s for s in spans if s.track != "host"}
+    gemm_end = device[ops[1].id].start_us + device[ops[1].id].dur_us
+    # the sync's call starts once the GEMM is done; the host issues the next op while the sync's kernel runs
+    assert host[2].start_us == pytest.approx(gemm_end)
+    assert host[3].start_us < device[ops[2].id].start_us + device[ops[2].id].dur_us
     graphs = SimulationConfig.standard(1, policy="stream", host=HostConfig(mode=HostMode.CUDA_GRAPH))
     assert simulate(marked, hw(EAGER_US), PerOpCost(), graphs).config.host.sync_ops == ()
+
+
+def test_the_grouped_mm_fallbacks_products_take_the_loop_the_host_profile_measured(tmp_path: Path) -> None:
+    """The call's first product (a sync) takes the loop's time with one expert, each further (nested)
+    product its time per expert, in place of the per-op issue time; ``--host-us`` still sets every op."""
+    from hardware.hostprofile import FallbackLoop
+    from opgraph.ir import ExpertGemm, Gemm, HostIssue, OpGraph
+
+    expert = ExpertGemm(impl="grouped_mm", experts=8, top_k=2, part="gate_up")
+    scope = "model.layers.0.mlp.experts"
+    products = tuple(
+        Gemm(id=i, m=4, n=64, k=64, expert=expert, scope=scope, issue=HostIssue.SYNC if i == 0 else HostIssue.NESTED)
+        for i in range(3)
+    )
+    graph = OpGraph(metadata=toy_graph(1, timed=False).metadata, ops=products)
+    loop = FallbackLoop(experts=8, n=64, k=64, first_us=50.0, per_expert_us=16.0, calls=4)
+    with_loop = toy_profile(grouped_fallback=(loop,)).save(tmp_path / "loop.host.json")
+    without = toy_profile().save(tmp_path / "plain.host.json")
+
+    def host_us(profile: Path, **host: object) -> tuple[list[float], list[str]]:
+        r = simulate(graph, hw(EAGER_US), PerOpCost(), _config(host_profile=str(profile), **host))
+        spans = [s for s in r.timeline().spans if s.track == "host"]
+        return [s.dur_us for s in sorted(spans, key=lambda s: s.args["op"])], r.notes
+
+    measured, notes = host_us(with_loop)
+    gap = measured[0] - 50.0  # the framework time before the call, from the profile's gap tables
+    assert gap >= 0.0 and measured[1:] == [16.0, 16.0]  # nested products: no framework time
+    assert any("_grouped_mm fallback" in n and "loop.host.json" in n for n in notes)
+    plain, plain_notes = host_us(without)
+    assert plain == [EAGER_US + gap, EAGER_US, EAGER_US]
+    assert not any("_grouped_mm fallback" in n for n in plain_notes)
+    given, _ = host_us(with_loop, per_op_us=3.0)
+    assert given == [3.0 + gap, 3.0, 3.0]
 
 
 def test_a_config_files_host_profile_is_the_one_simulate_uses(tmp_path: Path) -> None:

@@ -83,5 +83,8 @@ def test_the_shipped_terms_give_the_fitted_walls(shipped: HostProfile, tmp_path:
         wall = tl.wall_us if tl.wall_us is not None else tl.makespan_us
         assert wall == pytest.approx(w.predicted_us, rel=1e-3), w.name
         errors.append(abs(wall / w.measured_us - 1))
-    assert sorted(errors)[-2] < 0.10  # the training walls themselves, in sample (all but one within 10%)
-    assert shipped.nested_scale < 1.0  # the C++ loop's products cost less than a call from Python
+    assert max(errors) < 0.10  # the training walls themselves, in sample
+    # The fallback's products take the loop measured on that machine (grouped_fallback_host.json); in
+    # context it needs a small correction only (a scale of the Python-level call's time needed 0.75,
+    # and left the fp16 MoE decode's wall -9%).
+    assert shipped.grouped_fallback and 0.8 < shipped.nested_scale < 1.25
