@@ -190,7 +190,8 @@ class StepGraphs:
             dec = AttentionPart(key.decode_batch, 1, key.decode_kv) if key.decode_batch else None
             base = self._token_base.get(key.tokens)
             if base is None:
-                base = self._token_base[key.tokens] = rebatch(t.prefill, batch=1, q_len=key.tokens, tensor_ids=False)
+                base = rebatch(t.prefill, batch=1, q_len=key.tokens, tensor_ids=False, masks=False)
+                self._token_base[key.tokens] = base
             graph = mixed_step(
                 t.prefill, t.decode, parts, dec, decode_window_kv=key.window_kv, base=base, tensor_ids=False
             )

@@ -939,7 +939,11 @@ def _base_positions(prefill: OpGraph, base: OpGraph, tokens: int) -> list[int]:
         base.ops[p].kind is not prefill.ops[i].kind or base.ops[p].layer != prefill.ops[i].layer
         for p, i in zip(positions, indices, strict=True)
     ):
-        raise RebatchError("the base graph is not a rebatch of the prefill template", where="mixed_step")
+        raise RebatchError(
+            "the base graph is not a rebatch of the prefill template to the step's tokens without masks "
+            "(rebatch(prefill, batch=1, q_len=tokens, masks=False))",
+            where="mixed_step",
+        )
     return positions
 
 
@@ -1049,6 +1053,7 @@ def rebatch(
     window_kv: Mapping[int, int] | None = None,
     like: OpGraph | None = None,
     tensor_ids: bool = True,
+    masks: bool = True,
 ) -> OpGraph:
     """``graph`` (a captured prefill or decode) at ``batch`` sequences of ``q_len`` new tokens over ``kv_len``.
 
@@ -1058,7 +1063,9 @@ def rebatch(
     q_len)`` keys, or ``window_kv[window]`` where given: a batch over its mean ``kv_len`` whose
     sequences' capped lengths have a shorter mean (the windows of :func:`template_windows`, each at
     least ``q_len`` and at most that cap, else :class:`RebatchError`). Ops keep their ids, order and
-    edges (a chunk over a prefix gains its mask ops, which renumber the ops after them); FLOPs, bytes
+    edges (a chunk over a prefix, or a prompt as long as a sliding window, gains the SDPA mask ops
+    transformers builds for it, which renumber the ops after them; ``masks=False`` leaves them out, as
+    :func:`mixed_step`'s token-wise base, whose parts build their own); FLOPs, bytes
     and definitions are recomputed by the op models. ``like``, a rebatch of the same
     ``graph`` at the same ``batch`` and ``q_len`` (any ``kv_len``), lends the ops that do not depend
     on ``kv_len``, so only attention and KV-cache ops are rewritten (a serving simulator walking
@@ -1073,7 +1080,7 @@ def rebatch(
     full: list[OpBase | None]
     dropped = rw.dropped()  # the same ops as ``like``'s: they depend on the token count only
     at = [i for i in range(len(graph.ops)) if i not in dropped]
-    plan = mask_plan(graph) if phase == "prefill" else None
+    plan = mask_plan(graph) if phase == "prefill" and masks else None
     if like is not None:
         lc = like.metadata.capture
         same_q = lc.seq_len == q_len if phase == "prefill" else True
@@ -1099,14 +1106,14 @@ def rebatch(
                 lent, tid = like.ops[k], graph.ops[i].id
                 full[i] = lent if lent.id == tid else _replace(lent, {"id": tid})
     ops, edges = _without(graph, full)
-    if plan is not None and kv_len > q_len:
+    if plan is not None and plan.needs_mask(q_len, kv_len):
         kept = sorted(dropped)
 
         def position(i: int) -> int:
             return i - bisect.bisect_left(kept, i)
 
         attention = tuple((position(a), tuple(position(s) for s in src)) for a, src in plan.attention)
-        chunk = MaskedChunk(batch, q_len, kv_len, position(plan.after), attention)
+        chunk = MaskedChunk(batch, q_len, kv_len, position(plan.after), attention, plan.windows)
         ops, edges = add_prefix_masks(ops, edges, [chunk])
     cap = graph.metadata.capture.model_copy(
         update={
@@ -1140,7 +1147,7 @@ def mixed_step(
     rebatched to that shape), joined with the same edges (each part's ops feed their own part's).
     ``decode_window_kv`` gives the decodes' sliding layers their mean capped keys (``window_kv`` of
     :func:`rebatch`). ``base`` is the token-wise graph when the caller has it already
-    (``rebatch(prefill, batch=1, q_len=tokens)``); ``tensor_ids`` as for :func:`rebatch`.
+    (``rebatch(prefill, batch=1, q_len=tokens, masks=False)``); ``tensor_ids`` as for :func:`rebatch`.
     """
     if not parts and decode_part is None:
         raise RebatchError("a step needs at least one prefill part or decode", where="mixed_step")
@@ -1148,7 +1155,7 @@ def mixed_step(
         raise RebatchError("decode_window_kv without decodes", where="mixed_step")
     tokens = sum(p.batch * p.q_len for p in parts) + (decode_part.batch if decode_part else 0)
     if base is None:
-        base = rebatch(prefill, batch=1, q_len=tokens, tensor_ids=tensor_ids)
+        base = rebatch(prefill, batch=1, q_len=tokens, tensor_ids=tensor_ids, masks=False)
     elif base.metadata.capture.seq_len != tokens or base.metadata.capture.batch != 1:
         raise RebatchError(f"base graph is not the prefill at one sequence of {tokens} tokens", where="mixed_step")
     groups = [_part_ops(prefill, None, p, tensor_ids) for p in parts]
@@ -1182,7 +1189,7 @@ def _part_masks(
     """The prefill parts of a mixed step that are chunks over a prefix, each with its mask (as
     :func:`rebatch` gives one chunk: :mod:`opgraph.transforms.rebatch_mask`), by op id in the step."""
     plan = mask_plan(prefill)
-    if plan is None or all(p.kv_len == p.q_len for p in parts):
+    if plan is None or not any(plan.needs_mask(p.q_len, p.kv_len) for p in parts):
         return []
     dropped = sorted(_Rewriter(prefill, 1, tokens, tokens, tensor_ids=False).dropped())
 
@@ -1196,7 +1203,8 @@ def _part_masks(
             p.kv_len,
             ids(plan.after)[0],
             tuple((ids(a)[k], tuple(ids(s)[k] for s in src)) for a, src in plan.attention),
+            plan.windows,
         )
         for k, p in enumerate(parts)
-        if p.kv_len > p.q_len
+        if plan.needs_mask(p.q_len, p.kv_len)
     ]

@@ -10,7 +10,14 @@ batch and passes it to every full-attention layer's SDPA. With a mask SDPA canno
 values to every query head first (``repeat_kv``: one ``clone`` each). This module adds those ops to
 a rebatched graph, as a fresh capture of the chunk records them.
 
-Sliding-window SDPA layers (their own mask, ``create_sliding_window_causal_mask``) and templates that
+A sliding-window SDPA layer (``Attention.window``) takes a mask of its own,
+``create_sliding_window_causal_mask``, over the keys its capped cache holds: built wherever the full
+mask is, and also for a prompt of at least the window's length without a prefix (transformers skips it
+only where queries and keys have one length and that length is below the window). Its ops: the same
+aranges and offsets (the keys' offset by those the cache dropped), a ``new_ones`` scalar, ``q - window``
+(a ``sub``), ``kv > q - window`` (a ``gt``), then the two ``bitwise_and`` of ``and_masks`` around the
+causal ``le``. One mask per window, after the full one. A model that builds the full mask though none of
+its layers reads it (transformers' Qwen2 with every layer sliding) gets none here. Templates that
 already pass a mask (eager attention) are left as they are.
 """
 
@@ -26,7 +33,7 @@ from opgraph.ir.ops import OP_TYPES, AtenCall, Attention, Elementwise, Memory, O
 from opgraph.ir.tensor import TensorSpec
 from opgraph.transforms.rebatch_moe import graph_memo
 
-__all__ = ["MaskPlan", "MaskedChunk", "add_prefix_masks", "mask_plan"]
+__all__ = ["MaskPlan", "MaskedChunk", "add_prefix_masks", "mask_plan", "window_mask_needed"]
 
 SDPA = "aten.scaled_dot_product_attention"
 _DERIVED = ("flops", "bytes_read", "bytes_written", "definition")
@@ -41,18 +48,38 @@ class MaskPlan:
     attention: tuple[tuple[int, tuple[int, ...]], ...]
     """Each attention that takes the mask, with the ops that produce its keys and values when it copies
     them to every query head (GQA: ``repeat_kv``), else ``()``."""
+    windows: tuple[int | None, ...] = ()
+    """Each attention's sliding window (``None``: full attention), as :attr:`attention` lists them."""
+
+    def needs_mask(self, q_len: int, kv_len: int) -> bool:
+        """Whether a chunk of ``q_len`` tokens over ``kv_len`` keys builds a mask: over a prefix, or a
+        prompt as long as some layer's window (:func:`window_mask_needed`)."""
+        return kv_len > q_len or any(w is not None and q_len >= w for w in self.windows)
+
+
+def window_mask_needed(q_len: int, keys: int, window: int | None) -> bool:
+    """Whether transformers builds the mask of attention over ``keys`` keys (its capped cache's, for a
+    sliding ``window``) for ``q_len`` queries: unless both have one length and, for a window, that length
+    is below it.
+
+    >>> window_mask_needed(40, 40, 48), window_mask_needed(48, 48, 48), window_mask_needed(11, 31, None)
+    (False, True, True)
+    """
+    return keys != q_len or (window is not None and q_len >= window)
 
 
 @dataclass(frozen=True)
 class MaskedChunk:
-    """One chunk of a rebatched graph that takes a mask: ``batch`` sequences of ``q_len`` tokens over
-    ``kv_len`` keys, its attention ops and their key/value producers by op id in that graph."""
+    """One chunk of a rebatched graph that may take masks: ``batch`` sequences of ``q_len`` tokens over
+    ``kv_len`` keys, its attention ops and their key/value producers by op id in that graph, and each
+    attention's sliding window (``None``: full; a sliding layer's keys are its rebatched op's)."""
 
     batch: int
     q_len: int
     kv_len: int
     after: int
     attention: tuple[tuple[int, tuple[int, ...]], ...]
+    windows: tuple[int | None, ...] = ()
 
 
 _PLAN_CACHE: dict[int, tuple[OpGraph, MaskPlan | None]] = {}
@@ -65,14 +92,9 @@ def mask_plan(graph: OpGraph) -> MaskPlan | None:
 
 
 def _maskless(op: OpBase) -> bool:
-    return (
-        isinstance(op, Attention)
-        and op.target == SDPA
-        and op.causal
-        and op.window is None
-        and op.q_len == op.kv_len
-        and len(op.inputs) == 3
-    )
+    if not isinstance(op, Attention):
+        return False
+    return op.target == SDPA and op.causal and op.q_len == op.kv_len and len(op.inputs) == 3
 
 
 def _build_plan(graph: OpGraph) -> MaskPlan | None:
@@ -88,6 +110,7 @@ def _build_plan(graph: OpGraph) -> MaskPlan | None:
         (e.dst, e.tensor): index[e.src] for e in graph.edges if e.kind is EdgeKind.DATA and e.tensor is not None
     }
     plan: list[tuple[int, tuple[int, ...]]] = []
+    windows: list[int | None] = []
     for i in attention:
         op = ops[i]
         assert isinstance(op, Attention)
@@ -98,7 +121,8 @@ def _build_plan(graph: OpGraph) -> MaskPlan | None:
             if len(sources) != 2:
                 return None  # not the layout transformers records: leave the graph unmasked
         plan.append((i, sources))
-    return MaskPlan(after, tuple(plan))
+        windows.append(op.window)
+    return MaskPlan(after, tuple(plan), tuple(windows))
 
 
 def _new(kind_op: type[OpBase], **fields: Any) -> OpBase:
@@ -114,53 +138,60 @@ class _Ids:
         return self.next - 1
 
 
-def _mask_ops(chunk: MaskedChunk, like: OpBase, ids: _Ids) -> list[OpBase]:
-    """The ops of ``sdpa_mask`` for ``chunk`` (``like`` gives their scope, stage and step); the last is the mask."""
+def _mask_ops(chunk: MaskedChunk, keys: int, window: int | None, like: OpBase, ids: _Ids) -> list[OpBase]:
+    """The ops of ``sdpa_mask`` for ``chunk`` over ``keys`` keys (the last ``keys`` of its ``kv_len``), with a
+    sliding ``window`` or none (``like`` gives their scope, stage and step); the last is the mask."""
     place = {"scope": like.scope, "stage": like.stage, "step": like.step, "dtype": DType.fp32}
-    idx = DType("int64")
+    idx, boolean = DType("int64"), DType("bool")
 
     def arange(n: int) -> OpBase:
         out = TensorSpec(shape=(n,), dtype=idx, id=ids())
         call = AtenCall(args=(n,), keywords={"pin_memory": False})
         return _new(Memory, id=0, target="aten.arange.default", outputs=(out,), fn="fill", numel=n, call=call, **place)
 
-    def offset(src: OpBase, n: int, by: int) -> OpBase:
-        out = TensorSpec(shape=(n,), dtype=idx, id=ids())
-        call = AtenCall(args=({"tensor": 0}, by))
+    Shape = tuple[int, ...]
+
+    def elementwise(fn: str, target: str, ins: tuple[TensorSpec, ...], shape: Shape, by: Any = None) -> OpBase:
+        dtype = boolean if fn in ("le", "gt", "bitwise_and") else idx
+        out = TensorSpec(shape=shape, dtype=dtype, id=ids())
+        args: tuple[Any, ...] = tuple({"tensor": j} for j in range(len(ins))) + (() if by is None else (by,))
+        numel = 1
+        for d in shape:
+            numel *= d
         return _new(
-            Elementwise,
-            id=0,
-            target="aten.add.Tensor",
-            inputs=src.outputs,
-            outputs=(out,),
-            fn="add",
-            numel=n,
-            hidden=n,
-            call=call,
-            **place,
-        )
+            Elementwise, id=0, target=target, inputs=ins, outputs=(out,), fn=fn, numel=numel, hidden=shape[-1],
+            call=AtenCall(args=args), **place,
+        )  # fmt: skip
 
     q, kv = chunk.q_len, chunk.kv_len
-    q_ar, kv_ar = arange(q), arange(kv)
-    q_idx, kv_idx = offset(q_ar, q, kv - q), offset(kv_ar, kv, 0)
-    ins = (
-        kv_idx.outputs[0].model_copy(update={"shape": (1, 1, 1, kv)}),
-        q_idx.outputs[0].model_copy(update={"shape": (1, 1, q, 1)}),
-    )
-    mask = TensorSpec(shape=(1, 1, q, kv), dtype=DType("bool"), id=ids())
-    le = _new(
-        Elementwise,
-        id=0,
-        target="aten.le.Tensor",
-        inputs=ins,
-        outputs=(mask,),
-        fn="le",
-        numel=q * kv,
-        hidden=kv,
-        call=AtenCall(args=({"tensor": 0}, {"tensor": 1})),
-        **place,
-    )
-    return [arange(chunk.batch), arange(1), q_ar, q_idx, kv_ar, kv_idx, le]
+    q_ar, kv_ar = arange(q), arange(keys)
+    q_idx = elementwise("add", "aten.add.Tensor", q_ar.outputs, (q,), kv - q)
+    kv_idx = elementwise("add", "aten.add.Tensor", kv_ar.outputs, (keys,), kv - keys)
+    kv_row = kv_idx.outputs[0].model_copy(update={"shape": (1, 1, 1, keys)})
+    q_col = q_idx.outputs[0].model_copy(update={"shape": (1, 1, q, 1)})
+    grid = (1, 1, q, keys)
+    le = elementwise("le", "aten.le.Tensor", (kv_row, q_col), grid)
+    head = [arange(chunk.batch), arange(1), q_ar, q_idx, kv_ar, kv_idx]
+    if window is None:
+        return [*head, le]
+    # and_masks(sliding_window_overlay(window), causal): True & (kv > q - window) & (kv <= q)
+    scalar = TensorSpec(shape=(), dtype=boolean, id=ids())
+    call = AtenCall(args=({"tensor": 0}, []), keywords={"dtype": {"dtype": "bool"}, "pin_memory": False})
+    ones = _new(
+        Memory, id=0, target="aten.new_ones.default", inputs=(q_col,), outputs=(scalar,), fn="fill", numel=1,
+        call=call, **place,
+    )  # fmt: skip
+    low = elementwise("sub", "aten.sub.Tensor", (q_col,), (1, 1, q, 1), window)
+    inside = elementwise("gt", "aten.gt.Tensor", (kv_row, low.outputs[0]), grid)
+    both = elementwise("bitwise_and", "aten.bitwise_and.Tensor", (scalar, inside.outputs[0]), grid)
+    mask = elementwise("bitwise_and", "aten.bitwise_and.Tensor", (both.outputs[0], le.outputs[0]), grid)
+    return [*head, ones, low, inside, both, le, mask]
+
+
+def _mask_edges(masks: Sequence[OpBase]) -> list[tuple[OpBase, OpBase, int | None]]:
+    """The data edges among :func:`_mask_ops`' ops (each op's inputs from the ops that made them)."""
+    made = {t.id: m for m in masks for t in m.outputs}
+    return [(made[t.id], m, t.id) for m in masks for t in m.inputs if t.id in made]
 
 
 def _repeat_kv(source: OpBase, attention: Attention, ids: _Ids) -> OpBase:
@@ -221,21 +252,32 @@ def add_prefix_masks(
     extra: list[tuple[OpBase, OpBase, int | None]] = []  # (src, dst, tensor) among new or replaced ops
     dropped: set[tuple[int, int]] = set()
     for chunk in chunks:
-        masks = _mask_ops(chunk, ops[chunk.after], ids)
-        after.setdefault(chunk.after, []).append(masks)
-        ar_q, add_q, ar_kv, add_kv, le = masks[2], masks[3], masks[4], masks[5], masks[6]
-        extra += [(ar_q, add_q, ar_q.outputs[0].id), (ar_kv, add_kv, ar_kv.outputs[0].id)]
-        extra += [(add_kv, le, add_kv.outputs[0].id), (add_q, le, add_q.outputs[0].id)]
-        for a, sources in chunk.attention:
-            att = ops[a]
-            assert isinstance(att, Attention)
-            copies = [_repeat_kv(ops[s], att, ids) for s in sources]
-            before[a] = copies
-            new = replaced[a] = _masked_attention(att, le.outputs[0], copies, chunk.batch)
-            extra.append((le, new, le.outputs[0].id))
-            for s, c in zip(sources, copies, strict=True):
-                dropped.add((s, a))
-                extra += [(ops[s], c, ops[s].outputs[0].id), (c, new, c.outputs[0].id)]
+        windows = chunk.windows or (None,) * len(chunk.attention)
+        groups: dict[int | None, list[tuple[int, tuple[int, ...]]]] = {}
+        for entry, window in zip(chunk.attention, windows, strict=True):
+            groups.setdefault(window, []).append(entry)
+        # the full mask first, then one per window (as transformers' models build their mask mapping)
+        for window in sorted(groups, key=lambda w: -1 if w is None else w):
+            members = groups[window]
+            first = ops[members[0][0]]
+            assert isinstance(first, Attention)
+            keys = chunk.kv_len if window is None else first.kv_len
+            if not window_mask_needed(chunk.q_len, keys, window):
+                continue
+            masks = _mask_ops(chunk, keys, window, ops[chunk.after], ids)
+            after.setdefault(chunk.after, []).append(masks)
+            extra += _mask_edges(masks)
+            mask = masks[-1]
+            for a, sources in members:
+                att = ops[a]
+                assert isinstance(att, Attention)
+                copies = [_repeat_kv(ops[s], att, ids) for s in sources]
+                before[a] = copies
+                new = replaced[a] = _masked_attention(att, mask.outputs[0], copies, chunk.batch)
+                extra.append((mask, new, mask.outputs[0].id))
+                for s, c in zip(sources, copies, strict=True):
+                    dropped.add((s, a))
+                    extra += [(ops[s], c, ops[s].outputs[0].id), (c, new, c.outputs[0].id)]
     out: list[OpBase] = []
     pos: dict[int, int] = {}  # python id of an emitted op -> its new id
     old: dict[int, int] = {}  # old op id -> new id

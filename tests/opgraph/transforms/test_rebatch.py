@@ -82,7 +82,39 @@ CONFIGS = {
     # Room for contexts well past the window and past the templates.
     "gpt_oss_w48": {**MOE_FAMILIES["gpt_oss"], "sliding_window": WINDOW, "max_position_embeddings": 256},
     "deepseek_v3_long": {**MOE_FAMILIES["deepseek_v3"], "max_position_embeddings": 256},
+    # SDPA with sliding windows: Qwen2's layer types (one sliding, one full), Mistral's every layer sliding.
+    "qwen2_sw": {
+        **TINY_LLAMA,
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "sliding_window": WINDOW,
+        "use_sliding_window": True,
+        "max_window_layers": 0,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": 256,
+    },
+    "mistral_sw": {
+        **TINY_LLAMA,
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "sliding_window": WINDOW,
+        "max_position_embeddings": 256,
+    },
 }
+
+
+def _gemma3_sw() -> dict[str, object]:
+    """The shipped Gemma 3 preset's text config, tiny, one sliding and one full layer."""
+    preset = Path(__file__).resolve().parents[3] / "opgraph" / "capture" / "presets" / "gemma-3-27b.json"
+    config: dict[str, object] = json.loads(preset.read_text())["config"]
+    config.pop("sliding_window_pattern", None)
+    tiny = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    tiny |= {"num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "query_pre_attn_scalar": 16}
+    tiny |= {"sliding_window": WINDOW, "max_position_embeddings": 256}
+    return {**config, **tiny, "layer_types": ["sliding_attention", "full_attention"]}
+
+
+CONFIGS["gemma3_sw"] = _gemma3_sw()
 
 
 @cache
@@ -385,6 +417,66 @@ def test_sdpa_chunk_over_a_prefix_builds_its_mask_as_transformers_does(
     assert run_study(got, hw, cm, cfg).result.makespan_us == pytest.approx(
         run_study(fresh, hw, cm, cfg).result.makespan_us, rel=1e-9
     )
+
+
+@pytest.mark.parametrize("name", ["qwen2_sw", "mistral_sw", "gemma3_sw"])
+@pytest.mark.parametrize(
+    ("prefix", "q_len"),
+    [
+        (0, 40),  # a prompt shorter than the window: no mask at all
+        (0, 48),  # as long as the window: the sliding layers' mask (full layers stay unmasked)
+        (0, 60),
+        (20, 11),  # over a prefix: the full mask, and the sliding one over every key
+        (100, 11),  # the sliding layers' capped cache: window - 1 keys plus the chunk
+        (100, 60),
+    ],
+)
+def test_sliding_window_sdpa_layers_build_their_own_mask_as_transformers_does(
+    name: str, prefix: int, q_len: int
+) -> None:
+    # create_sliding_window_causal_mask: its ops outside the layers (the window's sub, gt and the two
+    # bitwise_and of and_masks), over the keys each sliding layer reads, and repeat_kv's copies before
+    # those layers' SDPA; every op and edge as transformers runs the prompt or chunk.
+    template = _template(name, "prefill")
+    got = rebatch(template, batch=2, q_len=q_len, kv_len=prefix + q_len)
+    fresh = _capture_chunk(name, 2, prefix, q_len) if prefix else _capture(name, "prefill", 2, q_len)
+    got.lint()
+    assert [_cost_view(o) for o in got.ops] == [_cost_view(o) for o in fresh.ops]
+    assert sorted((e.src, e.dst, e.kind) for e in got.edges) == sorted((e.src, e.dst, e.kind) for e in fresh.edges)
+    windows = [o.outputs[0].shape for o in got.ops if o.target == "aten.gt.Tensor"]
+    sliding = min(prefix + q_len, WINDOW - 1 + q_len)
+    assert windows == ([] if prefix == 0 and q_len < WINDOW else [(1, 1, q_len, sliding)])
+    masked = [(o.layer, o.inputs[-1].shape) for o in got.ops if isinstance(o, Attention) and len(o.inputs) == 4]
+    full = [(1, (2, 1, q_len, prefix + q_len))] if prefix and name != "mistral_sw" else []
+    sliding_layers = [(0, (2, 1, q_len, sliding))] if windows else []
+    if name == "mistral_sw" and windows:
+        sliding_layers.append((1, (2, 1, q_len, sliding)))
+    assert sorted(masked) == sorted(sliding_layers + full)
+
+
+def test_mixed_step_gives_each_part_its_window_mask() -> None:
+    pre, dec = _template("qwen2_sw", "prefill"), _template("qwen2_sw", "decode")
+    parts = [AttentionPart(1, 8, 100), AttentionPart(1, 50, 50), AttentionPart(1, 6, 6)]
+    g = mixed_step(pre, dec, parts, AttentionPart(2, 1, 90))
+    g.lint()
+    # the chunk over a prefix: full and sliding masks; the prompt as long as the window: the sliding one
+    assert [o.outputs[0].shape for o in g.ops if o.target == "aten.gt.Tensor"] == [
+        (1, 1, 8, WINDOW - 1 + 8),
+        (1, 1, 50, 50),
+    ]
+    assert [o.outputs[0].shape for o in g.ops if o.target == "aten.le.Tensor"] == [
+        (1, 1, 8, 100),
+        (1, 1, 8, WINDOW - 1 + 8),
+        (1, 1, 50, 50),
+    ]
+    one = mixed_step(pre, dec, [AttentionPart(1, 50, 50)], None)
+    assert [_cost_view(o) for o in one.ops] == [_cost_view(o) for o in rebatch(pre, batch=1, q_len=50).ops]
+    # the token-wise base the caller gives is the prefill without masks (each part builds its own)
+    tokens = sum(p.batch * p.q_len for p in parts) + 2
+    base = rebatch(pre, batch=1, q_len=tokens, masks=False)
+    assert mixed_step(pre, dec, parts, AttentionPart(2, 1, 90), base=base).ops == g.ops
+    with pytest.raises(RebatchError, match="masks=False"):
+        mixed_step(pre, dec, parts, AttentionPart(2, 1, 90), base=rebatch(pre, batch=1, q_len=tokens))
 
 
 def test_a_prefill_without_a_prefix_and_a_decode_build_no_mask() -> None:
