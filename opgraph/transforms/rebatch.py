@@ -923,10 +923,12 @@ def _target(graph: OpGraph, batch: int, q_len: int | None, kv_len: int | None) -
 
 
 def _part_indices(graph: OpGraph) -> list[int]:
-    """Indices of the ops of a prefill graph that a mixed step runs once per attention part: attention
-    and the ops over its keys (see :class:`_KvLayout`), in graph order."""
+    """Indices of the ops of a prefill graph that a mixed step runs once per attention part: attention,
+    the ops over its keys and the masks an eager template builds outside the layers, each over its part's
+    queries and keys (see :class:`_KvLayout`), in graph order."""
     layout = _kv_layout(graph)
-    return sorted(layout.key_side | {i for i, op in enumerate(graph.ops) if op.kind is OpKind.ATTENTION})
+    attention = {i for i, op in enumerate(graph.ops) if op.kind is OpKind.ATTENTION}
+    return sorted(layout.key_side | set(layout.mask) | attention)
 
 
 def _base_positions(prefill: OpGraph, base: OpGraph, tokens: int) -> list[int]:
@@ -1141,7 +1143,8 @@ def mixed_step(
     Token-wise ops (linears, norms, activations, embedding, MoE) run once over all the step's
     tokens (the prefill template rebatched to one sequence of ``sum(chunk tokens) + decodes``
     tokens), as a serving engine batches them; each attention op of the template, and each op over
-    its keys (KV-cache appends, MLA's up-projection of the latent cache), becomes one op per prefill
+    its keys (KV-cache appends, MLA's up-projection of the latent cache, the mask ops an eager template
+    builds outside the layers; an SDPA chunk's masks are added per part), becomes one op per prefill
     part (the chunk over its prefix) plus one for the decodes (``decode_part``: decodes over their
     mean kv length, which keeps the keys read and the FLOPs; the attention taken from ``decode``
     rebatched to that shape), joined with the same edges (each part's ops feed their own part's).

@@ -525,6 +525,16 @@ def test_mixed_step_gives_each_part_the_ops_over_its_keys() -> None:
         (1, 1, 100, None),
         (1, 2, 90, None),
     ]
+    # Eager attention: each part reads a mask built over its own queries and keys, per window, not one
+    # over the step's 10 tokens; each mask feeds its own part's attention.
+    wheres = [o for o in g.ops if o.target == "aten.where.self"]
+    assert [o.outputs[0].shape for o in wheres] == [(1, 1, 8, 100), (2, 1, 1, 90), (1, 1, 8, 55), (2, 1, 1, WINDOW)]
+    reads = {(e.src, e.dst) for e in g.edges}
+    for w in wheres:
+        (att,) = [o for o in g.ops if isinstance(o, Attention) and (w.id, o.id) in reads]
+        assert att.inputs[2].shape == w.outputs[0].shape
+    one = mixed_step(pre, dec, [AttentionPart(1, 8, 100)], None)
+    assert [_cost_view(o) for o in one.ops] == [_cost_view(o) for o in rebatch(pre, batch=1, q_len=8, kv_len=100).ops]
 
 
 def _layer_ops(g: OpGraph, layer: int) -> list[dict[str, Any]]:
