@@ -3,7 +3,8 @@
 Starting from each attention's query and key operands, the pass walks back through unclaimed
 pointwise ops, ``cat`` and copies that ran in the same module call as the attention (HF applies
 ``apply_rotary_pos_emb`` inside the attention module; the cos/sin tables are built elsewhere) and
-stops at GEMMs, norms and the KV-cache write. A walk that met a ``mul`` of two tensors (the
+stops at GEMMs, norms and the KV-cache write; a ``cat`` over the tokens (a cache appending the new
+keys) is walked through but left out, an op of its own. A walk that met a ``mul`` of two tensors (the
 rotation by the cos/sin tables) is one ``Rope`` op; a multiply by a scalar alone (OPT's query
 scaling ``q_proj(x) * 0.125``) is no rotation and is left to the pointwise pass. The op's heads,
 head size and rotated part come from the tensors the walk rotates (:func:`_rope_fields`).
@@ -40,6 +41,17 @@ _ROPE_FNS = frozenset(
 
 _COPIES = frozenset({"_to_copy", "clone", "copy"})
 """Copies a rotation may end with (``q_embed.to(dtype)``); the rotated part is the copied tensor's."""
+
+
+def _appends_tokens(ev: Event) -> bool:
+    """A ``cat`` that joins along a dimension before the last, or onto an empty tensor: a cache appending
+    the new tokens' keys (``DynamicCache``'s ``cat`` over the sequence, as MLA's shared rope key takes
+    it), not a part of the rotation, whose ``cat`` joins head-dimension halves or parts along the last."""
+    if ev.fn != "cat" or not ev.outputs:
+        return False
+    out = ev.outputs[0].shape
+    # a prefill appends to an empty cache (an input of no elements), a decode to the cached tokens
+    return any(numel(r) == 0 or (len(r.shape) == len(out) and r.shape[:-1] != out[:-1]) for r in ev.inputs)
 
 
 def _rotates(ev: Event) -> bool:
@@ -86,6 +98,9 @@ class FuseRope:
                         todo.extend(r.tid for r in p.inputs[1:])
                     elif fn == "repeat_kv":
                         todo.extend(r.tid for r in p.inputs[:1])
+                continue
+            if _appends_tokens(p):  # walk through to the new keys; the memory pass lowers the append
+                todo.extend(r.tid for r in float_inputs(p))
                 continue
             members.append(p.index)
             todo.extend(r.tid for r in float_inputs(p))

@@ -53,6 +53,20 @@ def test_mla_rope_key_is_one_head_and_query_rotates_its_rope_part(tmp_path: Path
     ]
 
 
+@pytest.mark.parametrize(("phase", "cached"), [("prefill", 0), ("decode", SEQ)])
+def test_mla_rope_keys_cache_append_is_an_op_of_its_own(tmp_path: Path, phase: str, cached: int) -> None:
+    # DynamicCache appends the rotated rope key to the cached ones (a cat over the tokens): a memory op
+    # over every cached key plus the new, as the latent's append beside it, not a part of the rope.
+    g = capture(tiny_config(tmp_path, "deepseek_v3"), seq_len=SEQ, kv_len=SEQ, phase=phase)
+    tokens = SEQ if phase == "prefill" else 1
+    appends = [o for o in g.ops if o.layer == 0 and o.kind is OpKind.MEMORY and o.target == "aten.cat.default"]
+    assert sorted(o.outputs[0].shape[-2:] for o in appends) == [(cached + tokens, 8), (cached + tokens, 16)]
+    (key,) = [o for o in g.ops_of(OpKind.ROPE) if o.layer == 0 and o.heads == 1]
+    assert key.outputs[0].shape[-2:] == (tokens, 8)  # the new tokens' rotation only
+    rope_key = next(a for a in appends if a.outputs[0].shape[-1] == 8)
+    assert (key.id, rope_key.id) in {(e.src, e.dst) for e in g.edges}
+
+
 @pytest.mark.parametrize(
     ("model_type", "arch", "extra", "rotary_dim"),
     [
