@@ -293,6 +293,18 @@ def test_fp16_moe_checks_measured_after_the_fallback_loop_meet_the_gpu_target() 
     assert all(c["settings"]["dtype"] == "fp16" for c in recomputed["cases"])
 
 
+AFTER_FALLBACK = RESULTS / "after-fallback-0344"
+"""The 12 cases measured once more (one pass, 2026-11-27 03:44 UTC) after the host profile's fallback loop,
+rebatch's mask fixes and MLA's rope-key append: data no change saw; walls in the host's slow state."""
+
+
+def test_gpu_time_measured_after_the_fallback_loop_meets_the_target() -> None:
+    recomputed = reproduced(AFTER_FALLBACK, "run after the fallback loop")
+    assert len(recomputed["cases"]) == 12
+    label = recomputed["cli_default_cost_model"]
+    assert {(c, m) for c, m in target_misses(recomputed, label) if m != "wall_err"} == set()
+
+
 T517 = RESULTS / "t517"
 """The 12 held-out cases measured with transformers 5.17 (the GPU image's release; one sequential pass of 25
 runs per case, its walls in the host's slow state), predicted from captures made with 5.17."""
