@@ -687,4 +687,9 @@ def parse_args(argv: Iterable[str] | None = None) -> argparse.Namespace:
 main = entry_point(run, parse_args, "Entry point (under torchrun, or alone for TP 1).")
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The run's files are written: skip the interpreter's teardown, where torch's profiler and gloo threads
+    # have aborted a finished rank (std::terminate) on a loaded CPU.
+    os._exit(status)
