@@ -23,6 +23,7 @@ already pass a mask (eager attention) are left as they are.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -149,28 +150,24 @@ def _mask_ops(chunk: MaskedChunk, keys: int, window: int | None, like: OpBase, i
         call = AtenCall(args=(n,), keywords={"pin_memory": False})
         return _new(Memory, id=0, target="aten.arange.default", outputs=(out,), fn="fill", numel=n, call=call, **place)
 
-    Shape = tuple[int, ...]
-
-    def elementwise(fn: str, target: str, ins: tuple[TensorSpec, ...], shape: Shape, by: Any = None) -> OpBase:
+    def elementwise(fn: str, ins: tuple[TensorSpec, ...], shape: tuple[int, ...], by: Any = None) -> OpBase:
+        """``aten.{fn}.Tensor`` of ``ins`` (and the scalar ``by``) into a tensor of ``shape``."""
         dtype = boolean if fn in ("le", "gt", "bitwise_and") else idx
         out = TensorSpec(shape=shape, dtype=dtype, id=ids())
         args: tuple[Any, ...] = tuple({"tensor": j} for j in range(len(ins))) + (() if by is None else (by,))
-        numel = 1
-        for d in shape:
-            numel *= d
         return _new(
-            Elementwise, id=0, target=target, inputs=ins, outputs=(out,), fn=fn, numel=numel, hidden=shape[-1],
-            call=AtenCall(args=args), **place,
+            Elementwise, id=0, target=f"aten.{fn}.Tensor", inputs=ins, outputs=(out,), fn=fn,
+            numel=math.prod(shape), hidden=shape[-1], call=AtenCall(args=args), **place,
         )  # fmt: skip
 
     q, kv = chunk.q_len, chunk.kv_len
     q_ar, kv_ar = arange(q), arange(keys)
-    q_idx = elementwise("add", "aten.add.Tensor", q_ar.outputs, (q,), kv - q)
-    kv_idx = elementwise("add", "aten.add.Tensor", kv_ar.outputs, (keys,), kv - keys)
+    q_idx = elementwise("add", q_ar.outputs, (q,), kv - q)
+    kv_idx = elementwise("add", kv_ar.outputs, (keys,), kv - keys)
     kv_row = kv_idx.outputs[0].model_copy(update={"shape": (1, 1, 1, keys)})
     q_col = q_idx.outputs[0].model_copy(update={"shape": (1, 1, q, 1)})
     grid = (1, 1, q, keys)
-    le = elementwise("le", "aten.le.Tensor", (kv_row, q_col), grid)
+    le = elementwise("le", (kv_row, q_col), grid)
     head = [arange(chunk.batch), arange(1), q_ar, q_idx, kv_ar, kv_idx]
     if window is None:
         return [*head, le]
@@ -181,10 +178,10 @@ def _mask_ops(chunk: MaskedChunk, keys: int, window: int | None, like: OpBase, i
         Memory, id=0, target="aten.new_ones.default", inputs=(q_col,), outputs=(scalar,), fn="fill", numel=1,
         call=call, **place,
     )  # fmt: skip
-    low = elementwise("sub", "aten.sub.Tensor", (q_col,), (1, 1, q, 1), window)
-    inside = elementwise("gt", "aten.gt.Tensor", (kv_row, low.outputs[0]), grid)
-    both = elementwise("bitwise_and", "aten.bitwise_and.Tensor", (scalar, inside.outputs[0]), grid)
-    mask = elementwise("bitwise_and", "aten.bitwise_and.Tensor", (both.outputs[0], le.outputs[0]), grid)
+    low = elementwise("sub", (q_col,), (1, 1, q, 1), window)
+    inside = elementwise("gt", (kv_row, low.outputs[0]), grid)
+    both = elementwise("bitwise_and", (scalar, inside.outputs[0]), grid)
+    mask = elementwise("bitwise_and", (both.outputs[0], le.outputs[0]), grid)
     return [*head, ones, low, inside, both, le, mask]
 
 
