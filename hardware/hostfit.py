@@ -374,7 +374,10 @@ def with_fallback_loops(profile: HostProfile, path: Path) -> HostProfile:
         raise OpgraphError(f"cannot read the fallback measurement: {exc}", where=str(path)) from None
     if not isinstance(measured, dict) or not isinstance(measured.get("rows"), list):
         raise OpgraphError("not a grouped_fallback_host.py result (a JSON object with a 'rows' list)", where=str(path))
-    loops = fit_fallback_loops(measured)
+    try:
+        loops = fit_fallback_loops(measured)
+    except OpgraphError as exc:
+        raise OpgraphError(exc.message, where=str(path)) from None
     if not loops:
         raise OpgraphError("no expert shape measured at two or more loads", where=str(path))
     note = (
@@ -402,11 +405,14 @@ def fit_fallback_loops(measured: Mapping[str, object]) -> tuple[FallbackLoop, ..
     if not isinstance(records, list):
         raise OpgraphError("not a grouped_fallback_host.py result: no 'rows' list")
     by_shape: dict[tuple[int, int, int], dict[int, list[float]]] = {}
-    for r in records:
+    for i, r in enumerate(records):
         if not isinstance(r, dict) or "idle_us" not in r:
             continue  # the Python-level mm lines
-        key = (int(r["experts"]), int(r["n"]), int(r["k"]))
-        by_shape.setdefault(key, {}).setdefault(int(r["active"]), []).append(float(r["idle_us"]))
+        try:
+            key = (int(r["experts"]), int(r["n"]), int(r["k"]))
+            by_shape.setdefault(key, {}).setdefault(int(r["active"]), []).append(float(r["idle_us"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise OpgraphError(f"rows[{i}]: needs experts, n, k, active and idle_us as numbers ({exc!r})") from None
     loops = []
     for (experts, n, k), by_active in sorted(by_shape.items()):
         if len(by_active) < 2:

@@ -87,7 +87,8 @@ def test_hostfit_adds_the_loops_with_a_note_and_bad_files_are_one_line(
     # refitting keeps one note, not two
     assert sum(n.startswith("grouped_fallback:") for n in with_fallback_loops(prof, measured).notes) == 1
     capsys.readouterr()
-    for text in ("{not json", "[]", json.dumps({"rows": _rows(8, 64, 64, 50.0, 16.0, (8,))}), "{}"):
+    broken = {"rows": [{"experts": 8, "n": 64, "active": 1, "idle_us": "fast"}]}
+    for text in ("{not json", "[]", json.dumps({"rows": _rows(8, 64, 64, 50.0, 16.0, (8,))}), "{}", json.dumps(broken)):
         measured.write_text(text)
         with pytest.raises(OpgraphError) as info:
             with_fallback_loops(prof, measured)
