@@ -262,61 +262,48 @@ def test_gpu_time_replicates_on_another_machine_and_hour() -> None:
     assert {c for c, m in target_misses(recomputed, label) if m == "gpu_err"} == set()
 
 
-AFTER_PASSES = RESULTS / "after-passes-0106"
-"""The 12 cases measured once more (one pass of 9 profiled runs, 2026-11-27 01:05 UTC) after the device
-profile's compute-bound points became the median of three passes: data the change never saw."""
+FRESH_RUNS = {
+    "after-passes-0106": (
+        "run after the three-pass profile",
+        12,
+        # the 12 cases once more (one pass, 2026-11-27 01:05 UTC) after the device profile's compute-bound
+        # points became the median of three passes; walls: a tiny launch 7.6-12.0 us (median 10.5), where
+        # the walls the host profile was fitted on ran at 6.4-7.0: 5 of 40 rounds quiet
+    ),
+    "fallback-check-0322": (
+        "fp16 MoE check run",
+        4,
+        # four fp16 MoE shapes (torch's C++ fallback of _grouped_mm) chosen and measured after the host
+        # profile gained the fallback's measured loop; walls (launch median 7.8 us) 10-17% under
+    ),
+    "after-fallback-0344": (
+        "run after the fallback loop",
+        12,
+        # the 12 cases once more (one pass, 03:44 UTC) after the fallback loop, rebatch's mask fixes and
+        # MLA's rope-key append; walls: launch median 10.7 us, some cases with 2 quiet rounds
+    ),
+    "t517": (
+        "transformers 5.17 held-out run",
+        12,
+        # measured with transformers 5.17 (the GPU image's release), predicted from 5.17 captures (skips
+        # under another release: 5.17's MoE experts code launches kernels a 5.24 capture lacks)
+    ),
+}
+"""Runs measured after the changes they check, never fitted (each folder's README): GPU time and per-op
+error meet the targets on every case; their walls met the GPU machine's host in its slow state and are
+not judged."""
 
 
-def test_gpu_time_measured_after_the_three_pass_profile_meets_the_target() -> None:
-    # Measured after the change, never fitted: GPU time within 5% on every case. Its walls met the GPU
-    # machine's host in its slow state (a tiny launch 7.6-12.0 us, median 10.5, where the walls the host
-    # profile was fitted on ran at 6.4-7.0), so only 5 of 40 rounds were quiet and the walls are not judged.
-    recomputed = reproduced(AFTER_PASSES, "run after the three-pass profile")
-    assert len(recomputed["cases"]) == 12
+@pytest.mark.parametrize("folder", sorted(FRESH_RUNS))
+def test_fresh_runs_meet_the_gpu_and_per_op_targets(folder: str) -> None:
+    what, cases = FRESH_RUNS[folder]
+    recomputed = reproduced(RESULTS / folder, what)
+    assert len(recomputed["cases"]) == cases
     label = recomputed["cli_default_cost_model"]
     assert {(c, m) for c, m in target_misses(recomputed, label) if m != "wall_err"} == set()
-
-
-FALLBACK_CHECK = RESULTS / "fallback-check-0322"
-"""Four fp16 MoE shapes (torch's C++ fallback of ``_grouped_mm``), chosen and measured after the host
-profile gained the fallback's measured loop (``heldout.py --cases check_...``, 2026-11-27 03:22 UTC)."""
-
-
-def test_fp16_moe_checks_measured_after_the_fallback_loop_meet_the_gpu_target() -> None:
-    # Never fitted: GPU time within 5% and per-op within 10% on each. The walls met the host slower than
-    # the walls the host profile was fitted on (a tiny launch 7.3-11.9 us, median 7.8, against 6.4-7.0):
-    # all four are under-predicted, -9.6% to -17.4% (README there), and are not judged.
-    recomputed = reproduced(FALLBACK_CHECK, "fp16 MoE check run")
-    assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.FALLBACK_CHECK_CASES}
-    label = recomputed["cli_default_cost_model"]
-    assert {(c, m) for c, m in target_misses(recomputed, label) if m != "wall_err"} == set()
-    assert all(c["settings"]["dtype"] == "fp16" for c in recomputed["cases"])
-
-
-AFTER_FALLBACK = RESULTS / "after-fallback-0344"
-"""The 12 cases measured once more (one pass, 2026-11-27 03:44 UTC) after the host profile's fallback loop,
-rebatch's mask fixes and MLA's rope-key append: data no change saw; walls in the host's slow state."""
-
-
-def test_gpu_time_measured_after_the_fallback_loop_meets_the_target() -> None:
-    recomputed = reproduced(AFTER_FALLBACK, "run after the fallback loop")
-    assert len(recomputed["cases"]) == 12
-    label = recomputed["cli_default_cost_model"]
-    assert {(c, m) for c, m in target_misses(recomputed, label) if m != "wall_err"} == set()
-
-
-T517 = RESULTS / "t517"
-"""The 12 held-out cases measured with transformers 5.17 (the GPU image's release; one sequential pass of 25
-runs per case, its walls in the host's slow state), predicted from captures made with 5.17."""
-
-
-def test_transformers_517_runs_meet_the_gpu_target_when_captured_with_517() -> None:
-    # Skips unless this environment has transformers 5.17: its MoE experts code launches kernels a 5.24
-    # capture does not contain. GPU time and per-op error within the targets on every case.
-    recomputed = reproduced(T517, "transformers 5.17 held-out run")
-    assert len(recomputed["cases"]) == 12
-    label = recomputed["cli_default_cost_model"]
-    assert {(c, m) for c, m in target_misses(recomputed, label) if m != "wall_err"} == set()
+    if folder == "fallback-check-0322":
+        assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.FALLBACK_CHECK_CASES}
+        assert all(c["settings"]["dtype"] == "fp16" for c in recomputed["cases"])
 
 
 DEPTH = RESULTS / "depth-2003"
