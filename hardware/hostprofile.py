@@ -171,8 +171,8 @@ class HostProfile(FrozenModel):
 
     format: Literal["opgraph.host_profile"] = "opgraph.host_profile"
     """Marks the file as a host profile."""
-    schema_version: int = HOST_PROFILE_SCHEMA_VERSION
-    """Format version (:data:`HOST_PROFILE_SCHEMA_VERSION`)."""
+    schema_version: Literal[1, 2] = 2
+    """Format version (:data:`HOST_PROFILE_SCHEMA_VERSION`; 1, without :attr:`grouped_fallback`, still reads)."""
     host: HostInfo
     """Provenance: the CPU and software."""
     issue_us: NonNegFloat | None = None
@@ -409,7 +409,6 @@ HOST_PROFILE_FILE = FileKind(
     HOST_PROFILE_SCHEMA_VERSION,
     "python -m hardware.hostfit",
     "rebuild it with `python -m hardware.hostfit`",
-    older=(1,),
 )
 """How a host profile file is checked and read."""
 

@@ -14,6 +14,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from opgraph.ir import LoadError, SchemaVersionError, read_json_bytes
+from opgraph.ir.io import schema_versions
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -32,11 +33,10 @@ class FileKind:
     """The command that writes one (``opgraph profile``), for hints."""
     remake: str
     """The hint for an older or unreadable file."""
-    older: tuple[int, ...] = ()
-    """Older versions this opgraph still reads (what came since are fields with defaults)."""
 
-    def check(self, raw: dict[str, object], where: str) -> None:
-        """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is of this kind and version."""
+    def check(self, raw: dict[str, object], where: str, readable: tuple[int, ...] = ()) -> None:
+        """Raise a one-line :class:`~opgraph.ir.LoadError` unless ``raw`` is of this kind and of a version
+        in ``readable`` (default: :attr:`version` alone)."""
         if raw.get("format") != self.format:
             raise LoadError(
                 f"not a {self.noun} (format is {raw.get('format')!r}, expected {self.format!r})",
@@ -44,7 +44,7 @@ class FileKind:
                 hint=f"give a file written by `{self.made_by}`",
             )
         version = raw.get("schema_version")
-        if version != self.version and (version not in self.older or isinstance(version, bool)):
+        if isinstance(version, bool) or version not in (readable or (self.version,)):
             if not isinstance(version, int) or isinstance(version, bool):
                 raise LoadError(f"{self.noun} with a bad schema_version {version!r}", where=where)
             newer = version > self.version
@@ -56,7 +56,8 @@ class FileKind:
             )
 
     def load(self, path: str | Path, cls: type[M], *, unreadable_hint: str | None = None) -> M:
-        """Read and validate a file of this kind as ``cls``; every failure is one line naming the file."""
+        """Read and validate a file of this kind as ``cls`` (the versions its ``schema_version: Literal[...]``
+        names, :func:`opgraph.ir.io.schema_versions`); every failure is one line naming the file."""
         where = str(path)
         data = read_json_bytes(path)
         try:
@@ -71,7 +72,7 @@ class FileKind:
             raise LoadError("not valid JSON: the file is binary, not UTF-8 text", where=where) from None
         if not isinstance(raw, dict):
             raise LoadError(f"expected a JSON object for a {self.noun}, got {type(raw).__name__}", where=where)
-        self.check(raw, where)
+        self.check(raw, where, schema_versions(cls))
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:

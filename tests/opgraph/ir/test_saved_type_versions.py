@@ -175,29 +175,45 @@ def test_every_type_the_schema_command_lists_has_a_version() -> None:
         assert cls.reads_unversioned == (name in UNVERSIONED_READ), name
 
 
-# ---------------------------------------------------------------- hardware specs: TOML or JSON, often by hand
+# ---------------------------------------------------------------- TOML written by hand: hardware specs, scenarios
 TOML = 'name = "mine"\nmemory_bytes = "16 GiB"\nmemory_bandwidth = "500 GB/s"\n'
+SCENARIO = '[[phases]]\ngraph = "g.json"\n'
+HAND_WRITTEN: dict[str, tuple[str, str, Callable[[Path], BaseModel]]] = {
+    "hardware spec": ("mine.toml", TOML, load_hardware_file),
+    "scenario": ("s.scenario.toml", SCENARIO, load_scenario),
+}
+"""Kinds users write by hand: (file name, a minimal text, the loader)."""
 
 
-def test_a_hardware_spec_file_needs_no_version(tmp_path: Path) -> None:
-    path = tmp_path / "mine.toml"
-    path.write_text(TOML)
-    plain = load_hardware_file(path)
-    assert plain.schema_version == 1
-    path.write_text("schema_version = 1\n" + TOML)
-    assert load_hardware_file(path) == plain
+@pytest.mark.parametrize("kind", sorted(HAND_WRITTEN))
+def test_a_hand_written_file_needs_no_version(tmp_path: Path, kind: str) -> None:
+    name, text, load = HAND_WRITTEN[kind]
+    path = tmp_path / name
+    path.write_text(text)
+    plain = load(path)
+    assert getattr(plain, "schema_version") == 1  # noqa: B009
+    path.write_text("schema_version = 1\n" + text)
+    assert load(path) == plain
+
+
+@pytest.mark.parametrize("kind", sorted(HAND_WRITTEN))
+def test_a_newer_hand_written_file_is_one_line(tmp_path: Path, kind: str) -> None:
+    name, text, load = HAND_WRITTEN[kind]
+    path = tmp_path / name
+    path.write_text("schema_version = 2\n" + text)
+    with pytest.raises(SchemaVersionError) as info:
+        load(path)
+    assert "schema_version 2 is newer than this opgraph's 1 (upgrade opgraph" in _one_line(info.value, path)
+
+
+def test_a_hardware_spec_reads_back_as_json_and_a_derived_one_is_checked_first(tmp_path: Path) -> None:
+    toml = tmp_path / "mine.toml"
+    toml.write_text(TOML)
+    plain = load_hardware_file(toml)
     as_json = tmp_path / "mine.json"
     as_json.write_text(plain.model_dump_json())  # what `opgraph hardware show --json` prints, read back
     assert json.loads(as_json.read_text())["schema_version"] == 1
     assert load_hardware_file(as_json) == plain
-
-
-def test_a_newer_hardware_spec_is_one_line(tmp_path: Path) -> None:
-    path = tmp_path / "mine.toml"
-    path.write_text("schema_version = 2\n" + TOML)
-    with pytest.raises(SchemaVersionError) as info:
-        load_hardware_file(path)
-    assert "schema_version 2 is newer than this opgraph's 1 (upgrade opgraph" in _one_line(info.value, path)
     derived = tmp_path / "derived.toml"
     derived.write_text('base = "h100"\nschema_version = 3\n')  # refused before the catalog entry is merged in
     with pytest.raises(SchemaVersionError, match="schema_version 3 is newer"):
@@ -279,27 +295,6 @@ def test_calibrate_refuses_newer_replay_results_in_one_line(tmp_path: Path) -> N
     res = cli_runner().invoke(app, ["calibrate", str(path), "-H", "cpu", "-o", str(tmp_path / "cal.json")])
     line = one_error_line(res)
     assert f"{path}: line 1: schema_version 2 is newer" in line and "upgrade opgraph" in line
-
-
-# ---------------------------------------------------------------- scenarios: TOML written by hand
-SCENARIO = '[[phases]]\ngraph = "g.json"\n'
-
-
-def test_a_scenario_needs_no_version(tmp_path: Path) -> None:
-    path = tmp_path / "s.scenario.toml"
-    path.write_text(SCENARIO)
-    plain = load_scenario(path)
-    assert plain.schema_version == 1
-    path.write_text("schema_version = 1\n" + SCENARIO)
-    assert load_scenario(path) == plain
-
-
-def test_a_newer_scenario_is_one_line(tmp_path: Path) -> None:
-    path = tmp_path / "s.scenario.toml"
-    path.write_text("schema_version = 2\n" + SCENARIO)
-    with pytest.raises(SchemaVersionError) as info:
-        load_scenario(path)
-    assert "schema_version 2 is newer than this opgraph's 1 (upgrade opgraph" in _one_line(info.value, path)
 
 
 def test_a_newer_scenario_summary_is_not_taken_for_one() -> None:
