@@ -61,6 +61,10 @@ MEASURED_HOST = "measured_host"
 """Label of the column whose graphs carry the framework time measured on the GPU machine's CPU."""
 HOST_GRAPHS = "host_graphs.tar.gz"
 """The held-out cases captured with --host-timing on the GPU machine (benchmarks/gpu/host_profile.sh)."""
+ROUTING_GRAPHS = "routing_graphs.tar.gz"
+"""The MoE cases captured on the CPU with the measured model's own weights (``benchmarks/heldout_routing.py``)."""
+BALANCED = "balanced_routing"
+"""Label of the column that predicts a case with routing graph from its meta capture (balanced routing)."""
 GPU_TARGET, WALL_TARGET, MEDIAN_OP_TARGET = 0.05, 0.10, 0.10
 """The issue's targets, for the report's summary (the test keeps its own copy and recomputes)."""
 FULL_SHARE = 0.995
@@ -191,20 +195,61 @@ def host_model(hw: Any, host_profile: str | None) -> dict[str, Any]:
     }
 
 
-def load_host_graphs(path: Path | None, tmp: Path) -> dict[str, Any]:
-    """Case name -> graph captured with --host-timing on the GPU machine (``heldout/CASE.json.gz``)."""
+def load_graphs(path: Path | None, tmp: Path, member: str) -> dict[str, Any]:
+    """Case name -> graph of the archive or folder ``path`` (``MEMBER/CASE.json.gz``): the cases captured
+    with --host-timing on the GPU machine (``heldout``), or on the CPU with the measured weights (``routing``)."""
     if path is None or not path.exists():
         return {}
     from opgraph.ir import load_graph
 
     folder = path
     if path.is_file():
-        folder = tmp / "host_graphs"
+        folder = tmp / f"graphs_{member}"  # apart from the data, which holds a heldout/ folder too
         with tarfile.open(path) as tar:
             tar.extractall(folder, filter="data")
     return {
-        f.name.split(".json")[0]: load_graph(f) for f in sorted(folder.rglob("*.json.gz")) if f.parent.name == "heldout"
+        f.name.split(".json")[0]: load_graph(f) for f in sorted(folder.rglob("*.json.gz")) if f.parent.name == member
     }
+
+
+def fallback_products(graph: Any) -> list[int]:
+    """Expert products of torch's ``_grouped_mm`` fallback (fp16 MoE: one ``mm`` per expert that got rows)
+    in each layer of ``graph`` that has some, in layer order: a forward calls each layer's experts once."""
+    from opgraph.ir import ExpertsImpl, HostIssue
+
+    layers: dict[int, int] = {}
+    for op in graph.ops:
+        expert = getattr(op, "expert", None)
+        if expert is not None and expert.impl is ExpertsImpl.GROUPED_MM and op.issue is not HostIssue.CALL:
+            layers[op.layer] = layers.get(op.layer, 0) + 1
+    return [layers[k] for k in sorted(layers)]
+
+
+def traced_products(trace_path: Path) -> list[int]:
+    """``mm`` calls that launched a kernel inside each experts module call of a held-out trace (its module
+    ranges), in order: the products torch's fallback ran for the two ``_grouped_mm`` calls of the module."""
+    import bisect
+    import gzip
+
+    with gzip.open(trace_path, "rt") as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    calls = sorted(
+        (e for e in events if e["name"].startswith("heldout_mod:") and e["name"].endswith(".experts")),
+        key=lambda e: e["ts"],
+    )
+    launches = sorted(
+        e["ts"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "aunch" in e["name"]
+    )
+    mms = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::mm"]
+    counts = []
+    for call in calls:
+        n = 0
+        for mm in mms:
+            if call["ts"] <= mm["ts"] <= call["ts"] + call["dur"]:
+                i = bisect.bisect_left(launches, mm["ts"])
+                n += i < len(launches) and launches[i] <= mm["ts"] + mm["dur"]
+        counts.append(n)
+    return counts
 
 
 def _rel(pred: float | None, ref: float) -> float | None:
@@ -221,12 +266,16 @@ def evaluate_case(
     host_profile: str | None = None,
     host_graph: Any = None,
     default: str = "",
+    routing_graph: Any = None,
 ) -> dict[str, Any]:
     """One row: the measured numbers, the per-op attribution and every cost model's errors (with
     ``host_timing``, the graph carries the framework time between ops measured on this machine's CPU,
     as ``opgraph capture --host-timing`` does: not reproducible from the committed data alone). With
     ``host_graph`` (the case captured with --host-timing on the GPU machine), one more prediction
-    (:data:`MEASURED_HOST`) by the ``default`` cost model on the graph carrying its measured gaps."""
+    (:data:`MEASURED_HOST`) by the ``default`` cost model on the graph carrying its measured gaps. With
+    ``routing_graph`` (the case captured on the CPU with the measured weights: its routing), that graph is
+    the one every cost model predicts, and the ``default`` model on the meta graph (balanced routing) is
+    one more column (:data:`BALANCED`)."""
     from opgraph.capture.api import CaptureOptions, add_host_timing, record
     from opgraph.compare import compare_timelines
     from opgraph.compare.loading import load_any_timeline
@@ -242,7 +291,8 @@ def evaluate_case(
         host_timing=host_timing,
     )
     rec = record(str(folder / case["config_file"]), opts)
-    graph = add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
+    meta_graph = add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
+    graph = meta_graph if routing_graph is None else routing_graph
     trace = load_any_timeline(folder / case["trace_file"])
     gpu_ref, wall_ref = case["gpu_us"]["median"], case["wall_us"]["median"]
     row: dict[str, Any] = {
@@ -263,8 +313,17 @@ def evaluate_case(
         "attribution": {},
         "predicted": {},
         "fake_device": bool(case.get("fake_device")),
+        "graph": "meta capture (MoE routing balanced)"
+        if routing_graph is None
+        else f"CPU capture of the measured weights (seed {case['weights']['seed']}): the model's own routing",
     }
     runs: list[tuple[str, Any, Any]] = [(label, graph, models[label]) for label in models]
+    if routing_graph is not None and default in models:
+        runs.append((BALANCED, meta_graph, models[default]))
+        products = fallback_products(routing_graph)
+        if products:  # the fallback's products show the routing in the trace: the CPU's must be the GPU's
+            row["routing_check"] = {"cpu_products": products, "traced_products": traced_products(
+                folder / case["trace_file"])}  # fmt: skip
     if host_graph is not None and default in models:
         from opgraph.capture.hosttime import carry_host_gaps
 
@@ -288,7 +347,7 @@ def evaluate_case(
         gpu_p = sum(sp.dur_us for sp in tl.device_spans())
         wall_p = tl.wall_us if tl.wall_us is not None else tl.makespan_us
         # the per-op errors are what `opgraph compare PREDICTED TRACE --graph GRAPH` gives
-        cmp = compare_timelines(tl, trace, graph=graph)
+        cmp = compare_timelines(tl, trace, graph=g_run)
         if not row["attribution"]:
             row["attribution"] = attribution_of(cmp)
         c = cmp if cmp.level == "op" else None
@@ -335,16 +394,18 @@ def build_report(
     host_timing: bool = False,
     host_profile: str | None = None,
     host_graphs: Path | None = None,
+    routing_graphs: Path | None = None,
 ) -> dict[str, Any]:
-    """The held-out table as a dict (see :func:`render_markdown`). ``host_graphs`` defaults to
-    :data:`HOST_GRAPHS` beside ``data``, when there is one."""
+    """The held-out table as a dict (see :func:`render_markdown`). ``host_graphs`` and ``routing_graphs``
+    default to :data:`HOST_GRAPHS` and :data:`ROUTING_GRAPHS` beside ``data``, when there are."""
     from hardware import load_hardware
 
-    if host_graphs is None:
-        host_graphs = data.parent / HOST_GRAPHS
+    host_graphs = host_graphs or data.parent / HOST_GRAPHS
+    routing_graphs = routing_graphs or data.parent / ROUTING_GRAPHS
     with tempfile.TemporaryDirectory() as tmp:
         folder = open_data(data, Path(tmp))
-        timed = {} if host_timing else load_host_graphs(host_graphs, Path(tmp))
+        timed = {} if host_timing else load_graphs(host_graphs, Path(tmp), "heldout")
+        routed = load_graphs(routing_graphs, Path(tmp), "routing")
         summary, cases = load_cases(folder)
         hw = load_hardware(hardware)
         default = cli_default_cost_model(hw)
@@ -358,13 +419,24 @@ def build_report(
         notes: list[str] = []
         host = host_model(hw, host_profile)
         rows = [
-            evaluate_case(folder, c, hw, models, notes, host_timing, host_profile, timed.get(c["case"]), default)
+            evaluate_case(
+                folder,
+                c,
+                hw,
+                models,
+                notes,
+                host_timing,
+                host_profile,
+                timed.get(c["case"]),
+                default,
+                routed.get(c["case"]),
+            )
             for c in cases
         ]
     version_note = library_mismatch(summary.get("transformers"))
     notes = list(dict.fromkeys([*([version_note] if version_note else []), *notes]))
     within: dict[str, dict[str, int]] = {}
-    extra = [MEASURED_HOST] if any(MEASURED_HOST in r["predicted"] for r in rows) else []
+    extra = [x for x in (MEASURED_HOST, BALANCED) if any(x in r["predicted"] for r in rows)]
     for label in list(models):  # a model that could cost no case is no column
         errors = [r["predicted"][label]["error"] for r in rows if "error" in r["predicted"].get(label, {})]
         if rows and len(errors) == len(rows):
@@ -382,7 +454,8 @@ def build_report(
         }
     pass_times = ", ".join(str(x.get("started_utc", "?")) for x in summary.get("passes", []))
     return {
-        "what": "held-out accuracy (issue 18): predicted on the CPU from meta captures, measured on the device",
+        "what": "held-out accuracy (issue 18): predicted on the CPU from meta captures, measured on the device"
+        + ("; MoE cases from CPU captures of the measured weights (their own routing)" if routed else ""),
         "hardware": hw.name,
         "measured_on": summary.get("gpu", {}),
         "versions": {k: summary.get(k) for k in ("torch", "cuda", "transformers", "date")},
@@ -393,7 +466,14 @@ def build_report(
             f"{default} on graphs captured with --host-timing on the GPU machine ({HOST_GRAPHS}): the framework "
             "time measured for each case itself, not predicted"
         )
-        if extra
+        if MEASURED_HOST in extra
+        else None,
+        "routing": (
+            f"MoE cases predicted from `opgraph capture CONFIG --device cpu --seed S` ({ROUTING_GRAPHS}): the "
+            "measured model's weights (drawn on the CPU with seed S, then moved to the GPU) and so its own "
+            f"routing, computed without a GPU; `{BALANCED}`: {default} on the meta capture (balanced routing)"
+        )
+        if BALANCED in extra
         else None,
         "skipped_cost_models": skipped,
         "simulation": "1 engine, stream policy, eager host (opgraph simulate -H HW -e 1 --policy stream)"
@@ -458,7 +538,13 @@ def _shape(s: dict[str, Any]) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     """The report as Markdown: one table of measured numbers and errors per cost model."""
     measured_host = bool(report.get("measured_host"))
-    labels = [*report["cost_models"], *([MEASURED_HOST] if measured_host else []), "runtime_estimator"]
+    balanced = bool(report.get("routing"))
+    labels = [
+        *report["cost_models"],
+        *([MEASURED_HOST] if measured_host else []),
+        *([BALANCED] if balanced else []),
+        "runtime_estimator",
+    ]
     default = report["cli_default_cost_model"]
     head = ["case", "shape", "GPU ms (spread)", "wall ms (min-max)", "per-op coverage"]
     for label in labels:
@@ -467,6 +553,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             head.append("RuntimeEstimator GPU err")
         elif label == MEASURED_HOST:
             head.append(f"{default} wall err, GPU host's --host-timing")
+        elif label == BALANCED:
+            head += [f"{default} on meta (balanced) GPU err", "wall err", "median op err"]
         else:
             head += [f"{label}{mark} GPU err", f"{label} wall err", f"{label} median op err"]
     lines = [
@@ -487,7 +575,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{100 * GPU_TARGET:g}% on {c['gpu']}/{n} cases, wall within {100 * WALL_TARGET:g}% on {c['wall']}/{n}, "
         f"median per-op error within {100 * MEDIAN_OP_TARGET:g}% on {c['per_op']}/{n} (n/a on {c['per_op_na']})"
         for label, c in report.get("within_targets", {}).items()
-        if label != MEASURED_HOST
+        if label not in (MEASURED_HOST, BALANCED)
     ]
     timed = report.get("within_targets", {}).get(MEASURED_HOST)
     if timed is not None:
@@ -496,6 +584,14 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"- `{MEASURED_HOST}` ({default} with each case's own --host-timing on the GPU host): wall within "
             f"{100 * WALL_TARGET:g}% on {timed['wall']}/{k} cases with such a graph"
         )
+    routed = report.get("within_targets", {}).get(BALANCED)
+    if routed is not None:
+        k = sum(BALANCED in r["predicted"] for r in report["cases"])
+        within.append(
+            f"- `{BALANCED}` ({default} on the meta capture of the {k} cases with a CPU routing graph): GPU time "
+            f"within {100 * GPU_TARGET:g}% on {routed['gpu']}/{k}, wall within {100 * WALL_TARGET:g}% on "
+            f"{routed['wall']}/{k}"
+        )
     host = report.get("host_model") or {}
     host_lines = []
     if host.get("cpu"):
@@ -503,7 +599,8 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"Host model: {host['source']}, fitted on {host['cpu']} ({host.get('date', '')}) from "
             f"{len(host.get('training', []))} host-timed captures of other shapes; issue time per aten call "
             f"{host.get('issue_us')} us. "
-            + (f"`{MEASURED_HOST}`: {report['measured_host']}." if measured_host else ""),
+            + (f"`{MEASURED_HOST}`: {report['measured_host']}." if measured_host else "")
+            + (f" Routing: {report['routing']}." if balanced else ""),
             "",
         ]
     if within:

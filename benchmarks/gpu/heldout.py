@@ -8,7 +8,9 @@ Each case is an unmodified Hugging Face model (eager modules, SDPA attention, ra
 blocks with their own routing: opgraph's balanced-router patch is *not* installed) built from one
 of opgraph's preset configs cut to a few layers. Per case:
 
-1. build the model on the device (seeded random weights), two warm-up runs;
+1. build the model on the device (seeded random weights; with ``--weights-on cpu`` drawn on the CPU and
+   moved, so that ``opgraph capture CONFIG --device cpu --seed 0`` builds the same weights and routes
+   its MoE tokens as the measured model does: ``benchmarks/heldout_routing.py``), two warm-up runs;
 2. ``--runs`` (>= 9) plain runs, each CUDA-synchronised before and after: the wall time per run
    (median and spread are reported);
 3. the same number of runs under ``torch.profiler`` (CPU + CUDA), each run one profiler range:
@@ -224,20 +226,28 @@ def case_config(case: dict[str, Any], tiny: bool) -> dict[str, Any]:
     return raw
 
 
-def build_model(raw: dict[str, Any], dtype: str, device: str) -> tuple[Any, Any]:
-    """The unmodified HF causal LM (eager modules, SDPA) with seeded random weights on ``device``."""
+WEIGHT_SEED = 0
+"""Seed of every case's random weights (``torch.manual_seed`` just before the model is built)."""
+
+
+def build_model(raw: dict[str, Any], dtype: str, device: str, weights_on: str | None = None) -> tuple[Any, Any]:
+    """The unmodified HF causal LM (eager modules, SDPA) with seeded random weights, on ``device``.
+
+    The weights are drawn on ``weights_on`` (default: ``device``). Drawn on the CPU (``--weights-on
+    cpu``) they are those ``opgraph capture CONFIG --device cpu --seed 0`` builds, so a CPU capture
+    reproduces the routing of the model the GPU runs (a GPU's random draws differ from the CPU's)."""
     import torch
     import transformers
 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     kwargs = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
     config = transformers.AutoConfig.for_model(raw["model_type"], **kwargs)
-    torch.manual_seed(0)
-    with torch.device(device):
+    torch.manual_seed(WEIGHT_SEED)
+    with torch.device(weights_on or device):
         model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
             config, dtype=getattr(torch, DTYPES[dtype]), attn_implementation="sdpa"
         )
-    model.eval()
+    model.to(device).eval()
     return model, config
 
 
@@ -649,7 +659,7 @@ def round_robin_walls(
             (out / f"{case['case']}.config.json").write_text(json.dumps(raw, indent=1))
             t0 = time.perf_counter()
             try:
-                model, config = build_model(raw, case["dtype"], device)
+                model, config = build_model(raw, case["dtype"], device, args.weights_on)
                 phase = Phase(model, config, case, device)
                 for _ in range(2):
                     phase.run(phase.fresh())
@@ -708,7 +718,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
     raw = case_config(case, args.tiny)
     cfg_path = out / f"{name}.config.json"
     cfg_path.write_text(json.dumps(raw, indent=1))
-    model, config = build_model(raw, case["dtype"], device)
+    model, config = build_model(raw, case["dtype"], device, args.weights_on)
     params = sum(p.numel() for p in model.parameters())
     phase = Phase(model, config, case, device)
     settled = settle(phase, args.settle_s, device) if args.settle_s > 0 else None
@@ -757,6 +767,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
         "fake_device": device != "cuda",
         "attention": "sdpa (HF eager modules)",
         "moe_routing": "the model's own router (unmodified)",
+        "weights": {"seed": WEIGHT_SEED, "drawn_on": args.weights_on or device},
         "experts_implementation": str(getattr(config, "_experts_implementation", None)),
         "runs": args.runs,
         "wall_us": stats(walls),
@@ -813,6 +824,13 @@ def main() -> int:
         "warm-ups only)",
     )
     ap.add_argument("--free-gib", type=float, default=6.0, help="with --round-robin: device memory to keep free")
+    ap.add_argument(
+        "--weights-on",
+        choices=("cpu",),
+        default=None,
+        help="draw the seeded random weights on the CPU, then move them to --device: a CPU capture with the same "
+        "seed (opgraph capture --device cpu --seed 0) then routes as the measured model does",
+    )
     args = ap.parse_args()
     t_start = time.perf_counter()
     if args.runs < 9 and not args.tiny:

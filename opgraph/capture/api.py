@@ -199,6 +199,8 @@ def _build(config: Any, opts: CaptureOptions, name: str) -> tuple[Any, str]:
     try:
         for attempt in (impl, "eager"):
             try:
+                if opts.device != "meta":
+                    torch.manual_seed(opts.seed)  # reproducible weights (and routing) for a given seed
                 with torch.device(opts.device):
                     model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
                         config,
@@ -310,6 +312,7 @@ def _metadata_args(prepared: PreparedModel, opts: CaptureOptions) -> dict[str, A
         new_tokens=opts.new_tokens if opts.phase == "generate" else None,
         layers=opts.layers,
         moe_skew=opts.moe_skew,
+        seed=opts.seed if opts.device != "meta" and prepared.source is not None else None,
     )
     return {
         "hints": prepared.hints,
@@ -337,6 +340,7 @@ def capture(
     moe_skew: float | None = None,
     trust_remote_code: bool = False,
     host_timing: bool = False,
+    seed: int = 0,
 ) -> OpGraph:
     """Capture a causal LM into a typed op graph.
 
@@ -345,7 +349,8 @@ def capture(
     as well, use :func:`opgraph.capture.profile_capture`. ``host_timing`` also measures the host
     time the framework spends before each op on this machine (``OpBase.host_gap_us``, see
     :mod:`opgraph.capture.hosttime`). A ``moe_skew`` above 0 on a model without MoE experts is a
-    :class:`CaptureError`, not ignored.
+    :class:`CaptureError`, not ignored. On a real device the random weights are seeded with ``seed``
+    (the same seed gives the same weights and MoE routing); a given ``nn.Module`` keeps its own.
 
     >>> g = capture("llama-3.2-1b", seq_len=16, layers=1)  # doctest: +SKIP
     >>> g.summary()["by_kind"]["gemm"]["ops"]  # doctest: +SKIP
@@ -365,6 +370,7 @@ def capture(
             "moe_skew": moe_skew,
             "trust_remote_code": trust_remote_code,
             "host_timing": host_timing,
+            "seed": seed,
         }
     )
     if opts.phase == "generate" and not opts.host_timing and opts.new_tokens >= MIN_PLANNED_STEPS:

@@ -9,8 +9,10 @@ the inverse permutation and a ``sum`` over the top-k. :func:`install` keeps that
 
 - on a real device (cpu, cuda) without ``moe_skew``, the module runs **unmodified**; the routing
   indices it was given are kept and, after the run, become the observed tokens per expert of each call
-  (:func:`resolve_plan`). On a GPU, a ``_grouped_mm`` of a dtype without a grouped kernel is recorded as
-  torch's fallback runs it (one ``mm`` per expert at its observed rows; same values);
+  (:func:`resolve_plan`). A ``_grouped_mm`` of a dtype without a GPU grouped kernel is recorded as
+  torch's fallback runs it (one ``mm`` per expert at its observed rows; same values), on a GPU and on
+  the CPU (which runs that fallback itself): with ``--seed``, a CPU capture holds the routing of the
+  model a GPU run of the same seeded weights routes;
 - with ``moe_skew`` (``0``: balanced), or on ``meta`` (where routing cannot be computed; balanced by
   default), the routing indices are replaced by indices that realise the modelled loads
   (:func:`expert_counts`) and the module's own forward runs with them. On ``meta``, a ``_grouped_mm``
@@ -31,9 +33,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-FALLBACK_DEVICES: tuple[str, ...] = ("cuda",)
-"""Device types whose ``_grouped_mm`` runs torch's per-expert fallback for dtypes without a grouped kernel
-(:func:`runs_per_expert`); ``meta`` models a GPU."""
+FALLBACK_DEVICES: tuple[str, ...] = ("cuda", "cpu")
+"""Real device types whose ``_grouped_mm`` runs torch's per-expert fallback for dtypes without a GPU
+grouped kernel (:func:`runs_per_expert`), recorded as the products it launches. A CUDA device does; the
+CPU runs that fallback for every dtype, so a CPU capture (the model's real routing without a GPU)
+records an fp16 call as a GPU runs it too, and a bf16 call as the GPU's one grouped kernel; ``meta``
+models a GPU."""
 PLAN_ATTR = "_opgraph_plan"
 """Attribute an experts module sets during its forward; the recorder keeps it on the module call."""
 
@@ -232,8 +237,8 @@ def runs_per_expert(module: Any, dtype: Any) -> bool:
 @contextlib.contextmanager
 def _grouped_mm_as_device_runs(module: Any, dtype: Any, loads: list[int]) -> Iterator[None]:
     """Swap transformers' ``_grouped_mm`` for the per-expert fallback a GPU runs when
-    :func:`runs_per_expert` (on ``meta``, and for observed routing on a GPU); otherwise the module runs
-    as written."""
+    :func:`runs_per_expert` (on ``meta``, and for observed routing on a :data:`FALLBACK_DEVICES` device);
+    otherwise the module runs as written."""
     try:
         from transformers.integrations import moe as hf_moe
     except ImportError:  # pragma: no cover - transformers without experts implementations
@@ -291,9 +296,10 @@ def routed_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_
 def observed_experts_forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
     """The module's own forward, unmodified; the routing indices are kept for :func:`resolve_plan`.
 
-    On a GPU, a ``_grouped_mm`` of a dtype without a grouped kernel runs as torch's fallback does (one
-    ``mm`` per expert at its observed rows, :func:`_grouped_mm_as_device_runs`), so the graph holds the
-    products the device launches rather than one grouped kernel it never runs; the values are the same."""
+    On a GPU or the CPU, a ``_grouped_mm`` of a dtype without a GPU grouped kernel runs as torch's
+    fallback does (one ``mm`` per expert at its observed rows, :func:`_grouped_mm_as_device_runs`), so the
+    graph holds the products a GPU launches rather than one grouped kernel it never runs; the values are
+    the same."""
     setattr(self, PLAN_ATTR, _Observed(top_k_index, int(self.num_experts), _impl(self)))
     weight = _up_weight(self)
     if hidden_states.device.type not in FALLBACK_DEVICES or not runs_per_expert(self, weight.dtype):

@@ -90,7 +90,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "attn_impl": get_args(AttnImpl),
     "device": DEVICE_CHOICES,
 }
-_RANGES = {"moe_skew": "must be between 0 (balanced) and 8"}
+_RANGES = {"moe_skew": "must be between 0 (balanced) and 8", "seed": "must be 0 or more"}
 
 
 def _option_error(exc: ValidationError) -> CaptureError:
@@ -133,6 +133,9 @@ class CaptureOptions(BaseModel):
     """``meta``, ``cpu``, ``cuda`` or ``cuda:N`` (:func:`parse_device`); :meth:`validate` checks it is here."""
     moe_skew: Annotated[float, Field(ge=0, le=8)] | None = None
     """Zipf exponent of modelled expert loads (``None``: balanced)."""
+    seed: Annotated[int, Field(ge=0)] = 0
+    """Seed of the random weights on a real device (``torch.manual_seed`` just before the model is built
+    on it): the same seed, config and dtype give the same weights, hence the same MoE routing."""
     trust_remote_code: bool = False
     host_timing: bool = False
     """Also measure the framework's host time before each op (:mod:`opgraph.capture.hosttime`)."""

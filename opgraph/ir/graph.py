@@ -113,6 +113,8 @@ class CaptureSettings(BaseModel):
     """Layers kept when the capture was cut to fewer than the model has."""
     moe_skew: Annotated[float, Field(ge=0)] | None = None
     """Zipf exponent of the modelled expert loads (absent: balanced)."""
+    seed: Annotated[int, Field(ge=0)] | None = None
+    """Seed of the random weights a model built on a real device got (absent: meta, or a given module)."""
     host_timing: HostTimingSummary | None = None
     """Framework host time between ops, when capture measured it."""
     tp: PosInt | None = None

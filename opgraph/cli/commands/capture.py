@@ -36,7 +36,7 @@ _PHASE_SIZES: dict[str, tuple[str, tuple[str, ...], str]] = {
 """Size options that only some phases read: giving one to another phase is an error, not ignored."""
 
 
-def _check_phase_options(ctx: typer.Context, phase: str, profile: bool) -> None:
+def _check_phase_options(ctx: typer.Context, phase: str, profile: bool, device: str) -> None:
     """Refuse options given on the command line that this capture would ignore (one-line errors)."""
     from opgraph.ir.errors import OpgraphError
 
@@ -54,6 +54,12 @@ def _check_phase_options(ctx: typer.Context, phase: str, profile: bool) -> None:
     for name, flag in (("timeline", "--timeline"), ("trace", "--trace"), ("wall_repeats", "--wall-repeats")):
         if not profile and given(name):
             raise OpgraphError("only applies with --profile", where=flag, hint="add --profile, or leave it out")
+    if device == "meta" and given("seed"):
+        raise OpgraphError(
+            "only applies to a model built on cpu or cuda (meta has no weights)",
+            where="--seed",
+            hint="add --device cpu for the routing of seeded weights, or leave it out",
+        )
 
 
 @command("capture")
@@ -79,6 +85,9 @@ def capture(
     attn_impl: str = typer.Option("sdpa", help="Attention implementation: sdpa or eager."),
     device: str = typer.Option("meta", help="meta (no weights), cpu, cuda or cuda:N (random weights)."),
     moe_skew: float = typer.Option(None, help="Zipf exponent of MoE expert loads (0 or unset: balanced)."),
+    seed: int = typer.Option(
+        0, help="Seed of the random weights on cpu/cuda: the same seed gives the same weights and MoE routing."
+    ),
     trust_remote_code: bool = typer.Option(False, help="Allow a local model's own modelling code."),
     host_timing: bool = typer.Option(
         False, help="Also time the framework's host work before each op on this machine (for eager wall time)."
@@ -109,7 +118,7 @@ def capture(
     check_output_path(timeline, "--timeline")
     check_output_path(trace, "--trace")
     check_distinct_outputs([(output, "-o/--output"), (timeline, "--timeline"), (trace, "--trace")])
-    _check_phase_options(ctx, phase, profile)
+    _check_phase_options(ctx, phase, profile, device)
     if wall_repeats < 1:
         raise OpgraphError(f"{wall_repeats} is out of range", where="--wall-repeats", hint="give 1 or more")
     opts: dict[str, Any] = dict(
@@ -125,6 +134,7 @@ def capture(
         moe_skew=moe_skew,
         trust_remote_code=trust_remote_code,
         host_timing=host_timing,
+        seed=seed,
     )
     from opgraph.capture.api import CaptureOptions
 

@@ -201,6 +201,7 @@ def test_free_events_skip_events_claimed_before_or_during_the_walk() -> None:
         ({"phase": "decoding"}, "--phase: unknown phase 'decoding'"),
         ({"batch": 0}, "--batch: must be at least 1"),
         ({"moe_skew": 9.0}, "--moe-skew: must be between 0 (balanced) and 8"),
+        ({"seed": -1}, "--seed: must be 0 or more"),
         ({"devcie": "cpu"}, "unknown capture option 'devcie'"),
     ],
 )

@@ -90,6 +90,9 @@ def test_list_presets() -> None:
         (["llama-3.2-1b", "--profile", "--device", "cpu", "--wall-repeats", "0"], "--wall-repeats: 0 is out of range"),
         # a skew of MoE expert loads on a dense model would change nothing
         (["llama-3.2-1b", "--layers", "1", "--moe-skew", "2"], "--moe-skew: llama-3.2-1b has no MoE experts"),
+        # meta builds no weights: a seed would change nothing
+        (["llama-3.2-1b", "--seed", "3"], "--seed: only applies to a model built on cpu or cuda"),
+        (["llama-3.2-1b", "--device", "cpu", "--seed", "-1"], "--seed: must be 0 or more"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_no_file(tmp_path: Path, args: list[str], message: str | None) -> None:

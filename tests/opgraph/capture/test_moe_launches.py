@@ -17,6 +17,7 @@ from opgraph.capture import capture  # noqa: E402
 from opgraph.capture.api import record  # noqa: E402
 from opgraph.capture.moe_model import OBSERVED_ASSUMPTION, is_experts_module  # noqa: E402
 from opgraph.capture.phase import CaptureOptions  # noqa: E402
+from opgraph.ir import is_nested  # noqa: E402
 from opgraph.ir.ops import MoeRouting, OpKind  # noqa: E402
 from tests.opgraph.capture.test_capture_architectures import tiny_config  # noqa: E402
 
@@ -98,7 +99,7 @@ def _captured_with_routing(model: Any, tokens: int, dtype: str) -> tuple[Any, li
 
 @pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe"])
 def test_real_device_runs_the_unmodified_model_and_records_its_routing(tmp_path: Path, model_type: str) -> None:
-    g, seen, before, after = _captured_with_routing(_tiny_model(tmp_path, model_type), 10, "fp32")
+    g, seen, before, after = _captured_with_routing(_tiny_model(tmp_path, model_type).to(torch.bfloat16), 10, "bf16")
     # The capture left the model as it was: its own router and experts (no balanced stand-in).
     assert torch.equal(before, after)
     assert OBSERVED_ASSUMPTION in g.metadata.assumptions
@@ -126,15 +127,12 @@ def test_meta_without_a_grouped_kernel_emits_one_product_per_expert(tmp_path: Pa
     assert sorted(rows) == sorted(mm_rows[: len(rows)])
 
 
-def test_gpu_without_a_grouped_kernel_records_the_fallbacks_products_at_the_observed_rows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_real_device_without_a_grouped_kernel_records_the_fallbacks_products_at_the_observed_rows(
+    tmp_path: Path,
 ) -> None:
-    # On a GPU, an fp16 _grouped_mm runs torch's per-expert fallback: a capture with the model's own
-    # routing must hold those products (at each expert's observed rows), not one grouped kernel the device
-    # never launches, and the model's outputs must not change. The CPU stands in for the GPU here.
-    from opgraph.capture import moe_model
-
-    monkeypatch.setattr(moe_model, "FALLBACK_DEVICES", ("cpu",))
+    # An fp16 _grouped_mm runs torch's per-expert fallback on a GPU (and on the CPU, which runs it for every
+    # dtype): a capture with the model's own routing must hold those products (at each expert's observed
+    # rows), not one grouped kernel a GPU never launches, and the model's outputs must not change.
     model = _tiny_model(tmp_path, "qwen3_moe").to(torch.float16)
     model.config._experts_implementation = "grouped_mm"
     g, routed, before, after = _captured_with_routing(model, 12, "fp16")
@@ -149,6 +147,42 @@ def test_gpu_without_a_grouped_kernel_records_the_fallbacks_products_at_the_obse
     bf16 = capture(_tiny_model(tmp_path, "qwen3_moe").to(torch.bfloat16), device="cpu", seq_len=12, dtype="bf16")
     grouped = [o for o in bf16.ops_of(OpKind.GEMM) if o.target == "moe_experts_gate_up" and o.layer == 0]
     assert len(grouped) == 1 and grouped[0].groups > 1  # type: ignore[attr-defined]
+
+
+def _loads_by_call(graph: Any) -> list[list[int]]:
+    """Rows per expert product of each fp16 fallback call (gate_up), in graph order, sorted."""
+    calls: list[list[int]] = []
+    for o in graph.ops_of(OpKind.GEMM):
+        if o.target == "moe_experts_gate_up":
+            if not is_nested(o):  # a call's first product (its host sync), then the nested ones
+                calls.append([])
+            calls[-1].append(o.m)
+    return [sorted(rows) for rows in calls]
+
+
+def test_a_seeded_cpu_capture_holds_the_routing_of_the_model_built_with_that_seed(tmp_path: Path) -> None:
+    # Without a GPU, the routing of a model with given weights comes from a CPU run of them: capture
+    # --device cpu --seed S builds the weights torch.manual_seed(S) then from_config give (what
+    # benchmarks/gpu/heldout.py --weights-on cpu moves to the GPU) and records the products their
+    # router's loads make, one mm per expert that got rows (fp16: torch's fallback).
+    path = tiny_config(tmp_path, "qwen3_moe")
+    config = transformers.AutoConfig.from_pretrained(path)
+    torch.manual_seed(7)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
+    routed: list[Any] = []
+    for m in model.modules():
+        if is_experts_module(m):
+            m.register_forward_pre_hook(lambda _m, args: routed.append(args[1].clone()))
+    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(ids)
+    expected = [sorted(c for c in torch.bincount(r.reshape(-1)).tolist() if c) for r in routed]
+    g = capture(path, device="cpu", batch=2, seq_len=12, dtype="fp16", seed=7)
+    assert _loads_by_call(g) == expected
+    assert g.metadata.capture.seed == 7 and OBSERVED_ASSUMPTION in g.metadata.assumptions
+    assert _loads_by_call(capture(path, device="cpu", batch=2, seq_len=12, dtype="fp16", seed=7)) == expected
+    assert _loads_by_call(capture(path, device="cpu", batch=2, seq_len=12, dtype="fp16", seed=8)) != expected
+    assert capture(path, device="meta", seq_len=4).metadata.capture.seed is None  # no weights on meta
 
 
 def test_explicit_balanced_routing_is_stated_on_a_real_device(tmp_path: Path) -> None:
