@@ -320,10 +320,12 @@ def evaluate_case(
     runs: list[tuple[str, Any, Any]] = [(label, graph, models[label]) for label in models]
     if routing_graph is not None and default in models:
         runs.append((BALANCED, meta_graph, models[default]))
-        products = fallback_products(routing_graph)
-        if products:  # the fallback's products show the routing in the trace: the CPU's must be the GPU's
-            row["routing_check"] = {"cpu_products": products, "traced_products": traced_products(
-                folder / case["trace_file"])}  # fmt: skip
+    products = fallback_products(graph)
+    if products and not row["fake_device"]:
+        # torch's fallback shows the routing in the trace (one mm per expert that got rows): the graph's
+        # experts per layer beside the measured run's
+        row["routing_check"] = {"graph_products": products, "traced_products": traced_products(
+            folder / case["trace_file"])}  # fmt: skip
     if host_graph is not None and default in models:
         from opgraph.capture.hosttime import carry_host_gaps
 

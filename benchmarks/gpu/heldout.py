@@ -144,6 +144,24 @@ DEPTH_CASES: list[dict[str, Any]] = [
      "batch": 1, "seq_len": 4096, "dtype": "bf16", "layers": 32, "est_s": 40},
 ]  # fmt: skip
 
+# Out-of-sample checks of balanced routing realised over the layers (``expected_active``: 4 tokens picking 2 of
+# 8 experts reach 5.47 in expectation, 5, 6, 5, 6, ... by layer where rounding each layer gave 5 everywhere;
+# not in the held-out table; ``--cases`` names them): MoE decodes of 2-4 tokens, chosen after that change was
+# made; an fp16 one shows each layer's experts in its trace (one mm per expert that got rows), and the 16- and
+# 24-layer ones (measured after the first three) hold enough layers to compare the mean with the expectation.
+ROUTING_CHECK_CASES: list[dict[str, Any]] = [
+    {"case": "check_mixtral_decode_b4_kv1024_fp16_l8", "preset": "mixtral-8x7b", "phase": "decode",
+     "batch": 4, "kv_len": 1024, "dtype": "fp16", "layers": 8, "est_s": 40},
+    {"case": "check_mixtral_decode_b2_kv1024_bf16_l4", "preset": "mixtral-8x7b", "phase": "decode",
+     "batch": 2, "kv_len": 1024, "dtype": "bf16", "layers": 4, "est_s": 30},
+    {"case": "check_mixtral_decode_b3_kv2048_fp16_l4", "preset": "mixtral-8x7b", "phase": "decode",
+     "batch": 3, "kv_len": 2048, "dtype": "fp16", "layers": 4, "est_s": 30},
+    {"case": "check_mixtral_decode_b4_kv512_fp16_l16", "preset": "mixtral-8x7b", "phase": "decode",
+     "batch": 4, "kv_len": 512, "dtype": "fp16", "layers": 16, "est_s": 60},
+    {"case": "check_qwen3moe_decode_b2_kv512_fp16_l24", "preset": "qwen3-30b-a3b", "phase": "decode",
+     "batch": 2, "kv_len": 512, "dtype": "fp16", "layers": 24, "est_s": 60},
+]  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -800,7 +818,7 @@ def main() -> int:
         "--cases",
         default="",
         help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
-        "DEPTH_CASES and TRAIN_WALL_CASES by name)",
+        "ROUTING_CHECK_CASES, DEPTH_CASES and TRAIN_WALL_CASES by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -845,7 +863,7 @@ def main() -> int:
         return 2
     cases = TINY_CASES if args.tiny else CASES
     if args.cases:
-        checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *DEPTH_CASES]
+        checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})

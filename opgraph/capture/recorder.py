@@ -18,7 +18,6 @@ captured on a real device.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,7 +63,6 @@ _IR_DTYPES: dict[torch.dtype, str] = {
 }
 """torch dtypes to IR dtype names, from the one table in :mod:`opgraph.ir.dtypes`."""
 
-_LAYER_RE = re.compile(r"\.(\d+)(?:\.|$)")
 
 # Ops that reveal data on a meta tensor and what is assumed instead.
 _SCALAR_ASSUMPTION = (
@@ -77,12 +75,6 @@ _NONZERO_ASSUMPTION = "nonzero/where(cond) on meta tensors: every element is ass
 def dtype_name(dtype: torch.dtype) -> str:
     """The IR dtype name of a torch dtype (``bf16``); unknown dtypes keep torch's name."""
     return _IR_DTYPES.get(dtype) or str(dtype).removeprefix("torch.")
-
-
-def layer_of(scope: str) -> int | None:
-    """The transformer layer index in a module path (``model.layers.3.mlp`` -> 3), or ``None``."""
-    m = _LAYER_RE.search(scope)
-    return int(m.group(1)) if m else None
 
 
 @dataclass(slots=True)

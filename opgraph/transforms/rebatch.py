@@ -182,7 +182,7 @@ def check_template(graph: OpGraph) -> None:
     _Rewriter(graph, b, q, q if graph.metadata.phase == "prefill" else 2)
     for sec in moe_layout(graph).sections:
         if sec.expert_rows and len(sec.expert_rows) < sec.experts:
-            need = tokens_reaching_all(sec.experts, sec.top_k)
+            need = tokens_reaching_all(sec.experts, sec.top_k, sec.layer + 1)
             raise RebatchError(
                 f"the template's experts call has GEMMs for {len(sec.expert_rows)} of {sec.experts} experts, "
                 "so it cannot be rebatched to shapes that reach the others",
@@ -206,7 +206,7 @@ def template_shape(phase: str, refused: OpGraph | None = None) -> dict[str, int]
         return dict(base)
     avoid = _model_sizes(refused)
     sections = moe_layout(refused).sections
-    need = max((tokens_reaching_all(s.experts, s.top_k) for s in sections if s.expert_rows), default=1)
+    need = max((tokens_reaching_all(s.experts, s.top_k, s.layer + 1) for s in sections if s.expert_rows), default=1)
     top_ks = {s.top_k for s in sections if s.top_k > 1}
     sizes = [p for p, _ in zip(_odd_primes(base[size_key]), range(8), strict=False)]
     for batch in _odd_primes(base["batch"]):
@@ -812,7 +812,7 @@ class _Rewriter:
         tokens = self._scaled(sec.tokens, self.tokens_old, self.tokens_new)
         rows = routed_rows(sec, tokens, self.skew)
         if sec.expert_rows and len(rows) > len(sec.expert_rows):
-            need = tokens_reaching_all(sec.experts, sec.top_k)
+            need = tokens_reaching_all(sec.experts, sec.top_k, sec.layer + 1)
             raise RebatchError(
                 f"the template's experts call has GEMMs for {len(sec.expert_rows)} of {sec.experts} experts, "
                 f"and {tokens} tokens reach {len(rows)}",

@@ -57,6 +57,9 @@ class MoeSection:
     top_k: int
     expert_rows: tuple[int, ...] = ()
     """Rows of each expert that has its own GEMMs, busiest first (empty for a grouped call)."""
+    layer: int = 0
+    """The call's layer (its dispatch's ``layer``), over which balanced routing realises the expected
+    active experts (:func:`opgraph.capture.moe_model.expected_active`)."""
 
     @property
     def pairs(self) -> int:
@@ -99,7 +102,7 @@ def _build(graph: OpGraph) -> MoeLayout:
 
     def close() -> None:
         assert cur is not None
-        sections.append(MoeSection(cur.tokens, cur.experts, cur.top_k, tuple(rows)))
+        sections.append(MoeSection(cur.tokens, cur.experts, cur.top_k, tuple(rows), cur.layer or 0))
 
     def owner(t_id: int | None, dim0: int | None, pairs: int) -> int | None:
         j = writer.get(t_id) if t_id is not None else None
@@ -187,27 +190,30 @@ def moe_layout(graph: OpGraph) -> MoeLayout:
 def routed_rows(section: MoeSection, tokens: int, skew: float) -> list[int]:
     """Rows of each expert that receives tokens (busiest first) when ``tokens`` tokens go through
     ``section``, as a capture on meta routes them."""
-    return list(_routed(tokens, section.experts, section.top_k, skew))
+    return list(_routed(tokens, section.experts, section.top_k, skew, section.layer))
 
 
 @lru_cache(maxsize=256)
-def _routed(tokens: int, experts: int, top_k: int, skew: float) -> tuple[int, ...]:
+def _routed(tokens: int, experts: int, top_k: int, skew: float, layer: int) -> tuple[int, ...]:
     from opgraph.capture.moe_model import expert_counts
 
-    return tuple(expert_counts(tokens * top_k, experts, tokens, skew))
+    return tuple(expert_counts(tokens * top_k, experts, tokens, skew, layer))
 
 
-def tokens_reaching_all(experts: int, top_k: int) -> int:
-    """The fewest tokens whose balanced routing reaches every expert (what a template of per-expert
-    GEMMs needs to rebatch to any shape)."""
+def tokens_reaching_all(experts: int, top_k: int, layers: int = 1) -> int:
+    """The fewest tokens whose balanced routing reaches every expert in each of layers ``0..layers-1``
+    (what a template of per-expert GEMMs needs to rebatch to any shape)."""
     from opgraph.capture.moe_model import expected_active
 
+    def reach(tokens: int) -> bool:
+        return all(expected_active(experts, tokens, top_k, layer) >= experts for layer in range(layers))
+
     lo, hi = 1, 1
-    while expected_active(experts, hi, top_k) < experts:
+    while not reach(hi):
         lo, hi = hi, hi * 2
     while lo < hi:
         mid = (lo + hi) // 2
-        if expected_active(experts, mid, top_k) < experts:
+        if not reach(mid):
             lo = mid + 1
         else:
             hi = mid

@@ -124,7 +124,7 @@ class Lowering:
         """Sliding window of the layer a call belongs to."""
         if not self.hints.layer_windows or call < 0:
             return None
-        from opgraph.capture.recorder import layer_of
+        from opgraph.capture.scopes import layer_of
 
         layer = layer_of(self.calls[call].scope)
         return None if layer is None else self.hints.layer_windows.get(layer)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from opgraph.capture.lowering.base import FLOAT_DTYPES, FREE, Lowering
-from opgraph.capture.recorder import Event, TRef, layer_of
+from opgraph.capture.recorder import Event, TRef
+from opgraph.capture.scopes import layer_of
 from opgraph.ir.dtypes import DType
 from opgraph.ir.graph import Edge, EdgeKind
 from opgraph.ir.ops import OP_TYPES, AtenCall, OpBase, OpKind, Stage
@@ -84,6 +85,24 @@ def build_ops(lw: Lowering, scopes: list[str]) -> tuple[list[OpBase], list[Edge]
     gid_of = {g: i for i, g in enumerate(order)}
     ops: list[OpBase] = []
     edges: list[Edge] = []
+    folded: dict[int, set[int]] = {}
+
+    def owners(p: int) -> set[int]:
+        """Groups whose ops produced what event ``p`` wrote: its own group, or for an event folded away
+        (an idle expert's zero-row product writing into the call's output) the groups behind its inputs,
+        so a dependency through it is kept."""
+        if lw.owner[p] >= 0:
+            return {lw.owner[p]}
+        if p not in folded:
+            folded[p] = set()  # a cycle cannot occur (events only read earlier writes); guards recursion
+            found: set[int] = set()
+            for r in lw.events[p].inputs:
+                q = lw.producer.get(r.tid)
+                if q is not None and q < p:
+                    found |= owners(q)
+            folded[p] = found
+        return folded[p]
+
     for new_id, gi in enumerate(order):
         g = lw.groups[gi]
         ins, outs = _group_tensors(lw, g.members)
@@ -119,14 +138,14 @@ def build_ops(lw: Lowering, scopes: list[str]) -> tuple[list[OpBase], list[Edge]
             p = lw.producer.get(r.tid)
             if p is None:
                 continue
-            owner = lw.owner[p]
-            if owner < 0 or owner == gi:
-                continue
-            src = gid_of[owner]
-            if (src, r.tid) in seen:
-                continue
-            seen.add((src, r.tid))
-            edges.append(Edge(src=src, dst=new_id, kind=EdgeKind.DATA, tensor=r.tid))
+            for owner in sorted(owners(p)):
+                if owner == gi:
+                    continue
+                src = gid_of[owner]
+                if (src, r.tid) in seen:
+                    continue
+                seen.add((src, r.tid))
+                edges.append(Edge(src=src, dst=new_id, kind=EdgeKind.DATA, tensor=r.tid))
     return ops, edges
 
 

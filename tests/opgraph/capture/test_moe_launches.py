@@ -4,6 +4,7 @@ forward launches on real tensors under the same routing, a real device keeps the
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,51 @@ def test_a_seeded_cpu_capture_holds_the_routing_of_the_model_built_with_that_see
     assert _loads_by_call(capture(path, device="cpu", batch=2, seq_len=12, dtype="fp16", seed=7)) == expected
     assert _loads_by_call(capture(path, device="cpu", batch=2, seq_len=12, dtype="fp16", seed=8)) != expected
     assert capture(path, device="meta", seq_len=4).metadata.capture.seed is None  # no weights on meta
+
+
+def _eight_experts(tmp_path: Path, layers: int) -> str:
+    path = Path(tiny_config(tmp_path, "mixtral"))
+    cfg = json.loads(path.read_text())
+    cfg.update(num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=layers)
+    path.write_text(json.dumps(cfg))
+    return str(path)
+
+
+def test_balanced_routing_reaches_the_expected_experts_over_the_layers_not_rounded_in_each(tmp_path: Path) -> None:
+    # 4 decode tokens picking 2 of 8 experts reach 8 (1 - (6/8)^4) = 5.47 in expectation: rounded in each
+    # layer that is 5 everywhere (9% fewer expert weights read than expected); realised over the layers it
+    # is 5, 6, 5, 6, so every prefix of the layers is within half an expert of the expectation. Rebatching
+    # a template to that shape gives the same experts per layer as the fresh capture.
+    from opgraph.transforms import rebatch
+
+    path = _eight_experts(tmp_path, 4)
+    fresh = capture(path, phase="decode", batch=4, kv_len=8, dtype="fp16")
+    per_layer = [n // 2 for n in _products_per_layer(fresh)]  # gate_up and down per expert
+    assert per_layer == [5, 6, 5, 6]
+    expected = 8 * (1 - (6 / 8) ** 4)
+    assert all(abs(sum(per_layer[: i + 1]) - (i + 1) * expected) <= 0.5 for i in range(4))
+    template = capture(path, phase="decode", batch=13, kv_len=41, dtype="fp16")
+    assert _products_per_layer(rebatch(template, batch=4, kv_len=9)) == _products_per_layer(fresh)
+
+
+def _products_per_layer(graph: Any) -> list[int]:
+    layers: Counter[int] = Counter(o.layer for o in graph.ops_of(OpKind.GEMM) if o.target.startswith("moe_experts"))
+    return [layers[k] for k in sorted(layers)]
+
+
+def test_an_idle_experts_product_keeps_the_dependencies_through_it(tmp_path: Path) -> None:
+    # torch's fallback calls mm for an idle expert too (zero rows, no kernel: folded away), writing into the
+    # call's output after the products before it; what reads that output must still depend on them.
+    import networkx as nx
+
+    g = capture(_eight_experts(tmp_path, 2), phase="decode", batch=1, kv_len=8, dtype="fp16")
+    dag = g.to_networkx()
+    combines = [o.id for o in g.ops if getattr(o, "fn", "") == "combine"]
+    products = [o for o in g.ops_of(OpKind.GEMM) if o.target.startswith("moe_experts")]
+    assert len(products) == 2 * 2 * 2  # one token: 2 of 8 experts, the last 6 idle, in 2 layers
+    for op in products:
+        combine = next(c for c in combines if c > op.id)
+        assert nx.has_path(dag, op.id, combine), op
 
 
 def test_explicit_balanced_routing_is_stated_on_a_real_device(tmp_path: Path) -> None:
