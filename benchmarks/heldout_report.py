@@ -34,6 +34,13 @@ never given to the fit), one more column
 shows the CLI's default cost model with each graph's own measured framework time, what a user who
 captures with ``--host-timing`` on the target host gets.
 
+MoE routing: where ``routing_graphs.tar.gz`` lies beside ``DATA`` (or ``--routing-graphs`` names it:
+``benchmarks/heldout_routing.py``, for cases measured with ``heldout.py --weights-on cpu``), an MoE case is
+predicted from ``opgraph capture CONFIG --device cpu --seed S``, the measured weights and so the model's own
+routing, and the meta capture's prediction (balanced routing) is one more column. For fp16 experts (torch's
+fallback: one ``mm`` per expert that got rows) the report sets each layer's experts in the graph beside
+those the trace shows (``routing_check``).
+
 Leave-one-out: the profile is a synthetic sweep of op kinds (``opgraph profile``); it never replays
 the evaluated models' own ops. Writes ``report.json`` and ``report.md`` under ``--out``.
 """
@@ -572,28 +579,28 @@ def render_markdown(report: dict[str, Any]) -> str:
         "|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|",
     ]
     n = len(report["cases"])
+    extra_lines = {  # the columns that cover some cases only: what each is, and its counts over those
+        MEASURED_HOST: lambda c, k: (
+            f"({default} with each case's own --host-timing on the GPU host): wall within "
+            f"{100 * WALL_TARGET:g}% on {c['wall']}/{k} cases with such a graph"
+        ),
+        BALANCED: lambda c, k: (
+            f"({default} on the meta capture of the {k} cases with a CPU routing graph): GPU time within "
+            f"{100 * GPU_TARGET:g}% on {c['gpu']}/{k}, wall within {100 * WALL_TARGET:g}% on {c['wall']}/{k}"
+        ),
+    }
     within = [
         f"- `{label}`{' (the CLI default)' if label == default else ''}: GPU time within "
         f"{100 * GPU_TARGET:g}% on {c['gpu']}/{n} cases, wall within {100 * WALL_TARGET:g}% on {c['wall']}/{n}, "
         f"median per-op error within {100 * MEDIAN_OP_TARGET:g}% on {c['per_op']}/{n} (n/a on {c['per_op_na']})"
         for label, c in report.get("within_targets", {}).items()
-        if label not in (MEASURED_HOST, BALANCED)
+        if label not in extra_lines
     ]
-    timed = report.get("within_targets", {}).get(MEASURED_HOST)
-    if timed is not None:
-        k = sum(MEASURED_HOST in r["predicted"] for r in report["cases"])
-        within.append(
-            f"- `{MEASURED_HOST}` ({default} with each case's own --host-timing on the GPU host): wall within "
-            f"{100 * WALL_TARGET:g}% on {timed['wall']}/{k} cases with such a graph"
-        )
-    routed = report.get("within_targets", {}).get(BALANCED)
-    if routed is not None:
-        k = sum(BALANCED in r["predicted"] for r in report["cases"])
-        within.append(
-            f"- `{BALANCED}` ({default} on the meta capture of the {k} cases with a CPU routing graph): GPU time "
-            f"within {100 * GPU_TARGET:g}% on {routed['gpu']}/{k}, wall within {100 * WALL_TARGET:g}% on "
-            f"{routed['wall']}/{k}"
-        )
+    for label, say in extra_lines.items():
+        counts = report.get("within_targets", {}).get(label)
+        if counts is not None:
+            k = sum(label in r["predicted"] for r in report["cases"])
+            within.append(f"- `{label}` {say(counts, k)}")
     host = report.get("host_model") or {}
     host_lines = []
     if host.get("cpu"):
@@ -662,6 +669,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--host-profile", help="host profile (.host.json) instead of the one the device's catalog names")
     ap.add_argument(
+        "--routing-graphs",
+        type=Path,
+        help=f"MoE cases captured on the CPU with the measured weights (default: {ROUTING_GRAPHS} beside DATA)",
+    )
+    ap.add_argument(
         "--host-graphs",
         type=Path,
         help=f"the held-out cases captured with --host-timing on the GPU machine (default: {HOST_GRAPHS} beside DATA)",
@@ -674,7 +686,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        report = build_report(args.data, args.hardware, args.host_timing, args.host_profile, args.host_graphs)
+        report = build_report(
+            args.data, args.hardware, args.host_timing, args.host_profile, args.host_graphs, args.routing_graphs
+        )
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
