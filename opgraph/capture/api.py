@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from opgraph.capture.generation import MIN_PLANNED_STEPS
@@ -36,7 +37,7 @@ from opgraph.capture.phase import (
     token_ids,
 )
 from opgraph.capture.recorder import Recorder
-from opgraph.capture.sources import CaptureError, ConfigError, build_config, resolve
+from opgraph.capture.sources import CaptureError, ConfigError, ModelSource, build_config, resolve
 from opgraph.ir.gcpause import paused_gc
 from opgraph.ir.graph import CaptureSettings, GraphMetadata, OpGraph
 
@@ -166,7 +167,7 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
         config = build_config(source, layers=opts.layers, trust_remote_code=opts.trust_remote_code)
         name = source.name
         _check_positions(config, opts, name)
-        model, used_impl = _build(config, opts, name)
+        model, used_impl = _build(config, opts, name, checkpoint(source) if opts.weights else None)
     from opgraph.capture import moe_model
 
     prepared = PreparedModel(name, model, config, hints_from_config(config), source)
@@ -191,7 +192,28 @@ def has_attention(model: Any) -> bool:
     return any("attention" in type(m).__name__.lower() for m in model.modules())
 
 
-def _build(config: Any, opts: CaptureOptions, name: str) -> tuple[Any, str]:
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+"""Weight files of a checkpoint that ``--weights`` loads (transformers' own names)."""
+
+
+def checkpoint(source: ModelSource) -> str:
+    """The folder of ``source``'s weights for ``--weights``; a :class:`CaptureError` when it has none (a
+    preset, a lone config.json, or a folder or cached hub id without weight files)."""
+    folder = Path(source.path) if source.path and source.origin in ("folder", "hf-cache") else None
+    if folder is None or not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+        where = f"{source.name} ({source.origin})"
+        raise CaptureError(
+            "has no weights to load (no *.safetensors or pytorch_model*.bin beside its config.json)",
+            where=where,
+            hint="give a model folder or a cached hub id with its weight files, or leave --weights out for "
+            "seeded random weights",
+        )
+    return str(folder)
+
+
+def _build(config: Any, opts: CaptureOptions, name: str, weights: str | None = None) -> tuple[Any, str]:
+    """The model on ``opts.device``: from ``config`` with seeded random weights, or with the checkpoint's
+    own weights loaded from the folder ``weights`` (the layers ``config`` keeps)."""
     import torch
     import transformers
 
@@ -199,6 +221,17 @@ def _build(config: Any, opts: CaptureOptions, name: str) -> tuple[Any, str]:
     try:
         for attempt in (impl, "eager"):
             try:
+                if weights is not None:
+                    model: Any = transformers.AutoModelForCausalLM.from_pretrained(
+                        weights,
+                        config=config,
+                        dtype=opts.torch_dtype,
+                        attn_implementation=attempt,
+                        trust_remote_code=opts.trust_remote_code,
+                    )
+                    model.to(torch.device(opts.device))
+                    impl = attempt
+                    break
                 if opts.device != "meta":
                     torch.manual_seed(opts.seed)  # reproducible weights (and routing) for a given seed
                 with torch.device(opts.device):
@@ -312,7 +345,8 @@ def _metadata_args(prepared: PreparedModel, opts: CaptureOptions) -> dict[str, A
         new_tokens=opts.new_tokens if opts.phase == "generate" else None,
         layers=opts.layers,
         moe_skew=opts.moe_skew,
-        seed=opts.seed if opts.device != "meta" and prepared.source is not None else None,
+        seed=opts.seed if opts.device != "meta" and prepared.source is not None and not opts.weights else None,
+        weights="checkpoint" if opts.weights else None,
     )
     return {
         "hints": prepared.hints,
@@ -341,6 +375,7 @@ def capture(
     trust_remote_code: bool = False,
     host_timing: bool = False,
     seed: int = 0,
+    weights: bool = False,
 ) -> OpGraph:
     """Capture a causal LM into a typed op graph.
 
@@ -350,7 +385,8 @@ def capture(
     time the framework spends before each op on this machine (``OpBase.host_gap_us``, see
     :mod:`opgraph.capture.hosttime`). A ``moe_skew`` above 0 on a model without MoE experts is a
     :class:`CaptureError`, not ignored. On a real device the random weights are seeded with ``seed``
-    (the same seed gives the same weights and MoE routing); a given ``nn.Module`` keeps its own.
+    (the same seed gives the same weights and MoE routing); ``weights`` loads the checkpoint's own instead
+    (a model folder or cached hub id with weight files); a given ``nn.Module`` keeps its own.
 
     >>> g = capture("llama-3.2-1b", seq_len=16, layers=1)  # doctest: +SKIP
     >>> g.summary()["by_kind"]["gemm"]["ops"]  # doctest: +SKIP
@@ -371,6 +407,7 @@ def capture(
             "trust_remote_code": trust_remote_code,
             "host_timing": host_timing,
             "seed": seed,
+            "weights": weights,
         }
     )
     if opts.phase == "generate" and not opts.host_timing and opts.new_tokens >= MIN_PLANNED_STEPS:

@@ -136,6 +136,9 @@ class CaptureOptions(BaseModel):
     seed: Annotated[int, Field(ge=0)] = 0
     """Seed of the random weights on a real device (``torch.manual_seed`` just before the model is built
     on it): the same seed, config and dtype give the same weights, hence the same MoE routing."""
+    weights: bool = False
+    """Load the model's own weights from its checkpoint (a model folder or cached hub id with weight files)
+    on a real device instead of drawing random ones: the routing a trained MoE router gives."""
     trust_remote_code: bool = False
     host_timing: bool = False
     """Also measure the framework's host time before each op (:mod:`opgraph.capture.hosttime`)."""
@@ -147,6 +150,16 @@ class CaptureOptions(BaseModel):
             return handler(data)
         except ValidationError as exc:
             raise _option_error(exc) from None
+
+    @model_validator(mode="after")
+    def _weights_need_a_device(self) -> CaptureOptions:
+        if self.weights and self.device == "meta":
+            raise CaptureError(
+                "only applies to a model built on cpu or cuda (meta holds no weights)",
+                where="--weights",
+                hint="add --device cpu to load the checkpoint on this machine",
+            )
+        return self
 
     @model_validator(mode="after")
     def _phase_sizes(self) -> CaptureOptions:

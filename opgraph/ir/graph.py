@@ -114,7 +114,10 @@ class CaptureSettings(BaseModel):
     moe_skew: Annotated[float, Field(ge=0)] | None = None
     """Zipf exponent of the modelled expert loads (absent: balanced)."""
     seed: Annotated[int, Field(ge=0)] | None = None
-    """Seed of the random weights a model built on a real device got (absent: meta, or a given module)."""
+    """Seed of the random weights a model built on a real device got (absent: meta, a given module, or
+    weights loaded from the checkpoint)."""
+    weights: str | None = None
+    """``checkpoint`` when the model's own weights were loaded (``--weights``); absent: random or none."""
     host_timing: HostTimingSummary | None = None
     """Framework host time between ops, when capture measured it."""
     tp: PosInt | None = None

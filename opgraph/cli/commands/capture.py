@@ -36,7 +36,7 @@ _PHASE_SIZES: dict[str, tuple[str, tuple[str, ...], str]] = {
 """Size options that only some phases read: giving one to another phase is an error, not ignored."""
 
 
-def _check_phase_options(ctx: typer.Context, phase: str, profile: bool, device: str) -> None:
+def _check_phase_options(ctx: typer.Context, phase: str, profile: bool, device: str, weights: bool) -> None:
     """Refuse options given on the command line that this capture would ignore (one-line errors)."""
     from opgraph.ir.errors import OpgraphError
 
@@ -59,6 +59,12 @@ def _check_phase_options(ctx: typer.Context, phase: str, profile: bool, device: 
             "only applies to a model built on cpu or cuda (meta has no weights)",
             where="--seed",
             hint="add --device cpu for the routing of seeded weights, or leave it out",
+        )
+    if weights and given("seed"):
+        raise OpgraphError(
+            "only applies to random weights, and --weights loads the checkpoint's",
+            where="--seed",
+            hint="leave one of them out",
         )
 
 
@@ -83,10 +89,18 @@ def capture(
     dtype: str = typer.Option("bf16", help="bf16, fp16 or fp32."),
     layers: int = typer.Option(None, help="Cut the model to its first N layers."),
     attn_impl: str = typer.Option("sdpa", help="Attention implementation: sdpa or eager."),
-    device: str = typer.Option("meta", help="meta (no weights), cpu, cuda or cuda:N (random weights)."),
+    device: str = typer.Option(
+        "meta", help="meta (no weights), cpu, cuda or cuda:N (seeded random weights, or --weights)."
+    ),
     moe_skew: float = typer.Option(None, help="Zipf exponent of MoE expert loads (0 or unset: balanced)."),
     seed: int = typer.Option(
         0, help="Seed of the random weights on cpu/cuda: the same seed gives the same weights and MoE routing."
+    ),
+    weights: bool = typer.Option(
+        False,
+        "--weights",
+        help="Load the model's own weights (a model folder or cached hub id with its weight files) on cpu/cuda: "
+        "its trained MoE routing.",
     ),
     trust_remote_code: bool = typer.Option(False, help="Allow a local model's own modelling code."),
     host_timing: bool = typer.Option(
@@ -118,7 +132,7 @@ def capture(
     check_output_path(timeline, "--timeline")
     check_output_path(trace, "--trace")
     check_distinct_outputs([(output, "-o/--output"), (timeline, "--timeline"), (trace, "--trace")])
-    _check_phase_options(ctx, phase, profile, device)
+    _check_phase_options(ctx, phase, profile, device, weights)
     if wall_repeats < 1:
         raise OpgraphError(f"{wall_repeats} is out of range", where="--wall-repeats", hint="give 1 or more")
     opts: dict[str, Any] = dict(
@@ -135,6 +149,7 @@ def capture(
         trust_remote_code=trust_remote_code,
         host_timing=host_timing,
         seed=seed,
+        weights=weights,
     )
     from opgraph.capture.api import CaptureOptions
 

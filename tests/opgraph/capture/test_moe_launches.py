@@ -186,6 +186,61 @@ def test_a_seeded_cpu_capture_holds_the_routing_of_the_model_built_with_that_see
     assert capture(path, device="meta", seq_len=4).metadata.capture.seed is None  # no weights on meta
 
 
+def test_weights_loads_the_checkpoint_and_records_its_routing(tmp_path: Path) -> None:
+    # A model folder with its weight files: capture --device cpu --weights loads them (not seeded random
+    # ones) and records the routing they give; --layers keeps the first layers' weights.
+    from typer.testing import CliRunner
+
+    from opgraph.cli.app import app
+    from opgraph.ir import load_graph
+
+    config = transformers.AutoConfig.from_pretrained(tiny_config(tmp_path, "qwen3_moe"))
+    torch.manual_seed(123)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
+    folder = tmp_path / "trained"
+    model.save_pretrained(folder)
+    routed: list[Any] = []
+    for m in model.modules():
+        if is_experts_module(m):
+            m.register_forward_pre_hook(lambda _m, args: routed.append(args[1].clone()))
+    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(ids)
+    expected = [sorted(c for c in torch.bincount(r.reshape(-1)).tolist() if c) for r in routed]
+    out = tmp_path / "g.json"
+    args = ["capture", str(folder), "--device", "cpu", "--weights", "--dtype", "fp16", "--batch", "2", "--seq-len"]
+    res = CliRunner().invoke(app, [*args, "12", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    g = load_graph(out)
+    assert _loads_by_call(g) == expected
+    assert g.metadata.capture.weights == "checkpoint" and g.metadata.capture.seed is None
+    assert _loads_by_call(capture(str(folder), device="cpu", batch=2, seq_len=12, dtype="fp16")) != expected
+    one = capture(str(folder), device="cpu", batch=2, seq_len=12, dtype="fp16", weights=True, layers=1)
+    assert _loads_by_call(one) == expected[:1]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--weights"], "--weights: only applies to a model built on cpu or cuda"),
+        (["--device", "cpu", "--weights", "--seed", "2"], "--seed: only applies to random weights"),
+        (["--device", "cpu", "--weights"], "has no weights to load"),
+    ],
+)
+def test_weights_bad_input_is_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    from opgraph.cli.app import app
+
+    out = tmp_path / "g.json"
+    res = CliRunner().invoke(
+        app, ["capture", tiny_config(tmp_path, "qwen3_moe"), "--seq-len", "8", *args, "-o", str(out)]
+    )
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and not out.exists()
+
+
 def _eight_experts(tmp_path: Path, layers: int) -> str:
     path = Path(tiny_config(tmp_path, "mixtral"))
     cfg = json.loads(path.read_text())
