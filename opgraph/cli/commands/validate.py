@@ -152,6 +152,8 @@ def _graph_and_model(target: str, model: str | None, opts: dict[str, Any]) -> tu
             value = getattr(settings, key)
             if value is not None:
                 kw[key] = value
+        if settings.weights == "checkpoint":  # the profiled run measures the model the graph holds
+            kw["weights"] = True
         model_id = model or md.model
         try:
             resolve(model_id)
@@ -302,7 +304,8 @@ class ValidateSettings:
 
     def profile_command(self, folder: Path) -> str:
         """``opgraph capture --profile`` on the device: ``profiled.graph.json.gz`` and ``measured.timeline.json.gz``."""
-        return _command("capture", self.model_id, *_capture_args(self.capture), "--device", self.device,
+        weights = ["--weights"] if self.capture.get("weights") else []  # a graph of the checkpoint's weights
+        return _command("capture", self.model_id, *_capture_args(self.capture), *weights, "--device", self.device,
                         "--profile", "--wall-repeats", self.wall_repeats, "-o", folder / "profiled.graph.json.gz",
                         "--timeline", folder / "measured.timeline.json.gz")  # fmt: skip
 

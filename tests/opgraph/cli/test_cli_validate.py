@@ -235,6 +235,34 @@ def test_a_moe_run_says_whether_its_routing_was_the_models_own(tmp_path: Path) -
     assert bool(said) == ("not the unmodified model" in res.stdout)
 
 
+def test_a_graph_of_a_checkpoints_weights_is_profiled_with_them(tmp_path: Path) -> None:
+    # A graph captured with --weights holds the routing of the checkpoint's weights: validate's profiled
+    # run loads them too (its recorded command says so), so both describe the same model.
+    import torch
+    import transformers
+
+    moe = {**TINY_LLAMA, "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_hidden_layers": 1,
+           "num_local_experts": 4, "num_experts_per_tok": 2}  # fmt: skip
+    (tmp_path / "cfg.json").write_text(json.dumps(moe))
+    torch.manual_seed(5)
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(tmp_path / "cfg.json")
+    )
+    model.save_pretrained(tmp_path / "ckpt")
+    graph = tmp_path / "g.json"
+    res = cli_runner().invoke(
+        app, ["capture", str(tmp_path / "ckpt"), "--device", "cpu", "--weights", "--seq-len", "16", "-o", str(graph)]
+    )
+    assert res.exit_code == 0, res.stdout + res.stderr
+    out = tmp_path / "val"
+    res = cli_runner().invoke(app, ["validate", str(graph), "-d", "cpu", "-o", str(out), *FAST])
+    assert res.exit_code == 0, res.stdout + res.stderr
+    summary = ValidationSummary.model_validate_json((out / "summary.json").read_text())
+    profile = next(s for s in summary.steps if "--profile" in s.command)
+    assert "--weights" in profile.command.split()
+    assert load_graph(out / "profiled.graph.json.gz").metadata.capture.weights == "checkpoint"
+
+
 def _replay_step(out: Path, step: ValidationStep, into: Path) -> None:
     """Run ``step``'s recorded command in-process on a copy of ``out`` without the step's own files."""
     import shlex
@@ -397,6 +425,11 @@ def test_every_recorded_command_gives_every_setting_of_its_step(tmp_path: Path) 
     assert _parsed(other.replay_command(tmp_path))["cold_l2"] is True
     assert _parsed(other.replay_command(tmp_path))["check"] is True
     assert _parsed(_settings(device="cpu", warm_l2=False).replay_command(tmp_path))["cold_l2"] is False
+    # a graph of a checkpoint's own weights (capture --weights): the profiled run loads them too
+    assert profile["weights"] is False
+    loaded = _settings(capture={**s.capture, "moe_skew": None, "weights": True})
+    assert _parsed(loaded.profile_command(tmp_path))["weights"] is True
+    assert loaded.profile_options.weights is True
 
 
 # ---------------------------------------------------------------- --device cuda:N, without a GPU
