@@ -245,10 +245,12 @@ def case_config(case: dict[str, Any], tiny: bool) -> dict[str, Any]:
 
 
 WEIGHT_SEED = 0
-"""Seed of every case's random weights (``torch.manual_seed`` just before the model is built)."""
+"""Default seed of every case's random weights (``torch.manual_seed`` just before the model is built; ``--seed``)."""
 
 
-def build_model(raw: dict[str, Any], dtype: str, device: str, weights_on: str | None = None) -> tuple[Any, Any]:
+def build_model(
+    raw: dict[str, Any], dtype: str, device: str, weights_on: str | None = None, seed: int = WEIGHT_SEED
+) -> tuple[Any, Any]:
     """The unmodified HF causal LM (eager modules, SDPA) with seeded random weights, on ``device``.
 
     The weights are drawn on ``weights_on`` (default: ``device``). Drawn on the CPU (``--weights-on
@@ -260,7 +262,7 @@ def build_model(raw: dict[str, Any], dtype: str, device: str, weights_on: str | 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     kwargs = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
     config = transformers.AutoConfig.for_model(raw["model_type"], **kwargs)
-    torch.manual_seed(WEIGHT_SEED)
+    torch.manual_seed(seed)
     with torch.device(weights_on or device):
         model = transformers.AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
             config, dtype=getattr(torch, DTYPES[dtype]), attn_implementation="sdpa"
@@ -677,7 +679,7 @@ def round_robin_walls(
             (out / f"{case['case']}.config.json").write_text(json.dumps(raw, indent=1))
             t0 = time.perf_counter()
             try:
-                model, config = build_model(raw, case["dtype"], device, args.weights_on)
+                model, config = build_model(raw, case["dtype"], device, args.weights_on, args.seed)
                 phase = Phase(model, config, case, device)
                 for _ in range(2):
                     phase.run(phase.fresh())
@@ -736,7 +738,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
     raw = case_config(case, args.tiny)
     cfg_path = out / f"{name}.config.json"
     cfg_path.write_text(json.dumps(raw, indent=1))
-    model, config = build_model(raw, case["dtype"], device, args.weights_on)
+    model, config = build_model(raw, case["dtype"], device, args.weights_on, args.seed)
     params = sum(p.numel() for p in model.parameters())
     phase = Phase(model, config, case, device)
     settled = settle(phase, args.settle_s, device) if args.settle_s > 0 else None
@@ -785,7 +787,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
         "fake_device": device != "cuda",
         "attention": "sdpa (HF eager modules)",
         "moe_routing": "the model's own router (unmodified)",
-        "weights": {"seed": WEIGHT_SEED, "drawn_on": args.weights_on or device},
+        "weights": {"seed": args.seed, "drawn_on": args.weights_on or device},
         "experts_implementation": str(getattr(config, "_experts_implementation", None)),
         "runs": args.runs,
         "wall_us": stats(walls),
@@ -842,6 +844,12 @@ def main() -> int:
         "warm-ups only)",
     )
     ap.add_argument("--free-gib", type=float, default=6.0, help="with --round-robin: device memory to keep free")
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=WEIGHT_SEED,
+        help="seed of the random weights (another seed: another draw of a random-weight model, its router's too)",
+    )
     ap.add_argument(
         "--weights-on",
         choices=("cpu",),
