@@ -11,8 +11,9 @@ the inverse permutation and a ``sum`` over the top-k. :func:`install` keeps that
   indices it was given are kept and, after the run, become the observed tokens per expert of each call
   (:func:`resolve_plan`). A ``_grouped_mm`` of a dtype without a GPU grouped kernel is recorded as
   torch's fallback runs it (one ``mm`` per expert at its observed rows; same values), on a GPU and on
-  the CPU (which runs that fallback itself): with ``--seed``, a CPU capture holds the routing of the
-  model a GPU run of the same seeded weights routes;
+  the CPU (which runs that fallback itself): a CPU capture of given weights (``--weights``, or ``--seed``
+  for random ones) holds the routing they give without a GPU (a GPU rounds the same forward otherwise,
+  so a near tie may route to another expert there);
 - with ``moe_skew`` (``0``: balanced), or on ``meta`` (where routing cannot be computed; balanced by
   default), the routing indices are replaced by indices that realise the modelled loads
   (:func:`expert_counts`) and the module's own forward runs with them. On ``meta``, a ``_grouped_mm``
@@ -41,10 +42,10 @@ CPU runs that fallback for every dtype, so a CPU capture (the model's real routi
 records an fp16 call as a GPU runs it too, and a bf16 call as the GPU's one grouped kernel; ``meta``
 models a GPU."""
 PLAN_ATTR = "_opgraph_plan"
+"""Attribute an experts module sets during its forward; the recorder keeps it on the module call."""
 LAYER_ATTR = "_opgraph_layer"
 """Attribute :func:`install` sets on an experts module: its layer (the ops' ``layer``), which modelled
 routing realises the expected active experts over (:func:`expected_active`)."""
-"""Attribute an experts module sets during its forward; the recorder keeps it on the module call."""
 
 Routing = Literal["balanced", "skewed", "observed"]
 
@@ -118,7 +119,7 @@ def routing_assumption(skew: float | None, device: str) -> str:
 def expected_active(experts: int, tokens: int, top_k: int, layer: int = 0) -> int:
     """Experts that ``tokens`` tokens reach in layer ``layer`` when each picks ``top_k`` distinct experts
     uniformly. A few decode tokens collide on experts: they reach ``x = E (1 - (1 - k/E)^T)`` in
-    expectation (8 tokens picking 8 of 128: 51.96, not 64); a prefill reaches them all.
+    expectation (8 tokens picking 8 of 128: 51.6, not 64); a prefill reaches them all.
 
     ``x`` is realised over the layers rather than rounded in each: layer ``l`` gets
     ``round((l + 1) x) - round(l x)`` (halves up), so layers ``0..l`` together reach ``(l + 1) x`` within

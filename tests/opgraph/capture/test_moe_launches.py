@@ -161,6 +161,19 @@ def _loads_by_call(graph: Any) -> list[list[int]]:
     return [sorted(rows) for rows in calls]
 
 
+def _own_loads(model: Any) -> list[list[int]]:
+    """Rows per expert (sorted) of each experts call when ``model`` runs the tokens a capture of batch 2 and
+    12 tokens on a real device feeds it (seeded random ids)."""
+    routed: list[Any] = []
+    for m in model.modules():
+        if is_experts_module(m):
+            m.register_forward_pre_hook(lambda _m, args: routed.append(args[1].clone()))
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model(ids)
+    return [sorted(c for c in torch.bincount(r.reshape(-1)).tolist() if c) for r in routed]
+
+
 def test_a_seeded_cpu_capture_holds_the_routing_of_the_model_built_with_that_seed(tmp_path: Path) -> None:
     # Without a GPU, the routing of a model with given weights comes from a CPU run of them: capture
     # --device cpu --seed S builds the weights torch.manual_seed(S) then from_config give (what
@@ -170,14 +183,7 @@ def test_a_seeded_cpu_capture_holds_the_routing_of_the_model_built_with_that_see
     config = transformers.AutoConfig.from_pretrained(path)
     torch.manual_seed(7)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
-    routed: list[Any] = []
-    for m in model.modules():
-        if is_experts_module(m):
-            m.register_forward_pre_hook(lambda _m, args: routed.append(args[1].clone()))
-    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        model(ids)
-    expected = [sorted(c for c in torch.bincount(r.reshape(-1)).tolist() if c) for r in routed]
+    expected = _own_loads(model)
     g = capture(path, device="cpu", batch=2, seq_len=12, dtype="fp16", seed=7)
     assert _loads_by_call(g) == expected
     assert g.metadata.capture.seed == 7 and OBSERVED_ASSUMPTION in g.metadata.assumptions
@@ -199,14 +205,7 @@ def test_weights_loads_the_checkpoint_and_records_its_routing(tmp_path: Path) ->
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float16).eval()
     folder = tmp_path / "trained"
     model.save_pretrained(folder)
-    routed: list[Any] = []
-    for m in model.modules():
-        if is_experts_module(m):
-            m.register_forward_pre_hook(lambda _m, args: routed.append(args[1].clone()))
-    ids = torch.randint(0, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        model(ids)
-    expected = [sorted(c for c in torch.bincount(r.reshape(-1)).tolist() if c) for r in routed]
+    expected = _own_loads(model)
     out = tmp_path / "g.json"
     args = ["capture", str(folder), "--device", "cpu", "--weights", "--dtype", "fp16", "--batch", "2", "--seq-len"]
     res = CliRunner().invoke(app, [*args, "12", "-o", str(out)])
