@@ -155,6 +155,18 @@ def test_local_hf_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     res = runner.invoke(app, ["capture", "acme/tiny-moe", "-o", str(out), "--seq-len", "4", "--layers", "1"])
     assert res.exit_code == 0, res.output
     assert load_graph(out).metadata.num_layers == 1
+    # --weights: a cached snapshot without weight files is one line; with them, they are loaded
+    args = ["capture", "acme/tiny-moe", "--device", "cpu", "--weights", "--seq-len", "4", "-o", str(out)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2 and "acme/tiny-moe (hf-cache): has no weights to load" in res.stderr
+    import torch
+    import transformers
+
+    torch.manual_seed(3)
+    transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(snap)).save_pretrained(snap)
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert load_graph(out).metadata.capture.weights == "checkpoint"
 
 
 @pytest.mark.parametrize(
