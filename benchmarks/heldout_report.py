@@ -234,29 +234,16 @@ def fallback_products(graph: Any) -> list[int]:
 
 def traced_products(trace_path: Path) -> list[int]:
     """``mm`` calls that launched a kernel inside each experts module call of a held-out trace (its module
-    ranges), in order: the products torch's fallback ran for the two ``_grouped_mm`` calls of the module."""
-    import bisect
-    import gzip
+    ranges), in order: the products torch's fallback ran for the two ``_grouped_mm`` calls of the module
+    (kernels linked to their launching CPU op by the trace importer, :func:`opgraph.trace.importer.collect_all`)."""
+    from opgraph.trace.importer import collect_all
 
-    with gzip.open(trace_path, "rt") as f:
-        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    (data,) = collect_all(trace_path)
     calls = sorted(
-        (e for e in events if e["name"].startswith("heldout_mod:") and e["name"].endswith(".experts")),
-        key=lambda e: e["ts"],
+        (h for h in data.host if h.name.startswith("heldout_mod:") and h.name.endswith(".experts")), key=lambda h: h.ts
     )
-    launches = sorted(
-        e["ts"] for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and "aunch" in e["name"]
-    )
-    mms = [e for e in events if e.get("cat") == "cpu_op" and e["name"] == "aten::mm"]
-    counts = []
-    for call in calls:
-        n = 0
-        for mm in mms:
-            if call["ts"] <= mm["ts"] <= call["ts"] + call["dur"]:
-                i = bisect.bisect_left(launches, mm["ts"])
-                n += i < len(launches) and launches[i] <= mm["ts"] + mm["dur"]
-        counts.append(n)
-    return counts
+    products = {id(k.launch_host): k.launch_host for k in data.gpu if k.launch_op == "aten::mm" and k.launch_host}
+    return [sum(call.ts <= mm.ts <= call.ts + call.dur for mm in products.values()) for call in calls]
 
 
 def _rel(pred: float | None, ref: float) -> float | None:

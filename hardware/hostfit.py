@@ -389,6 +389,18 @@ def with_fallback_loops(profile: HostProfile, path: Path) -> HostProfile:
     return profile.model_copy(update={"grouped_fallback": loops, "notes": (*notes, note)})
 
 
+def line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """The least-squares line through the points ``(xs[i], ys[i])``: its value at 0 and its slope (at least
+    two distinct ``xs``).
+
+    >>> line_fit([1, 2, 3], [5.0, 7.0, 9.0])
+    (3.0, 2.0)
+    """
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
 def fit_fallback_loops(measured: Mapping[str, object]) -> tuple[FallbackLoop, ...]:
     """One :class:`~hardware.hostprofile.FallbackLoop` per expert shape of a
     ``grouped_fallback_host.py`` result (its ``rows``: one record per shape, rows per expert and experts
@@ -419,9 +431,8 @@ def fit_fallback_loops(measured: Mapping[str, object]) -> tuple[FallbackLoop, ..
             continue
         xs = sorted(by_active)
         ys = [statistics.median(by_active[a]) for a in xs]
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        slope = max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs))
-        first = max(0.0, my + slope * (1 - mx))
+        slope = max(0.0, line_fit(xs, ys)[1])
+        first = max(0.0, statistics.fmean(ys) + slope * (1 - statistics.fmean(xs)))
         calls = sum(len(v) for v in by_active.values())
         loops.append(
             FallbackLoop(

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal
 
 from pydantic import Field
 
@@ -65,7 +65,7 @@ from opgraph.ir.tensor import FrozenModel
 
 HOST_PROFILE_FORMAT = "opgraph.host_profile"
 """The ``format`` marker of a host profile file."""
-HOST_PROFILE_SCHEMA_VERSION = 2
+HOST_PROFILE_SCHEMA_VERSION: Final = 2
 """The host profile file format version this opgraph writes (it reads version 1 too: version 2 added
 :attr:`HostProfile.grouped_fallback`)."""
 HOST_PROFILE_SUFFIX = ".host.json"
@@ -171,7 +171,7 @@ class HostProfile(FrozenModel):
 
     format: Literal["opgraph.host_profile"] = "opgraph.host_profile"
     """Marks the file as a host profile."""
-    schema_version: Literal[1, 2] = 2
+    schema_version: Literal[1, 2] = HOST_PROFILE_SCHEMA_VERSION
     """Format version (:data:`HOST_PROFILE_SCHEMA_VERSION`; 1, without :attr:`grouped_fallback`, still reads)."""
     host: HostInfo
     """Provenance: the CPU and software."""

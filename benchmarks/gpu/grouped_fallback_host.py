@@ -22,9 +22,16 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from hardware.hostfit import line_fit  # noqa: E402
 
 SHAPES = (
     # name, experts, k, n (mat_b [E, k, n] as transformers passes its transposed weights)
@@ -122,9 +129,8 @@ def main() -> int:
             pts = [(r["active"], r["idle_us"]) for r in rows_out if r.get("shape") == name and r.get("rows") == rows]
             if len(pts) >= 2:
                 xs, ys = zip(*pts, strict=True)
-                mx, my = statistics.fmean(xs), statistics.fmean(ys)
-                b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x in xs)
-                fits[f"{name}_r{rows}"] = {"fixed_us": my - b * mx, "per_expert_us": b}
+                fixed, per_expert = line_fit(xs, ys)
+                fits[f"{name}_r{rows}"] = {"fixed_us": fixed, "per_expert_us": per_expert}
     out = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,

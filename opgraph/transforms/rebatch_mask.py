@@ -55,7 +55,7 @@ class MaskPlan:
     def needs_mask(self, q_len: int, kv_len: int) -> bool:
         """Whether a chunk of ``q_len`` tokens over ``kv_len`` keys builds a mask: over a prefix, or a
         prompt as long as some layer's window (:func:`window_mask_needed`)."""
-        return kv_len > q_len or any(w is not None and q_len >= w for w in self.windows)
+        return any(window_mask_needed(q_len, kv_len, w) for w in (*self.windows, None))
 
 
 def window_mask_needed(q_len: int, keys: int, window: int | None) -> bool:
