@@ -143,10 +143,18 @@ def _unpack(path: Path, into: Path) -> Path:
     return folder
 
 
-def pool(folders: Sequence[Path], out: Path, walls: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+PASS_WALLS = "the passes' timed runs, one case after another: no round-robin run built it (device memory)"
+"""A case's ``wall_source`` when its walls are the passes' (``--pass-walls-where-unbuilt``)."""
+
+
+def pool(
+    folders: Sequence[Path], out: Path, walls: Sequence[dict[str, Any]] = (), pass_walls_where_unbuilt: bool = False
+) -> dict[str, Any]:
     """Write the pooled data set of the pass ``folders`` (first pass first) into the folder ``out``;
     returns its summary. With ``walls`` (round-robin runs' ``walls.json``, :func:`load_walls`), each case's
-    wall is the median of its quiet-round walls over the runs (:func:`pooled_quiet_walls`)."""
+    wall is the median of its quiet-round walls over the runs (:func:`pooled_quiet_walls`); with
+    ``pass_walls_where_unbuilt``, a case no run built (none of its walls in any round) keeps the passes'
+    walls, its ``wall_source`` saying so."""
     summaries = [json.loads((f / "summary.json").read_text()) for f in folders]
     first = summaries[0]
     for f, s in zip(folders[1:], summaries[1:], strict=True):
@@ -184,7 +192,10 @@ def pool(folders: Sequence[Path], out: Path, walls: Sequence[dict[str, Any]] = (
             {"started_utc": p["started_utc"], **{k: r[k]["median"] for k in ("gpu_us", "wall_us") if k in r}}
             for p, r in zip(passes, records, strict=True)
         ]
-        if quiet is not None:
+        unbuilt = not any(c["case"] == name for run in walls for c in run["cases"])
+        if quiet is not None and unbuilt and pass_walls_where_unbuilt:
+            pooled["wall_source"] = PASS_WALLS
+        elif quiet is not None:
             kept = quiet.get(name, [])
             if len(kept) < MIN_WALLS:
                 raise PoolError(f"{name}: {len(kept)} quiet round-robin walls, at least {MIN_WALLS} needed (--walls)")
@@ -224,12 +235,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="heldout.py --round-robin runs: walls from their quiet rounds, pooled",
     )
+    ap.add_argument(
+        "--pass-walls-where-unbuilt",
+        action="store_true",
+        help="a case the --walls runs did not build (device memory) keeps the passes' walls, and says so",
+    )
     args = ap.parse_args(argv)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folders = [_unpack(p, Path(tmp) / f"pass{i}") for i, p in enumerate(args.passes)]
             walls = [load_walls(p) for p in args.walls]
-            summary = pool(folders, Path(tmp) / "pooled" / "heldout", walls)
+            summary = pool(folders, Path(tmp) / "pooled" / "heldout", walls, args.pass_walls_where_unbuilt)
             part = args.out.with_name(args.out.name + ".part")
             with tarfile.open(part, "w:gz") as tar:
                 tar.add(Path(tmp) / "pooled" / "heldout", arcname="heldout")

@@ -373,6 +373,9 @@ def evaluate_case(
         "median_op_err": None,
         "note": est.get("note", "not measured"),
     }
+    if case.get("wall_source"):
+        row["measured"]["wall_source"] = case["wall_source"]
+        notes.append(f"{case['case']}: wall from {case['wall_source']}")
     att = row["attribution"]
     if att and not att["aligned"]:
         notes.append(f"{case['case']}: per-op n/a ({att['method']})")

@@ -103,6 +103,22 @@ def test_round_robin_walls_must_be_enough_and_of_the_same_libraries(tmp_path: Pa
         heldout_pool.pool([a], tmp_path / "out2", [few, other])
 
 
+def test_a_case_no_round_robin_run_built_keeps_the_passes_walls_only_when_asked(tmp_path: Path) -> None:
+    # The device's memory held the other models, not this one: no run has a wall of it.
+    a = _pass(tmp_path / "a", "11:17", [8.0, 8.1, 8.2])
+    other = _walls([(6.5, 34.0)] * 5, {"c2": [[5.0, 5.0]] * 5})
+    with pytest.raises(heldout_pool.PoolError, match="c1: 0 quiet round-robin walls"):
+        heldout_pool.pool([a], tmp_path / "out", [other])
+    summary = heldout_pool.pool([a], tmp_path / "out2", [other], pass_walls_where_unbuilt=True)
+    case = json.loads((tmp_path / "out2" / "c1.json").read_text())
+    assert case["wall_source"] == heldout_pool.PASS_WALLS and case["wall_us"]["median"] == pytest.approx(8.1)
+    assert summary["cases"][0]["wall_us"] == pytest.approx(8.1)
+    # A case a run built but whose quiet walls are too few is still refused.
+    few = _walls([(6.5, 34.0)] * 4, {"c1": [[5.0, 5.0]] * 4})
+    with pytest.raises(heldout_pool.PoolError, match="c1: 8 quiet round-robin walls"):
+        heldout_pool.pool([a], tmp_path / "out3", [few], pass_walls_where_unbuilt=True)
+
+
 def test_walls_of_several_round_robin_runs_pool_each_runs_quiet_rounds(tmp_path: Path) -> None:
     # Run 2's host is slower throughout: its quiet rounds are those near ITS fastest probe, not run 1's.
     a = _pass(tmp_path / "a", "11:17", [8.0, 8.1, 8.2])

@@ -401,6 +401,37 @@ def test_deeper_cuts_meet_the_gpu_target() -> None:
     assert {r["settings"]["layers"] for r in recomputed["cases"]} == {2, 24, 32}
 
 
+NEW_FAMILIES = RESULTS / "new-families-0706"
+"""Gemma 3, gpt-oss, DeepSeek-V3 and BLOOM cases, families no GPU measurement had touched (README there)."""
+
+
+def test_families_the_profile_never_saw_show_where_it_does_not_transfer() -> None:
+    # Out of sample and unfixed (README there): eager attention priced as a fused kernel (gpt-oss, BLOOM),
+    # BLOOM's Python GELU as one kernel, copies in layouts the sweep never measured (gpt-oss's repeat_kv,
+    # DeepSeek-V3's 134M-element copy into its cache). Both Gemma 3 cases and the DeepSeek-V3 prefill meet
+    # the GPU target. Any change to these shows up here.
+    recomputed = reproduced(NEW_FAMILIES, "new-family run")
+    assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.NEW_FAMILY_CASES}
+    label = recomputed["cli_default_cost_model"]
+    missed = target_misses(recomputed, label)
+    assert {c for c, m in missed if m == "gpu_err"} == {
+        "new_gptoss_decode_b8_kv2048_bf16_l2",
+        "new_gptoss_prefill_b1_s2048_bf16_l2",
+        "new_deepseekv3_decode_b8_kv2048_bf16_l4",
+        "new_bloom_decode_b16_kv1024_fp16_l24",
+        "new_bloom_prefill_b4_s1024_fp16_l24",
+    }
+    rows = {r["case"]: r for r in recomputed["cases"]}
+    eager = rows["new_gptoss_prefill_b1_s2048_bf16_l2"]["predicted"][label]["by_kind"]
+    attention = next(k for k in eager if k["kind"] == "attention")
+    assert attention["err"] < -0.9  # the fused kernel's price for what eager attention runs in 5.7 ms a layer
+    walls = {r["case"]: r["measured"].get("wall_source") for r in recomputed["cases"]}
+    assert {c for c, w in walls.items() if w} == {
+        "new_deepseekv3_decode_b8_kv2048_bf16_l4",
+        "new_bloom_prefill_b4_s1024_fp16_l24",
+    }
+
+
 H200 = REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout"
 """The 12 held-out cases measured on an H200 and predicted with ``-H h200`` (its own profile)."""
 H200_MISSES: set[tuple[str, str]] = set()
@@ -459,9 +490,16 @@ def test_fake_data_goes_through_the_whole_report(fake: tuple[Path, dict[str, Any
     assert all(r["case"] in md for r in report["cases"]) and "CPU smoke data" in md
 
 
+MOE_PRESETS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "gpt-oss-20b")
+"""The tiny cases' MoE presets."""
+EAGER_ONLY = ("gpt-oss-20b", "bloom-560m")
+"""Presets whose transformers models have no SDPA path: heldout.py runs them with eager attention, as
+``opgraph capture`` records them."""
+
+
 def test_dense_models_kernels_are_attributed_to_ops(fake: tuple[Path, dict[str, Any]]) -> None:
     _, report = fake
-    dense = [r for r in report["cases"] if r["preset"] not in ("mixtral-8x7b", "qwen3-30b-a3b")]
+    dense = [r for r in report["cases"] if r["preset"] not in (*MOE_PRESETS, *EAGER_ONLY)]
     assert dense
     for r in dense:
         att = r["attribution"]
@@ -471,9 +509,23 @@ def test_dense_models_kernels_are_attributed_to_ops(fake: tuple[Path, dict[str, 
         assert r["predicted"]["roofline"]["matched_ops"] > 0
 
 
+def test_eager_only_models_run_with_eager_attention(fake: tuple[Path, dict[str, Any]]) -> None:
+    out, report = fake
+    eager = [r for r in report["cases"] if r["preset"] in EAGER_ONLY]
+    assert {r["preset"] for r in eager} == set(EAGER_ONLY)
+    for r in eager:
+        assert json.loads((out / f"{r['case']}.json").read_text())["attention"].startswith("eager")
+        assert r["predicted"]["roofline"]["gpu_us"] > 0
+        # On the CPU the stand-in kernels of eager attention (leaf aten ops, more of them between the
+        # matmuls than a GPU launches) are not typed as attention, so the trace shows no layers and the
+        # comparison stays at step level; the GPU traces of these models line up (new-families-0706).
+        assert not r["attribution"]["aligned"]
+
+
 def test_moe_blocks_line_up_with_the_trace(fake: tuple[Path, dict[str, Any]]) -> None:
     _, report = fake
-    moe = [r for r in report["cases"] if r["preset"] in ("mixtral-8x7b", "qwen3-30b-a3b")]
+    # gpt-oss's eager attention leaves its CPU stand-in trace without layers (the eager test above)
+    moe = [r for r in report["cases"] if r["preset"] in MOE_PRESETS and r["preset"] not in EAGER_ONLY]
     assert moe
     for r in moe:
         att = r["attribution"]
@@ -535,15 +587,15 @@ def test_moe_cases_are_predicted_from_a_cpu_capture_of_their_weights(
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     routed = report_mod.build_report(out, routing_graphs=graphs)
-    moe = {"mixtral-8x7b", "qwen3-30b-a3b"}
     assert routed["routing"] and report.get("routing") is None
     for before, after in zip(report["cases"], routed["cases"], strict=True):
-        if before["preset"] in moe:
+        if before["preset"] in MOE_PRESETS:
             assert after["graph"].startswith("CPU capture of the measured weights (seed 0)")
             # the meta capture's prediction is the balanced column, the cost models' own the CPU graph's
             default = routed["cli_default_cost_model"]
             assert after["predicted"][report_mod.BALANCED]["gpu_us"] == before["predicted"][default]["gpu_us"]
-            assert after["predicted"]["roofline"]["median_op_err"] is not None
+            if before["preset"] not in EAGER_ONLY:
+                assert after["predicted"]["roofline"]["median_op_err"] is not None
         else:  # a dense case is captured on meta as before
             assert after["predicted"] == before["predicted"] and after["graph"] == before["graph"]
     md = report_mod.render_markdown(routed)
@@ -551,8 +603,8 @@ def test_moe_cases_are_predicted_from_a_cpu_capture_of_their_weights(
     # Data whose MoE weights no CPU can redo (none drawn there, or no MoE case) is a one-line error.
     dense = tmp_path / "dense"
     dense.mkdir()
-    kept = [c for c in json.loads((out / "summary.json").read_text())["cases"] if "moe" not in c["case"]]
-    kept = [c for c in kept if "mixtral" not in c["case"]]
+    moe_cases = {r["case"] for r in report["cases"] if r["preset"] in MOE_PRESETS}
+    kept = [c for c in json.loads((out / "summary.json").read_text())["cases"] if c["case"] not in moe_cases]
     (dense / "summary.json").write_text(json.dumps({"cases": kept}))
     for c in kept:
         for suffix in (".json", ".config.json"):
