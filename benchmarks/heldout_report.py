@@ -283,6 +283,7 @@ def evaluate_case(
         dtype=s["dtype"],
         device="meta",
         host_timing=host_timing,
+        attn_impl="eager" if str(case.get("attention", "sdpa")).startswith("eager") else "sdpa",
     )
     rec = record(str(folder / case["config_file"]), opts)
     meta_graph = add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)

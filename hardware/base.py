@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 import operator
 import warnings
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from hardware.spec import HardwareSpec
-from opgraph.ir import IDENTITY_FIELDS, OpBase, OpCategory, OpGraph, OpgraphError
+from opgraph.ir import IDENTITY_FIELDS, Attention, OpBase, OpCategory, OpGraph, OpgraphError, eager_parts
 
 # What limits an op's time: the IR's enum, so a cost's verdict is the value saved on simulated spans.
 # Re-exported for the cost models (``from hardware.base import Bound``).
@@ -159,10 +159,35 @@ def check_cost(cost: object, op: OpBase, model_name: str) -> Cost:
     return cost
 
 
+def sum_of_parts(parts: Sequence[tuple[OpBase, Cost]], what: str) -> Cost:
+    """One op's cost as the sum of the kernels it runs one after another (``what`` names them): time,
+    compute and memory times add up, the longest part says what bounds it, and the host issues every
+    part (its time is known when every part's is)."""
+    longest = max(parts, key=lambda pc: pc[1].seconds)[1]
+    hosts = [c.host_s for _, c in parts]
+    listed = ", ".join(f"{p.definition} {c.us:.1f} us" for p, c in parts)
+    flagged = sorted({w for _, c in parts for w in ("extrapolated",) if w in c.detail})
+    return Cost(
+        seconds=sum(c.seconds for _, c in parts),
+        bound=longest.bound,
+        compute_s=sum(c.compute_s for _, c in parts),
+        memory_s=sum(c.memory_s for _, c in parts),
+        detail=f"{what}, {len(parts)} kernels: {listed}" + (f" ({', '.join(flagged)} parts)" if flagged else ""),
+        host_s=None if any(h is None for h in hosts) else sum(h for h in hosts if h is not None),
+    )
+
+
 def estimate_op(model: CostModel, op: OpBase, hw: HardwareSpec, model_name: str) -> Cost | str:
     """``model``'s checked :class:`Cost` for ``op``, or the reason it declined the op
-    (:class:`UncostedOpError`); anything else it raises becomes a :class:`CostModelError` naming the op."""
+    (:class:`UncostedOpError`); anything else it raises becomes a :class:`CostModelError` naming the op.
+
+    Eager attention (:attr:`~opgraph.ir.Attention.eager`) is priced kernel by kernel
+    (:func:`~opgraph.ir.eager_parts`): no fused attention kernel runs it."""
     try:
+        parts = eager_parts(op) if isinstance(op, Attention) else ()
+        if parts:
+            priced = [(p, check_cost(model.estimate(p, hw), p, model_name)) for p in parts]
+            return sum_of_parts(priced, "eager attention")
         return check_cost(model.estimate(op, hw), op, model_name)
     except UncostedOpError as exc:
         return exc.message

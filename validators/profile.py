@@ -350,6 +350,17 @@ def _gpu_sweep() -> list[SweepPoint]:
     # RoPE's inverse-frequency product: a batched [64 x 1] @ [1 x seq].
     for b in (1, 8, 32):
         pts += _series(f"gemm.rope_freq.b{b}", (_gemm(64, s, 1, batch=b) for s in (1, 16, 256, 2048, 16384)), base=2)
+    # Eager attention's two batched matmuls per head (opgraph.ir.eager_parts): the scores [q x d] @ [d x kv]
+    # and the weighted values [q x kv] @ [kv x d], for a decode's one query and a prefill's many, over
+    # the key count; up to 2 GiB of scores a point.
+    for d in (64, 128):
+        for bh in (16, 64, 512):
+            for kv in (512, 2048, 8192):
+                qs = [q for q in (1, 256, 2048) if bh * q * kv * 2 <= 2 << 30]
+                ops = (_gemm(q, kv, d, batch=bh) for q in qs)
+                pts += _series(f"gemm.eager_scores.d{d}.bh{bh}.kv{kv}", ops, base=2, warm=(0,))
+                ops = (_gemm(q, d, kv, batch=bh) for q in qs)
+                pts += _series(f"gemm.eager_values.d{d}.bh{bh}.kv{kv}", ops, base=2, warm=(0,))
     # MoE: routing, dispatch, expert GEMMs (batched as captured, and the eager loop), combine.
     for name, e, top, hidden, inter in MOE:
         toks = TOKENS

@@ -186,6 +186,27 @@ NEW_FAMILY_CASES: list[dict[str, Any]] = [
      "seq_len": 1024, "dtype": "fp16", "layers": 24, "est_s": 30},
 ]  # fmt: skip
 
+# Eager attention priced kernel by kernel (opgraph.ir.eager_parts, the sweep's eager-matmul series), checked
+# on shapes chosen before that model was run on any of them: families whose other ops the profile
+# predicts, run with eager attention (``attn_impl``: opgraph capture --attn-impl eager records them
+# alike), and new shapes of the eager-only gpt-oss and BLOOM.
+EAGER_CHECK_CASES: list[dict[str, Any]] = [
+    {"case": "eager_llama1b_prefill_b1_s2048_bf16_l4", "preset": "llama-3.2-1b", "phase": "prefill", "batch": 1,
+     "seq_len": 2048, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+    {"case": "eager_llama8b_decode_b8_kv2048_bf16_l4", "preset": "llama-3.1-8b", "phase": "decode", "batch": 8,
+     "kv_len": 2048, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+    {"case": "eager_qwen25_prefill_b2_s1024_fp16_l4", "preset": "qwen2.5-7b", "phase": "prefill", "batch": 2,
+     "seq_len": 1024, "dtype": "fp16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+    {"case": "new2_gptoss_prefill_b2_s1024_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 2,
+     "seq_len": 1024, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "new2_gptoss_decode_b16_kv4096_bf16_l2", "preset": "gpt-oss-20b", "phase": "decode", "batch": 16,
+     "kv_len": 4096, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "new2_bloom_decode_b4_kv2048_fp16_l24", "preset": "bloom-560m", "phase": "decode", "batch": 4,
+     "kv_len": 2048, "dtype": "fp16", "layers": 24, "est_s": 30},
+    {"case": "new2_bloom_prefill_b1_s2048_fp16_l24", "preset": "bloom-560m", "phase": "prefill", "batch": 1,
+     "seq_len": 2048, "dtype": "fp16", "layers": 24, "est_s": 30},
+]  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -298,7 +319,12 @@ WEIGHT_SEED = 0
 
 
 def build_model(
-    raw: dict[str, Any], dtype: str, device: str, weights_on: str | None = None, seed: int = WEIGHT_SEED
+    raw: dict[str, Any],
+    dtype: str,
+    device: str,
+    weights_on: str | None = None,
+    seed: int = WEIGHT_SEED,
+    attn: str = "sdpa",
 ) -> tuple[Any, Any]:
     """The unmodified HF causal LM (eager modules, SDPA) with seeded random weights, on ``device``.
 
@@ -311,7 +337,7 @@ def build_model(
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]
     kwargs = {k: v for k, v in raw.items() if k not in ("model_type", "transformers_version")}
     config = transformers.AutoConfig.for_model(raw["model_type"], **kwargs)
-    for attempt in ("sdpa", "eager"):  # as opgraph capture picks: SDPA, else eager where SDPA is not supported
+    for attempt in dict.fromkeys((attn, "eager")):  # as opgraph capture picks: --attn-impl, else eager
         torch.manual_seed(seed)
         try:
             with torch.device(weights_on or device):
@@ -734,7 +760,9 @@ def round_robin_walls(
             (out / f"{case['case']}.config.json").write_text(json.dumps(raw, indent=1))
             t0 = time.perf_counter()
             try:
-                model, config = build_model(raw, case["dtype"], device, args.weights_on, args.seed)
+                model, config = build_model(
+                    raw, case["dtype"], device, args.weights_on, args.seed, case.get("attn_impl", "sdpa")
+                )
                 phase = Phase(model, config, case, device)
                 for _ in range(2):
                     phase.run(phase.fresh())
@@ -793,7 +821,7 @@ def measure(case: dict[str, Any], args: argparse.Namespace, out: Path) -> dict[s
     raw = case_config(case, args.tiny)
     cfg_path = out / f"{name}.config.json"
     cfg_path.write_text(json.dumps(raw, indent=1))
-    model, config = build_model(raw, case["dtype"], device, args.weights_on, args.seed)
+    model, config = build_model(raw, case["dtype"], device, args.weights_on, args.seed, case.get("attn_impl", "sdpa"))
     params = sum(p.numel() for p in model.parameters())
     attention = str(model.config._attn_implementation)
     phase = Phase(model, config, case, device)
@@ -876,7 +904,7 @@ def main() -> int:
         "--cases",
         default="",
         help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
-        "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES and TRAIN_WALL_CASES by name)",
+        "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK_CASES and TRAIN_WALL_CASES by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -927,7 +955,8 @@ def main() -> int:
         return 2
     cases = TINY_CASES if args.tiny else CASES
     if args.cases:
-        checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES, *NEW_FAMILY_CASES]
+        checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
+        checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES]
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})

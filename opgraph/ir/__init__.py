@@ -63,6 +63,7 @@ from opgraph.ir.ops import (
     AttentionVariant,
     Collective,
     CollectiveKind,
+    EagerPass,
     Elementwise,
     Embedding,
     Gemm,
@@ -83,6 +84,7 @@ from opgraph.ir.ops import (
     View,
     attended_pairs,
     collective_definition,
+    eager_parts,
     parse_op,
 )
 from opgraph.ir.registry import Registry, import_object
@@ -111,6 +113,7 @@ __all__ = [
     "DType",
     "DanglingEdgeError",
     "DuplicateIdError",
+    "EagerPass",
     "Edge",
     "EdgeKind",
     "EdgeTemplate",
@@ -166,6 +169,7 @@ __all__ = [
     "collective_definition",
     "critical_path",
     "dtype_from_torch_name",
+    "eager_parts",
     "find_cycle",
     "grouped_kernel",
     "host_syncs",

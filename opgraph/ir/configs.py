@@ -158,6 +158,10 @@ def config_hash(op: OpBase) -> str:
     return hash_config_dict(config_dict(op))
 
 
+_KEYLESS_WHEN_UNSET = ("eager",)
+"""Fields added after keys were saved, left out of :func:`config_key` while unset (``None``), so the ops
+that lack them keep their keys."""
+
 _KEY_EXCLUDE: dict[str, object] = {
     **dict.fromkeys(IDENTITY_FIELDS, True),
     "inputs": {"__all__": {"id"}},
@@ -179,6 +183,7 @@ def config_key(op: OpBase) -> str:
     """
     facts = legacy_facts(type(op), op.definition)
     implied = {k: True for k, v in facts.items() if getattr(op, k) == v}
+    implied.update({k: True for k in _KEYLESS_WHEN_UNSET if getattr(op, k, 0) is None})
     blob = op.model_dump_json(exclude={**_KEY_EXCLUDE, **implied})  # type: ignore[arg-type]
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 

@@ -288,6 +288,30 @@ def attended_pairs(q_len: int, kv_len: int, causal: bool, window: int | None = N
     return total
 
 
+class EagerPass(FrozenModel):
+    """One kernel that eager attention runs over its materialised scores besides its two matmuls (a
+    scale, a mask, a cast, a softmax, a row maximum, a sinks ``cat``...), as capture saw it.
+
+    Its bytes are per score (``batch * heads * q_len * kv_len`` of them) and per query row (``batch *
+    heads * q_len``: a row maximum, a sink column), so they follow the attention's shape when a transform
+    changes it."""
+
+    kind: Literal[OpKind.ELEMENTWISE, OpKind.SOFTMAX, OpKind.REDUCTION, OpKind.MEMORY]
+    """What kind of kernel it is (how a cost model prices it)."""
+    fn: str
+    """The aten function (``mul``, ``add``, ``_softmax``, ``amax``, ``cat``, ``_to_copy``...)."""
+    read: Annotated[float, Field(ge=0)]
+    """Bytes it reads per score."""
+    written: Annotated[float, Field(ge=0)]
+    """Bytes it writes per score."""
+    read_row: Annotated[float, Field(ge=0)] = 0.0
+    """Bytes it reads per query row besides those (a sinks column)."""
+    written_row: Annotated[float, Field(ge=0)] = 0.0
+    """Bytes it writes per query row besides those (a row maximum, a sinks column)."""
+    dtype: DType = DType.bf16
+    """The dtype it computes in (a softmax taken in float32: ``fp32``)."""
+
+
 class Attention(OpBase):
     """Scaled dot-product attention of ``heads`` query heads over ``kv_heads`` key/value heads."""
 
@@ -313,6 +337,10 @@ class Attention(OpBase):
     shorter than ``kv_len`` masks nothing)."""
     variant: AttentionVariant = AttentionVariant.GQA
     """Head layout."""
+    eager: tuple[EagerPass, ...] | None = None
+    """``None``: one fused kernel (SDPA, flash). Otherwise the model's eager attention: a batched matmul
+    of queries and keys over every query-key pair, these passes over the scores it materialises, then a
+    batched matmul of the weights and values (:func:`eager_parts` lists the kernels)."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> Attention:
@@ -333,7 +361,9 @@ class Attention(OpBase):
         return attended_pairs(self.q_len, self.kv_len, self.causal, self.window)
 
     def default_flops(self) -> float:
-        return 2 * self.batch * self.heads * self.pairs * (self.head_dim + self.dv)
+        # eager attention multiplies every query-key pair; the mask only zeroes weights afterwards
+        pairs = self.q_len * self.kv_len if self.eager is not None else self.pairs
+        return 2 * self.batch * self.heads * pairs * (self.head_dim + self.dv)
 
     def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
@@ -342,7 +372,7 @@ class Attention(OpBase):
         return ((q + kv) * s, self.batch * self.q_len * self.heads * self.dv * s)
 
     def default_definition(self) -> str:
-        v = self.variant.value
+        v = ("eager_" if self.eager is not None else "") + self.variant.value
         if self.q_len == 1:
             name = f"{v}_paged_decode_h{self.heads}_kv{self.kv_heads}_d{self.head_dim}"
         else:
@@ -674,6 +704,41 @@ Op = Annotated[
 
 OP_TYPES: dict[OpKind, type[OpBase]] = {cls.model_fields["kind"].default: cls for cls in get_args(get_args(Op)[0])}
 """The model class of each kind."""
+
+
+def eager_parts(op: Attention) -> tuple[OpBase, ...]:
+    """The kernels an eager attention op runs (``()`` for a fused one), as ops a cost model prices one by
+    one: the scores' batched matmul, each :class:`EagerPass` over the scores in order, the values'
+    batched matmul. Their shapes follow the op's fields (a rebatched or sharded op's parts are its own).
+
+    >>> att = Attention(id=0, batch=1, q_len=4, kv_len=4, heads=2, kv_heads=2, head_dim=8,
+    ...                 eager=(EagerPass(kind=OpKind.SOFTMAX, fn="_softmax", read=2, written=2),))
+    >>> [(p.kind.value, p.definition) for p in eager_parts(att)]
+    [('gemm', 'bmm_b2_n4_k8'), ('softmax', 'softmax_d4'), ('gemm', 'bmm_b2_n8_k4')]
+    """
+    if op.eager is None:
+        return ()
+    bh, rows = op.batch * op.heads, op.batch * op.heads * op.q_len
+    scores = rows * op.kv_len
+    common: dict[str, Any] = {"id": op.id, "scope": op.scope, "layer": op.layer, "stage": op.stage, "step": op.step}
+    parts: list[OpBase] = [Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=op.dtype, **common)]
+    for p in op.eager:
+        sized: dict[str, Any] = {
+            **common,
+            "dtype": p.dtype,
+            "bytes_read": round(p.read * scores + p.read_row * rows),
+            "bytes_written": round(p.written * scores + p.written_row * rows),
+        }
+        if p.kind is OpKind.SOFTMAX:
+            parts.append(Softmax(rows=rows, cols=op.kv_len, **sized))
+        elif p.kind is OpKind.REDUCTION:
+            parts.append(Reduction(fn=p.fn, numel_in=scores, numel_out=rows, reduced=op.kv_len, **sized))
+        elif p.kind is OpKind.MEMORY:
+            parts.append(Memory(fn=p.fn, numel=scores, **sized))
+        else:
+            parts.append(Elementwise(fn=p.fn, numel=scores, hidden=op.kv_len, **sized))
+    parts.append(Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=op.dtype, **common))
+    return tuple(parts)
 
 
 class _OpAdapter(BaseModel):

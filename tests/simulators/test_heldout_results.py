@@ -405,31 +405,55 @@ NEW_FAMILIES = RESULTS / "new-families-0706"
 """Gemma 3, gpt-oss, DeepSeek-V3 and BLOOM cases, families no GPU measurement had touched (README there)."""
 
 
+def _attention_err(report: dict[str, Any], case: str) -> float:
+    row = next(r for r in report["cases"] if r["case"] == case)
+    kinds = row["predicted"][report["cli_default_cost_model"]]["by_kind"]
+    return float(next(k["err"] for k in kinds if k["kind"] == "attention"))
+
+
 def test_families_the_profile_never_saw_show_where_it_does_not_transfer() -> None:
-    # Out of sample and unfixed (README there): eager attention priced as a fused kernel (gpt-oss, BLOOM),
-    # BLOOM's Python GELU as one kernel, copies in layouts the sweep never measured (gpt-oss's repeat_kv,
-    # DeepSeek-V3's 134M-element copy into its cache). Both Gemma 3 cases and the DeepSeek-V3 prefill meet
-    # the GPU target. Any change to these shows up here.
+    # README there. Eager attention, priced as one fused kernel when these were measured (gpt-oss's
+    # prefill attention -98%), is now priced kernel by kernel: a change made after seeing these data, so
+    # they are in sample for it (out of sample: eager-check-0727). Unfixed: BLOOM's Python GELU priced
+    # as one kernel; copies in layouts the sweep never measured (gpt-oss's repeat_kv, DeepSeek-V3's
+    # 134M-element copy into its cache). Any change to these shows up here.
     recomputed = reproduced(NEW_FAMILIES, "new-family run")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.NEW_FAMILY_CASES}
-    label = recomputed["cli_default_cost_model"]
-    missed = target_misses(recomputed, label)
+    missed = target_misses(recomputed, recomputed["cli_default_cost_model"])
     assert {c for c, m in missed if m == "gpu_err"} == {
         "new_gptoss_decode_b8_kv2048_bf16_l2",
         "new_gptoss_prefill_b1_s2048_bf16_l2",
         "new_deepseekv3_decode_b8_kv2048_bf16_l4",
         "new_bloom_decode_b16_kv1024_fp16_l24",
-        "new_bloom_prefill_b4_s1024_fp16_l24",
     }
-    rows = {r["case"]: r for r in recomputed["cases"]}
-    eager = rows["new_gptoss_prefill_b1_s2048_bf16_l2"]["predicted"][label]["by_kind"]
-    attention = next(k for k in eager if k["kind"] == "attention")
-    assert attention["err"] < -0.9  # the fused kernel's price for what eager attention runs in 5.7 ms a layer
+    assert -0.5 < _attention_err(recomputed, "new_gptoss_prefill_b1_s2048_bf16_l2") < -0.2
     walls = {r["case"]: r["measured"].get("wall_source") for r in recomputed["cases"]}
     assert {c for c, w in walls.items() if w} == {
         "new_deepseekv3_decode_b8_kv2048_bf16_l4",
         "new_bloom_prefill_b4_s1024_fp16_l24",
     }
+
+
+EAGER_CHECK = RESULTS / "eager-check-0727"
+"""Eager attention priced kernel by kernel, on shapes chosen before it was run (README there)."""
+
+
+def test_eager_attention_priced_by_its_kernels_out_of_sample() -> None:
+    # Chosen and measured before any prediction of them (the sweep's eager matmuls in the same run). The
+    # attention kinds' errors, -96% to -98% when eager attention was priced as the fused kernel, are now
+    # -42% to +62%: no case meets the GPU target. What is left (README): the sweep's softmax points (bf16,
+    # 128 or 4096 columns) price a float32 softmax of 2048 columns 2x long; repeat_kv copies priced from
+    # the strided cache-write points 3x long; decode GEMVs over K^T 2x short.
+    recomputed = reproduced(EAGER_CHECK, "eager-attention check")
+    assert {c["case"] for c in recomputed["cases"]} | {"new2_gptoss_decode_b16_kv4096_bf16_l2"} == {
+        c["case"] for c in heldout_mod.EAGER_CHECK_CASES
+    }
+    missed = target_misses(recomputed, recomputed["cli_default_cost_model"])
+    assert {c for c, m in missed if m == "gpu_err"} == {c["case"] for c in recomputed["cases"]}
+    errs = {r["case"]: _attention_err(recomputed, r["case"]) for r in recomputed["cases"]}
+    assert all(-0.45 < e < 0.65 for e in errs.values()), errs
+    eager_runs = [r for r in recomputed["cases"] if r["case"].startswith("eager_")]
+    assert len(eager_runs) == 3 and all(r["graph_ops"] > 0 for r in eager_runs)
 
 
 H200 = REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout"

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from opgraph.capture.lowering.base import FREE, Lowering, numel
+from opgraph.capture.lowering.memory import memory_fn
 from opgraph.capture.recorder import Event, TRef
-from opgraph.ir.ops import AttentionVariant, OpKind
+from opgraph.ir.dtypes import DType
+from opgraph.ir.ops import AttentionVariant, EagerPass, OpKind
 
 SDPA_FNS = frozenset(
     {
@@ -36,6 +38,70 @@ _PASS_THROUGH = frozenset({"_to_copy", "clone", "contiguous", "copy"})
 _SCORE_CHAIN = frozenset(
     {"add", "mul", "div", "sub", "_to_copy", "masked_fill", "where", "tanh", "clone", "copy", "maximum", "cat"}
 )
+
+
+_SOFTMAX_FNS = frozenset({"_softmax", "softmax", "_safe_softmax"})
+_ROW_MAX_FNS = frozenset({"amax", "max", "logsumexp"})
+
+
+def _itemsize(ref: TRef) -> float:
+    try:
+        return DType(ref.dtype).itemsize
+    except ValueError:  # a type the IR does not name: a byte an element
+        return 1.0
+
+
+def _per_score_and_row(refs: list[TRef], rows: int, kv_len: int) -> tuple[float, float]:
+    """Bytes of ``refs`` as (per score, per query row): a tensor of ``rows`` rows of ``X`` columns holds a
+    score per key and ``X - kv_len`` more per row (a sinks column; ``X`` alone for a row statistic);
+    any other (a mask broadcast over the heads) is a fixed share of the scores."""
+    per_score = per_row = 0.0
+    for r in refs:
+        size, cols = _itemsize(r), (r.shape[-1] if r.shape else 1)
+        if numel(r) == rows * cols and cols >= kv_len:
+            per_score, per_row = per_score + size, per_row + size * (cols - kv_len)
+        elif numel(r) == rows * cols:
+            per_row += size * cols
+        else:
+            per_score += size * numel(r) / (rows * kv_len)
+    return per_score, per_row
+
+
+def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Event) -> tuple[EagerPass, ...]:
+    """The kernels eager attention runs over its scores between the two matmuls (views launch none), in
+    order, their bytes per score (:class:`~opgraph.ir.EagerPass`)."""
+    shape = score_mm.outputs[0].shape
+    kv_len = shape[-1] if shape else 1
+    rows = numel(score_mm.outputs[0]) // max(kv_len, 1)
+    passes: list[EagerPass] = []
+    for i in sorted(members):
+        e = lw.events[i]
+        if i in (score_mm.index, out_mm.index) or e.alias or not e.outputs or not rows:
+            continue
+        fn, moved = e.fn, memory_fn(e)
+        if fn in _SOFTMAX_FNS:
+            kind = OpKind.SOFTMAX
+        elif fn in _ROW_MAX_FNS:
+            kind = OpKind.REDUCTION
+        elif moved is not None:
+            kind, fn = OpKind.MEMORY, moved  # named as the memory lowering names it (cast, copy, cat)
+        else:
+            kind = OpKind.ELEMENTWISE
+        out = e.outputs[0].dtype
+        read, read_row = _per_score_and_row(list(e.inputs), rows, kv_len)
+        written, written_row = _per_score_and_row(list(e.outputs), rows, kv_len)
+        passes.append(
+            EagerPass(
+                kind=kind,
+                fn=fn,
+                read=read,
+                written=written,
+                read_row=read_row,
+                written_row=written_row,
+                dtype=DType(out) if out in DType._value2member_map_ else DType.bf16,
+            )
+        )
+    return tuple(passes)
 
 
 def _kv_source(lw: Lowering, tid: int) -> int | None:
@@ -277,4 +343,5 @@ class LowerAttention:
                 members.append(i)
                 inside.add(i)
                 produced.update(r.tid for r in e.outputs)
+        f["eager"] = _eager_passes(lw, members, score_mm, out_mm)
         lw.claim(members, OpKind.ATTENTION, f, target="eager_attention", call=out_mm.call)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from opgraph.capture.lowering.base import Lowering, numel
+from opgraph.capture.recorder import Event
 from opgraph.ir.ops import OpKind
 
 _FN = {
@@ -71,6 +72,15 @@ _FN = {
 }
 
 
+def memory_fn(ev: Event) -> str | None:
+    """The :class:`~opgraph.ir.Memory` function an event is (``cast``, ``copy``, ``cat``...), or ``None``
+    for one that moves no data this way; a cast to the same dtype is a ``copy``."""
+    fn = _FN.get(ev.fn)
+    if fn == "cast" and ev.inputs and ev.outputs and ev.inputs[0].dtype == ev.outputs[0].dtype:
+        return "copy"
+    return fn
+
+
 @dataclass(frozen=True)
 class LowerMemory:
     """``Memory`` ops for data movement without arithmetic."""
@@ -79,10 +89,8 @@ class LowerMemory:
 
     def run(self, lw: Lowering) -> None:
         for ev in lw.free_events():
-            fn = _FN.get(ev.fn)
+            fn = memory_fn(ev)
             if fn is None:
                 continue
-            if fn == "cast" and ev.inputs and ev.outputs and ev.inputs[0].dtype == ev.outputs[0].dtype:
-                fn = "copy"
             n = sum(numel(o) for o in ev.outputs)
             lw.claim([ev.index], OpKind.MEMORY, {"fn": fn, "numel": n})

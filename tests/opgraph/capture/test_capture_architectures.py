@@ -151,13 +151,33 @@ def test_mla_attention(tmp_path: Path) -> None:
     assert att.head_dim == 24 and att.head_dim_v == 16  # type: ignore[attr-defined]
 
 
-def test_eager_attention_matches_sdpa_flops(tmp_path: Path) -> None:
+def test_eager_attention_records_the_kernels_it_runs_over_its_scores(tmp_path: Path) -> None:
+    # HF's eager_attention_forward: scores = q @ k^T * scale, + mask, softmax in float32, cast back, @ v.
     path = tiny_config(tmp_path, "llama")
-    sdpa = capture(path, seq_len=8, attn_impl="sdpa")
-    eager = capture(path, seq_len=8, attn_impl="eager")
-    a, b = sdpa.ops_of(OpKind.ATTENTION), eager.ops_of(OpKind.ATTENTION)
-    assert [(o.definition, o.flops) for o in a] == [(o.definition, o.flops) for o in b]
-    assert a[0].definition == "gqa_ragged_prefill_causal_h4_kv2_d16"
+    sdpa = capture(path, seq_len=8, attn_impl="sdpa").ops_of(OpKind.ATTENTION)
+    eager = capture(path, seq_len=8, attn_impl="eager").ops_of(OpKind.ATTENTION)
+    assert sdpa[0].definition == "gqa_ragged_prefill_causal_h4_kv2_d16" and sdpa[0].eager is None  # type: ignore[attr-defined]
+    assert eager[0].definition == "eager_gqa_ragged_prefill_causal_h4_kv2_d16"
+    passes = eager[0].eager  # type: ignore[attr-defined]
+    assert [(p.kind.value, p.fn, p.dtype.value) for p in passes] == [
+        ("elementwise", "mul", "bf16"),
+        ("elementwise", "add", "bf16"),
+        ("memory", "cast", "fp32"),
+        ("softmax", "_softmax", "fp32"),
+        ("memory", "cast", "bf16"),
+    ]
+    # bytes per score: the softmax reads and writes float32, the casts change the width
+    assert [(p.read, p.written) for p in passes if p.fn != "add"] == [(2, 2), (2, 4), (4, 4), (4, 2)]
+    # eager multiplies every query-key pair (the mask zeroes weights afterwards); SDPA skips the masked
+    b, h, s, d = 1, 4, 8, 16
+    assert eager[0].flops == 2 * b * h * s * s * 2 * d
+    assert sdpa[0].flops == 2 * b * h * (s * (s + 1) // 2) * 2 * d
+
+
+def test_sink_attention_runs_its_sinks_cat_max_and_subtraction(tmp_path: Path) -> None:
+    g = capture(tiny_config(tmp_path, "gpt_oss"), seq_len=16)  # no SDPA path in transformers
+    fns = [p.fn for p in g.ops_of(OpKind.ATTENTION)[0].eager]  # type: ignore[attr-defined]
+    assert fns[fns.index("cat") :][:4] == ["cat", "max", "sub", "_softmax"]
 
 
 def test_sliding_window_layers(tmp_path: Path) -> None:

@@ -127,10 +127,13 @@ def test_masked_gqa_decode_has_the_model_heads(tmp_path: Path, model_type: str) 
         # The one query of each sequence and head sees the window's keys: QK^T and PV over them.
         assert o.flops == 2 * 2 * HEADS * WINDOW * (2 * HEAD_DIM)
         assert o.inputs[0].shape == (2, HEADS, 1, HEAD_DIM) and o.outputs[0].shape == (2, HEADS, 1, HEAD_DIM)
-    # Eager attention expands the key/value heads instead: the same op.
+    # Eager attention expands the key/value heads instead: the same attention, run as its own kernels
+    # (one query multiplies every key it holds, as the fused kernel does).
     eager = attention(capture(path, phase="decode", batch=2, kv_len=3 * WINDOW, attn_impl="eager"))
-    fields = ("heads", "kv_heads", "q_len", "kv_len", "causal", "window", "flops", "definition")
+    fields = ("heads", "kv_heads", "q_len", "kv_len", "causal", "window", "flops")
     assert [[getattr(o, f) for f in fields] for o in ops] == [[getattr(o, f) for f in fields] for o in eager]
+    assert [f"eager_{o.definition}" for o in ops] == [o.definition for o in eager]
+    assert all(o.eager is None for o in ops) and all(o.eager for o in eager)  # type: ignore[attr-defined]
     cpu = capture(path, phase="decode", batch=2, kv_len=3 * WINDOW, device="cpu")
     assert structure(cpu) == structure(g)
 
