@@ -317,6 +317,18 @@ def _strided_kv_write(batch: int, seq: int, kv_heads: int = 8, head_dim: int = 1
     )  # fmt: skip
 
 
+def _repeat_kv(batch: int, seq: int, kv_heads: int = 8, group: int = 4, head_dim: int = 128) -> Memory:
+    """transformers' ``repeat_kv``: the ``[b, kv_heads, seq, d]`` keys or values expanded to every query
+    head (the group's stride 0) and copied, as eager attention (and SDPA given a mask on GQA) runs it."""
+    shape = (batch, kv_heads, group, seq, head_dim)
+    strides = (kv_heads * seq * head_dim, seq * head_dim, 0, head_dim, 1)
+    return Memory(
+        id=0, fn="repeat_kv", numel=math.prod(shape),
+        inputs=(TensorSpec(shape=shape, dtype=DType.bf16, strides=strides),),
+        outputs=(TensorSpec(shape=shape, dtype=DType.bf16),),
+    )  # fmt: skip
+
+
 def _fp32_weights_combine(tokens: int, experts: int, top_k: int, hidden: int) -> MoeRouting:
     """An MoE combine as capture records Mixtral's: expert rows, float32 routing weights, the sort
     order and the token index of each pair."""
@@ -434,6 +446,10 @@ def _gpu_sweep() -> list[SweepPoint]:
     for fn in ("add", "mul"):
         ops = (Elementwise(id=0, fn=fn, numel=t * 4096, hidden=4096) for t in TOKENS)
         pts += _series(f"ew.{fn}", ops, base=0)
+        # eager attention's passes over its scores: up to 256 Mi elements
+        ops = (Elementwise(id=0, fn=fn, numel=n, hidden=2048) for n in (2**27, 2**28))
+        pts += _series(f"ew.scores.{fn}", ops, base=2)
+    pts += _series("ew.sub", (Elementwise(id=0, fn="sub", numel=t * 4096, hidden=4096) for t in TOKENS), base=2)
     for fn in ("cos", "sin", "rsqrt"):
         pts += _series(f"ew.{fn}", (Elementwise(id=0, fn=fn, numel=t * 128, hidden=128) for t in TOKENS[::2]), base=2)
     # RoPE's tables as transformers builds them: in float32.
@@ -462,6 +478,13 @@ def _gpu_sweep() -> list[SweepPoint]:
     pts += _series("mem.cast.fp32", cast32, base=2)
     for cols in (128, 4096):
         pts += _series(f"softmax.c{cols}", (Softmax(id=0, rows=t, cols=cols) for t in TOKENS), base=1)
+    # Eager attention's softmax over its scores: a row per query and head, a column per key; transformers
+    # takes it in float32, gpt-oss (with its sinks) in bf16.
+    for cols in (512, 2048, 8192):
+        rows = (2**20 // cols, 2**24 // cols, 2**27 // cols)
+        pts += _series(f"softmax.fp32.c{cols}", (Softmax(id=0, rows=r, cols=cols, dtype=f32) for r in rows), base=2)
+    pts += _series("softmax.c2048", (Softmax(id=0, rows=r, cols=2048) for r in (2**9, 2**13, 2**16)), base=2)
+    pts += _series("mem.repeat_kv", (_repeat_kv(b, s) for b in (1, 8) for s in (512, 2048, 8192)), base=1)
     sizes = [4**i for i in range(5, 15)]  # 1 Ki .. 256 Mi elements
     for fn in ("copy", "cast"):
         ops = (

@@ -413,18 +413,18 @@ def _attention_err(report: dict[str, Any], case: str) -> float:
 
 def test_families_the_profile_never_saw_show_where_it_does_not_transfer() -> None:
     # README there. Eager attention, priced as one fused kernel when these were measured (gpt-oss's
-    # prefill attention -98%), is now priced kernel by kernel: a change made after seeing these data, so
-    # they are in sample for it (out of sample: eager-check-0727). Unfixed: BLOOM's Python GELU priced
-    # as one kernel; copies in layouts the sweep never measured (gpt-oss's repeat_kv, DeepSeek-V3's
-    # 134M-element copy into its cache). Any change to these shows up here.
+    # prefill attention -98%), is now priced kernel by kernel and the sweep measures repeat_kv copies:
+    # changes made after seeing these data, so they are in sample for them (out of sample:
+    # eager-check-0727, eager-check2-0750). Unfixed: BLOOM's Python GELU priced as one kernel, DeepSeek-V3's
+    # 134M-element copy into its cache priced from the cache-append points. Any change shows up here.
     recomputed = reproduced(NEW_FAMILIES, "new-family run")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.NEW_FAMILY_CASES}
     missed = target_misses(recomputed, recomputed["cli_default_cost_model"])
     assert {c for c, m in missed if m == "gpu_err"} == {
-        "new_gptoss_decode_b8_kv2048_bf16_l2",
         "new_gptoss_prefill_b1_s2048_bf16_l2",
         "new_deepseekv3_decode_b8_kv2048_bf16_l4",
         "new_bloom_decode_b16_kv1024_fp16_l24",
+        "new_bloom_prefill_b4_s1024_fp16_l24",
     }
     assert -0.5 < _attention_err(recomputed, "new_gptoss_prefill_b1_s2048_bf16_l2") < -0.2
     walls = {r["case"]: r["measured"].get("wall_source") for r in recomputed["cases"]}
@@ -439,21 +439,47 @@ EAGER_CHECK = RESULTS / "eager-check-0727"
 
 
 def test_eager_attention_priced_by_its_kernels_out_of_sample() -> None:
-    # Chosen and measured before any prediction of them (the sweep's eager matmuls in the same run). The
-    # attention kinds' errors, -96% to -98% when eager attention was priced as the fused kernel, are now
-    # -42% to +62%: no case meets the GPU target. What is left (README): the sweep's softmax points (bf16,
-    # 128 or 4096 columns) price a float32 softmax of 2048 columns 2x long; repeat_kv copies priced from
-    # the strided cache-write points 3x long; decode GEMVs over K^T 2x short.
+    # Chosen and measured before any prediction of them (the sweep's eager matmuls in the same run): the
+    # attention kinds' errors, -96% to -98% when eager attention was priced as the fused kernel, were -42%
+    # to +62%, no GPU time within 5% (README there). The sweep then gained float32 softmax points over the
+    # column count, repeat_kv copies and score-sized passes, chosen from what these data showed: on them
+    # that is in sample, and the Llama-1B and Qwen2.5 eager prefills come within 5%.
     recomputed = reproduced(EAGER_CHECK, "eager-attention check")
     assert {c["case"] for c in recomputed["cases"]} | {"new2_gptoss_decode_b16_kv4096_bf16_l2"} == {
         c["case"] for c in heldout_mod.EAGER_CHECK_CASES
     }
     missed = target_misses(recomputed, recomputed["cli_default_cost_model"])
-    assert {c for c, m in missed if m == "gpu_err"} == {c["case"] for c in recomputed["cases"]}
+    assert {c for c, m in missed if m == "gpu_err"} == {
+        "eager_llama8b_decode_b8_kv2048_bf16_l4",
+        "new2_gptoss_prefill_b2_s1024_bf16_l2",
+        "new2_bloom_decode_b4_kv2048_fp16_l24",
+        "new2_bloom_prefill_b1_s2048_fp16_l24",
+    }
     errs = {r["case"]: _attention_err(recomputed, r["case"]) for r in recomputed["cases"]}
-    assert all(-0.45 < e < 0.65 for e in errs.values()), errs
-    eager_runs = [r for r in recomputed["cases"] if r["case"].startswith("eager_")]
-    assert len(eager_runs) == 3 and all(r["graph_ops"] > 0 for r in eager_runs)
+    assert all(-0.45 < e < 0.4 for e in errs.values()), errs
+
+
+EAGER_CHECK2 = RESULTS / "eager-check2-0750"
+"""The same check on new shapes, chosen before the sweep's softmax, repeat_kv and pass points ran."""
+
+
+def test_eager_attention_after_the_sweep_covers_its_passes() -> None:
+    # Out of sample for the softmax, repeat_kv and pass points (README there). The eager prefill is within
+    # 5%, the repeat_kv copies of the GQA decodes within 10% (priced 3x long from the cache-write points
+    # before), and what is left is the decodes' batched GEMVs over K^T, priced from the sweep's
+    # contiguous-operand points: their attention 30-50% short.
+    recomputed = reproduced(EAGER_CHECK2, "second eager-attention check")
+    assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.EAGER_CHECK2_CASES}
+    missed = target_misses(recomputed, recomputed["cli_default_cost_model"])
+    assert {c for c, m in missed if m == "gpu_err"} == {c["case"] for c in recomputed["cases"]} - {
+        "eager2_llama8b_prefill_b1_s1024_bf16_l4"
+    }
+    label = recomputed["cli_default_cost_model"]
+    for case in ("eager2_qwen25_decode_b4_kv4096_bf16_l4", "eager2_llama1b_decode_b16_kv1024_fp16_l4"):
+        row = next(r for r in recomputed["cases"] if r["case"] == case)
+        memory = next(k for k in row["predicted"][label]["by_kind"] if k["kind"] == "memory")
+        assert abs(memory["err"]) < 0.1
+        assert -0.5 < _attention_err(recomputed, case) < -0.25
 
 
 H200 = REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout"

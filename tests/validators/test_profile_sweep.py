@@ -257,8 +257,16 @@ def test_sweep_measures_the_strided_layouts_models_run_and_replays_them_strided(
         assert not all(t.is_contiguous() for t in case.inputs if isinstance(t, torch.Tensor) and t.numel())
 
 
-EAGER_SERIES = ("gemm.eager_scores.", "gemm.eager_values.")
-"""The sweep's series of eager attention's batched matmuls (validators/profile.py)."""
+EAGER_SERIES = (
+    "gemm.eager_scores.",
+    "gemm.eager_values.",
+    "softmax.fp32.",
+    "softmax.c2048",
+    "mem.repeat_kv",
+    "ew.scores.",
+    "ew.sub",
+)
+"""The sweep's series of what eager attention runs (validators/profile.py), measured on the H100 only."""
 
 BATCHED_MM_SERIES = {
     f"moe.{name}.{part}.batched_mm" for name in ("qwen3moe", "mixtral") for part in ("gate_up", "down")
@@ -309,7 +317,7 @@ def test_the_batched_mm_series_leaves_the_shipped_points_keys(device: str) -> No
     from hardware.models.profile import BATCHED_MM, profile_points
 
     profile = load_profile(Path(__file__).resolve().parents[2] / "hardware" / "catalog" / f"{device}.profile.json")
-    # the eager-attention matmuls: measured on the H100 (2026-11-27), a series the H200's resume would add
+    # eager attention's kernels: measured on the H100 (2026-11-27), series the H200's resume would add
     later = EAGER_SERIES if device == "h200" else ()
     plan = {p.key for p in sweep_points("cuda") if p.series not in BATCHED_MM_SERIES and not p.series.startswith(later)}
     own = {p.key for p in profile_points(profile, BATCHED_MM)}
