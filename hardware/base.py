@@ -177,17 +177,22 @@ def sum_of_parts(parts: Sequence[tuple[OpBase, Cost]], what: str) -> Cost:
     )
 
 
+def eager_attention_cost(model: CostModel, op: OpBase, hw: HardwareSpec) -> Cost | None:
+    """Eager attention (:attr:`~opgraph.ir.Attention.eager`) priced kernel by kernel by ``model``
+    (:func:`~opgraph.ir.eager_parts`: no fused attention kernel runs it); ``None`` for any other op. The
+    models that price ops from their fields call it first; a table that measured the op itself answers
+    from its measurement, and asks its fallback (which calls it) otherwise."""
+    parts = eager_parts(op) if isinstance(op, Attention) else ()
+    if not parts:
+        return None
+    name = type(model).__name__
+    return sum_of_parts([(p, check_cost(model.estimate(p, hw), p, name)) for p in parts], "eager attention")
+
+
 def estimate_op(model: CostModel, op: OpBase, hw: HardwareSpec, model_name: str) -> Cost | str:
     """``model``'s checked :class:`Cost` for ``op``, or the reason it declined the op
-    (:class:`UncostedOpError`); anything else it raises becomes a :class:`CostModelError` naming the op.
-
-    Eager attention (:attr:`~opgraph.ir.Attention.eager`) is priced kernel by kernel
-    (:func:`~opgraph.ir.eager_parts`): no fused attention kernel runs it."""
+    (:class:`UncostedOpError`); anything else it raises becomes a :class:`CostModelError` naming the op."""
     try:
-        parts = eager_parts(op) if isinstance(op, Attention) else ()
-        if parts:
-            priced = [(p, check_cost(model.estimate(p, hw), p, model_name)) for p in parts]
-            return sum_of_parts(priced, "eager attention")
         return check_cost(model.estimate(op, hw), op, model_name)
     except UncostedOpError as exc:
         return exc.message

@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
-from hardware.base import Bound, Cost, CostModel, UncostedOpError
+from hardware.base import Bound, Cost, CostModel, UncostedOpError, eager_attention_cost
 from hardware.models.collective import AlphaBetaCollectiveModel
 from hardware.models.options import apply_options
 from hardware.spec import HardwareSpec
@@ -194,7 +194,11 @@ class FormulaDispatchModel(Generic[P]):
         """Hook: what a subclass prepares once its parameters are set (nothing by default)."""
 
     def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
-        """The cost of ``op`` on ``hw``, by the formula registered for its class or kind."""
+        """The cost of ``op`` on ``hw``, by the formula registered for its class or kind (eager attention:
+        the sum of its kernels', :func:`~hardware.base.eager_attention_cost`)."""
+        eager = eager_attention_cost(self, op, hw)
+        if eager is not None:
+            return eager
         formula = COST_FORMULAS.find(self, op)
         if formula is None:
             raise UncostedOpError(f"the {self.name} model has no rule for ops of kind {kind_name(op)!r}")

@@ -51,7 +51,7 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarning
+from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarning, eager_attention_cost
 from hardware.profile import DeviceProfile, ProfilePoint, hardware_profile, load_profile
 from hardware.spec import HardwareSpec
 from opgraph.ir import (
@@ -689,7 +689,11 @@ class ProfileModel:
         return profile.aten_issue_us * 1e-6 if profile.aten_issue_us is not None else None
 
     def estimate(self, op: OpBase, hw: HardwareSpec) -> Cost:
-        """``roofline / efficiency`` of ``op`` from the profile's nearest measured points."""
+        """``roofline / efficiency`` of ``op`` from the profile's nearest measured points (eager attention:
+        the sum of its kernels', :func:`~hardware.base.eager_attention_cost`)."""
+        eager = eager_attention_cost(self, op, hw)
+        if eager is not None:
+            return eager
         kind = getattr(op, "kind", OpKind.OTHER)
         if kind is OpKind.VIEW:
             return Cost(0.0, Bound.FREE, detail="view: no kernel")

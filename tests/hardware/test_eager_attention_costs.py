@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hardware import load_hardware, resolve_cost_model
-from hardware.base import estimate_op
+from hardware.base import UncostedOpError, eager_attention_cost, estimate_op
 from opgraph.ir import Attention, DType, EagerPass, Gemm, OpKind, Softmax, eager_parts, parse_op
 from opgraph.ir.configs import config_key
 from simulators.costing import FixedCostModel
@@ -48,15 +48,33 @@ def test_eager_attention_costs_the_sum_of_its_kernels() -> None:
     hw = load_hardware("h100")
     times = {OpKind.GEMM: 10.0, OpKind.ELEMENTWISE: 1.0, OpKind.SOFTMAX: 3.0, OpKind.MEMORY: 2.0, OpKind.ATTENTION: 7.0}
     model = FixedCostModel(by_kind=times)
-    cost = estimate_op(model, eager(), hw, "fixed")
-    assert not isinstance(cost, str)
-    assert cost.us == pytest.approx(10 + 1 + 2 + 3 + 2 + 10)
+    cost = eager_attention_cost(model, eager(), hw)
+    assert cost is not None and cost.us == pytest.approx(10 + 1 + 2 + 3 + 2 + 10)
     assert cost.detail.startswith("eager attention, 6 kernels: bmm_b8_n8_k16 10.0 us, mul_h8 1.0 us")
-    fused = estimate_op(model, eager().model_copy(update={"eager": None}), hw, "fixed")
-    assert not isinstance(fused, str) and fused.us == pytest.approx(7.0)
+    assert eager_attention_cost(model, eager().model_copy(update={"eager": None}), hw) is None
+    # the models that price ops from their fields price it so; the profile lists its kernels' points
+    for spec in ("roofline", "h100-sxm.profile.json"):
+        priced = resolve_cost_model(spec if spec == "roofline" else str(REPO / "hardware" / "catalog" / spec))
+        sums = estimate_op(priced, eager(), hw, spec)
+        assert not isinstance(sums, str) and sums.detail.startswith("eager attention, 6 kernels")
     # a kernel the model cannot price leaves the whole op uncosted, with the model's reason
-    declined = estimate_op(FixedCostModel(by_kind={OpKind.GEMM: 1.0}), eager(), hw, "fixed")
-    assert isinstance(declined, str) and "elementwise" in declined
+    with pytest.raises(UncostedOpError, match="elementwise"):
+        eager_attention_cost(FixedCostModel(by_kind={OpKind.GEMM: 1.0}), eager(), hw)
+
+
+def test_a_table_that_measured_the_eager_op_itself_answers_from_its_measurement(tmp_path: Path) -> None:
+    # `opgraph validate` replays eager attention as its kernels and calibrates a table on the whole op:
+    # that measurement prices it; a table without it asks its fallback, which sums the kernels.
+    from hardware.models.table import CostTable, TableEntry, TableModel
+
+    hw = load_hardware("h100")
+    op = eager()
+    table = CostTable(entries=(TableEntry.from_op(op, 123e-6),))
+    measured = estimate_op(TableModel(table), op, hw, "table")
+    assert not isinstance(measured, str) and measured.us == pytest.approx(123.0)
+    other = CostTable(entries=(TableEntry.from_op(Gemm(id=0, m=1, n=1, k=1), 1e-6),))
+    summed = estimate_op(TableModel(other), op, hw, "table")
+    assert not isinstance(summed, str) and "eager attention, 6 kernels" in summed.detail
 
 
 def test_materialised_scores_make_eager_attention_slower_than_the_fused_kernel() -> None:

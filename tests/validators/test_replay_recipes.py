@@ -11,6 +11,7 @@ from replay_helpers import FAST, tiny_graph
 from opgraph.ir import (
     Attention,
     DType,
+    EagerPass,
     Elementwise,
     Gemm,
     Norm,
@@ -74,6 +75,42 @@ def test_attention_recipe_matches_an_explicit_causal_reference() -> None:
     allowed = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     ref = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vv
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_eager_attention_replays_its_recorded_passes_as_the_model_runs_them() -> None:
+    # transformers' eager_attention_forward: scale, additive causal mask, float32 softmax, cast back.
+    passes = (
+        EagerPass(kind=OpKind.ELEMENTWISE, fn="mul", read=4, written=4, dtype=DType.fp32),
+        EagerPass(kind=OpKind.ELEMENTWISE, fn="add", read=4, written=4, dtype=DType.fp32),
+        EagerPass(kind=OpKind.SOFTMAX, fn="_softmax", read=4, written=4, dtype=DType.fp32),
+    )
+    op = Attention(id=0, batch=1, q_len=3, kv_len=5, heads=2, kv_heads=1, head_dim=4, dtype="fp32", eager=passes)  # type: ignore[arg-type]
+    sel = RecipeSelector().select(op)
+    assert sel.recipe is not None
+    case = sel.recipe.build(op, BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0)))
+    assert case.note == "eager: q @ k^T, mul, add, _softmax, @ v"
+    q, k, v, _mask, _sinks = case.inputs
+    assert k.shape[1] == 2  # every query head's keys: the graph's repeat_kv copies made them
+    allowed = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    ref = torch.softmax(((q @ k.transpose(-1, -2)) / 2.0).masked_fill(~allowed, float("-inf")), -1) @ v
+    torch.testing.assert_close(case(), ref, rtol=1e-5, atol=1e-5)
+    # gpt-oss's sinks: a column per row concatenated, the row max subtracted, the column dropped again
+    sinks = (
+        *passes[:2],
+        EagerPass(kind=OpKind.MEMORY, fn="cat", read=4, written=4, dtype=DType.fp32),
+        EagerPass(kind=OpKind.REDUCTION, fn="max", read=4, written=0, dtype=DType.fp32),
+        EagerPass(kind=OpKind.ELEMENTWISE, fn="sub", read=4, written=4, dtype=DType.fp32),
+        passes[2],
+    )
+    case = sel.recipe.build(
+        op.model_copy(update={"eager": sinks}), BuildContext(torch.device("cpu"), torch.Generator())
+    )
+    q, k, v, _mask, s = case.inputs
+    logits = torch.cat([((q @ k.transpose(-1, -2)) / 2.0).masked_fill(~allowed, float("-inf")), s], dim=-1)
+    ref = torch.softmax(logits - logits.amax(-1, keepdim=True), -1)[..., :-1] @ v
+    torch.testing.assert_close(case(), ref, rtol=1e-5, atol=1e-5)
+    result = replay_op(op.model_copy(update={"eager": sinks}), device="cpu", options=FAST)
+    assert result.status is ReplayStatus.OK and result.numerics is not None
 
 
 class _NoisyGemm(Recipe):

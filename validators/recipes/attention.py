@@ -1,4 +1,6 @@
-"""Attention ops replayed as transformers' SDPA path calls ``F.scaled_dot_product_attention``.
+"""Attention ops replayed as transformers' SDPA path calls ``F.scaled_dot_product_attention``, and eager
+attention (:attr:`~opgraph.ir.Attention.eager`) as its kernels: the scores' matmul, each recorded pass
+over the scores in order, the values' matmul (:func:`_eager_case`).
 
 Mirrors ``transformers.integrations.sdpa_attention``: no mask and ``is_causal=True`` for a causal
 prefill whose queries cover all keys; no mask for a one-token decode; an explicit bottom-right
@@ -14,7 +16,7 @@ import inspect
 from typing import TYPE_CHECKING, Any
 
 from opgraph.ir import Attention, TensorSpec
-from validators.inputs import Domain, DomainKind, causal_mask, make_tensor
+from validators.inputs import Domain, DomainKind, causal_mask, make_tensor, torch_dtype
 from validators.recipes.base import BuildContext, Case, Recipe
 from validators.recipes.registry import register_recipe
 
@@ -41,6 +43,8 @@ class AttentionRecipe(Recipe[Attention]):
         import torch
         import torch.nn.functional as F
 
+        if op.eager is not None:
+            return _eager_case(op, ctx)
         b, h, kvh, d, dv = op.batch, op.heads, op.kv_heads, op.head_dim, op.dv
         four_d = [t for t in op.inputs if len(t.shape) == 4 and t.dtype.is_float]
         if len(four_d) >= 3 and four_d[0].shape[-2] == op.q_len:
@@ -107,3 +111,54 @@ class AttentionRecipe(Recipe[Attention]):
             return out
 
         return Case(inputs=(q, k, v, mask), run=run, note=note.strip())
+
+
+def _eager_case(op: Attention, ctx: BuildContext) -> Case:
+    """Eager attention as transformers' eager paths run it, one kernel per recorded pass: ``q @ k^T``, then
+    each pass over the scores (a scale, an additive causal mask, casts, a softmax, and a sinks column:
+    ``cat``, row ``max``, ``sub``, softmax, the column sliced off), then ``@ v`` (keys and values with
+    every query head: the graph's ``repeat_kv`` copies made them)."""
+    import torch
+
+    from opgraph.ir import OpKind
+
+    b, h, q_len, kv, d = op.batch, op.heads, op.q_len, op.kv_len, op.head_dim
+    q = make_tensor(TensorSpec(shape=(b, h, q_len, d), dtype=op.dtype), ctx.device, ctx.gen)
+    k = make_tensor(TensorSpec(shape=(b, h, kv, d), dtype=op.dtype), ctx.device, ctx.gen)
+    v = make_tensor(TensorSpec(shape=(b, h, kv, op.dv), dtype=op.dtype), ctx.device, ctx.gen)
+    dtype = torch_dtype(op.dtype)
+    keep = causal_mask(q_len, kv, device=ctx.device, dtype=torch.bool, window=op.window)
+    mask = torch.zeros(b, 1, q_len, kv, device=ctx.device, dtype=dtype).masked_fill(~keep, float("-inf"))
+    sinks = make_tensor(TensorSpec(shape=(b, h, q_len, 1), dtype=op.dtype), ctx.device, ctx.gen)
+    passes = list(op.eager or ())
+    scale = d**-0.5
+
+    def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+        qq, kk, vv, mm, ss = inputs
+        x = torch.matmul(qq, kk.transpose(2, 3))
+        row = None
+        sunk = False
+        for p in passes:
+            to = torch.float64 if reference else torch_dtype(p.dtype)
+            if p.kind is OpKind.SOFTMAX:
+                x = torch.softmax(x.to(to), dim=-1)
+            elif p.kind is OpKind.REDUCTION:
+                row = x.amax(dim=-1, keepdim=True)
+            elif p.fn == "cat":
+                x, sunk = torch.cat([x, ss.to(x.dtype).expand(*x.shape[:-1], 1)], dim=-1), True
+            elif p.kind is OpKind.MEMORY:
+                x = x.to(to)
+            elif p.fn == "sub" and row is not None:
+                x = x - row
+            elif p.fn in ("add", "masked_fill", "where"):
+                x = x + (mm if not sunk else torch.nn.functional.pad(mm, (0, 1))).to(x.dtype)
+            elif p.fn == "tanh":  # a soft cap's
+                x = torch.tanh(x)
+            else:  # mul, div and any other pass: a scale
+                x = x * scale
+        if sunk:
+            x = x[..., :-1]
+        return torch.matmul(x.to(vv.dtype), vv)
+
+    note = "eager: q @ k^T, " + ", ".join(p.fn for p in passes) + ", @ v"
+    return Case(inputs=(q, k, v, mask, sinks), run=run, note=note)
