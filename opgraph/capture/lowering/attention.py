@@ -44,11 +44,11 @@ _SOFTMAX_FNS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 _ROW_MAX_FNS = frozenset({"amax", "max", "logsumexp"})
 
 
-def _itemsize(ref: TRef) -> float:
+def _ir_dtype(ref: TRef) -> DType | None:
     try:
-        return DType(ref.dtype).itemsize
-    except ValueError:  # a type the IR does not name: a byte an element
-        return 1.0
+        return DType(ref.dtype)
+    except ValueError:  # a type the IR does not name
+        return None
 
 
 def _per_score_and_row(refs: list[TRef], rows: int, kv_len: int) -> tuple[float, float]:
@@ -57,7 +57,8 @@ def _per_score_and_row(refs: list[TRef], rows: int, kv_len: int) -> tuple[float,
     any other (a mask broadcast over the heads) is a fixed share of the scores."""
     per_score = per_row = 0.0
     for r in refs:
-        size, cols = _itemsize(r), (r.shape[-1] if r.shape else 1)
+        dtype = _ir_dtype(r)
+        size, cols = (dtype.itemsize if dtype else 1.0), (r.shape[-1] if r.shape else 1)
         if numel(r) == rows * cols and cols >= kv_len:
             per_score, per_row = per_score + size, per_row + size * (cols - kv_len)
         elif numel(r) == rows * cols:
@@ -69,7 +70,7 @@ def _per_score_and_row(refs: list[TRef], rows: int, kv_len: int) -> tuple[float,
 
 def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Event) -> tuple[EagerPass, ...]:
     """The kernels eager attention runs over its scores between the two matmuls (views launch none), in
-    order, their bytes per score (:class:`~opgraph.ir.EagerPass`)."""
+    order, with their bytes per score and per query row (:class:`~opgraph.ir.EagerPass`)."""
     shape = score_mm.outputs[0].shape
     kv_len = shape[-1] if shape else 1
     rows = numel(score_mm.outputs[0]) // max(kv_len, 1)
@@ -87,7 +88,6 @@ def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Eve
             kind, fn = OpKind.MEMORY, moved  # named as the memory lowering names it (cast, copy, cat)
         else:
             kind = OpKind.ELEMENTWISE
-        out = e.outputs[0].dtype
         read, read_row = _per_score_and_row(list(e.inputs), rows, kv_len)
         written, written_row = _per_score_and_row(list(e.outputs), rows, kv_len)
         passes.append(
@@ -98,7 +98,7 @@ def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Eve
                 written=written,
                 read_row=read_row,
                 written_row=written_row,
-                dtype=DType(out) if out in DType._value2member_map_ else DType.bf16,
+                dtype=_ir_dtype(e.outputs[0]) or DType.bf16,
             )
         )
     return tuple(passes)
