@@ -84,6 +84,12 @@ def validate(
     check: bool = typer.Option(True, "--check/--no-check", help="Replay: compare each op with a float64 reference."),
     max_time: float = typer.Option(1.0, "--max-time", help="Replay: most seconds of sampling per config."),
     wall_repeats: int = typer.Option(9, "--wall-repeats", help="Profiled run: plain runs timed (their median)."),
+    keep_unconverged: bool = typer.Option(
+        False,
+        "--keep-unconverged",
+        help="Calibrate: fit timings whose confidence interval never settled, as measured (a noisy machine); "
+        "`calibrate --keep-unconverged`.",
+    ),
 ) -> None:
     """Validate the prediction on this machine: replay, calibrate, a profiled run, simulate and compare.
 
@@ -122,7 +128,8 @@ def validate(
              attn_impl=attn_impl),
     )  # fmt: skip
     settings = ValidateSettings(model_id=model_id, capture=kw, device=device, hardware=hw_name, warm_l2=warm_l2,
-                                check=check, max_time=max_time, wall_repeats=wall_repeats)  # fmt: skip
+                                check=check, max_time=max_time, wall_repeats=wall_repeats,
+                                keep_unconverged=keep_unconverged)  # fmt: skip
     settings.profile_options.validate()  # a given graph's settings too, before the long steps
     with staged_folder(output) as tmp:
         summary = _run(tmp, output, graph, settings, hw, captured=not _is_graph_file(target))
@@ -268,6 +275,8 @@ class ValidateSettings:
     """Replay: most seconds of sampling per config."""
     wall_repeats: int
     """Profiled run: plain runs timed (their median is the measured wall)."""
+    keep_unconverged: bool = False
+    """Calibrate: fit unsettled timings as measured (``calibrate --keep-unconverged``)."""
 
     @property
     def profile_options(self) -> CaptureOptions:
@@ -387,7 +396,10 @@ def _run(
 
     def calibrate_args(place: Callable[[str], str]) -> list[str]:
         issue_args = ["--issue", place("issue.json")] if issue_us else []
-        return ["calibrate", place("replay.jsonl"), *issue_args, "--hardware", hw_spec, "-o", place("calibrated.json")]
+        keep = ["--keep-unconverged"] if s.keep_unconverged else []
+        return [
+            "calibrate", place("replay.jsonl"), *issue_args, *keep, "--hardware", hw_spec, "-o", place("calibrated.json")
+        ]  # fmt: skip
 
     notes += [f"calibrate: {w}" for w in _run_cli(calibrate_args(lambda name: str(tmp / name)))]
     table = CostTable.load(tmp / "calibrated.json")

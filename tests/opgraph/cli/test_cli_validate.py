@@ -28,7 +28,8 @@ from opgraph.ir import (
     load_timeline,
 )
 
-FAST = ["--max-time", "0.02", "--wall-repeats", "1", "--no-check"]
+FAST = ["--max-time", "0.02", "--wall-repeats", "1", "--no-check", "--keep-unconverged"]
+"""Short replays, and their timings fitted even where a loaded machine never let them settle."""
 FILES = {
     "summary.json", "graph.json.gz", "replay.jsonl", "calibrated.json", "profiled.graph.json.gz",
     "measured.timeline.json.gz", "simulated.timeline.json.gz", "comparison.json",
