@@ -397,9 +397,8 @@ def _run(
     def calibrate_args(place: Callable[[str], str]) -> list[str]:
         issue_args = ["--issue", place("issue.json")] if issue_us else []
         keep = ["--keep-unconverged"] if s.keep_unconverged else []
-        return [
-            "calibrate", place("replay.jsonl"), *issue_args, *keep, "--hardware", hw_spec, "-o", place("calibrated.json")
-        ]  # fmt: skip
+        calibrated = ["--hardware", hw_spec, "-o", place("calibrated.json")]
+        return ["calibrate", place("replay.jsonl"), *issue_args, *keep, *calibrated]
 
     notes += [f"calibrate: {w}" for w in _run_cli(calibrate_args(lambda name: str(tmp / name)))]
     table = CostTable.load(tmp / "calibrated.json")
