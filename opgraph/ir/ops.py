@@ -299,7 +299,8 @@ class EagerPass(FrozenModel):
     kind: Literal[OpKind.ELEMENTWISE, OpKind.SOFTMAX, OpKind.REDUCTION, OpKind.MEMORY]
     """What kind of kernel it is (how a cost model prices it)."""
     fn: str
-    """The aten function (``mul``, ``add``, ``_softmax``, ``amax``, ``cat``, ``_to_copy``...)."""
+    """The aten function (``mul``, ``add``, ``_softmax``, ``max``...); a memory pass as the memory lowering
+    names it (``cast``, ``copy``, ``cat``)."""
     read: Annotated[float, Field(ge=0)]
     """Bytes it reads per score."""
     written: Annotated[float, Field(ge=0)]

@@ -92,6 +92,11 @@ def target_misses(report: dict[str, Any], label: str) -> set[tuple[str, str]]:
     return misses
 
 
+def gpu_misses(report: dict[str, Any], label: str | None = None) -> set[str]:
+    """The cases where ``label`` (default: the report's CLI default cost model) misses the GPU-time target."""
+    return {c for c, m in target_misses(report, label or report["cli_default_cost_model"]) if m == "gpu_err"}
+
+
 # ---------------------------------------------------------------- the committed GPU data
 DATA = RESULTS / "heldout.tar.gz"
 """What the lead committed from ``benchmarks/gpu/heldout_h100.sh`` (or the unpacked folder)."""
@@ -259,7 +264,7 @@ def test_gpu_time_replicates_on_another_machine_and_hour() -> None:
     recomputed = reproduced(REPLICATION, "replication run")
     assert len(recomputed["cases"]) == 12
     label = recomputed["cli_default_cost_model"]
-    assert {c for c, m in target_misses(recomputed, label) if m == "gpu_err"} == set()
+    assert gpu_misses(recomputed, label) == set()
 
 
 FRESH_RUNS = {
@@ -338,8 +343,8 @@ def test_a_cpu_capture_of_the_weights_routes_as_the_gpu_run_where_tokens_are_man
         # two products per expert (gate_up, down): the CPU's experts within one, or 10%, of the GPU's
         assert all(abs(a - b) / 2 <= max(1, 0.1 * b / 2) for a, b in zip(cpu, traced, strict=True))
     label = recomputed["cli_default_cost_model"]
-    assert {c for c, m in target_misses(recomputed, label) if m == "gpu_err"} == routed_misses
-    assert {c for c, m in target_misses(recomputed, report_mod.BALANCED) if m == "gpu_err"} == balanced_misses
+    assert gpu_misses(recomputed, label) == routed_misses
+    assert gpu_misses(recomputed, report_mod.BALANCED) == balanced_misses
 
 
 ROUTING_CHECKS = {
@@ -364,7 +369,7 @@ def test_balanced_routing_over_the_layers_on_decodes_chosen_after_it(folder: str
     recomputed = reproduced(RESULTS / folder, "routing check run")
     misses, experts = ROUTING_CHECKS[folder]
     label = recomputed["cli_default_cost_model"]
-    assert {c for c, m in target_misses(recomputed, label) if m == "gpu_err"} == misses
+    assert gpu_misses(recomputed, label) == misses
     checks = {r["case"]: r["routing_check"] for r in recomputed["cases"] if "routing_check" in r}
     got = {c: (sum(x["graph_products"]) // 2, sum(x["traced_products"]) // 2) for c, x in checks.items()}
     assert got == experts
@@ -419,8 +424,7 @@ def test_families_the_profile_never_saw_show_where_it_does_not_transfer() -> Non
     # 134M-element copy into its cache priced from the cache-append points. Any change shows up here.
     recomputed = reproduced(NEW_FAMILIES, "new-family run")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.NEW_FAMILY_CASES}
-    missed = target_misses(recomputed, recomputed["cli_default_cost_model"])
-    assert {c for c, m in missed if m == "gpu_err"} == {
+    assert gpu_misses(recomputed) == {
         "new_gptoss_prefill_b1_s2048_bf16_l2",
         "new_deepseekv3_decode_b8_kv2048_bf16_l4",
         "new_bloom_decode_b16_kv1024_fp16_l24",
@@ -448,8 +452,7 @@ def test_eager_attention_priced_by_its_kernels_out_of_sample() -> None:
     assert {c["case"] for c in recomputed["cases"]} | {"new2_gptoss_decode_b16_kv4096_bf16_l2"} == {
         c["case"] for c in heldout_mod.EAGER_CHECK_CASES
     }
-    missed = target_misses(recomputed, recomputed["cli_default_cost_model"])
-    assert {c for c, m in missed if m == "gpu_err"} == {
+    assert gpu_misses(recomputed) == {
         "eager_llama8b_decode_b8_kv2048_bf16_l4",
         "new2_gptoss_prefill_b2_s1024_bf16_l2",
         "new2_bloom_decode_b4_kv2048_fp16_l24",
@@ -470,8 +473,7 @@ def test_eager_attention_after_the_sweep_covers_its_passes() -> None:
     # contiguous-operand points: their attention 30-50% short.
     recomputed = reproduced(EAGER_CHECK2, "second eager-attention check")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.EAGER_CHECK2_CASES}
-    missed = target_misses(recomputed, recomputed["cli_default_cost_model"])
-    assert {c for c, m in missed if m == "gpu_err"} == {c["case"] for c in recomputed["cases"]} - {
+    assert gpu_misses(recomputed) == {c["case"] for c in recomputed["cases"]} - {
         "eager2_llama8b_prefill_b1_s1024_bf16_l4"
     }
     label = recomputed["cli_default_cost_model"]
