@@ -205,6 +205,14 @@ def _gemm(m: int, n: int, k: int, dtype: DType = DType.bf16, batch: int = 1) -> 
     return Gemm(id=0, m=m, n=n, k=k, batch=batch, dtype=dtype, inputs=ins, outputs=out, target="aten.mm.default")
 
 
+def _eager_scores(q: int, kv: int, d: int, bh: int) -> Gemm:
+    """Eager attention's scores ``q @ K^T`` per head as the model runs them: the keys ``[bh, kv, d]`` read
+    through their transposed view."""
+    op = _gemm(q, kv, d, batch=bh)
+    keys = TensorSpec(shape=(bh, d, kv), dtype=op.dtype, strides=(kv * d, 1, d))
+    return op.model_copy(update={"inputs": (op.inputs[0], keys)})
+
+
 def _experts(name: str, part: str, tokens: int, experts: int, top_k: int, n: int, k: int, impl: str) -> Gemm:
     m = max(1, round(tokens * top_k / experts))
     dt = DType.bf16
@@ -317,6 +325,36 @@ def _strided_kv_write(batch: int, seq: int, kv_heads: int = 8, head_dim: int = 1
     )  # fmt: skip
 
 
+def _transposed_copy(batch: int, seq: int, heads: int = 32, head_dim: int = 128) -> Memory:
+    """``x.transpose(1, 2).contiguous()`` of a ``[b, seq, heads, d]`` tensor (eager attention's output)."""
+    shape = (batch, heads, seq, head_dim)
+    src = TensorSpec(shape=shape, dtype=DType.bf16, strides=(seq * heads * head_dim, head_dim, heads * head_dim, 1))
+    return Memory(
+        id=0, fn="copy", numel=math.prod(shape), inputs=(src,), outputs=(TensorSpec(shape=shape, dtype=DType.bf16),),
+        target="aten.clone.default",
+    )  # fmt: skip
+
+
+def _mla_key_copy(part: str, batch: int, seq: int, heads: int = 128, nope: int = 128, rope: int = 64) -> Memory:
+    """A ``copy_`` into a slice of DeepSeek-V3's MLA keys ``[b, heads, seq, nope + rope]`` (transformers'
+    ``expand_kv``): the ``nope`` part out of the key/value projection viewed ``[b, heads, seq, nope]``
+    (a transposed slice of ``[b, seq, heads, nope + v]``, ``v = nope``), or the ``rope`` part, one head
+    broadcast over all (stride 0)."""
+    width = nope + rope
+    d = nope if part == "nope" else rope
+    shape = (batch, heads, seq, d)
+    dst = TensorSpec(shape=shape, dtype=DType.bf16, strides=(heads * seq * width, seq * width, width, 1))
+    if part == "nope":
+        src_strides = (seq * heads * 2 * nope, 2 * nope, heads * 2 * nope, 1)
+    else:
+        src_strides = (seq * rope, 0, rope, 1)
+    src = TensorSpec(shape=shape, dtype=DType.bf16, strides=src_strides)
+    return Memory(
+        id=0, fn="copy", numel=math.prod(shape), inputs=(dst, src),
+        outputs=(TensorSpec(shape=shape, dtype=DType.bf16),), target="aten.copy_.default",
+    )  # fmt: skip
+
+
 def _repeat_kv(batch: int, seq: int, kv_heads: int = 8, group: int = 4, head_dim: int = 128) -> Memory:
     """transformers' ``repeat_kv``: the ``[b, kv_heads, seq, d]`` keys or values expanded to every query
     head (the group's stride 0) and copied, as eager attention (and SDPA given a mask on GQA) runs it."""
@@ -370,6 +408,18 @@ def _gpu_sweep() -> list[SweepPoint]:
             for kv in (512, 2048, 8192):
                 qs = [q for q in (1, 256, 2048) if bh * q * kv * 2 <= 2 << 30]
                 ops = (_gemm(q, kv, d, batch=bh) for q in qs)
+                pts += _series(f"gemm.eager_scores.d{d}.bh{bh}.kv{kv}", ops, base=2, warm=(0,))
+                ops = (_gemm(q, d, kv, batch=bh) for q in qs)
+                pts += _series(f"gemm.eager_values.d{d}.bh{bh}.kv{kv}", ops, base=2, warm=(0,))
+    # The same over a decode's cache of kv + 1 keys: rows of kv + 1 elements are not 16-byte aligned, and
+    # cuBLAS runs other kernels on them (hardware.models.profile.unaligned_gemm). The scores read the keys
+    # through their transposed view, as the model does (the aligned series above, measured first, read
+    # contiguous operands: on aligned rows the eager prefill's attention came out right from them).
+    for d in (64, 128):
+        for bh in (16, 64, 512):
+            for kv in (513, 2049, 8193):
+                qs = [q for q in (1, 256) if bh * q * kv * 2 <= 2 << 30]
+                ops = (_eager_scores(q, kv, d, bh) for q in qs)
                 pts += _series(f"gemm.eager_scores.d{d}.bh{bh}.kv{kv}", ops, base=2, warm=(0,))
                 ops = (_gemm(q, d, kv, batch=bh) for q in qs)
                 pts += _series(f"gemm.eager_values.d{d}.bh{bh}.kv{kv}", ops, base=2, warm=(0,))
@@ -441,6 +491,9 @@ def _gpu_sweep() -> list[SweepPoint]:
     pts += _series(
         "act.silu", (Activation(id=0, fn="silu", numel=t * 14336, hidden=14336) for t in TOKENS[::2]), base=2
     )
+    for fn in ("tanh", "gelu", "gelu_tanh"):  # ungated activations other than SiLU (BLOOM's GELU has a tanh)
+        ops = (Activation(id=0, fn=fn, numel=t * 4096, hidden=4096) for t in TOKENS[::2])
+        pts += _series(f"act.{fn}", ops, base=2)
     for inter in (768, 14336):  # An MoE expert's gate and up: the two halves of one chunked projection.
         pts += _series(f"act.swiglu.chunked.{inter}", (_chunked_swiglu(t, inter) for t in TOKENS[1:]), base=1)
     for fn in ("add", "mul"):
@@ -519,6 +572,14 @@ def _gpu_sweep() -> list[SweepPoint]:
         pts += _series(f"mem.kv_write.b{b}", ops, base=0 if b == 8 else 1, warm=(1,))
     # A prefill's KV-cache write: the new keys or values as a transposed view of the projection.
     pts += _series("mem.kv_write.strided", (_strided_kv_write(1, s) for s in (16, 128, 512, 2048, 8192, 16384)), base=1)
+    # Copies that read or write through a strided view: a transposed tensor made contiguous, and the two
+    # copies DeepSeek-V3's MLA assembles its keys with (each head's no-rope part out of the transposed
+    # key/value projection, then the shared rope part broadcast over the heads, into slices of one tensor).
+    ops = (_transposed_copy(b, s) for b, s in ((1, 256), (1, 2048), (4, 4096), (8, 8192)))
+    pts += _series("mem.copy.transposed", ops, base=1)
+    for part in ("nope", "rope"):
+        ops = (_mla_key_copy(part, b, s) for b, s in ((1, 64), (1, 512), (1, 4096), (8, 2048)))
+        pts += _series(f"mem.copy.mla_{part}", ops, base=1)
     for hidden, vocab in ((4096, 128256), (2048, 128256), (3584, 152064)):
         ops = (Embedding(id=0, tokens=t, vocab=vocab, hidden=hidden) for t in TOKENS)
         pts += _series(f"embedding.h{hidden}", ops, base=0 if hidden == 4096 else 1)

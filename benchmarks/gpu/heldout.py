@@ -222,6 +222,28 @@ EAGER_CHECK2_CASES: list[dict[str, Any]] = [
      "seq_len": 512, "dtype": "fp16", "layers": 24, "est_s": 30},
 ]  # fmt: skip
 
+# After the sweep measured what these models launch in their own layouts (batched GEMVs over kv + 1 keys,
+# unaligned; strided copies such as MLA's key assembly; ungated activations) and capture kept BLOOM's
+# Python GELU as its kernels and MLA's key copies as copies: new shapes, chosen before any of it ran.
+LAYOUT_CHECK_CASES: list[dict[str, Any]] = [
+    {"case": "check3_qwen25_decode_b8_kv2048_bf16_l4", "preset": "qwen2.5-7b", "phase": "decode", "batch": 8,
+     "kv_len": 2048, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+    {"case": "check3_llama8b_decode_b2_kv8192_bf16_l4", "preset": "llama-3.1-8b", "phase": "decode", "batch": 2,
+     "kv_len": 8192, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+    {"case": "check3_llama1b_decode_b32_kv512_bf16_l4", "preset": "llama-3.2-1b", "phase": "decode", "batch": 32,
+     "kv_len": 512, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+    {"case": "check3_bloom_decode_b8_kv512_fp16_l24", "preset": "bloom-560m", "phase": "decode", "batch": 8,
+     "kv_len": 512, "dtype": "fp16", "layers": 24, "est_s": 30},
+    {"case": "check3_bloom_prefill_b2_s1024_fp16_l24", "preset": "bloom-560m", "phase": "prefill", "batch": 2,
+     "seq_len": 1024, "dtype": "fp16", "layers": 24, "est_s": 30},
+    {"case": "check3_deepseekv3_decode_b4_kv1024_bf16_l4", "preset": "deepseek-v3", "phase": "decode",
+     "batch": 4, "kv_len": 1024, "dtype": "bf16", "layers": 4, "est_s": 40},
+    {"case": "check3_deepseekv3_prefill_b2_s512_bf16_l4", "preset": "deepseek-v3", "phase": "prefill",
+     "batch": 2, "seq_len": 512, "dtype": "bf16", "layers": 4, "est_s": 40},
+    {"case": "check3_gptoss_decode_b2_kv2048_bf16_l2", "preset": "gpt-oss-20b", "phase": "decode", "batch": 2,
+     "kv_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 25},
+]  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -919,7 +941,8 @@ def main() -> int:
         "--cases",
         default="",
         help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
-        "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES and TRAIN_WALL_CASES by name)",
+        "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES, LAYOUT_CHECK_CASES and "
+        "TRAIN_WALL_CASES by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -971,7 +994,7 @@ def main() -> int:
     cases = TINY_CASES if args.tiny else CASES
     if args.cases:
         checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
-        checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES]
+        checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES, *LAYOUT_CHECK_CASES]
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})

@@ -139,6 +139,17 @@ _NEAREST_REGIME: dict[str, tuple[str, ...]] = {
     GROUPED_BMM: (GROUPED_MM,),
 }
 """Regimes to try, in order, before any other of the same kind when a profile lacks one."""
+UNARY_ACTIVATION = "activation:silu"
+"""Where an ungated activation the profile did not measure is priced from: one input read, one output
+written, as any such activation's kernel (not a gated one's two inputs or a strided variant's)."""
+
+
+def _nearest_regimes(regime: str) -> tuple[str, ...]:
+    if regime in _NEAREST_REGIME:
+        return _NEAREST_REGIME[regime]
+    if regime.startswith("activation:") and not regime.endswith(("glu", ":gated")):
+        return (UNARY_ACTIVATION,)
+    return ()
 
 
 def _lg(x: float) -> float:
@@ -280,9 +291,10 @@ def profile_features(op: OpBase) -> Features | None:
             # A batched expert GEMM of one product per expert or pair that names no ``batched_mm``: the
             # kernel of the grouped bmm points ([experts, m, k] @ [experts, k, n]).
             return _batched_mm_before(op)
+        suffix = UNALIGNED if unaligned_gemm(op) else ""
         if op.batch > 1:
-            return Features("gemm:batched", "m", _lg(op.m), (_lg(op.batch), *nk), ("batch", "n", "k"))
-        return Features("gemm", "m", _lg(op.m), nk, ("n", "k"))
+            return Features(f"gemm:batched{suffix}", "m", _lg(op.m), (_lg(op.batch), *nk), ("batch", "n", "k"))
+        return Features(f"gemm{suffix}", "m", _lg(op.m), nk, ("n", "k"))
     if isinstance(op, Attention):
         heads = (_lg(op.batch), _lg(op.heads), _lg(op.head_dim), _lg(op.heads // op.kv_heads))
         names: tuple[str, ...] = ("batch", "heads", "head_dim", "gqa")
@@ -339,7 +351,9 @@ STRIDED = ":strided"
 """Regime suffix of an op that reads a non-contiguous input (see :func:`strided_input`)."""
 WEIGHTS = ":weights_"
 """Regime suffix of an MoE combine whose routing weights are in another dtype (``:weights_fp32``)."""
-VARIANTS = (STRIDED, WEIGHTS)
+UNALIGNED = ":unaligned"
+"""Regime suffix of a dense or batched GEMM whose rows are not 16-byte aligned (see :func:`unaligned_gemm`)."""
+VARIANTS = (STRIDED, WEIGHTS, UNALIGNED)
 """Regime suffixes of a variant of a regime: a profile without the variant's points predicts it from
 the plain regime's, and says so."""
 
@@ -357,6 +371,30 @@ LAYOUT_BOUND: tuple[type[OpBase], ...] = (Activation, Elementwise, Memory)
 """Kinds whose kernel changes with the input layout: a copy out of a transposed view (a prefill's
 KV-cache write, 3.5-6x the time of a contiguous one), a gated activation over the two halves of one
 chunked projection (an MoE block's ``gate_up``, about 1.8x)."""
+
+
+ALIGN_BYTES = 16
+"""The row alignment cuBLAS's vectorised GEMM kernels need: rows whose length or stride is not a multiple
+of it run other kernels (an eager decode's ``q @ K^T`` over ``kv_len + 1`` keys: a ``gemvx`` kernel
+about twice as long as the aligned one)."""
+
+
+def unaligned_gemm(op: Gemm) -> bool:
+    """Whether a row of an operand or of the output of ``op`` is not :data:`ALIGN_BYTES`-aligned: ``k``
+    or ``n`` elements (of more than one: a vector has no rows to align) that are not a multiple of it, or a
+    recorded operand whose row stride is not (a view that slices a row, such as gpt-oss's values matmul
+    on its weights without the sink column)."""
+    size = op.dtype.itemsize
+    if any(d > 1 and (d * size) % ALIGN_BYTES for d in (op.k, op.n)):
+        return True
+    for t in op.inputs:
+        if t.strides is None or len(t.shape) < 2:
+            continue
+        tsize = t.dtype.itemsize
+        for dim, stride in zip(t.shape, t.strides, strict=True):
+            if dim > 1 and stride > 1 and (stride * tsize) % ALIGN_BYTES:
+                return True
+    return False
 
 
 def strided_input(op: OpBase) -> bool:
@@ -575,8 +613,9 @@ class _Index:
                 if hit is not None:
                     return hit, name, dt
         # A grouped GEMM implementation the profile did not measure: the nearest implementation first
-        # (a grouped kernel reads like the batched one, not like a loop of per-expert GEMMs).
-        for name in _NEAREST_REGIME.get(f.regime, ()):
+        # (a grouped kernel reads like the batched one, not like a loop of per-expert GEMMs); an ungated
+        # activation: an ungated one.
+        for name in _nearest_regimes(variant_base(f.regime)):
             for dt in dtypes:
                 hit = self.regimes.get((name, dt))
                 if hit is not None:
@@ -845,6 +884,7 @@ def profile_points(profile: DeviceProfile, regime: str) -> list[ProfilePoint]:
 __all__ = [
     "FAR",
     "STRIDED",
+    "UNALIGNED",
     "Features",
     "ProfileExtrapolationWarning",
     "ProfileModel",
@@ -855,4 +895,5 @@ __all__ = [
     "roofline_terms",
     "strided_input",
     "twin_dtypes",
+    "unaligned_gemm",
 ]

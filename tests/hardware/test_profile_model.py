@@ -315,6 +315,55 @@ def test_a_strided_input_is_its_own_regime_and_falls_back_to_the_contiguous_one_
     assert "strided" not in _quiet(both, act(16, False).model_copy(update={"inputs": (dense,)}))[1]
 
 
+def test_a_gemm_over_unaligned_rows_is_its_own_regime_and_falls_back_saying_so() -> None:
+    """Eager decodes: ``q @ K^T`` and the weights ``@ V`` over kv + 1 keys ran cuBLAS ``gemvx`` kernels
+    about twice the time of the sweep's aligned points (77-90 us against 46 predicted, Qwen2.5 b4 kv4096)."""
+    from hardware.models.profile import unaligned_gemm
+    from opgraph.ir import TensorSpec
+
+    def bmm(m: int, n: int) -> Gemm:
+        return Gemm(id=0, m=m, n=n, k=128, batch=64)
+
+    def eff(model: ProfileModel, op: Gemm) -> tuple[float, str]:
+        seconds, detail = _quiet(model, op)
+        return roofline_seconds(op, H100) / seconds, detail
+
+    aligned = [_timed(bmm(m, 2048), roofline_seconds(bmm(m, 2048), H100) / 0.5) for m in (1, 16, 256)]
+    own = [_timed(bmm(m, 2049), roofline_seconds(bmm(m, 2049), H100) / 0.25) for m in (1, 16, 256)]
+    got, detail = eff(ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *aligned])), bmm(4, 2049))
+    assert got == pytest.approx(0.5) and "no gemm:batched:unaligned points, from gemm:batched" in detail
+    both = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *aligned, *own]))
+    assert eff(both, bmm(4, 2049))[0] == pytest.approx(0.25) and eff(both, bmm(4, 2048))[0] == pytest.approx(0.5)
+    assert unaligned_gemm(Gemm(id=0, m=1, n=128, k=4097, batch=8))  # the weights @ V: 4097 keys a row
+    assert unaligned_gemm(Gemm(id=0, m=1, n=4097, k=128, dtype=DType.fp16))
+    assert not unaligned_gemm(Gemm(id=0, m=1, n=4104, k=128))  # 8 bf16 elements: 16 bytes
+    assert not unaligned_gemm(Gemm(id=0, m=64, n=2048, k=1, batch=8))  # RoPE's k = 1 products: vectors
+    assert not unaligned_gemm(Gemm(id=0, m=3, n=4096, k=4096))  # rows of m are not a row length
+    # gpt-oss's values matmul: weights [.., 2049] with the sink column sliced off: rows 2049 apart
+    sliced = TensorSpec(shape=(64, 1, 2048), dtype=DType.bf16, strides=(2049, 2049, 1))
+    assert unaligned_gemm(Gemm(id=0, m=1, n=64, k=2048, batch=64, inputs=(sliced,)))
+
+
+def test_an_ungated_activation_the_profile_lacks_is_priced_from_an_ungated_one() -> None:
+    """BLOOM's GELU computes a tanh: priced from the gated or strided activations' points (two inputs
+    read), it was 3x long; an ungated activation's kernel reads one."""
+    from opgraph.ir import Activation, TensorSpec
+
+    def act(fn: str, tokens: int, gated: bool = False, chunked: bool = False) -> Activation:
+        spec = TensorSpec(shape=(tokens, 4096), dtype=DType.bf16, strides=(8192, 1) if chunked else None)
+        return Activation(id=0, fn=fn, gated=gated, numel=tokens * 4096, hidden=4096, inputs=(spec,))
+
+    sizes = (16, 256, 4096, 16384)
+    pts = [_timed(act("silu", t), roofline_seconds(act("silu", t), H100) / 0.8) for t in sizes]
+    for effs, gated, chunked in ((0.3, True, False), (0.2, True, True), (0.25, True, True)):
+        pts += [_timed(a, roofline_seconds(a, H100) / effs) for t in sizes if (a := act("swiglu", t, gated, chunked))]
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *pts]))
+    op = act("tanh", 1024)
+    seconds, detail = _quiet(model, op)
+    assert roofline_seconds(op, H100) / seconds == pytest.approx(0.8)
+    assert "no activation:tanh points, from activation:silu" in detail
+
+
 def test_a_combine_with_float32_routing_weights_is_its_own_regime_and_falls_back_saying_so() -> None:
     """Held-out Mixtral prefill: its router keeps the routing weights in float32, so the combine weighs,
     gathers and sums in float32: 189 us at 2048 tokens where the bf16-weight points measured 110 us."""

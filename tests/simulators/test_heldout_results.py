@@ -418,18 +418,14 @@ def _attention_err(report: dict[str, Any], case: str) -> float:
 
 def test_families_the_profile_never_saw_show_where_it_does_not_transfer() -> None:
     # README there. Eager attention, priced as one fused kernel when these were measured (gpt-oss's
-    # prefill attention -98%), is now priced kernel by kernel and the sweep measures repeat_kv copies:
-    # changes made after seeing these data, so they are in sample for them (out of sample:
-    # eager-check-0727, eager-check2-0750). Unfixed: BLOOM's Python GELU priced as one kernel, DeepSeek-V3's
-    # 134M-element copy into its cache priced from the cache-append points. Any change shows up here.
+    # prefill attention -98%), is now priced kernel by kernel; the sweep measures repeat_kv copies, GEMVs
+    # over unaligned rows and strided copies; capture keeps BLOOM's Python GELU as its kernels and
+    # DeepSeek-V3's MLA key copies as copies (not a cache write): changes made after seeing these data, so
+    # in sample for them (out of sample: eager-check-0727, eager-check2-0750, layout-check-0943). Left:
+    # gpt-oss's prefill (its 2049-column softmax and sliced values matmul). Any change shows up here.
     recomputed = reproduced(NEW_FAMILIES, "new-family run")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.NEW_FAMILY_CASES}
-    assert gpu_misses(recomputed) == {
-        "new_gptoss_prefill_b1_s2048_bf16_l2",
-        "new_deepseekv3_decode_b8_kv2048_bf16_l4",
-        "new_bloom_decode_b16_kv1024_fp16_l24",
-        "new_bloom_prefill_b4_s1024_fp16_l24",
-    }
+    assert gpu_misses(recomputed) == {"new_gptoss_prefill_b1_s2048_bf16_l2"}
     assert -0.5 < _attention_err(recomputed, "new_gptoss_prefill_b1_s2048_bf16_l2") < -0.2
     walls = {r["case"]: r["measured"].get("wall_source") for r in recomputed["cases"]}
     assert {c for c, w in walls.items() if w} == {
@@ -447,17 +443,14 @@ def test_eager_attention_priced_by_its_kernels_out_of_sample() -> None:
     # attention kinds' errors, -96% to -98% when eager attention was priced as the fused kernel, were -42%
     # to +62%, no GPU time within 5% (README there). The sweep then gained float32 softmax points over the
     # column count, repeat_kv copies and score-sized passes, chosen from what these data showed: on them
-    # that is in sample, and the Llama-1B and Qwen2.5 eager prefills come within 5%.
+    # that is in sample, and the Llama-1B and Qwen2.5 eager prefills come within 5%; so are the later
+    # unaligned-GEMV points and BLOOM's GELU as its kernels (layout-check-0943), which bring the Llama-8B
+    # eager decode and the BLOOM decode within 5%.
     recomputed = reproduced(EAGER_CHECK, "eager-attention check")
     assert {c["case"] for c in recomputed["cases"]} | {"new2_gptoss_decode_b16_kv4096_bf16_l2"} == {
         c["case"] for c in heldout_mod.EAGER_CHECK_CASES
     }
-    assert gpu_misses(recomputed) == {
-        "eager_llama8b_decode_b8_kv2048_bf16_l4",
-        "new2_gptoss_prefill_b2_s1024_bf16_l2",
-        "new2_bloom_decode_b4_kv2048_fp16_l24",
-        "new2_bloom_prefill_b1_s2048_fp16_l24",
-    }
+    assert gpu_misses(recomputed) == {"new2_gptoss_prefill_b2_s1024_bf16_l2", "new2_bloom_prefill_b1_s2048_fp16_l24"}
     errs = {r["case"]: _attention_err(recomputed, r["case"]) for r in recomputed["cases"]}
     assert all(-0.45 < e < 0.4 for e in errs.values()), errs
 
@@ -467,28 +460,50 @@ EAGER_CHECK2 = RESULTS / "eager-check2-0750"
 
 
 def test_eager_attention_after_the_sweep_covers_its_passes() -> None:
-    # Out of sample for the softmax, repeat_kv and pass points (README there). The eager prefill is within
-    # 5%, the repeat_kv copies of the GQA decodes within 10% (priced 3x long from the cache-write points
-    # before), and what is left is the decodes' batched GEMVs over K^T, priced from the sweep's
-    # contiguous-operand points: their attention 30-50% short.
+    # Out of sample for the softmax, repeat_kv and pass points (README there): the eager prefill within 5%,
+    # the repeat_kv copies of the GQA decodes within 10% (priced 3x long from the cache-write points
+    # before), the decodes' attention 30-50% short: batched GEMVs over kv + 1 keys, unaligned rows. The
+    # sweep's unaligned points came after these data (in sample here; out of sample: layout-check-0943)
+    # and bring both GQA decodes within 5%, their attention within 15%.
     recomputed = reproduced(EAGER_CHECK2, "second eager-attention check")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.EAGER_CHECK2_CASES}
-    assert gpu_misses(recomputed) == {c["case"] for c in recomputed["cases"]} - {
-        "eager2_llama8b_prefill_b1_s1024_bf16_l4"
-    }
+    assert gpu_misses(recomputed) == {"new3_gptoss_decode_b4_kv1024_bf16_l2"}
     label = recomputed["cli_default_cost_model"]
     for case in ("eager2_qwen25_decode_b4_kv4096_bf16_l4", "eager2_llama1b_decode_b16_kv1024_fp16_l4"):
         row = next(r for r in recomputed["cases"] if r["case"] == case)
         memory = next(k for k in row["predicted"][label]["by_kind"] if k["kind"] == "memory")
         assert abs(memory["err"]) < 0.1
-        assert -0.5 < _attention_err(recomputed, case) < -0.25
+        assert abs(_attention_err(recomputed, case)) < 0.15
+
+
+LAYOUT_CHECK = RESULTS / "layout-check-0943"
+"""After the sweep measured unaligned GEMVs, strided copies and ungated activations, and capture kept
+BLOOM's GELU as its kernels and MLA's key copies as copies: new shapes, chosen before (README there)."""
+
+
+def test_layouts_the_models_run_out_of_sample() -> None:
+    # Chosen before the points ran and before any prediction of them: GPU within 5% on 6 of 8 (the eager
+    # GQA decodes -2.1% to -2.6%, where the aligned points left them -8.8% and -9.5%; BLOOM +0.1% and
+    # -1.8%); the misses are decodes of MoE models with few tokens per step (DeepSeek-V3 -7.0%, gpt-oss
+    # -7.6%), their MLA/sink attention and expert GEMMs short.
+    recomputed = reproduced(LAYOUT_CHECK, "layout check")
+    assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.LAYOUT_CHECK_CASES}
+    assert all(r["measured"]["runs"] >= MIN_RUNS for r in recomputed["cases"])
+    assert gpu_misses(recomputed) == {
+        "check3_deepseekv3_decode_b4_kv1024_bf16_l4",
+        "check3_gptoss_decode_b2_kv2048_bf16_l2",
+    }
+    label = recomputed["cli_default_cost_model"]
+    assert {c for c, m in target_misses(recomputed, label) if m == "wall_err"} == set()
+    roofline = {r["case"]: r["predicted"]["roofline"]["gpu_err"] for r in recomputed["cases"]}
+    assert sum(abs(e) <= GPU_TARGET for e in roofline.values()) == 1
 
 
 H200 = REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout"
 """The 12 held-out cases measured on an H200 and predicted with ``-H h200`` (its own profile)."""
 H200_MISSES: set[tuple[str, str]] = set()
 """What the H200 data shows for the CLI default (README there: walls pooled over two round-robin runs, the
-fp16 Mixtral decode -10.1% from the first alone, -7.7% pooled; the Mixtral prefill's GPU time, +6.2% with
+fp16 Mixtral decode -10.1% from the first alone, -7.6% pooled; the Mixtral prefill's GPU time, +6.2% with
 the one-pass profile points, is +2.2% with the three-pass ones)."""
 
 

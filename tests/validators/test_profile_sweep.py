@@ -257,16 +257,35 @@ def test_sweep_measures_the_strided_layouts_models_run_and_replays_them_strided(
         assert not all(t.is_contiguous() for t in case.inputs if isinstance(t, torch.Tensor) and t.numel())
 
 
-EAGER_SERIES = (
-    "gemm.eager_scores.",
-    "gemm.eager_values.",
-    "softmax.fp32.",
-    "softmax.c2048",
-    "mem.repeat_kv",
-    "ew.scores.",
-    "ew.sub",
-)
-"""The sweep's series of what eager attention runs (validators/profile.py), measured on the H100 only."""
+def test_sweep_measures_unaligned_gemvs_and_strided_copies_in_the_models_layouts() -> None:
+    """An eager decode's two batched GEMVs over kv + 1 keys (rows not 16-byte aligned: cuBLAS runs other
+    kernels, about twice the aligned points' time on an H100) and the copies that read or write through
+    strided views (a transposed tensor made contiguous, MLA's key assembly) have points of their own
+    regimes, replayed as the models lay them out."""
+    import torch
+
+    from validators.recipes import BuildContext, RecipeSelector
+
+    pts = sweep_points("cuda")
+    unaligned = [p for p in pts if p.series.startswith(("gemm.eager_scores.", "gemm.eager_values.")) and
+                 p.series.endswith(("kv513", "kv2049", "kv8193"))]  # fmt: skip
+    assert len(unaligned) == 68
+    assert {profile_features(p.op).regime for p in unaligned} == {"gemm:batched:unaligned"}
+    copies = [p for p in pts if p.series.startswith("mem.copy.")]
+    assert {p.series for p in copies} == {"mem.copy.transposed", "mem.copy.mla_nope", "mem.copy.mla_rope"}
+    assert {profile_features(p.op).regime for p in copies} == {"memory:copy:strided"}
+    ctx = BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0))
+    scores = min((p for p in unaligned if "scores" in p.series), key=lambda p: p.op.total_bytes).op
+    case = RecipeSelector().select(scores).recipe.build(scores, ctx)  # type: ignore[union-attr]
+    keys = case.inputs[1]
+    assert keys.shape == (scores.batch, scores.k, scores.n) and keys.stride()[1] == 1  # K^T: a transposed view
+    rope = min((p for p in copies if p.series == "mem.copy.mla_rope"), key=lambda p: p.op.total_bytes).op
+    case = RecipeSelector().select(rope).recipe.build(rope, ctx)  # type: ignore[union-attr]
+    dst, src = case.inputs
+    assert not dst.is_contiguous() and src.stride()[1] == 0  # into a slice, from one head broadcast
+    case.run(case.inputs, False)
+    assert torch.equal(dst, src.expand_as(dst))
+
 
 BATCHED_MM_SERIES = {
     f"moe.{name}.{part}.batched_mm" for name in ("qwen3moe", "mixtral") for part in ("gate_up", "down")
@@ -317,9 +336,7 @@ def test_the_batched_mm_series_leaves_the_shipped_points_keys(device: str) -> No
     from hardware.models.profile import BATCHED_MM, profile_points
 
     profile = load_profile(Path(__file__).resolve().parents[2] / "hardware" / "catalog" / f"{device}.profile.json")
-    # eager attention's kernels: measured on the H100 (2026-11-27), series the H200's resume would add
-    later = EAGER_SERIES if device == "h200" else ()
-    plan = {p.key for p in sweep_points("cuda") if p.series not in BATCHED_MM_SERIES and not p.series.startswith(later)}
+    plan = {p.key for p in sweep_points("cuda") if p.series not in BATCHED_MM_SERIES}
     own = {p.key for p in profile_points(profile, BATCHED_MM)}
     shipped = set()
     for p in profile.points:

@@ -47,6 +47,15 @@ def _grouped_mm_fn() -> Any:
     return getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
+def _operand(op: Gemm, i: int, shape: tuple[int, ...]) -> TensorSpec:
+    """Operand ``i`` of a bmm as recorded (its strides: ``q @ K^T`` reads the keys through a transposed
+    view), or a contiguous one of ``shape`` when the op records none of that shape and dtype."""
+    rec = op.inputs[i] if len(op.inputs) > i else None
+    if rec is not None and tuple(rec.shape) == shape and rec.dtype is op.dtype:
+        return rec
+    return TensorSpec(shape=shape, dtype=op.dtype)
+
+
 @register_recipe(Gemm)
 class GemmRecipe(Recipe[Gemm]):
     """``F.linear`` (``x @ W.T`` with an ``[n, k]`` weight, as ``nn.Linear`` stores it), bmm, grouped GEMM."""
@@ -64,8 +73,8 @@ class GemmRecipe(Recipe[Gemm]):
         if op.groups > 1:
             return self._grouped(op, ctx)
         if op.batch > 1:
-            a = make_tensor(TensorSpec(shape=(op.batch, op.m, op.k), dtype=dt), ctx.device, ctx.gen)
-            b = make_tensor(TensorSpec(shape=(op.batch, op.k, op.n), dtype=dt), ctx.device, ctx.gen)
+            a = make_tensor(_operand(op, 0, (op.batch, op.m, op.k)), ctx.device, ctx.gen)
+            b = make_tensor(_operand(op, 1, (op.batch, op.k, op.n)), ctx.device, ctx.gen)
 
             def run_bmm(inputs: tuple[Any, ...], reference: bool) -> Any:
                 return torch.bmm(inputs[0], inputs[1])

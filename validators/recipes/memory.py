@@ -72,6 +72,14 @@ class MemoryRecipe(Recipe[Memory]):
                 return cache.index_copy_(d, p, new)
 
             return Case(inputs=(xs[0], xs[1], pos), run=run_write, note=f"index_copy_ into a static cache (dim {d})")
+        if fn == "copy" and op.target == "aten.copy_.default" and len(ins) == 2 and ins[0].shape == ins[1].shape:
+            # copy_(self, src): written through the destination's recorded view, read through the source's
+            dst_view, src_view = (make_tensor(t, ctx.device, ctx.gen) for t in ins)
+
+            def run_copy_into(inputs: tuple[Any, ...], reference: bool) -> Any:
+                return inputs[0].copy_(inputs[1])
+
+            return Case(inputs=(dst_view, src_view), run=run_copy_into, note="copy_ into the recorded view")
         src = make_tensor(ins[0], ctx.device, ctx.gen)
         if fn == "index":
             rows = out.shape[0] if out is not None and out.shape else max(op.numel // max(ins[0].shape[-1], 1), 1)

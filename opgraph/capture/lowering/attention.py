@@ -34,6 +34,8 @@ SDPA_FNS = frozenset(
     }
 )
 _KV_WRITE_FNS = frozenset({"cat", "index_copy", "index_copy_", "index_put", "index_put_", "copy_", "slice_scatter"})
+_ALLOC_FNS = frozenset({"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided"})
+"""Allocations that leave the memory uninitialised (no kernel)."""
 _PASS_THROUGH = frozenset({"_to_copy", "clone", "contiguous", "copy"})
 _SCORE_CHAIN = frozenset(
     {"add", "mul", "div", "sub", "_to_copy", "masked_fill", "where", "tanh", "clone", "copy", "maximum", "cat"}
@@ -124,12 +126,30 @@ def _kv_source(lw: Lowering, tid: int) -> int | None:
                 tid = src.tid
                 continue
             break
-        if ev.fn in _KV_WRITE_FNS:
+        if ev.fn in _KV_WRITE_FNS and not _assembles(lw, ev):
             out = ev.outputs[0]
             lw.claim([ev.index], OpKind.MEMORY, {"fn": "kv_cache_write", "numel": numel(out)})
             break
         break
     return kv_heads
+
+
+def _assembles(lw: Lowering, ev: Event) -> bool:
+    """Whether ``ev`` writes a piece of a tensor the forward allocated uninitialised and fills copy by copy
+    (DeepSeek-V3's MLA keys: ``new_empty``, then a ``copy_`` into each slice): a new tensor being put
+    together, not a KV cache, which outlives the forward and is appended to, never allocated empty."""
+    for _ in range(8):
+        if not ev.inputs:
+            return False
+        src = lw.producer_of(ev.inputs[0].tid)
+        if src is None:
+            return False
+        if src.fn in _ALLOC_FNS:
+            return True
+        if not (src.mutates and src.fn in _KV_WRITE_FNS):
+            return False
+        ev = src
+    return False
 
 
 def _unpacked_query(lw: Lowering, ev: Event) -> TRef | None:

@@ -4,7 +4,8 @@ Starting from each attention's query and key operands, the pass walks back throu
 pointwise ops, ``cat`` and copies that ran in the same module call as the attention (HF applies
 ``apply_rotary_pos_emb`` inside the attention module; the cos/sin tables are built elsewhere) and
 stops at GEMMs, norms and the KV-cache write; a ``cat`` over the tokens (a cache appending the new
-keys) is walked through but left out, an op of its own. A walk that met a ``mul`` of two tensors (the
+keys) and a ``copy_`` into a slice of a tensor being assembled (MLA's keys) are walked through but left
+out, ops of their own. A walk that met a ``mul`` of two tensors (the
 rotation by the cos/sin tables) is one ``Rope`` op; a multiply by a scalar alone (OPT's query
 scaling ``q_proj(x) * 0.125``) is no rotation and is left to the pointwise pass. The op's heads,
 head size and rotated part come from the tensors the walk rotates (:func:`_rope_fields`).
@@ -90,6 +91,11 @@ class FuseRope:
                 continue
             seen.add(tid)
             p = lw.producer_of(tid)
+            if p is not None and p.fn == "copy_" and p.mutates and lw.free(p.index) and lw.in_call(p.call, call):
+                # a copy into a slice of a tensor being put together (MLA's keys: the rotated key copied
+                # over the heads): walk through to what it copies; the memory pass lowers the copy
+                todo.extend(r.tid for r in float_inputs(p))
+                continue
             if p is None or not lw.free(p.index) or p.fn not in _ROPE_FNS or not lw.in_call(p.call, call):
                 if p is not None and lw.owner[p.index] >= 0:
                     owner = lw.groups[lw.owner[p.index]]

@@ -225,6 +225,16 @@ def test_learned_positions_are_embeddings_not_rope(tmp_path: Path, model_type: s
     assert scopes == ({"embed_tokens", "embed_positions"} if model_type == "opt" else {"wte", "wpe"})
 
 
+def test_an_activation_written_in_python_is_the_kernels_eager_runs(tmp_path: Path) -> None:
+    # BLOOM's bloom_gelu_forward: x * 0.5 * (1.0 + tanh(0.79788456 * x * (1 + 0.044715 * x * x))), one
+    # kernel per aten call in eager PyTorch (priced as one GELU kernel, its prefill measured 3.7x that)
+    g = capture(tiny_config(tmp_path, "bloom"), seq_len=8)
+    gelu = [o for o in g.ops if o.layer == 0 and (o.scope or "").endswith("mlp.gelu_impl")]
+    assert sorted(o.definition.split("_")[0] for o in gelu) == ["add", "add", *["mul"] * 6, "tanh"]
+    assert all(o.call is not None for o in gelu)  # each lowered from one aten call
+    assert {o.kind for o in gelu} == {OpKind.ELEMENTWISE, OpKind.ACTIVATION}
+
+
 def test_query_scaling_is_an_elementwise_mul(tmp_path: Path) -> None:
     # OPT scales q_proj(x) by head_dim ** -0.5 (here 0.25) before attention: a multiply by a scalar.
     g = _capture_no_rope(tmp_path, "opt")

@@ -11,6 +11,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from hardware.models.profile import profile_features
 from opgraph.capture import capture
 from opgraph.ir import OpGraph, OpKind, Rope
 from tests.opgraph.capture.test_capture_architectures import BASE, tiny_config
@@ -65,6 +66,24 @@ def test_mla_rope_keys_cache_append_is_an_op_of_its_own(tmp_path: Path, phase: s
     assert key.outputs[0].shape[-2:] == (tokens, 8)  # the new tokens' rotation only
     rope_key = next(a for a in appends if a.outputs[0].shape[-1] == 8)
     assert (key.id, rope_key.id) in {(e.src, e.dst) for e in g.edges}
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_mla_keys_put_together_by_copies_are_copies_not_cache_writes(tmp_path: Path, phase: str) -> None:
+    # transformers' expand_kv: the keys are a new_empty tensor, each head's no-rope part copied into one
+    # slice of it and the one rotated rope key, broadcast over the heads, into the other. The cache holds
+    # the latents (appended by cat); these copies write no cache and are priced as the copies they are.
+    g = capture(tiny_config(tmp_path, "deepseek_v3"), seq_len=SEQ, kv_len=SEQ, phase=phase)
+    mem = [o for o in g.ops if o.layer == 0 and o.kind is OpKind.MEMORY]
+    assert [o.fn for o in mem if o.fn == "kv_cache_write"] == []
+    copies = {o.outputs[0].shape[-1]: o for o in mem if o.target == "aten.copy_.default"}
+    assert sorted(copies) == [8, 16] and all(o.fn == "copy" for o in copies.values())
+    dst, src = copies[8].inputs
+    assert dst.strides is not None and dst.strides[-2] == 24  # a slice of the [.., nope 16 + rope 8] keys
+    assert src.strides is not None and src.strides[1] == 0  # the rope key's one head over every head
+    assert profile_features(copies[8]).regime == "memory:copy:strided"
+    (key,) = [o for o in g.ops_of(OpKind.ROPE) if o.layer == 0 and o.heads == 1]
+    assert key.outputs[0].shape[-1] == 8  # the rotation is still found through the copy
 
 
 @pytest.mark.parametrize(
