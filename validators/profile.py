@@ -64,6 +64,7 @@ from opgraph.ir import (
     NormVariant,
     OpBase,
     OpgraphError,
+    Reduction,
     Rope,
     Softmax,
     TensorSpec,
@@ -355,6 +356,17 @@ def _mla_key_copy(part: str, batch: int, seq: int, heads: int = 128, nope: int =
     )  # fmt: skip
 
 
+def _sinks_cat(rows: int, keys: int) -> Memory:
+    """gpt-oss's ``torch.cat([scores, sinks], dim=-1)``: each row of scores gains its head's sink column, so
+    the rows written are ``keys + 1`` long."""
+    dt = DType.bf16
+    return Memory(
+        id=0, fn="cat", numel=rows * (keys + 1),
+        inputs=(TensorSpec(shape=(rows, keys), dtype=dt), TensorSpec(shape=(rows, 1), dtype=dt)),
+        outputs=(TensorSpec(shape=(rows, keys + 1), dtype=dt),),
+    )  # fmt: skip
+
+
 def _repeat_kv(batch: int, seq: int, kv_heads: int = 8, group: int = 4, head_dim: int = 128) -> Memory:
     """transformers' ``repeat_kv``: the ``[b, kv_heads, seq, d]`` keys or values expanded to every query
     head (the group's stride 0) and copied, as eager attention (and SDPA given a mask on GQA) runs it."""
@@ -537,6 +549,16 @@ def _gpu_sweep() -> list[SweepPoint]:
         rows = (2**20 // cols, 2**24 // cols, 2**27 // cols)
         pts += _series(f"softmax.fp32.c{cols}", (Softmax(id=0, rows=r, cols=cols, dtype=f32) for r in rows), base=2)
     pts += _series("softmax.c2048", (Softmax(id=0, rows=r, cols=2048) for r in (2**9, 2**13, 2**16)), base=2)
+    # The same over rows that are not 16-byte aligned (hardware.models.profile.unaligned_rows): a decode's kv + 1
+    # keys, gpt-oss's sinks column (2049 columns from the sinks cat on), with the row maximum it subtracts.
+    for cols in (513, 2049, 8193):
+        rows = (2**20 // cols, 2**24 // cols, 2**27 // cols)
+        pts += _series(f"softmax.fp32.c{cols}", (Softmax(id=0, rows=r, cols=cols, dtype=f32) for r in rows), base=2)
+    pts += _series("softmax.c2049", (Softmax(id=0, rows=r, cols=2049) for r in (2**9, 2**13, 2**16, 2**17)), base=2)
+    for cols in (2048, 2049):
+        ops = (Reduction(id=0, fn="max", numel_in=r * cols, numel_out=r, reduced=cols) for r in (2**9, 2**13, 2**17))
+        pts += _series(f"red.max.c{cols}", ops, base=2)
+    pts += _series("mem.cat.sinks", (_sinks_cat(r, 2048) for r in (2**9, 2**13, 2**17)), base=2)
     pts += _series("mem.repeat_kv", (_repeat_kv(b, s) for b in (1, 8) for s in (512, 2048, 8192)), base=1)
     sizes = [4**i for i in range(5, 15)]  # 1 Ki .. 256 Mi elements
     for fn in ("copy", "cast"):

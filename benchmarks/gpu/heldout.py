@@ -244,6 +244,20 @@ LAYOUT_CHECK_CASES: list[dict[str, Any]] = [
      "kv_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 25},
 ]  # fmt: skip
 
+# After eager attention's row-wise passes were priced over their true rows (gpt-oss's sinks column makes them
+# 2049 long; a prompt of odd length makes every row unaligned) and the sweep measured softmax, row maximum
+# and the sinks cat over unaligned rows: new shapes, chosen before any of it ran.
+ROWS_CHECK_CASES: list[dict[str, Any]] = [
+    {"case": "check4_gptoss_prefill_b1_s1024_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 1,
+     "seq_len": 1024, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "check4_gptoss_prefill_b2_s2048_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 2,
+     "seq_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "check4_qwen25_prefill_b1_s1001_bf16_l4", "preset": "qwen2.5-7b", "phase": "prefill", "batch": 1,
+     "seq_len": 1001, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+    {"case": "check4_llama1b_prefill_b4_s777_fp16_l4", "preset": "llama-3.2-1b", "phase": "prefill", "batch": 4,
+     "seq_len": 777, "dtype": "fp16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+]  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -941,8 +955,8 @@ def main() -> int:
         "--cases",
         default="",
         help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
-        "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES, LAYOUT_CHECK_CASES and "
-        "TRAIN_WALL_CASES by name)",
+        "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES, LAYOUT_CHECK_CASES, "
+        "ROWS_CHECK_CASES and TRAIN_WALL_CASES by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -994,7 +1008,7 @@ def main() -> int:
     cases = TINY_CASES if args.tiny else CASES
     if args.cases:
         checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
-        checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES, *LAYOUT_CHECK_CASES]
+        checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES, *LAYOUT_CHECK_CASES, *ROWS_CHECK_CASES]
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})

@@ -311,6 +311,9 @@ class EagerPass(FrozenModel):
     """Bytes it writes per query row besides those (a row maximum, a sinks column)."""
     dtype: DType = DType.bf16
     """The dtype it computes in (a softmax taken in float32: ``fp32``)."""
+    extra_cols: NonNegInt = 0
+    """Columns its rows hold beyond the keys (gpt-oss's sinks column, from the ``cat`` that adds it on):
+    a row of ``kv_len + extra_cols``, which decides the kernel a row-wise pass runs."""
 
 
 class Attention(OpBase):
@@ -724,6 +727,7 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
     common: dict[str, Any] = {"id": op.id, "scope": op.scope, "layer": op.layer, "stage": op.stage, "step": op.step}
     parts: list[OpBase] = [Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=op.dtype, **common)]
     for p in op.eager:
+        cols = op.kv_len + p.extra_cols
         sized: dict[str, Any] = {
             **common,
             "dtype": p.dtype,
@@ -731,14 +735,22 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
             "bytes_written": round(p.written * scores + p.written_row * rows),
         }
         if p.kind is OpKind.SOFTMAX:
-            parts.append(Softmax(rows=rows, cols=op.kv_len, **sized))
+            parts.append(Softmax(rows=rows, cols=cols, **sized))
         elif p.kind is OpKind.REDUCTION:
-            parts.append(Reduction(fn=p.fn, numel_in=scores, numel_out=rows, reduced=op.kv_len, **sized))
+            parts.append(Reduction(fn=p.fn, numel_in=rows * cols, numel_out=rows, reduced=cols, **sized))
         elif p.kind is OpKind.MEMORY:
-            parts.append(Memory(fn=p.fn, numel=scores, **sized))
+            row = TensorSpec(shape=(rows, cols), dtype=p.dtype)
+            parts.append(Memory(fn=p.fn, numel=rows * cols, outputs=(row,), **sized))
         else:
-            parts.append(Elementwise(fn=p.fn, numel=scores, hidden=op.kv_len, **sized))
-    parts.append(Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=op.dtype, **common))
+            parts.append(Elementwise(fn=p.fn, numel=rows * cols, hidden=cols, **sized))
+    values = Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=op.dtype, **common)
+    if op.eager and op.eager[-1].extra_cols:
+        # the weights over the keys sliced out of wider rows (gpt-oss drops its sinks column): a view whose
+        # rows lie kv_len + extra_cols apart (recorded as the operand; the bytes stay the fields')
+        width = op.kv_len + op.eager[-1].extra_cols
+        sliced = TensorSpec(shape=(bh, op.q_len, op.kv_len), dtype=op.dtype, strides=(op.q_len * width, width, 1))
+        values = values.model_copy(update={"inputs": (sliced,)})
+    parts.append(values)
     return tuple(parts)
 
 

@@ -95,3 +95,26 @@ def test_a_fused_attention_keeps_the_key_the_shipped_profiles_measured_it_under(
     assert len(ops) > 100
     # one point keeps the key of the name the IR gave its op before e34a7ae (tests/validators/test_profile_sweep)
     assert {key for op, key in ops if config_key(op) != key} <= {"e420cff6ded17314"}
+
+
+def test_rows_widened_by_a_sink_column_are_priced_as_the_kernels_run_them() -> None:
+    """gpt-oss: from the sinks ``cat`` on, rows hold ``kv_len + 1`` columns, not 16-byte aligned (the cat
+    1.6 ms a layer where aligned rows took 0.36, the softmax 1.5 against 0.6), and the values' matmul reads
+    the weights with the sink column sliced off, rows ``kv_len + 1`` apart (0.44 ms against 0.20)."""
+    from hardware.models.profile import profile_features
+
+    sinks = (
+        EagerPass(kind=OpKind.MEMORY, fn="cat", read=2, written=2, read_row=2, written_row=2, extra_cols=1),
+        EagerPass(kind=OpKind.SOFTMAX, fn="_softmax", read=2, written=2, read_row=2, written_row=2, extra_cols=1),
+    )
+    att = Attention(id=0, batch=1, q_len=2048, kv_len=2048, heads=64, kv_heads=8, head_dim=64, eager=sinks)
+    scores, cat, softmax, values = eager_parts(att)
+    assert cat.outputs[0].shape == (64 * 2048, 2049) and isinstance(softmax, Softmax) and softmax.cols == 2049
+    regimes = [profile_features(p).regime for p in (scores, cat, softmax, values)]  # type: ignore[union-attr]
+    assert regimes == ["gemm:batched", "memory:cat:unaligned", "softmax:unaligned", "gemm:batched:unaligned"]
+    assert isinstance(values, Gemm) and values.inputs[0].strides == (2048 * 2049, 2049, 1)
+    # the parts' bytes are the passes' (the sliced operand recorded for its layout, not as the only read)
+    plain = eager_parts(att.model_copy(update={"eager": (sinks[0].model_copy(update={"extra_cols": 0}),)}))[-1]
+    assert plain.inputs == () and profile_features(plain).regime == "gemm:batched"  # type: ignore[union-attr]
+    assert (values.bytes_read, values.bytes_written) == (plain.bytes_read, plain.bytes_written)
+

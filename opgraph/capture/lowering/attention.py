@@ -53,6 +53,16 @@ def _ir_dtype(ref: TRef) -> DType | None:
         return None
 
 
+def _half_to_float(lw: Lowering, e: Event) -> bool:
+    """A float16-to-float32 cast that only a softmax reads: ``softmax(x, dtype=torch.float32)`` of half
+    scores (transformers' eager attention). On CUDA ATen runs that as one softmax kernel that reads half
+    (``_softmax(..., half_to_float=True)``); on meta and the CPU it records the cast apart."""
+    if e.fn != "_to_copy" or len(e.inputs) != 1 or e.inputs[0].dtype != "fp16" or e.outputs[0].dtype != "fp32":
+        return False
+    readers = [lw.events[j] for j in lw.consumers.get(e.outputs[0].tid, ())]
+    return bool(readers) and all(r.fn in _SOFTMAX_FNS for r in readers)
+
+
 def _per_score_and_row(refs: list[TRef], rows: int, kv_len: int) -> tuple[float, float]:
     """Bytes of ``refs`` as (per score, per query row): a tensor of ``rows`` rows of ``X`` columns holds a
     score per key and ``X - kv_len`` more per row (a sinks column; ``X`` alone for a row statistic);
@@ -77,9 +87,13 @@ def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Eve
     kv_len = shape[-1] if shape else 1
     rows = numel(score_mm.outputs[0]) // max(kv_len, 1)
     passes: list[EagerPass] = []
+    upcast: float | None = None
     for i in sorted(members):
         e = lw.events[i]
         if i in (score_mm.index, out_mm.index) or e.alias or not e.outputs or not rows:
+            continue
+        if _half_to_float(lw, e):
+            upcast = _per_score_and_row(list(e.inputs), rows, kv_len)[0]
             continue
         fn, moved = e.fn, memory_fn(e)
         if fn in _SOFTMAX_FNS:
@@ -91,7 +105,10 @@ def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Eve
         else:
             kind = OpKind.ELEMENTWISE
         read, read_row = _per_score_and_row(list(e.inputs), rows, kv_len)
+        if kind is OpKind.SOFTMAX and upcast is not None:
+            read, upcast = upcast, None  # the half scores, read by the softmax itself
         written, written_row = _per_score_and_row(list(e.outputs), rows, kv_len)
+        widths = [r.shape[-1] for r in (*e.inputs, *e.outputs) if r.shape and numel(r) == rows * r.shape[-1]]
         passes.append(
             EagerPass(
                 kind=kind,
@@ -101,6 +118,7 @@ def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Eve
                 read_row=read_row,
                 written_row=written_row,
                 dtype=_ir_dtype(e.outputs[0]) or DType.bf16,
+                extra_cols=max((w - kv_len for w in widths if w >= kv_len), default=0),
             )
         )
     return tuple(passes)

@@ -174,10 +174,26 @@ def test_eager_attention_records_the_kernels_it_runs_over_its_scores(tmp_path: P
     assert sdpa[0].flops == 2 * b * h * (s * (s + 1) // 2) * 2 * d
 
 
+def test_half_scores_softmaxed_in_float32_are_one_kernel_as_cuda_runs_them(tmp_path: Path) -> None:
+    # softmax(x, dtype=float32) of half x: on CUDA ATen's _softmax(half_to_float=True), one kernel reading
+    # half; meta records a cast before it, which capture folds in. bfloat16 has no such path: its cast stays.
+    path = tiny_config(tmp_path, "llama")
+    (half,) = capture(path, seq_len=8, attn_impl="eager", dtype="fp16", layers=1).ops_of(OpKind.ATTENTION)
+    passes = half.eager  # type: ignore[attr-defined]
+    assert [(p.kind.value, p.fn, p.dtype.value, p.read, p.written) for p in passes if p.fn != "add"] == [
+        ("elementwise", "mul", "fp16", 2, 2),
+        ("softmax", "_softmax", "fp32", 2, 4),
+        ("memory", "cast", "fp16", 4, 2),
+    ]
+
+
 def test_sink_attention_runs_its_sinks_cat_max_and_subtraction(tmp_path: Path) -> None:
     g = capture(tiny_config(tmp_path, "gpt_oss"), seq_len=16)  # no SDPA path in transformers
-    fns = [p.fn for p in g.ops_of(OpKind.ATTENTION)[0].eager]  # type: ignore[attr-defined]
+    passes = g.ops_of(OpKind.ATTENTION)[0].eager  # type: ignore[attr-defined]
+    fns = [p.fn for p in passes]
     assert fns[fns.index("cat") :][:4] == ["cat", "max", "sub", "_softmax"]
+    # from the cat on, every row holds the sink column too
+    assert [p.extra_cols for p in passes] == [0] * fns.index("cat") + [1] * (len(fns) - fns.index("cat"))
 
 
 def test_sliding_window_layers(tmp_path: Path) -> None:
