@@ -52,6 +52,7 @@ from opgraph.ir import (
     AtenCall,
     Attention,
     DType,
+    EagerPass,
     Elementwise,
     Embedding,
     ExpertGemm,
@@ -64,10 +65,12 @@ from opgraph.ir import (
     NormVariant,
     OpBase,
     OpgraphError,
+    OpKind,
     Reduction,
     Rope,
     Softmax,
     TensorSpec,
+    eager_parts,
 )
 from validators.configs import OpConfig, config_key
 from validators.replay import DeviceLostError, Replayer, ReplayOptions
@@ -367,6 +370,24 @@ def _sinks_cat(rows: int, keys: int) -> Memory:
     )  # fmt: skip
 
 
+def _broadcast_pass(fn: str, heads: int, q: int, cols: int) -> OpBase:
+    """A pass of eager attention over its scores ``[1, heads, q, cols]`` that reads an operand broadcast over
+    them, laid out as the model's (``opgraph.ir.eager_parts``): the mask over the heads (``add``), the row
+    maximum over the row (``sub``), the sink column expanded over the queries (``cat``: ``cols - 1`` keys)."""
+    dt = DType.bf16
+    att = Attention(id=0, batch=1, q_len=q, kv_len=cols - (fn != "add"), heads=heads, kv_heads=heads, head_dim=64)
+    size = dt.itemsize
+    if fn == "cat":
+        p = EagerPass(kind=OpKind.MEMORY, fn="cat", read=size, written=size, read_row=size, written_row=size,
+                      extra_cols=1, broadcast=True)  # fmt: skip
+    elif fn == "sub":
+        p = EagerPass(kind=OpKind.ELEMENTWISE, fn="sub", read=size, written=size, read_row=2 * size,
+                      written_row=size, extra_cols=1, broadcast=True)  # fmt: skip
+    else:
+        p = EagerPass(kind=OpKind.ELEMENTWISE, fn="add", read=size * (1 + 1 / heads), written=size, broadcast=True)
+    return eager_parts(att.model_copy(update={"eager": (p,)}))[1]
+
+
 def _repeat_kv(batch: int, seq: int, kv_heads: int = 8, group: int = 4, head_dim: int = 128) -> Memory:
     """transformers' ``repeat_kv``: the ``[b, kv_heads, seq, d]`` keys or values expanded to every query
     head (the group's stride 0) and copied, as eager attention (and SDPA given a mask on GQA) runs it."""
@@ -559,6 +580,11 @@ def _gpu_sweep() -> list[SweepPoint]:
         ops = (Reduction(id=0, fn="max", numel_in=r * cols, numel_out=r, reduced=cols) for r in (2**9, 2**13, 2**17))
         pts += _series(f"red.max.c{cols}", ops, base=2)
     pts += _series("mem.cat.sinks", (_sinks_cat(r, 2048) for r in (2**9, 2**13, 2**17)), base=2)
+    # What eager attention reads broadcast over its scores (opgraph.ir.EagerPass.broadcast): a mask over the
+    # heads, a row maximum over its row, gpt-oss's sinks expanded over the queries (a strided kernel each).
+    pts += _series("ew.broadcast.add", (_broadcast_pass("add", 32, q, 2048) for q in (64, 512, 2048)), base=2)
+    pts += _series("ew.broadcast.sub", (_broadcast_pass("sub", 64, q, 2049) for q in (8, 128, 2048)), base=2)
+    pts += _series("mem.cat.sinks_expanded", (_broadcast_pass("cat", 64, q, 2049) for q in (8, 128, 2048)), base=2)
     pts += _series("mem.repeat_kv", (_repeat_kv(b, s) for b in (1, 8) for s in (512, 2048, 8192)), base=1)
     sizes = [4**i for i in range(5, 15)]  # 1 Ki .. 256 Mi elements
     for fn in ("copy", "cast"):

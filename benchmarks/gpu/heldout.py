@@ -258,6 +258,22 @@ ROWS_CHECK_CASES: list[dict[str, Any]] = [
      "seq_len": 777, "dtype": "fp16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
 ]  # fmt: skip
 
+# After the passes that read an operand broadcast over the scores (a mask over the heads, a row maximum,
+# gpt-oss's expanded sinks) were priced as the strided kernels they run, from points measured that way: new
+# shapes, chosen before any of it ran.
+BROADCAST_CHECK_CASES: list[dict[str, Any]] = [
+    {"case": "check5_gptoss_prefill_b1_s512_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 1,
+     "seq_len": 512, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "check5_gptoss_prefill_b4_s1024_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 4,
+     "seq_len": 1024, "dtype": "bf16", "layers": 2, "est_s": 25},
+    {"case": "check5_llama8b_prefill_b2_s512_bf16_l4", "preset": "llama-3.1-8b", "phase": "prefill", "batch": 2,
+     "seq_len": 512, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+    {"case": "check5_qwen25_prefill_b1_s2048_bf16_l4", "preset": "qwen2.5-7b", "phase": "prefill", "batch": 1,
+     "seq_len": 2048, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
+    {"case": "check5_bloom_prefill_b1_s1024_fp16_l24", "preset": "bloom-560m", "phase": "prefill", "batch": 1,
+     "seq_len": 1024, "dtype": "fp16", "layers": 24, "est_s": 30},
+]  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -956,7 +972,7 @@ def main() -> int:
         default="",
         help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
         "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES, LAYOUT_CHECK_CASES, "
-        "ROWS_CHECK_CASES and TRAIN_WALL_CASES by name)",
+        "ROWS_CHECK_CASES, BROADCAST_CHECK_CASES and TRAIN_WALL_CASES by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -1009,6 +1025,7 @@ def main() -> int:
     if args.cases:
         checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
         checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES, *LAYOUT_CHECK_CASES, *ROWS_CHECK_CASES]
+        checks += BROADCAST_CHECK_CASES
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})

@@ -71,6 +71,7 @@ from opgraph.ir import (
     Reduction,
     Rope,
     Softmax,
+    TensorSpec,
     TopK,
 )
 from opgraph.ir.configs import is_contiguous
@@ -342,7 +343,9 @@ def profile_features(op: OpBase) -> Features | None:
     if not simple:
         return None
     regime, shape, names = next(iter(simple.values()))
-    if isinstance(op, LAYOUT_BOUND) and strided_input(op):
+    if isinstance(op, LAYOUT_BOUND) and broadcast_input(op):
+        regime += BROADCAST
+    elif isinstance(op, LAYOUT_BOUND) and strided_input(op):
         regime += STRIDED
     elif unaligned_rows(op):
         regime += UNALIGNED
@@ -353,10 +356,12 @@ STRIDED = ":strided"
 """Regime suffix of an op that reads a non-contiguous input (see :func:`strided_input`)."""
 WEIGHTS = ":weights_"
 """Regime suffix of an MoE combine whose routing weights are in another dtype (``:weights_fp32``)."""
+BROADCAST = ":broadcast"
+"""Regime suffix of an op that reads an input broadcast over it (see :func:`broadcast_input`)."""
 UNALIGNED = ":unaligned"
 """Regime suffix of a dense or batched GEMM, or of a row-wise kernel, whose rows are not 16-byte aligned
 (see :func:`unaligned_gemm` and :func:`unaligned_rows`)."""
-VARIANTS = (STRIDED, WEIGHTS, UNALIGNED)
+VARIANTS = (STRIDED, WEIGHTS, UNALIGNED, BROADCAST)
 """Regime suffixes of a variant of a regime: a profile without the variant's points predicts it from
 the plain regime's, and says so."""
 
@@ -413,6 +418,16 @@ def unaligned_rows(op: OpBase) -> bool:
     elif isinstance(op, Memory) and op.outputs and len(op.outputs[0].shape) >= 2:
         row = op.outputs[0].shape[-1]
     return row is not None and row > 1 and bool((row * op.dtype.itemsize) % ALIGN_BYTES)
+
+
+def broadcast_input(op: OpBase) -> bool:
+    """Whether ``op`` reads a non-empty input through a stride of 0 over a dimension of more than one (an
+    expanded view: ``repeat_kv``'s keys, a mask over the heads, gpt-oss's sinks over the queries), a kernel
+    unlike the one over a transposed view."""
+    def expanded(t: TensorSpec) -> bool:
+        return t.strides is not None and any(d > 1 and not st for d, st in zip(t.shape, t.strides, strict=True))
+
+    return any(t.numel > 0 and expanded(t) for t in op.inputs)
 
 
 def strided_input(op: OpBase) -> bool:
@@ -900,12 +915,14 @@ def profile_points(profile: DeviceProfile, regime: str) -> list[ProfilePoint]:
 
 
 __all__ = [
+    "BROADCAST",
     "FAR",
     "STRIDED",
     "UNALIGNED",
     "Features",
     "ProfileExtrapolationWarning",
     "ProfileModel",
+    "broadcast_input",
     "default_cost_model",
     "profile_features",
     "profile_points",

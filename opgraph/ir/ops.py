@@ -314,6 +314,9 @@ class EagerPass(FrozenModel):
     extra_cols: NonNegInt = 0
     """Columns its rows hold beyond the keys (gpt-oss's sinks column, from the ``cat`` that adds it on):
     a row of ``kv_len + extra_cols``, which decides the kernel a row-wise pass runs."""
+    broadcast: bool = False
+    """It reads an operand broadcast over the scores (a mask over the heads, a row maximum over its row,
+    sinks expanded over the queries): a strided kernel, not the flat one."""
 
 
 class Attention(OpBase):
@@ -710,6 +713,22 @@ OP_TYPES: dict[OpKind, type[OpBase]] = {cls.model_fields["kind"].default: cls fo
 """The model class of each kind."""
 
 
+def _broadcast_operands(op: Attention, p: EagerPass) -> tuple[TensorSpec, ...]:
+    """The operands of a pass that reads one broadcast over the scores ``[batch, heads, q_len, cols]``: the
+    scores, then a ``cat``'s sink column expanded over the queries, an operand the size of a share of the
+    scores (a mask over the heads: stride 0 over them), or a row's statistic (stride 0 over its columns)."""
+    b, h, q = op.batch, op.heads, op.q_len
+    cols = op.kv_len + p.extra_cols
+    scores = TensorSpec(shape=(b, h, q, op.kv_len if p.kind is OpKind.MEMORY else cols), dtype=p.dtype)
+    if p.kind is OpKind.MEMORY:  # the cat's own input: the scores before the column it adds
+        other = TensorSpec(shape=(b, h, q, p.extra_cols or 1), dtype=p.dtype, strides=(0, 1, 0, 1))
+    elif p.read > p.dtype.itemsize:
+        other = TensorSpec(shape=(b, h, q, cols), dtype=p.dtype, strides=(q * cols, 0, cols, 1))
+    else:
+        other = TensorSpec(shape=(b, h, q, cols), dtype=p.dtype, strides=(h * q, q, 1, 0))
+    return (scores, other)
+
+
 def eager_parts(op: Attention) -> tuple[OpBase, ...]:
     """The kernels an eager attention op runs (``()`` for a fused one), as ops a cost model prices one by
     one: the scores' batched matmul, each :class:`EagerPass` over the scores in order, the values'
@@ -739,10 +758,12 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
         elif p.kind is OpKind.REDUCTION:
             parts.append(Reduction(fn=p.fn, numel_in=rows * cols, numel_out=rows, reduced=cols, **sized))
         elif p.kind is OpKind.MEMORY:
-            row = TensorSpec(shape=(rows, cols), dtype=p.dtype)
-            parts.append(Memory(fn=p.fn, numel=rows * cols, outputs=(row,), **sized))
+            row = TensorSpec(shape=(op.batch, op.heads, op.q_len, cols), dtype=p.dtype)
+            ins = _broadcast_operands(op, p) if p.broadcast else ()
+            parts.append(Memory(fn=p.fn, numel=rows * cols, inputs=ins, outputs=(row,), **sized))
         else:
-            parts.append(Elementwise(fn=p.fn, numel=rows * cols, hidden=cols, **sized))
+            ins = _broadcast_operands(op, p) if p.broadcast else ()
+            parts.append(Elementwise(fn=p.fn, numel=rows * cols, hidden=cols, inputs=ins, **sized))
     values = Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=op.dtype, **common)
     if op.eager and op.eager[-1].extra_cols:
         # the weights over the keys sliced out of wider rows (gpt-oss drops its sinks column): a view whose

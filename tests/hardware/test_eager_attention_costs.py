@@ -109,7 +109,7 @@ def test_rows_widened_by_a_sink_column_are_priced_as_the_kernels_run_them() -> N
     )
     att = Attention(id=0, batch=1, q_len=2048, kv_len=2048, heads=64, kv_heads=8, head_dim=64, eager=sinks)
     scores, cat, softmax, values = eager_parts(att)
-    assert cat.outputs[0].shape == (64 * 2048, 2049) and isinstance(softmax, Softmax) and softmax.cols == 2049
+    assert cat.outputs[0].shape == (1, 64, 2048, 2049) and isinstance(softmax, Softmax) and softmax.cols == 2049
     regimes = [profile_features(p).regime for p in (scores, cat, softmax, values)]  # type: ignore[union-attr]
     assert regimes == ["gemm:batched", "memory:cat:unaligned", "softmax:unaligned", "gemm:batched:unaligned"]
     assert isinstance(values, Gemm) and values.inputs[0].strides == (2048 * 2049, 2049, 1)
@@ -117,4 +117,27 @@ def test_rows_widened_by_a_sink_column_are_priced_as_the_kernels_run_them() -> N
     plain = eager_parts(att.model_copy(update={"eager": (sinks[0].model_copy(update={"extra_cols": 0}),)}))[-1]
     assert plain.inputs == () and profile_features(plain).regime == "gemm:batched"  # type: ignore[union-attr]
     assert (values.bytes_read, values.bytes_written) == (plain.bytes_read, plain.bytes_written)
+
+
+def test_a_pass_reading_a_broadcast_operand_is_priced_as_a_strided_kernel() -> None:
+    """A mask over the heads, a row maximum over its row, sinks expanded over the queries: each pass reads
+    its operand through a stride of 0 (gpt-oss b2 s2048: the mask add 1.5 ms a layer, priced 1.0 from the
+    flat points; the sinks cat 3.2 ms, priced 1.4 from a contiguous column's)."""
+    from hardware.models.profile import profile_features
+
+    size = 2.0
+    mask = EagerPass(kind=OpKind.ELEMENTWISE, fn="add", read=size * (1 + 1 / 64), written=size, broadcast=True)
+    cat = EagerPass(kind=OpKind.MEMORY, fn="cat", read=size, written=size, read_row=size, written_row=size,
+                    extra_cols=1, broadcast=True)  # fmt: skip
+    sub = EagerPass(kind=OpKind.ELEMENTWISE, fn="sub", read=size, written=size, read_row=2 * size,
+                    written_row=size, extra_cols=1, broadcast=True)  # fmt: skip
+    att = Attention(id=0, batch=2, q_len=16, kv_len=16, heads=64, kv_heads=8, head_dim=64, eager=(mask, cat, sub))
+    _, add, sinks, minus, _ = eager_parts(att)
+    assert add.inputs[1].strides == (16 * 16, 0, 16, 1)  # over the heads
+    assert sinks.inputs[1].shape == (2, 64, 16, 1) and sinks.inputs[1].strides == (0, 1, 0, 1)  # over the queries
+    assert minus.inputs[1].strides == (64 * 16, 16, 1, 0)  # over the row's columns
+    regimes = [profile_features(p).regime for p in (add, sinks, minus)]  # type: ignore[union-attr]
+    assert regimes == ["elementwise:add:broadcast", "memory:cat:broadcast", "elementwise:sub:broadcast"]
+    flat = eager_parts(att.model_copy(update={"eager": (mask.model_copy(update={"broadcast": False}),)}))[1]
+    assert flat.inputs == () and (flat.bytes_read, flat.bytes_written) == (add.bytes_read, add.bytes_written)
 

@@ -273,9 +273,16 @@ def test_sweep_measures_unaligned_gemvs_and_strided_copies_in_the_models_layouts
     assert {profile_features(p.op).regime for p in unaligned} == {"gemm:batched:unaligned"}
     copies = [p for p in pts if p.series.startswith("mem.copy.")]
     assert {p.series for p in copies} == {"mem.copy.transposed", "mem.copy.mla_nope", "mem.copy.mla_rope"}
-    assert {profile_features(p.op).regime for p in copies} == {"memory:copy:strided"}
+    assert {profile_features(p.op).regime for p in copies} == {"memory:copy:strided", "memory:copy:broadcast"}
     rows = {profile_features(p.op).regime for p in pts if p.series.startswith(("softmax.", "red.", "mem.cat.sinks"))}
     assert {"softmax:unaligned", "reduction:max:unaligned", "memory:cat:unaligned"} <= rows
+    strided = (".broadcast.", "sinks_")
+    broadcast = {p.series: profile_features(p.op).regime for p in pts if any(t in p.series for t in strided)}
+    assert broadcast == {
+        "ew.broadcast.add": "elementwise:add:broadcast",
+        "ew.broadcast.sub": "elementwise:sub:broadcast",
+        "mem.cat.sinks_expanded": "memory:cat:broadcast",
+    }
     ctx = BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0))
     scores = min((p for p in unaligned if "scores" in p.series), key=lambda p: p.op.total_bytes).op
     case = RecipeSelector().select(scores).recipe.build(scores, ctx)  # type: ignore[union-attr]

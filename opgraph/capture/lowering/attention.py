@@ -119,6 +119,8 @@ def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Eve
                 written_row=written_row,
                 dtype=_ir_dtype(e.outputs[0]) or DType.bf16,
                 extra_cols=max((w - kv_len for w in widths if w >= kv_len), default=0),
+                broadcast=kind in (OpKind.ELEMENTWISE, OpKind.MEMORY)
+                and any(r.dtype != "bool" and 1 < numel(r) < numel(e.outputs[0]) for r in e.inputs),
             )
         )
     return tuple(passes)

@@ -194,6 +194,9 @@ def test_sink_attention_runs_its_sinks_cat_max_and_subtraction(tmp_path: Path) -
     assert fns[fns.index("cat") :][:4] == ["cat", "max", "sub", "_softmax"]
     # from the cat on, every row holds the sink column too
     assert [p.extra_cols for p in passes] == [0] * fns.index("cat") + [1] * (len(fns) - fns.index("cat"))
+    # what reads an operand broadcast over the scores: the mask over the heads, the sinks expanded over
+    # the queries, the row maximum; not the scale (by a scalar) or the row maximum and softmax themselves
+    assert [p.fn for p in passes if p.broadcast] == ["add", "cat", "sub"]
 
 
 def test_sliding_window_layers(tmp_path: Path) -> None:

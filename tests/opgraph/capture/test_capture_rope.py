@@ -81,7 +81,8 @@ def test_mla_keys_put_together_by_copies_are_copies_not_cache_writes(tmp_path: P
     dst, src = copies[8].inputs
     assert dst.strides is not None and dst.strides[-2] == 24  # a slice of the [.., nope 16 + rope 8] keys
     assert src.strides is not None and src.strides[1] == 0  # the rope key's one head over every head
-    assert profile_features(copies[8]).regime == "memory:copy:strided"
+    assert profile_features(copies[8]).regime == "memory:copy:broadcast"
+    assert profile_features(copies[16]).regime == "memory:copy:strided"  # out of the transposed projection
     (key,) = [o for o in g.ops_of(OpKind.ROPE) if o.layer == 0 and o.heads == 1]
     assert key.outputs[0].shape[-1] == 8  # the rotation is still found through the copy
 
