@@ -458,7 +458,8 @@ def test_eager_attention_priced_by_its_kernels_out_of_sample() -> None:
     # unaligned-GEMV points and BLOOM's GELU as its kernels (layout-check-0943), which bring the Llama-8B
     # eager decode and the BLOOM decode within 5%, and the unaligned rows and half-to-float softmax
     # (rows-check-1015), and the broadcast passes (broadcast-check-1032): the gpt-oss prefill +0.9%, the
-    # BLOOM prefill -34%, the Llama-1B eager prefill +7.0% (its mask add priced from the broadcast points).
+    # BLOOM prefill -34%, the Llama-1B eager prefill +7.0% (its mask add now right, its scale by a scalar and
+    # cast back to bfloat16 priced from two-tensor and widening-cast points, long: README there).
     recomputed = reproduced(EAGER_CHECK, "eager-attention check")
     assert {c["case"] for c in recomputed["cases"]} | {"new2_gptoss_decode_b16_kv4096_bf16_l2"} == {
         c["case"] for c in heldout_mod.EAGER_CHECK_CASES
@@ -501,7 +502,7 @@ def test_layouts_the_models_run_out_of_sample() -> None:
     # -8.8% and -9.5%; the misses DeepSeek-V3's and gpt-oss's few-token decodes, -7.0% and -7.6%).
     # Recomputed with the later row, half-to-float and broadcast changes (rows-check-1015,
     # broadcast-check-1032), 5 of 8: the gpt-oss decode -1.6%, the BLOOM prefill -11.4% (its phantom cast
-    # gone, its baddbmm short), the BLOOM decode +7.5% (its small mask adds priced from broadcast points).
+    # gone, its baddbmm short), the BLOOM decode +7.5% (not examined).
     recomputed = reproduced_check(LAYOUT_CHECK, "layout check", heldout_mod.LAYOUT_CHECK_CASES)
     assert gpu_misses(recomputed) == {
         "check3_deepseekv3_decode_b4_kv1024_bf16_l4",
