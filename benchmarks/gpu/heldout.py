@@ -162,152 +162,128 @@ ROUTING_CHECK_CASES: list[dict[str, Any]] = [
      "batch": 2, "kv_len": 512, "dtype": "fp16", "layers": 24, "est_s": 60},
 ]  # fmt: skip
 
+
+def _cases(tag: str, rows: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Cases from ``(family, preset, phase, batch, tokens, dtype, layers, est_s[, attn_impl])`` rows, each
+    named ``{tag}_{family}_{phase}_b{batch}_{kv|s}{tokens}_{dtype}_l{layers}`` (no tag: no prefix)."""
+    cases = []
+    for fam, preset, phase, b, tokens, dt, layers, est_s, *attn in rows:
+        tokens_key, mark = ("kv_len", "kv") if phase == "decode" else ("seq_len", "s")
+        case = {
+            "case": f"{tag + '_' if tag else ''}{fam}_{phase}_b{b}_{mark}{tokens}_{dt}_l{layers}",
+            "preset": preset, "phase": phase, "batch": b, tokens_key: tokens, "dtype": dt, "layers": layers,
+            "est_s": est_s,
+        }  # fmt: skip
+        cases.append({**case, "attn_impl": attn[0]} if attn else case)
+    return cases
+
+
 # Families no GPU measurement of this project had seen when these were chosen (2026-11-27), cut from the
 # presets: Gemma 3 (five sliding-window layers of 1024 keys and one full, GeGLU, q/k norms), gpt-oss (eager
 # attention with sinks, its SDPA being unsupported; 32 experts, top 4), DeepSeek-V3 (MLA; three dense
 # layers, then 256 routed experts, top 8, and a shared one) and BLOOM (ALiBi, eager attention). Not in
 # the held-out table (``--cases`` names them); measured as its cases are.
-NEW_FAMILY_CASES: list[dict[str, Any]] = [
-    {"case": "new_gemma3_prefill_b1_s2048_bf16_l6", "preset": "gemma-3-27b", "phase": "prefill", "batch": 1,
-     "seq_len": 2048, "dtype": "bf16", "layers": 6, "est_s": 30},
-    {"case": "new_gptoss_decode_b8_kv2048_bf16_l2", "preset": "gpt-oss-20b", "phase": "decode", "batch": 8,
-     "kv_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 25},
-    {"case": "new_deepseekv3_prefill_b1_s1024_bf16_l4", "preset": "deepseek-v3", "phase": "prefill",
-     "batch": 1, "seq_len": 1024, "dtype": "bf16", "layers": 4, "est_s": 40},
-    {"case": "new_bloom_decode_b16_kv1024_fp16_l24", "preset": "bloom-560m", "phase": "decode", "batch": 16,
-     "kv_len": 1024, "dtype": "fp16", "layers": 24, "est_s": 30},
-    {"case": "new_gemma3_decode_b8_kv4096_bf16_l6", "preset": "gemma-3-27b", "phase": "decode", "batch": 8,
-     "kv_len": 4096, "dtype": "bf16", "layers": 6, "est_s": 30},
-    {"case": "new_gptoss_prefill_b1_s2048_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 1,
-     "seq_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 25},
-    {"case": "new_deepseekv3_decode_b8_kv2048_bf16_l4", "preset": "deepseek-v3", "phase": "decode",
-     "batch": 8, "kv_len": 2048, "dtype": "bf16", "layers": 4, "est_s": 40},
-    {"case": "new_bloom_prefill_b4_s1024_fp16_l24", "preset": "bloom-560m", "phase": "prefill", "batch": 4,
-     "seq_len": 1024, "dtype": "fp16", "layers": 24, "est_s": 30},
-]  # fmt: skip
+NEW_FAMILY_CASES: list[dict[str, Any]] = _cases("new", [
+    ("gemma3", "gemma-3-27b", "prefill", 1, 2048, "bf16", 6, 30),
+    ("gptoss", "gpt-oss-20b", "decode", 8, 2048, "bf16", 2, 25),
+    ("deepseekv3", "deepseek-v3", "prefill", 1, 1024, "bf16", 4, 40),
+    ("bloom", "bloom-560m", "decode", 16, 1024, "fp16", 24, 30),
+    ("gemma3", "gemma-3-27b", "decode", 8, 4096, "bf16", 6, 30),
+    ("gptoss", "gpt-oss-20b", "prefill", 1, 2048, "bf16", 2, 25),
+    ("deepseekv3", "deepseek-v3", "decode", 8, 2048, "bf16", 4, 40),
+    ("bloom", "bloom-560m", "prefill", 4, 1024, "fp16", 24, 30),
+])  # fmt: skip
 
 # Eager attention priced kernel by kernel (opgraph.ir.eager_parts, the sweep's eager-matmul series), checked
 # on shapes chosen before that model was run on any of them: families whose other ops the profile
 # predicts, run with eager attention (``attn_impl``: opgraph capture --attn-impl eager records them
 # alike), and new shapes of the eager-only gpt-oss and BLOOM.
-EAGER_CHECK_CASES: list[dict[str, Any]] = [
-    {"case": "eager_llama1b_prefill_b1_s2048_bf16_l4", "preset": "llama-3.2-1b", "phase": "prefill", "batch": 1,
-     "seq_len": 2048, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "eager_llama8b_decode_b8_kv2048_bf16_l4", "preset": "llama-3.1-8b", "phase": "decode", "batch": 8,
-     "kv_len": 2048, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "eager_qwen25_prefill_b2_s1024_fp16_l4", "preset": "qwen2.5-7b", "phase": "prefill", "batch": 2,
-     "seq_len": 1024, "dtype": "fp16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "new2_gptoss_prefill_b2_s1024_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 2,
-     "seq_len": 1024, "dtype": "bf16", "layers": 2, "est_s": 25},
-    {"case": "new2_gptoss_decode_b16_kv4096_bf16_l2", "preset": "gpt-oss-20b", "phase": "decode", "batch": 16,
-     "kv_len": 4096, "dtype": "bf16", "layers": 2, "est_s": 25},
-    {"case": "new2_bloom_decode_b4_kv2048_fp16_l24", "preset": "bloom-560m", "phase": "decode", "batch": 4,
-     "kv_len": 2048, "dtype": "fp16", "layers": 24, "est_s": 30},
-    {"case": "new2_bloom_prefill_b1_s2048_fp16_l24", "preset": "bloom-560m", "phase": "prefill", "batch": 1,
-     "seq_len": 2048, "dtype": "fp16", "layers": 24, "est_s": 30},
-]  # fmt: skip
+EAGER_CHECK_CASES: list[dict[str, Any]] = _cases("eager", [
+    ("llama1b", "llama-3.2-1b", "prefill", 1, 2048, "bf16", 4, 20, "eager"),
+    ("llama8b", "llama-3.1-8b", "decode", 8, 2048, "bf16", 4, 20, "eager"),
+    ("qwen25", "qwen2.5-7b", "prefill", 2, 1024, "fp16", 4, 20, "eager"),
+]) + _cases("new2", [
+    ("gptoss", "gpt-oss-20b", "prefill", 2, 1024, "bf16", 2, 25),
+    ("gptoss", "gpt-oss-20b", "decode", 16, 4096, "bf16", 2, 25),
+    ("bloom", "bloom-560m", "decode", 4, 2048, "fp16", 24, 30),
+    ("bloom", "bloom-560m", "prefill", 1, 2048, "fp16", 24, 30),
+])  # fmt: skip
 
 # The same check after the sweep gained float32 softmax points over the column count, repeat_kv copies and
 # elementwise passes the size of the scores: new shapes, chosen before that sweep ran.
-EAGER_CHECK2_CASES: list[dict[str, Any]] = [
-    {"case": "eager2_llama8b_prefill_b1_s1024_bf16_l4", "preset": "llama-3.1-8b", "phase": "prefill", "batch": 1,
-     "seq_len": 1024, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "eager2_qwen25_decode_b4_kv4096_bf16_l4", "preset": "qwen2.5-7b", "phase": "decode", "batch": 4,
-     "kv_len": 4096, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "eager2_llama1b_decode_b16_kv1024_fp16_l4", "preset": "llama-3.2-1b", "phase": "decode", "batch": 16,
-     "kv_len": 1024, "dtype": "fp16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "new3_gptoss_decode_b4_kv1024_bf16_l2", "preset": "gpt-oss-20b", "phase": "decode", "batch": 4,
-     "kv_len": 1024, "dtype": "bf16", "layers": 2, "est_s": 25},
-    {"case": "new3_bloom_prefill_b2_s512_fp16_l24", "preset": "bloom-560m", "phase": "prefill", "batch": 2,
-     "seq_len": 512, "dtype": "fp16", "layers": 24, "est_s": 30},
-]  # fmt: skip
+EAGER_CHECK2_CASES: list[dict[str, Any]] = _cases("eager2", [
+    ("llama8b", "llama-3.1-8b", "prefill", 1, 1024, "bf16", 4, 20, "eager"),
+    ("qwen25", "qwen2.5-7b", "decode", 4, 4096, "bf16", 4, 20, "eager"),
+    ("llama1b", "llama-3.2-1b", "decode", 16, 1024, "fp16", 4, 20, "eager"),
+]) + _cases("new3", [
+    ("gptoss", "gpt-oss-20b", "decode", 4, 1024, "bf16", 2, 25),
+    ("bloom", "bloom-560m", "prefill", 2, 512, "fp16", 24, 30),
+])  # fmt: skip
 
 # After the sweep measured what these models launch in their own layouts (batched GEMVs over kv + 1 keys,
 # unaligned; strided copies such as MLA's key assembly; ungated activations) and capture kept BLOOM's
 # Python GELU as its kernels and MLA's key copies as copies: new shapes, chosen before any of it ran.
-LAYOUT_CHECK_CASES: list[dict[str, Any]] = [
-    {"case": "check3_qwen25_decode_b8_kv2048_bf16_l4", "preset": "qwen2.5-7b", "phase": "decode", "batch": 8,
-     "kv_len": 2048, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "check3_llama8b_decode_b2_kv8192_bf16_l4", "preset": "llama-3.1-8b", "phase": "decode", "batch": 2,
-     "kv_len": 8192, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "check3_llama1b_decode_b32_kv512_bf16_l4", "preset": "llama-3.2-1b", "phase": "decode", "batch": 32,
-     "kv_len": 512, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "check3_bloom_decode_b8_kv512_fp16_l24", "preset": "bloom-560m", "phase": "decode", "batch": 8,
-     "kv_len": 512, "dtype": "fp16", "layers": 24, "est_s": 30},
-    {"case": "check3_bloom_prefill_b2_s1024_fp16_l24", "preset": "bloom-560m", "phase": "prefill", "batch": 2,
-     "seq_len": 1024, "dtype": "fp16", "layers": 24, "est_s": 30},
-    {"case": "check3_deepseekv3_decode_b4_kv1024_bf16_l4", "preset": "deepseek-v3", "phase": "decode",
-     "batch": 4, "kv_len": 1024, "dtype": "bf16", "layers": 4, "est_s": 40},
-    {"case": "check3_deepseekv3_prefill_b2_s512_bf16_l4", "preset": "deepseek-v3", "phase": "prefill",
-     "batch": 2, "seq_len": 512, "dtype": "bf16", "layers": 4, "est_s": 40},
-    {"case": "check3_gptoss_decode_b2_kv2048_bf16_l2", "preset": "gpt-oss-20b", "phase": "decode", "batch": 2,
-     "kv_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 25},
-]  # fmt: skip
+LAYOUT_CHECK_CASES: list[dict[str, Any]] = _cases("check3", [
+    ("qwen25", "qwen2.5-7b", "decode", 8, 2048, "bf16", 4, 20, "eager"),
+    ("llama8b", "llama-3.1-8b", "decode", 2, 8192, "bf16", 4, 20, "eager"),
+    ("llama1b", "llama-3.2-1b", "decode", 32, 512, "bf16", 4, 20, "eager"),
+    ("bloom", "bloom-560m", "decode", 8, 512, "fp16", 24, 30),
+    ("bloom", "bloom-560m", "prefill", 2, 1024, "fp16", 24, 30),
+    ("deepseekv3", "deepseek-v3", "decode", 4, 1024, "bf16", 4, 40),
+    ("deepseekv3", "deepseek-v3", "prefill", 2, 512, "bf16", 4, 40),
+    ("gptoss", "gpt-oss-20b", "decode", 2, 2048, "bf16", 2, 25),
+])  # fmt: skip
 
 # After eager attention's row-wise passes were priced over their true rows (gpt-oss's sinks column makes them
 # 2049 long; a prompt of odd length makes every row unaligned) and the sweep measured softmax, row maximum
 # and the sinks cat over unaligned rows: new shapes, chosen before any of it ran.
-ROWS_CHECK_CASES: list[dict[str, Any]] = [
-    {"case": "check4_gptoss_prefill_b1_s1024_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 1,
-     "seq_len": 1024, "dtype": "bf16", "layers": 2, "est_s": 25},
-    {"case": "check4_gptoss_prefill_b2_s2048_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 2,
-     "seq_len": 2048, "dtype": "bf16", "layers": 2, "est_s": 25},
-    {"case": "check4_qwen25_prefill_b1_s1001_bf16_l4", "preset": "qwen2.5-7b", "phase": "prefill", "batch": 1,
-     "seq_len": 1001, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "check4_llama1b_prefill_b4_s777_fp16_l4", "preset": "llama-3.2-1b", "phase": "prefill", "batch": 4,
-     "seq_len": 777, "dtype": "fp16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-]  # fmt: skip
+ROWS_CHECK_CASES: list[dict[str, Any]] = _cases("check4", [
+    ("gptoss", "gpt-oss-20b", "prefill", 1, 1024, "bf16", 2, 25),
+    ("gptoss", "gpt-oss-20b", "prefill", 2, 2048, "bf16", 2, 25),
+    ("qwen25", "qwen2.5-7b", "prefill", 1, 1001, "bf16", 4, 20, "eager"),
+    ("llama1b", "llama-3.2-1b", "prefill", 4, 777, "fp16", 4, 20, "eager"),
+])  # fmt: skip
 
 # After the passes that read an operand broadcast over the scores (a mask over the heads, a row maximum,
 # gpt-oss's expanded sinks) were priced as the strided kernels they run, from points measured that way: new
 # shapes, chosen before any of it ran.
-BROADCAST_CHECK_CASES: list[dict[str, Any]] = [
-    {"case": "check5_gptoss_prefill_b1_s512_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 1,
-     "seq_len": 512, "dtype": "bf16", "layers": 2, "est_s": 25},
-    {"case": "check5_gptoss_prefill_b4_s1024_bf16_l2", "preset": "gpt-oss-20b", "phase": "prefill", "batch": 4,
-     "seq_len": 1024, "dtype": "bf16", "layers": 2, "est_s": 25},
-    {"case": "check5_llama8b_prefill_b2_s512_bf16_l4", "preset": "llama-3.1-8b", "phase": "prefill", "batch": 2,
-     "seq_len": 512, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "check5_qwen25_prefill_b1_s2048_bf16_l4", "preset": "qwen2.5-7b", "phase": "prefill", "batch": 1,
-     "seq_len": 2048, "dtype": "bf16", "layers": 4, "est_s": 20, "attn_impl": "eager"},
-    {"case": "check5_bloom_prefill_b1_s1024_fp16_l24", "preset": "bloom-560m", "phase": "prefill", "batch": 1,
-     "seq_len": 1024, "dtype": "fp16", "layers": 24, "est_s": 30},
-]  # fmt: skip
+BROADCAST_CHECK_CASES: list[dict[str, Any]] = _cases("check5", [
+    ("gptoss", "gpt-oss-20b", "prefill", 1, 512, "bf16", 2, 25),
+    ("gptoss", "gpt-oss-20b", "prefill", 4, 1024, "bf16", 2, 25),
+    ("llama8b", "llama-3.1-8b", "prefill", 2, 512, "bf16", 4, 20, "eager"),
+    ("qwen25", "qwen2.5-7b", "prefill", 1, 2048, "bf16", 4, 20, "eager"),
+    ("bloom", "bloom-560m", "prefill", 1, 1024, "fp16", 24, 30),
+])  # fmt: skip
 
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
 # same rounds as the held-out cases, so both meet the same host states. The b64 decode first: its cache
 # fill needs the most memory.
-TRAIN_WALL_CASES: list[dict[str, Any]] = [
-    {"case": f"{fam}_{phase}_b{b}_{'kv' if phase == 'decode' else 's'}{tokens}_{dt}_l{layers}", "preset": preset,
-     "phase": phase, "batch": b, ("kv_len" if phase == "decode" else "seq_len"): tokens, "dtype": dt,
-     "layers": layers, "est_s": 10}
-    for fam, preset, phase, b, tokens, dt, layers in [
-        ("qwen25_7b", "qwen2.5-7b", "decode", 64, 4096, "fp16", 3),
-        ("llama1b", "llama-3.2-1b", "decode", 4, 2048, "bf16", 1),
-        ("llama1b", "llama-3.2-1b", "decode", 4, 2048, "bf16", 5),
-        ("qwen25_7b", "qwen2.5-7b", "decode", 2, 1024, "fp16", 3),
-        ("llama8b", "llama-3.1-8b", "decode", 16, 2048, "bf16", 1),
-        ("llama8b", "llama-3.1-8b", "decode", 16, 2048, "bf16", 5),
-        ("llama8b", "llama-3.1-8b", "decode", 32, 8192, "bf16", 1),
-        ("llama8b", "llama-3.1-8b", "decode", 32, 8192, "bf16", 3),
-        ("qwen3moe", "qwen3-30b-a3b", "decode", 4, 512, "fp16", 1),
-        ("qwen25_7b", "qwen2.5-7b", "decode", 16, 4096, "bf16", 1),
-        ("qwen25_7b", "qwen2.5-7b", "decode", 16, 4096, "bf16", 5),
-        ("llama8b", "llama-3.1-8b", "decode", 1, 4096, "fp16", 3),
-        ("mixtral", "mixtral-8x7b", "prefill", 2, 512, "fp16", 1),
-        ("llama1b", "llama-3.2-1b", "decode", 16, 256, "fp16", 3),
-        ("qwen3moe", "qwen3-30b-a3b", "prefill", 1, 512, "fp16", 1),
-        ("qwen3moe", "qwen3-30b-a3b", "prefill", 1, 512, "fp16", 3),
-        ("llama8b", "llama-3.1-8b", "prefill", 1, 2048, "bf16", 3),
-        ("llama1b", "llama-3.2-1b", "prefill", 1, 1024, "bf16", 3),
-        ("qwen25_7b", "qwen2.5-7b", "prefill", 1, 2048, "bf16", 1),
-        ("llama8b", "llama-3.1-8b", "prefill", 2, 512, "fp16", 5),
-        ("mixtral", "mixtral-8x7b", "prefill", 1, 1024, "bf16", 1),
-        ("qwen3moe", "qwen3-30b-a3b", "prefill", 1, 512, "bf16", 3),
-    ]
-]  # fmt: skip
+TRAIN_WALL_CASES: list[dict[str, Any]] = _cases("", [
+    ("qwen25_7b", "qwen2.5-7b", "decode", 64, 4096, "fp16", 3, 10),
+    ("llama1b", "llama-3.2-1b", "decode", 4, 2048, "bf16", 1, 10),
+    ("llama1b", "llama-3.2-1b", "decode", 4, 2048, "bf16", 5, 10),
+    ("qwen25_7b", "qwen2.5-7b", "decode", 2, 1024, "fp16", 3, 10),
+    ("llama8b", "llama-3.1-8b", "decode", 16, 2048, "bf16", 1, 10),
+    ("llama8b", "llama-3.1-8b", "decode", 16, 2048, "bf16", 5, 10),
+    ("llama8b", "llama-3.1-8b", "decode", 32, 8192, "bf16", 1, 10),
+    ("llama8b", "llama-3.1-8b", "decode", 32, 8192, "bf16", 3, 10),
+    ("qwen3moe", "qwen3-30b-a3b", "decode", 4, 512, "fp16", 1, 10),
+    ("qwen25_7b", "qwen2.5-7b", "decode", 16, 4096, "bf16", 1, 10),
+    ("qwen25_7b", "qwen2.5-7b", "decode", 16, 4096, "bf16", 5, 10),
+    ("llama8b", "llama-3.1-8b", "decode", 1, 4096, "fp16", 3, 10),
+    ("mixtral", "mixtral-8x7b", "prefill", 2, 512, "fp16", 1, 10),
+    ("llama1b", "llama-3.2-1b", "decode", 16, 256, "fp16", 3, 10),
+    ("qwen3moe", "qwen3-30b-a3b", "prefill", 1, 512, "fp16", 1, 10),
+    ("qwen3moe", "qwen3-30b-a3b", "prefill", 1, 512, "fp16", 3, 10),
+    ("llama8b", "llama-3.1-8b", "prefill", 1, 2048, "bf16", 3, 10),
+    ("llama1b", "llama-3.2-1b", "prefill", 1, 1024, "bf16", 3, 10),
+    ("qwen25_7b", "qwen2.5-7b", "prefill", 1, 2048, "bf16", 1, 10),
+    ("llama8b", "llama-3.1-8b", "prefill", 2, 512, "fp16", 5, 10),
+    ("mixtral", "mixtral-8x7b", "prefill", 1, 1024, "bf16", 1, 10),
+    ("qwen3moe", "qwen3-30b-a3b", "prefill", 1, 512, "bf16", 3, 10),
+])  # fmt: skip
 
 # CPU smoke cases: tiny shapes of the same families (the config keys present in the preset shrunk).
 TINY_CASES: list[dict[str, Any]] = [

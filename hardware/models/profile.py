@@ -387,22 +387,24 @@ of it run other kernels (an eager decode's ``q @ K^T`` over ``kv_len + 1`` keys:
 about twice as long as the aligned one)."""
 
 
+def _misaligned(elements: int, itemsize: float) -> bool:
+    """Whether a row (or row stride) of ``elements`` of more than one is not :data:`ALIGN_BYTES`-aligned."""
+    return elements > 1 and bool((elements * itemsize) % ALIGN_BYTES)
+
+
 def unaligned_gemm(op: Gemm) -> bool:
     """Whether a row of an operand or of the output of ``op`` is not :data:`ALIGN_BYTES`-aligned: ``k``
     or ``n`` elements (of more than one: a vector has no rows to align) that are not a multiple of it, or a
     recorded operand whose row stride is not (a view that slices a row, such as gpt-oss's values matmul
     on its weights without the sink column)."""
-    size = op.dtype.itemsize
-    if any(d > 1 and (d * size) % ALIGN_BYTES for d in (op.k, op.n)):
+    if _misaligned(op.k, op.dtype.itemsize) or _misaligned(op.n, op.dtype.itemsize):
         return True
-    for t in op.inputs:
-        if t.strides is None or len(t.shape) < 2:
-            continue
-        tsize = t.dtype.itemsize
-        for dim, stride in zip(t.shape, t.strides, strict=True):
-            if dim > 1 and stride > 1 and (stride * tsize) % ALIGN_BYTES:
-                return True
-    return False
+    return any(
+        dim > 1 and _misaligned(stride, t.dtype.itemsize)
+        for t in op.inputs
+        if t.strides is not None and len(t.shape) >= 2
+        for dim, stride in zip(t.shape, t.strides, strict=True)
+    )
 
 
 def unaligned_rows(op: OpBase) -> bool:
@@ -417,7 +419,7 @@ def unaligned_rows(op: OpBase) -> bool:
         row = op.reduced
     elif isinstance(op, Memory) and op.outputs and len(op.outputs[0].shape) >= 2:
         row = op.outputs[0].shape[-1]
-    return row is not None and row > 1 and bool((row * op.dtype.itemsize) % ALIGN_BYTES)
+    return row is not None and _misaligned(row, op.dtype.itemsize)
 
 
 def broadcast_input(op: OpBase) -> bool:

@@ -753,16 +753,15 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
             "bytes_read": round(p.read * scores + p.read_row * rows),
             "bytes_written": round(p.written * scores + p.written_row * rows),
         }
+        ins = _broadcast_operands(op, p) if p.broadcast else ()
         if p.kind is OpKind.SOFTMAX:
             parts.append(Softmax(rows=rows, cols=cols, **sized))
         elif p.kind is OpKind.REDUCTION:
             parts.append(Reduction(fn=p.fn, numel_in=rows * cols, numel_out=rows, reduced=cols, **sized))
         elif p.kind is OpKind.MEMORY:
             row = TensorSpec(shape=(op.batch, op.heads, op.q_len, cols), dtype=p.dtype)
-            ins = _broadcast_operands(op, p) if p.broadcast else ()
             parts.append(Memory(fn=p.fn, numel=rows * cols, inputs=ins, outputs=(row,), **sized))
         else:
-            ins = _broadcast_operands(op, p) if p.broadcast else ()
             parts.append(Elementwise(fn=p.fn, numel=rows * cols, hidden=cols, inputs=ins, **sized))
     values = Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=op.dtype, **common)
     if op.eager and op.eager[-1].extra_cols:
