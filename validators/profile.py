@@ -388,6 +388,15 @@ def _broadcast_pass(fn: str, heads: int, q: int, cols: int) -> OpBase:
     return eager_parts(att.model_copy(update={"eager": (p,)}))[1]
 
 
+def _addend_copy(heads: int, q: int) -> OpBase:
+    """BLOOM's alibi as ``baddbmm`` copies it into the scores ``[1, heads, q, q]`` before its matmul: the
+    ``[heads, 1, q]`` addend expanded over the queries (``opgraph.ir.EagerPass.addend``)."""
+    att = Attention(id=0, batch=1, q_len=q, kv_len=q, heads=heads, kv_heads=heads, head_dim=64)
+    size = DType.bf16.itemsize
+    p = EagerPass(kind=OpKind.MEMORY, fn="addend", read=size / q, written=size, broadcast=True, addend=True)
+    return eager_parts(att.model_copy(update={"eager": (p,)}))[0]
+
+
 def _repeat_kv(batch: int, seq: int, kv_heads: int = 8, group: int = 4, head_dim: int = 128) -> Memory:
     """transformers' ``repeat_kv``: the ``[b, kv_heads, seq, d]`` keys or values expanded to every query
     head (the group's stride 0) and copied, as eager attention (and SDPA given a mask on GQA) runs it."""
@@ -536,6 +545,15 @@ def _gpu_sweep() -> list[SweepPoint]:
         ops = (Elementwise(id=0, fn=fn, numel=n, hidden=2048) for n in (2**27, 2**28))
         pts += _series(f"ew.scores.{fn}", ops, base=2)
     pts += _series("ew.sub", (Elementwise(id=0, fn="sub", numel=t * 4096, hidden=4096) for t in TOKENS), base=2)
+    # By a Python number (opgraph.ir.Elementwise.scalar: one tensor read, another kernel), up to the size of
+    # eager attention's scores (``scores * scaling``); in float32 as RoPE's tables (``cos * attention_scaling``).
+    for fn in ("mul", "add"):
+        ops = (Elementwise(id=0, fn=fn, numel=t * 4096, hidden=4096, scalar=True) for t in TOKENS[::2])
+        pts += _series(f"ew.scalar.{fn}", ops, base=2)
+    ops = (Elementwise(id=0, fn="mul", numel=n, hidden=2048, scalar=True) for n in (2**27, 2**28))
+    pts += _series("ew.scores.scalar.mul", ops, base=2)
+    ops = (Elementwise(id=0, fn="mul", numel=t * 128, hidden=128, dtype=DType.fp32, scalar=True) for t in TOKENS[::2])
+    pts += _series("ew.fp32.scalar.mul", ops, base=2)
     for fn in ("cos", "sin", "rsqrt"):
         pts += _series(f"ew.{fn}", (Elementwise(id=0, fn=fn, numel=t * 128, hidden=128) for t in TOKENS[::2]), base=2)
     # RoPE's tables as transformers builds them: in float32.
@@ -585,6 +603,7 @@ def _gpu_sweep() -> list[SweepPoint]:
     pts += _series("ew.broadcast.add", (_broadcast_pass("add", 32, q, 2048) for q in (64, 512, 2048)), base=2)
     pts += _series("ew.broadcast.sub", (_broadcast_pass("sub", 64, q, 2049) for q in (8, 128, 2048)), base=2)
     pts += _series("mem.cat.sinks_expanded", (_broadcast_pass("cat", 64, q, 2049) for q in (8, 128, 2048)), base=2)
+    pts += _series("mem.addend", (_addend_copy(16, q) for q in (128, 512, 2048, 4096)), base=2)
     pts += _series("mem.repeat_kv", (_repeat_kv(b, s) for b in (1, 8) for s in (512, 2048, 8192)), base=1)
     sizes = [4**i for i in range(5, 15)]  # 1 Ki .. 256 Mi elements
     for fn in ("copy", "cast"):
@@ -596,6 +615,16 @@ def _gpu_sweep() -> list[SweepPoint]:
             for s in sizes
         )  # fmt: skip
         pts += _series(f"mem.{fn}", ops, base=0 if fn == "copy" else 1)
+    # A cast back from float32 (eager attention's probabilities to bfloat16): another kernel per byte than the
+    # widening one above (a graph's cast carries the dtype it reads, as these do).
+    ops = (
+        Memory(
+            id=0, fn="cast", numel=s, dtype=DType.fp32, inputs=(TensorSpec(shape=(s,), dtype=DType.fp32),),
+            outputs=(TensorSpec(shape=(s,), dtype=DType.bf16),),
+        )
+        for s in sizes
+    )  # fmt: skip
+    pts += _series("mem.cast.narrow", ops, base=2)
     cat_ops = (
         Memory(
             id=0, fn="cat", numel=2 * t * 64,

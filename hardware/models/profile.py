@@ -322,7 +322,7 @@ def profile_features(op: OpBase) -> Features | None:
         gated = op.gated or op.fn in ("swiglu", "geglu")
         simple[Activation] = (f"activation:{op.fn}{':gated' if gated and not op.fn.endswith('glu') else ''}", (), ())
     elif isinstance(op, Elementwise):
-        simple[Elementwise] = (f"elementwise:{op.fn}", (), ())
+        simple[Elementwise] = (f"elementwise:{op.fn}{SCALAR if op.scalar else ''}", (), ())
     elif isinstance(op, Softmax):
         simple[Softmax] = ("softmax", (_lg(op.cols),), ("cols",))
     elif isinstance(op, Reduction):
@@ -361,18 +361,22 @@ BROADCAST = ":broadcast"
 UNALIGNED = ":unaligned"
 """Regime suffix of a dense or batched GEMM, or of a row-wise kernel, whose rows are not 16-byte aligned
 (see :func:`unaligned_gemm` and :func:`unaligned_rows`)."""
-VARIANTS = (STRIDED, WEIGHTS, UNALIGNED, BROADCAST)
+SCALAR = ":scalar"
+"""Regime suffix of an elementwise op whose second operand is a scalar (:attr:`opgraph.ir.Elementwise.scalar`):
+one tensor read, another kernel."""
+VARIANTS = (STRIDED, WEIGHTS, UNALIGNED, BROADCAST, SCALAR)
 """Regime suffixes of a variant of a regime: a profile without the variant's points predicts it from
 the plain regime's, and says so."""
 
 
 def variant_base(regime: str) -> str:
-    """``regime`` without its variant suffix (:data:`VARIANTS`), or itself."""
-    for suffix in VARIANTS:
-        head, sep, _ = regime.partition(suffix)
-        if sep:
-            return head
-    return regime
+    """``regime`` without its variant suffixes (:data:`VARIANTS`), or itself.
+
+    >>> variant_base("elementwise:mul:scalar:strided")
+    'elementwise:mul'
+    """
+    cuts = [i for i in (regime.find(suffix) for suffix in VARIANTS) if i >= 0]
+    return regime[: min(cuts)] if cuts else regime
 
 
 LAYOUT_BOUND: tuple[type[OpBase], ...] = (Activation, Elementwise, Memory)
@@ -426,6 +430,7 @@ def broadcast_input(op: OpBase) -> bool:
     """Whether ``op`` reads a non-empty input through a stride of 0 over a dimension of more than one (an
     expanded view: ``repeat_kv``'s keys, a mask over the heads, gpt-oss's sinks over the queries), a kernel
     unlike the one over a transposed view."""
+
     def expanded(t: TensorSpec) -> bool:
         return t.strides is not None and any(d > 1 and not st for d, st in zip(t.shape, t.strides, strict=True))
 

@@ -57,6 +57,7 @@ from opgraph.ir.issue import NESTED_MARK, SYNC_MARK, HostIssue, host_syncs, is_n
 from opgraph.ir.ops import (
     IDENTITY_FIELDS,
     OP_TYPES,
+    SCALAR_OPERAND_FNS,
     Activation,
     AtenCall,
     Attention,
@@ -98,6 +99,7 @@ __all__ = [
     "NESTED_MARK",
     "OP_TYPES",
     "SAMPLER_SCOPE",
+    "SCALAR_OPERAND_FNS",
     "SCHEMA_VERSION",
     "SYNC_MARK",
     "Activation",

@@ -158,9 +158,9 @@ def config_hash(op: OpBase) -> str:
     return hash_config_dict(config_dict(op))
 
 
-_KEYLESS_WHEN_UNSET = ("eager",)
-"""Fields added after keys were saved, left out of :func:`config_key` while unset (``None``), so the ops
-that lack them keep their keys."""
+_KEYLESS_WHEN_UNSET: dict[str, object] = {"eager": None, "scalar": False}
+"""Fields added after keys were saved, left out of :func:`config_key` while they hold their default, so the
+ops that lack them keep their keys."""
 
 _KEY_EXCLUDE: dict[str, object] = {
     **dict.fromkeys(IDENTITY_FIELDS, True),
@@ -183,7 +183,9 @@ def config_key(op: OpBase) -> str:
     """
     facts = legacy_facts(type(op), op.definition)
     implied = {k: True for k, v in facts.items() if getattr(op, k) == v}
-    implied.update({k: True for k in _KEYLESS_WHEN_UNSET if getattr(op, k, 0) is None})
+    implied.update(
+        {k: True for k, unset in _KEYLESS_WHEN_UNSET.items() if k in type(op).model_fields and getattr(op, k) == unset}
+    )
     blob = op.model_dump_json(exclude={**_KEY_EXCLUDE, **implied})  # type: ignore[arg-type]
     return hashlib.sha1(blob.encode()).hexdigest()[:16]
 

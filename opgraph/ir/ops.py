@@ -310,13 +310,18 @@ class EagerPass(FrozenModel):
     written_row: Annotated[float, Field(ge=0)] = 0.0
     """Bytes it writes per query row besides those (a row maximum, a sinks column)."""
     dtype: DType = DType.bf16
-    """The dtype it computes in (a softmax taken in float32: ``fp32``)."""
+    """The dtype it computes in (a softmax taken in float32: ``fp32``); a memory pass's, the dtype it reads,
+    as a graph's :class:`Memory` op (a cast of float32 probabilities back to bfloat16: ``fp32``)."""
     extra_cols: NonNegInt = 0
     """Columns its rows hold beyond the keys (gpt-oss's sinks column, from the ``cat`` that adds it on):
     a row of ``kv_len + extra_cols``, which decides the kernel a row-wise pass runs."""
     broadcast: bool = False
     """It reads an operand broadcast over the scores (a mask over the heads, a row maximum over its row,
     sinks expanded over the queries): a strided kernel, not the flat one."""
+    addend: bool = False
+    """It is the copy a ``baddbmm`` makes of its addend (BLOOM's alibi, broadcast over the queries) into the
+    scores before its matmul, which then reads them back (a memory pass named ``addend``): it runs first,
+    and the scores matmul reads the bytes it wrote."""
 
 
 class Attention(OpBase):
@@ -480,23 +485,42 @@ class Activation(OpBase):
         return (self.numel * s * (2 if self.gated else 1), self.numel * s)
 
 
+SCALAR_OPERAND_FNS = frozenset(
+    {"add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "pow", "remainder", "fmod"}
+)
+"""Binary elementwise functions whose second operand may be a scalar (:attr:`Elementwise.scalar`)."""
+
+
 class Elementwise(OpBase):
-    """A pointwise arithmetic op (add, mul, ...) over ``numel`` output elements."""
+    """A pointwise arithmetic op (add, mul, ...) over ``numel`` output elements.
+
+    Its fields count two tensor operands read (``scalar``: one) and one written, as the profile's points
+    of the same function were measured.
+
+    >>> Elementwise(id=0, fn="mul", numel=8, hidden=4, scalar=True).field_bytes()
+    (16, 16)
+    """
 
     kind: Literal[OpKind.ELEMENTWISE] = OpKind.ELEMENTWISE
-    definition_format: ClassVar[str] = "{fn}_h{hidden}"
     fn: str
     """The aten function name (``add``, ``mul``, ``rsqrt``, ``where``)."""
     numel: NonNegInt
     hidden: PosInt = 1
     """Size of the last dimension of the output."""
+    scalar: bool = False
+    """Its second operand is a scalar (a Python number or a one-element tensor: eager attention's
+    ``scores * scaling``), so it reads one tensor, not two, in another kernel (a function of
+    :data:`SCALAR_OPERAND_FNS`)."""
+
+    def default_definition(self) -> str:
+        return f"{self.fn}{'_scalar' if self.scalar else ''}_h{self.hidden}"
 
     def default_flops(self) -> float:
         return self.numel
 
     def field_bytes(self) -> tuple[float, float]:
         s = _isz(self.dtype)
-        return (2 * self.numel * s, self.numel * s)
+        return ((1 if self.scalar else 2) * self.numel * s, self.numel * s)
 
 
 class Reduction(OpBase):
@@ -656,7 +680,9 @@ class Memory(OpBase):
     kind: Literal[OpKind.MEMORY] = OpKind.MEMORY
     definition_format: ClassVar[str] = "{fn}_n{numel}"
     fn: str
-    """``copy``, ``cast``, ``cat``, ``index``, ``index_put``, ``scatter``, ``kv_cache_write``, ``fill``..."""
+    """``copy``, ``cast``, ``cat``, ``index``, ``index_put``, ``scatter``, ``kv_cache_write``, ``fill``,
+    ``repeat_kv`` (an expanded view copied), ``addend`` (a ``baddbmm``'s broadcast addend copied into its
+    output)..."""
     numel: NonNegInt
     """Elements written."""
 
@@ -720,6 +746,8 @@ def _broadcast_operands(op: Attention, p: EagerPass) -> tuple[TensorSpec, ...]:
     b, h, q = op.batch, op.heads, op.q_len
     cols = op.kv_len + p.extra_cols
     scores = TensorSpec(shape=(b, h, q, op.kv_len if p.kind is OpKind.MEMORY else cols), dtype=p.dtype)
+    if p.addend:  # a baddbmm's addend, broadcast over the queries, copied into the scores it is the size of
+        return (TensorSpec(shape=(b, h, q, cols), dtype=p.dtype, strides=(h * cols, cols, 0, 1)),)
     if p.kind is OpKind.MEMORY:  # the cat's own input: the scores before the column it adds
         other = TensorSpec(shape=(b, h, q, p.extra_cols or 1), dtype=p.dtype, strides=(0, 1, 0, 1))
     elif p.read > p.dtype.itemsize:
@@ -744,7 +772,9 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
     bh, rows = op.batch * op.heads, op.batch * op.heads * op.q_len
     scores = rows * op.kv_len
     common: dict[str, Any] = {"id": op.id, "scope": op.scope, "layer": op.layer, "stage": op.stage, "step": op.step}
-    parts: list[OpBase] = [Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=op.dtype, **common)]
+    scores_mm = Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=op.dtype, **common)
+    before: list[OpBase] = []  # a baddbmm's addend, copied into the scores before its matmul
+    after: list[OpBase] = []
     for p in op.eager:
         cols = op.kv_len + p.extra_cols
         sized: dict[str, Any] = {
@@ -754,15 +784,22 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
             "bytes_written": round(p.written * scores + p.written_row * rows),
         }
         ins = _broadcast_operands(op, p) if p.broadcast else ()
+        part: OpBase
         if p.kind is OpKind.SOFTMAX:
-            parts.append(Softmax(rows=rows, cols=cols, **sized))
+            part = Softmax(rows=rows, cols=cols, **sized)
         elif p.kind is OpKind.REDUCTION:
-            parts.append(Reduction(fn=p.fn, numel_in=rows * cols, numel_out=rows, reduced=cols, **sized))
+            part = Reduction(fn=p.fn, numel_in=rows * cols, numel_out=rows, reduced=cols, **sized)
         elif p.kind is OpKind.MEMORY:
             row = TensorSpec(shape=(op.batch, op.heads, op.q_len, cols), dtype=p.dtype)
-            parts.append(Memory(fn=p.fn, numel=rows * cols, inputs=ins, outputs=(row,), **sized))
+            part = Memory(fn=p.fn, numel=rows * cols, inputs=ins, outputs=(row,), **sized)
         else:
-            parts.append(Elementwise(fn=p.fn, numel=rows * cols, hidden=cols, inputs=ins, **sized))
+            # a scale by a Python number reads the scores alone
+            scalar = p.fn in SCALAR_OPERAND_FNS and not p.broadcast and p.read <= p.dtype.itemsize
+            part = Elementwise(fn=p.fn, numel=rows * cols, hidden=cols, scalar=scalar, inputs=ins, **sized)
+        (before if p.addend else after).append(part)
+        if p.addend:  # the matmul reads back what the copy wrote
+            read, written = scores_mm.default_bytes()
+            scores_mm = scores_mm.model_copy(update={"bytes_read": read + part.bytes_written, "bytes_written": written})
     values = Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=op.dtype, **common)
     if op.eager and op.eager[-1].extra_cols:
         # the weights over the keys sliced out of wider rows (gpt-oss drops its sinks column): a view whose
@@ -770,8 +807,7 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
         width = op.kv_len + op.eager[-1].extra_cols
         sliced = TensorSpec(shape=(bh, op.q_len, op.kv_len), dtype=op.dtype, strides=(op.q_len * width, width, 1))
         values = values.model_copy(update={"inputs": (sliced,)})
-    parts.append(values)
-    return tuple(parts)
+    return (*before, scores_mm, *after, values)
 
 
 class _OpAdapter(BaseModel):

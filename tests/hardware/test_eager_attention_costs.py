@@ -50,7 +50,7 @@ def test_eager_attention_costs_the_sum_of_its_kernels() -> None:
     model = FixedCostModel(by_kind=times)
     cost = eager_attention_cost(model, eager(), hw)
     assert cost is not None and cost.us == pytest.approx(10 + 1 + 2 + 3 + 2 + 10)
-    assert cost.detail.startswith("eager attention, 6 kernels: bmm_b8_n8_k16 10.0 us, mul_h8 1.0 us")
+    assert cost.detail.startswith("eager attention, 6 kernels: bmm_b8_n8_k16 10.0 us, mul_scalar_h8 1.0 us")
     assert eager_attention_cost(model, eager().model_copy(update={"eager": None}), hw) is None
     # the models that price ops from their fields price it so; the profile lists its kernels' points
     for spec in ("roofline", "h100-sxm.profile.json"):
@@ -141,3 +141,25 @@ def test_a_pass_reading_a_broadcast_operand_is_priced_as_a_strided_kernel() -> N
     flat = eager_parts(att.model_copy(update={"eager": (mask.model_copy(update={"broadcast": False}),)}))[1]
     assert flat.inputs == () and (flat.bytes_read, flat.bytes_written) == (add.bytes_read, add.bytes_written)
 
+
+def test_a_scale_by_a_number_reads_the_scores_once_and_an_alibi_addend_is_copied_first() -> None:
+    """``scores * scaling`` reads one tensor (Qwen2.5 b1 s2048: 159 us a layer, priced 224 as a product of
+    two); BLOOM's ``baddbmm(alibi, q, k^T)`` first copies the alibi expanded over the queries into the
+    scores (35 us a layer at b1 s1024), then its matmul reads them back (24 us, where a plain bmm ran 14)."""
+    from hardware.models.profile import profile_features
+    from opgraph.ir import Elementwise, Memory
+
+    alibi = EagerPass(kind=OpKind.MEMORY, fn="addend", read=2 / 8, written=2, broadcast=True, addend=True)
+    att = Attention(id=0, batch=2, q_len=8, kv_len=8, heads=4, kv_heads=4, head_dim=16, eager=(alibi, *PASSES))
+    addend, scores, scale, *_ = eager_parts(att)
+    plain, plain_scale = eager_parts(att.model_copy(update={"eager": PASSES}))[:2]
+    n = 2 * 4 * 8 * 8
+    assert isinstance(addend, Memory) and isinstance(scores, Gemm) and (scores.m, scores.n) == (8, 8)
+    assert addend.inputs[0].strides == (4 * 8, 8, 0, 1) and addend.bytes_written == 2 * n
+    assert (scores.bytes_read, scores.bytes_written) == (plain.bytes_read + 2 * n, plain.bytes_written)
+    assert profile_features(addend).regime == "memory:addend:broadcast"  # type: ignore[union-attr]
+    assert isinstance(scale, Elementwise) and scale == plain_scale and scale.scalar
+    assert scale.field_bytes() == (2 * n, 2 * n) and profile_features(scale).regime == "elementwise:mul:scalar"  # type: ignore[union-attr]
+    two = PASSES[0].model_copy(update={"read": 4})  # a product of two score-sized tensors
+    (product,) = eager_parts(att.model_copy(update={"eager": (two,)}))[1:-1]
+    assert isinstance(product, Elementwise) and not product.scalar and product.field_bytes() == (4 * n, 2 * n)

@@ -344,6 +344,28 @@ def test_a_gemm_over_unaligned_rows_is_its_own_regime_and_falls_back_saying_so()
     assert unaligned_gemm(Gemm(id=0, m=1, n=64, k=2048, batch=64, inputs=(sliced,)))
 
 
+def test_an_elementwise_op_by_a_scalar_reads_one_tensor_and_is_its_own_regime() -> None:
+    """Eager attention's ``scores * scaling`` (Qwen2.5 b1 s2048: 159 us a layer) was priced 224 from the
+    products of two tensors: its fields counted a second operand, and the kernel is another."""
+    from opgraph.ir import Elementwise
+
+    def mul(tokens: int, scalar: bool = False) -> Elementwise:
+        return Elementwise(id=0, fn="mul", numel=tokens * 4096, hidden=4096, scalar=scalar)
+
+    def eff(model: ProfileModel, op: Elementwise) -> tuple[float, str]:
+        seconds, detail = _quiet(model, op)
+        return roofline_seconds(op, H100) / seconds, detail
+
+    assert roofline_seconds(mul(4096, True), H100) == pytest.approx(roofline_seconds(mul(4096), H100) * 2 / 3)
+    sizes = (16, 256, 4096)
+    plain = [_timed(mul(t), roofline_seconds(mul(t), H100) / 0.5) for t in sizes]
+    own = [_timed(mul(t, True), roofline_seconds(mul(t, True), H100) / 0.8) for t in sizes]
+    got, detail = eff(ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *plain])), mul(1024, True))
+    assert got == pytest.approx(0.5) and "no elementwise:mul:scalar points, from elementwise:mul" in detail
+    both = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *plain, *own]))
+    assert eff(both, mul(1024, True))[0] == pytest.approx(0.8) and eff(both, mul(1024))[0] == pytest.approx(0.5)
+
+
 def test_an_ungated_activation_the_profile_lacks_is_priced_from_an_ungated_one() -> None:
     """BLOOM's GELU computes a tanh: priced from the gated or strided activations' points (two inputs
     read), it was 3x long; an ungated activation's kernel reads one."""

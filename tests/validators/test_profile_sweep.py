@@ -296,6 +296,38 @@ def test_sweep_measures_unaligned_gemvs_and_strided_copies_in_the_models_layouts
     assert torch.equal(dst, src.expand_as(dst))
 
 
+def test_sweep_measures_scalar_operands_narrowing_casts_and_an_alibi_addend() -> None:
+    """What eager attention runs that the sweep priced from other kernels: a scale by a Python number (one
+    tensor read), the cast of float32 probabilities back to half width (the sweep's large casts widened),
+    and BLOOM's alibi copied into the scores expanded over the queries; each replays on the CPU."""
+    import torch
+
+    from validators.recipes import BuildContext, RecipeSelector
+
+    pts = sweep_points("cuda")
+    scalar = {p.series: profile_features(p.op).regime for p in pts if ".scalar." in p.series}
+    assert scalar == {
+        "ew.scalar.mul": "elementwise:mul:scalar",
+        "ew.scalar.add": "elementwise:add:scalar",
+        "ew.scores.scalar.mul": "elementwise:mul:scalar",
+        "ew.fp32.scalar.mul": "elementwise:mul:scalar",
+    }
+    narrow = [p.op for p in pts if p.series == "mem.cast.narrow"]
+    assert max(op.numel for op in narrow) == 2**28  # up to the scores of an eager prefill
+    assert {(op.dtype, op.outputs[0].dtype) for op in narrow} == {(DType.fp32, DType.bf16)}
+    addend = [p.op for p in pts if p.series == "mem.addend"]
+    assert {profile_features(op).regime for op in addend} == {"memory:addend:broadcast"}
+    ctx = BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0))
+    for op in (min(addend, key=lambda o: o.numel), min(narrow, key=lambda o: o.numel)):
+        case = RecipeSelector().select(op).recipe.build(op, ctx)  # type: ignore[union-attr]
+        case.run(case.inputs, False)
+    case = RecipeSelector().select(addend[0]).recipe.build(addend[0], ctx)  # type: ignore[union-attr]
+    src, dst = case.inputs
+    assert src.stride()[2] == 0 and dst.is_contiguous()  # the alibi over the queries, into the scores
+    case.run(case.inputs, False)
+    assert torch.equal(dst, src.expand_as(dst))
+
+
 BATCHED_MM_SERIES = {
     f"moe.{name}.{part}.batched_mm" for name in ("qwen3moe", "mixtral") for part in ("gate_up", "down")
 }

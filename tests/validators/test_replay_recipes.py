@@ -89,7 +89,7 @@ def test_eager_attention_replays_its_recorded_passes_as_the_model_runs_them() ->
     assert sel.recipe is not None
     case = sel.recipe.build(op, BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0)))
     assert case.note == "eager: q @ k^T, mul, add, _softmax, @ v"
-    q, k, v, _mask, _sinks = case.inputs
+    q, k, v, _mask, _sinks, _alibi = case.inputs
     assert k.shape[1] == 2  # every query head's keys: the graph's repeat_kv copies made them
     allowed = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     ref = torch.softmax(((q @ k.transpose(-1, -2)) / 2.0).masked_fill(~allowed, float("-inf")), -1) @ v
@@ -105,12 +105,29 @@ def test_eager_attention_replays_its_recorded_passes_as_the_model_runs_them() ->
     case = sel.recipe.build(
         op.model_copy(update={"eager": sinks}), BuildContext(torch.device("cpu"), torch.Generator())
     )
-    q, k, v, _mask, s = case.inputs
+    q, k, v, _mask, s, _alibi = case.inputs
     logits = torch.cat([((q @ k.transpose(-1, -2)) / 2.0).masked_fill(~allowed, float("-inf")), s], dim=-1)
     ref = torch.softmax(logits - logits.amax(-1, keepdim=True), -1)[..., :-1] @ v
     torch.testing.assert_close(case(), ref, rtol=1e-5, atol=1e-5)
     result = replay_op(op.model_copy(update={"eager": sinks}), device="cpu", options=FAST)
     assert result.status is ReplayStatus.OK and result.numerics is not None
+    # BLOOM's baddbmm(alibi, q, k^T, alpha=scale): its addend copied into the scores, the product added on;
+    # casts to float32 and back around the softmax (a cast's dtype is the one it reads)
+    bloom = (
+        EagerPass(kind=OpKind.MEMORY, fn="addend", read=4 / 5, written=4, broadcast=True, addend=True),
+        passes[1],
+        EagerPass(kind=OpKind.MEMORY, fn="cast", read=2, written=4, dtype=DType.bf16),
+        passes[2],
+        EagerPass(kind=OpKind.MEMORY, fn="cast", read=4, written=2, dtype=DType.fp32),
+    )
+    case = sel.recipe.build(
+        op.model_copy(update={"eager": bloom}), BuildContext(torch.device("cpu"), torch.Generator())
+    )
+    q, k, v, _mask, _sinks, alibi = case.inputs
+    assert alibi.shape == (2, 1, 5) and case.note == "eager: baddbmm, add, cast, _softmax, cast, @ v"
+    logits = (q @ k.transpose(-1, -2)) / 2.0 + alibi.view(1, 2, 1, 5)
+    ref = torch.softmax(logits.masked_fill(~allowed, float("-inf")), -1) @ v
+    torch.testing.assert_close(case(), ref, rtol=1e-5, atol=1e-5)
 
 
 class _NoisyGemm(Recipe):

@@ -117,7 +117,8 @@ def _eager_case(op: Attention, ctx: BuildContext) -> Case:
     """Eager attention as transformers' eager paths run it, one kernel per recorded pass: ``q @ k^T``, then
     each pass over the scores (a scale, an additive causal mask, casts, a softmax, and a sinks column:
     ``cat``, row ``max``, ``sub``, softmax, the column sliced off), then ``@ v`` (keys and values with
-    every query head: the graph's ``repeat_kv`` copies made them)."""
+    every query head: the graph's ``repeat_kv`` copies made them). With an ``addend`` pass the scores are
+    BLOOM's ``baddbmm`` of an alibi bias, scaled in the call."""
     import torch
 
     from opgraph.ir import OpKind
@@ -130,12 +131,17 @@ def _eager_case(op: Attention, ctx: BuildContext) -> Case:
     keep = causal_mask(q_len, kv, device=ctx.device, dtype=torch.bool, window=op.window)
     mask = torch.zeros(b, 1, q_len, kv, device=ctx.device, dtype=dtype).masked_fill(~keep, float("-inf"))
     sinks = make_tensor(TensorSpec(shape=(b, h, q_len, 1), dtype=op.dtype), ctx.device, ctx.gen)
-    passes = list(op.eager or ())
+    alibi = make_tensor(TensorSpec(shape=(b * h, 1, kv), dtype=op.dtype), ctx.device, ctx.gen)
+    passes = [p for p in op.eager or () if not p.addend]
+    addend = len(passes) < len(op.eager or ())
     scale = d**-0.5
 
     def run(inputs: tuple[Any, ...], reference: bool) -> Any:
-        qq, kk, vv, mm, ss = inputs
-        x = torch.matmul(qq, kk.transpose(2, 3))
+        qq, kk, vv, mm, ss, aa = inputs
+        if addend:  # BLOOM's baddbmm(alibi, q, k^T): the alibi copied into the scores, the matmul added on
+            x = torch.baddbmm(aa, qq.flatten(0, 1), kk.flatten(0, 1).transpose(1, 2), alpha=scale).view(b, h, q_len, kv)
+        else:
+            x = torch.matmul(qq, kk.transpose(2, 3))
         row = None
         sunk = False
         for p in passes:
@@ -147,8 +153,8 @@ def _eager_case(op: Attention, ctx: BuildContext) -> Case:
                 row = x.amax(dim=-1, keepdim=True)
             elif p.fn == "cat":
                 x, sunk = torch.cat([x, ss.to(x.dtype).expand(*x.shape[:-1], 1)], dim=-1), True
-            elif p.kind is OpKind.MEMORY:
-                x = x.to(to)
+            elif p.kind is OpKind.MEMORY:  # a cast (its dtype the one it reads): to float32 or back
+                x = x if reference else x.to(torch.float32 if x.dtype != torch.float32 else dtype)
             elif p.fn == "sub" and row is not None:
                 x = x - row
             elif p.fn in ("add", "masked_fill", "where"):
@@ -161,5 +167,5 @@ def _eager_case(op: Attention, ctx: BuildContext) -> Case:
             x = x[..., :-1]
         return torch.matmul(x.to(vv.dtype), vv)
 
-    note = "eager: q @ k^T, " + ", ".join(p.fn for p in passes) + ", @ v"
-    return Case(inputs=(q, k, v, mask, sinks), run=run, note=note)
+    note = f"eager: {'baddbmm' if addend else 'q @ k^T'}, " + ", ".join(p.fn for p in passes) + ", @ v"
+    return Case(inputs=(q, k, v, mask, sinks, alibi), run=run, note=note)

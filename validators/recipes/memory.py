@@ -1,5 +1,6 @@
 """Data movement without a recorded call: copy, cast, fill, cat, index (gather rows), KV-cache writes,
-``repeat_kv`` copies (an expanded view copied: the op's input keeps the expansion's zero stride).
+``repeat_kv`` copies and a ``baddbmm``'s ``addend`` (an expanded view copied: the op's input keeps the
+expansion's zero stride).
 
 Shapes come from the op's tensors when recorded, else a flat tensor of ``numel`` elements. A KV
 cache write with two inputs is a concatenation along the sequence dim when the output grew (what
@@ -15,7 +16,7 @@ from validators.inputs import index, make_tensor, torch_dtype
 from validators.recipes.base import BuildContext, Case, Recipe
 from validators.recipes.registry import register_recipe
 
-FNS = ("copy", "cast", "fill", "zero", "cat", "index", "kv_cache_write", "contiguous", "clone", "repeat_kv")
+FNS = ("copy", "cast", "fill", "zero", "cat", "index", "kv_cache_write", "contiguous", "clone", "repeat_kv", "addend")
 
 
 def _cat_dim(ins: list[TensorSpec], out: TensorSpec | None) -> int | None:

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from opgraph.ir import Activation, Elementwise, Embedding, OpBase, Reduction, Softmax, TensorSpec, TopK
+from opgraph.ir import (
+    SCALAR_OPERAND_FNS,
+    Activation,
+    Elementwise,
+    Embedding,
+    OpBase,
+    Reduction,
+    Softmax,
+    TensorSpec,
+    TopK,
+)
 from validators.inputs import NORMAL, POSITIVE, Domain, DomainKind, index, make_tensor
 from validators.recipes.aten import POSITIVE_FIRST, POSITIVE_SECOND
 from validators.recipes.base import BuildContext, Case, Compare, Recipe
@@ -99,11 +109,20 @@ class ElementwiseRecipe(_TorchFnRecipe[Elementwise]):
 
     name = "elementwise"
 
+    def unsupported(self, op: Elementwise) -> str | None:
+        if op.scalar and op.fn not in SCALAR_OPERAND_FNS:
+            return f"{op.target or op.fn}: {op.fn!r} takes no scalar operand"
+        return super().unsupported(op)
+
     def build(self, op: Elementwise, ctx: BuildContext) -> Case:
         import torch
 
         fn = getattr(torch, op.fn)
         dom = POSITIVE if op.fn in POSITIVE_FIRST else NORMAL
+        if op.scalar:  # ``x * 2.0``: one tensor, the recorded one of more than one element if any
+            spec = next((t for t in op.inputs if t.numel > 1), None) or _rows_spec(op, op.numel, op.hidden)
+            x = make_tensor(spec, ctx.device, ctx.gen, dom)
+            return Case(inputs=(x,), run=lambda inputs, reference: fn(inputs[0], 2.0), note=f"torch.{op.fn} by 2.0")
         if op.inputs:
             xs = [
                 make_tensor(s, ctx.device, ctx.gen, POSITIVE if (i == 1 and op.fn in POSITIVE_SECOND) else dom)

@@ -87,6 +87,23 @@ def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Eve
     kv_len = shape[-1] if shape else 1
     rows = numel(score_mm.outputs[0]) // max(kv_len, 1)
     passes: list[EagerPass] = []
+    addend = score_mm.inputs[0] if score_mm.fn == "baddbmm" and len(score_mm.inputs) == 3 else None
+    if addend is not None and score_mm.kwargs.get("beta", 1) != 0 and numel(addend) < numel(score_mm.outputs[0]):
+        # baddbmm(alibi, q, k^T) copies its broadcast addend into the scores, then accumulates onto them
+        read, read_row = _per_score_and_row([addend], rows, kv_len)
+        out = _ir_dtype(score_mm.outputs[0]) or DType.bf16
+        passes.append(
+            EagerPass(
+                kind=OpKind.MEMORY,
+                fn="addend",
+                read=read,
+                read_row=read_row,
+                written=out.itemsize,
+                dtype=_ir_dtype(addend) or out,
+                broadcast=True,
+                addend=True,
+            )
+        )
     upcast: float | None = None
     for i in sorted(members):
         e = lw.events[i]
@@ -117,7 +134,8 @@ def _eager_passes(lw: Lowering, members: list[int], score_mm: Event, out_mm: Eve
                 written=written,
                 read_row=read_row,
                 written_row=written_row,
-                dtype=_ir_dtype(e.outputs[0]) or DType.bf16,
+                # a cast (as a graph's Memory op) carries the dtype it reads; others the one they compute in
+                dtype=_ir_dtype(e.inputs[0] if kind is OpKind.MEMORY and e.inputs else e.outputs[0]) or DType.bf16,
                 extra_cols=max((w - kv_len for w in widths if w >= kv_len), default=0),
                 broadcast=kind in (OpKind.ELEMENTWISE, OpKind.MEMORY)
                 and any(r.dtype != "bool" and 1 < numel(r) < numel(e.outputs[0]) for r in e.inputs),

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from opgraph.capture import capture
-from opgraph.ir import OpGraph, OpKind
+from opgraph.ir import DType, OpGraph, OpKind
 from tests.conftest import TINY_LLAMA
 
 # The shared tiny Llama's sizes, with room for longer positions and an explicit head_dim.
@@ -162,9 +162,9 @@ def test_eager_attention_records_the_kernels_it_runs_over_its_scores(tmp_path: P
     assert [(p.kind.value, p.fn, p.dtype.value) for p in passes] == [
         ("elementwise", "mul", "bf16"),
         ("elementwise", "add", "bf16"),
-        ("memory", "cast", "fp32"),
+        ("memory", "cast", "bf16"),  # a cast carries the dtype it reads, as a graph's casts do
         ("softmax", "_softmax", "fp32"),
-        ("memory", "cast", "bf16"),
+        ("memory", "cast", "fp32"),
     ]
     # bytes per score: the softmax reads and writes float32, the casts change the width
     assert [(p.read, p.written) for p in passes if p.fn != "add"] == [(2, 2), (2, 4), (4, 4), (4, 2)]
@@ -183,7 +183,7 @@ def test_half_scores_softmaxed_in_float32_are_one_kernel_as_cuda_runs_them(tmp_p
     assert [(p.kind.value, p.fn, p.dtype.value, p.read, p.written) for p in passes if p.fn != "add"] == [
         ("elementwise", "mul", "fp16", 2, 2),
         ("softmax", "_softmax", "fp32", 2, 4),
-        ("memory", "cast", "fp16", 4, 2),
+        ("memory", "cast", "fp32", 4, 2),
     ]
 
 
@@ -252,6 +252,21 @@ def test_an_activation_written_in_python_is_the_kernels_eager_runs(tmp_path: Pat
     assert sorted(o.definition.split("_")[0] for o in gelu) == ["add", "add", *["mul"] * 6, "tanh"]
     assert all(o.call is not None for o in gelu)  # each lowered from one aten call
     assert {o.kind for o in gelu} == {OpKind.ELEMENTWISE, OpKind.ACTIVATION}
+    # by a Python number (x * 0.5, 1.0 + t: one tensor read, another kernel) or of two tensors
+    scalar = sorted(o.fn for o in gelu if getattr(o, "scalar", False))  # type: ignore[attr-defined]
+    assert scalar == ["add", "add", "mul", "mul", "mul"]  # as the trace's kernels: three of two tensors
+    assert all(o.definition.startswith(f"{o.fn}_scalar_h") for o in gelu if getattr(o, "scalar", False))  # type: ignore[attr-defined]
+
+
+def test_an_alibi_baddbmm_copies_its_addend_into_the_scores_first(tmp_path: Path) -> None:
+    # BLOOM: baddbmm(alibi [b*h, 1, kv], q, k^T, beta=1): ATen copies the alibi expanded over the queries
+    # into the output (a kernel of its own), then accumulates the matmul onto it
+    g = capture(tiny_config(tmp_path, "bloom"), seq_len=8, attn_impl="eager", dtype="fp16", layers=1)
+    (att,) = g.ops_of(OpKind.ATTENTION)
+    first = att.eager[0]  # type: ignore[attr-defined]
+    assert (first.kind, first.fn, first.addend, first.broadcast) == (OpKind.MEMORY, "addend", True, True)
+    assert (first.written, first.dtype) == (2, DType.fp16) and 0 < first.read < 2  # the alibi: a row per head
+    assert not any(p.addend for p in att.eager[1:])  # type: ignore[attr-defined]
 
 
 def test_query_scaling_is_an_elementwise_mul(tmp_path: Path) -> None:
@@ -259,6 +274,7 @@ def test_query_scaling_is_an_elementwise_mul(tmp_path: Path) -> None:
     g = _capture_no_rope(tmp_path, "opt")
     scaled = [o for o in g.ops_of(OpKind.ELEMENTWISE) if o.scope.endswith("self_attn")]
     assert [o.fn for o in scaled] == ["mul", "mul"]  # type: ignore[attr-defined]
+    assert all(o.scalar and o.bytes_read == o.bytes_written for o in scaled)  # type: ignore[attr-defined]
 
 
 def test_model_without_attention_claims_no_attention_implementation(tmp_path: Path) -> None:
