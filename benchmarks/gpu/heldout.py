@@ -268,6 +268,18 @@ SCALAR_CHECK_CASES: list[dict[str, Any]] = _cases("check6", [
     ("bloom", "bloom-560m", "prefill", 8, 512, "fp16", 24, 30),
 ])  # fmt: skip
 
+# After the softmax of half scores taken in float32 (one CUDA kernel that reads them; past 1024 columns a
+# block-per-row kernel, not the warp kernel float32 scores run) was priced from points measured that way: new
+# fp16 shapes, chosen before any of it ran.
+HALF_SOFTMAX_CHECK_CASES: list[dict[str, Any]] = _cases("check7", [
+    ("llama8b", "llama-3.1-8b", "prefill", 1, 4096, "fp16", 4, 20, "eager"),
+    ("qwen25", "qwen2.5-7b", "prefill", 1, 2048, "fp16", 4, 20, "eager"),
+    ("llama1b", "llama-3.2-1b", "prefill", 4, 1024, "fp16", 4, 20, "eager"),
+    ("bloom", "bloom-560m", "prefill", 4, 2048, "fp16", 24, 30),
+    ("bloom", "bloom-560m", "prefill", 1, 4096, "fp16", 24, 30),
+    ("vicuna", "vicuna-7b", "decode", 8, 4096, "fp16", 4, 20, "eager"),
+])  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -961,7 +973,8 @@ def main() -> int:
         default="",
         help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
         "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES, LAYOUT_CHECK_CASES, "
-        "ROWS_CHECK_CASES, BROADCAST_CHECK_CASES, SCALAR_CHECK_CASES and TRAIN_WALL_CASES by name)",
+        "ROWS_CHECK_CASES, BROADCAST_CHECK_CASES, SCALAR_CHECK_CASES, HALF_SOFTMAX_CHECK_CASES and TRAIN_WALL_CASES by "
+        "name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -1014,7 +1027,7 @@ def main() -> int:
     if args.cases:
         checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
         checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES, *LAYOUT_CHECK_CASES, *ROWS_CHECK_CASES]
-        checks += BROADCAST_CHECK_CASES + SCALAR_CHECK_CASES
+        checks += [*BROADCAST_CHECK_CASES, *SCALAR_CHECK_CASES, *HALF_SOFTMAX_CHECK_CASES]
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})
