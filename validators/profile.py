@@ -388,6 +388,14 @@ def _broadcast_pass(fn: str, heads: int, q: int, cols: int) -> OpBase:
     return eager_parts(att.model_copy(update={"eager": (p,)}))[1]
 
 
+def _half_to_float(rows: int, cols: int) -> Softmax:
+    """``softmax(x, dtype=torch.float32)`` of half ``x`` ``[rows, cols]``, as ``opgraph.ir.eager_parts`` gives
+    an fp16 model's eager softmax."""
+    ins = (TensorSpec(shape=(rows, cols), dtype=DType.fp16),)
+    outs = (TensorSpec(shape=(rows, cols), dtype=DType.fp32),)
+    return Softmax(id=0, rows=rows, cols=cols, dtype=DType.fp32, inputs=ins, outputs=outs)
+
+
 def _addend_copy(heads: int, q: int) -> OpBase:
     """BLOOM's alibi as ``baddbmm`` copies it into the scores ``[1, heads, q, q]`` before its matmul: the
     ``[heads, 1, q]`` addend expanded over the queries (``opgraph.ir.EagerPass.addend``)."""
@@ -588,6 +596,11 @@ def _gpu_sweep() -> list[SweepPoint]:
         rows = (2**20 // cols, 2**24 // cols, 2**27 // cols)
         pts += _series(f"softmax.fp32.c{cols}", (Softmax(id=0, rows=r, cols=cols, dtype=f32) for r in rows), base=2)
     pts += _series("softmax.c2048", (Softmax(id=0, rows=r, cols=2048) for r in (2**9, 2**13, 2**16)), base=2)
+    # Half scores taken in float32 (an fp16 model's eager attention): one kernel that reads them, past 1024
+    # columns a block per row (hardware.models.profile.half_input_softmax).
+    for cols in (512, 1024, 2048, 4096, 8192):
+        rows = (2**20 // cols, 2**24 // cols, 2**27 // cols)
+        pts += _series(f"softmax.half_to_float.c{cols}", (_half_to_float(r, cols) for r in rows), base=2)
     # The same over rows that are not 16-byte aligned (hardware.models.profile.unaligned_rows): a decode's kv + 1
     # keys, gpt-oss's sinks column (2049 columns from the sinks cat on), with the row maximum it subtracts.
     for cols in (513, 2049, 8193):

@@ -786,7 +786,12 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
         ins = _broadcast_operands(op, p) if p.broadcast else ()
         part: OpBase
         if p.kind is OpKind.SOFTMAX:
-            part = Softmax(rows=rows, cols=cols, **sized)
+            # softmax(x, dtype=float32) of half scores: one kernel that reads them (half_to_float)
+            half = p.read < p.dtype.itemsize
+            ends = (TensorSpec(shape=(rows, cols), dtype=DType.fp16), TensorSpec(shape=(rows, cols), dtype=p.dtype))
+            part = Softmax(
+                rows=rows, cols=cols, inputs=ends[:1] if half else (), outputs=ends[1:] if half else (), **sized
+            )
         elif p.kind is OpKind.REDUCTION:
             part = Reduction(fn=p.fn, numel_in=rows * cols, numel_out=rows, reduced=cols, **sized)
         elif p.kind is OpKind.MEMORY:

@@ -163,3 +163,23 @@ def test_a_scale_by_a_number_reads_the_scores_once_and_an_alibi_addend_is_copied
     two = PASSES[0].model_copy(update={"read": 4})  # a product of two score-sized tensors
     (product,) = eager_parts(att.model_copy(update={"eager": (two,)}))[1:-1]
     assert isinstance(product, Elementwise) and not product.scalar and product.field_bytes() == (4 * n, 2 * n)
+
+
+def test_a_softmax_of_half_scores_taken_in_float32_is_its_own_kernel() -> None:
+    """An fp16 model's ``softmax(x, dtype=float32)`` is one kernel that reads the half scores; past 1024
+    columns it is a block per row (Llama-1B fp16 b2 s2048: 1.7 ms a layer, priced 0.7 from float32 input's
+    warp kernel). Its part records the half input and float32 output; a bfloat16 model's cast stays apart."""
+    from hardware.models.profile import profile_features, variant_chain
+
+    half = EagerPass(kind=OpKind.SOFTMAX, fn="_softmax", read=2, written=4, dtype=DType.fp32)
+    att = Attention(id=0, batch=1, q_len=8, kv_len=2049, heads=2, kv_heads=2, head_dim=16, dtype=DType.fp16)
+    softmax = eager_parts(att.model_copy(update={"eager": (half,)}))[1]
+    assert isinstance(softmax, Softmax) and [t.dtype for t in (*softmax.inputs, *softmax.outputs)] == [
+        DType.fp16,
+        DType.fp32,
+    ]
+    regime = profile_features(softmax).regime  # type: ignore[union-attr]
+    assert regime == "softmax:half_to_float:unaligned"
+    assert variant_chain(regime) == (regime, "softmax:half_to_float", "softmax")  # its fallbacks, in order
+    wide = eager_parts(att.model_copy(update={"eager": (half.model_copy(update={"read": 4}),)}))[1]
+    assert wide.inputs == () and profile_features(wide).regime == "softmax:unaligned"  # type: ignore[union-attr]

@@ -299,7 +299,8 @@ def test_sweep_measures_unaligned_gemvs_and_strided_copies_in_the_models_layouts
 def test_sweep_measures_scalar_operands_narrowing_casts_and_an_alibi_addend() -> None:
     """What eager attention runs that the sweep priced from other kernels: a scale by a Python number (one
     tensor read), the cast of float32 probabilities back to half width (the sweep's large casts widened),
-    and BLOOM's alibi copied into the scores expanded over the queries; each replays on the CPU."""
+    a softmax of half scores in float32, and BLOOM's alibi copied into the scores expanded over the queries;
+    each replays on the CPU."""
     import torch
 
     from validators.recipes import BuildContext, RecipeSelector
@@ -315,10 +316,13 @@ def test_sweep_measures_scalar_operands_narrowing_casts_and_an_alibi_addend() ->
     narrow = [p.op for p in pts if p.series == "mem.cast.narrow"]
     assert max(op.numel for op in narrow) == 2**28  # up to the scores of an eager prefill
     assert {(op.dtype, op.outputs[0].dtype) for op in narrow} == {(DType.fp32, DType.bf16)}
+    half = {profile_features(p.op).regime for p in pts if p.series.startswith("softmax.half_to_float.")}
+    assert half == {"softmax:half_to_float"}
     addend = [p.op for p in pts if p.series == "mem.addend"]
     assert {profile_features(op).regime for op in addend} == {"memory:addend:broadcast"}
     ctx = BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0))
-    for op in (min(addend, key=lambda o: o.numel), min(narrow, key=lambda o: o.numel)):
+    smallest = min((p.op for p in pts if p.series.startswith("softmax.half_to_float.")), key=lambda o: o.total_bytes)
+    for op in (min(addend, key=lambda o: o.numel), min(narrow, key=lambda o: o.numel), smallest):
         case = RecipeSelector().select(op).recipe.build(op, ctx)  # type: ignore[union-attr]
         case.run(case.inputs, False)
     case = RecipeSelector().select(addend[0]).recipe.build(addend[0], ctx)  # type: ignore[union-attr]
