@@ -280,6 +280,17 @@ HALF_SOFTMAX_CHECK_CASES: list[dict[str, Any]] = _cases("check7", [
     ("vicuna", "vicuna-7b", "decode", 8, 4096, "fp16", 4, 20, "eager"),
 ])  # fmt: skip
 
+# After BLOOM's alibi ``baddbmm`` GEMM was priced from points that accumulate onto the scores as it does, and
+# the half-input softmax measured up to 2^28 scores: new BLOOM and fp16 shapes, chosen before any of it ran.
+ACCUMULATE_CHECK_CASES: list[dict[str, Any]] = _cases("check8", [
+    ("bloom", "bloom-560m", "prefill", 2, 4096, "fp16", 24, 30),
+    ("bloom", "bloom-560m", "prefill", 16, 1024, "fp16", 24, 30),
+    ("bloom", "bloom-560m", "prefill", 1, 8192, "fp16", 24, 30),
+    ("llama1b", "llama-3.2-1b", "prefill", 4, 2048, "fp16", 4, 20, "eager"),
+    ("qwen25", "qwen2.5-7b", "prefill", 2, 4096, "fp16", 4, 20, "eager"),
+    ("llama8b", "llama-3.1-8b", "prefill", 2, 2048, "bf16", 4, 20, "eager"),
+])  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -973,8 +984,8 @@ def main() -> int:
         default="",
         help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
         "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES, LAYOUT_CHECK_CASES, "
-        "ROWS_CHECK_CASES, BROADCAST_CHECK_CASES, SCALAR_CHECK_CASES, HALF_SOFTMAX_CHECK_CASES and TRAIN_WALL_CASES by "
-        "name)",
+        "ROWS_CHECK_CASES, BROADCAST_CHECK_CASES, SCALAR_CHECK_CASES, HALF_SOFTMAX_CHECK_CASES, "
+        "ACCUMULATE_CHECK_CASES and TRAIN_WALL_CASES by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -1027,7 +1038,7 @@ def main() -> int:
     if args.cases:
         checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
         checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES, *LAYOUT_CHECK_CASES, *ROWS_CHECK_CASES]
-        checks += [*BROADCAST_CHECK_CASES, *SCALAR_CHECK_CASES, *HALF_SOFTMAX_CHECK_CASES]
+        checks += [*BROADCAST_CHECK_CASES, *SCALAR_CHECK_CASES, *HALF_SOFTMAX_CHECK_CASES, *ACCUMULATE_CHECK_CASES]
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})
