@@ -399,6 +399,7 @@ def build_report(
     """The held-out table as a dict (see :func:`render_markdown`). ``host_graphs`` and ``routing_graphs``
     default to :data:`HOST_GRAPHS` and :data:`ROUTING_GRAPHS` beside ``data``, when there are."""
     from hardware import load_hardware
+    from opgraph.capture import CaptureError
 
     host_graphs = host_graphs or data.parent / HOST_GRAPHS
     routing_graphs = routing_graphs or data.parent / ROUTING_GRAPHS
@@ -418,21 +419,32 @@ def build_report(
                 skipped[label] = f"{type(exc).__name__}: {exc}"[:300]
         notes: list[str] = []
         host = host_model(hw, host_profile)
-        rows = [
-            evaluate_case(
-                folder,
-                c,
-                hw,
-                models,
-                notes,
-                host_timing,
-                host_profile,
-                timed.get(c["case"]),
-                default,
-                routed.get(c["case"]),
-            )
-            for c in cases
-        ]
+        rows: list[dict[str, Any]] = []
+        refused: list[dict[str, Any]] = []  # measured, but `opgraph capture` refuses the shape
+        for c in cases:
+            try:
+                row = evaluate_case(
+                    folder,
+                    c,
+                    hw,
+                    models,
+                    notes,
+                    host_timing,
+                    host_profile,
+                    timed.get(c["case"]),
+                    default,
+                    routed.get(c["case"]),
+                )
+            except CaptureError as exc:
+                refused.append(
+                    {
+                        "case": c["case"],
+                        "status": "not predicted",
+                        "note": f"opgraph capture: {exc}".replace(f"{folder}/", ""),
+                    }
+                )
+                continue
+            rows.append(row)
     version_note = library_mismatch(summary.get("transformers"))
     notes = list(dict.fromkeys([*([version_note] if version_note else []), *notes]))
     within: dict[str, dict[str, int]] = {}
@@ -496,7 +508,7 @@ def build_report(
         "leave_one_out": LEAVE_ONE_OUT,
         "targets": {"gpu": GPU_TARGET, "wall": WALL_TARGET, "median_op": MEDIAN_OP_TARGET},
         "within_targets": within,
-        "skipped_cases": [c for c in summary.get("cases", []) if c.get("status") != "ok"],
+        "skipped_cases": [*(c for c in summary.get("cases", []) if c.get("status") != "ok"), *refused],
         "notes": notes,
         "cases": rows,
     }

@@ -396,13 +396,14 @@ def _half_to_float(rows: int, cols: int) -> Softmax:
     return Softmax(id=0, rows=rows, cols=cols, dtype=DType.fp32, inputs=ins, outputs=outs)
 
 
-def _addend_copy(heads: int, q: int) -> OpBase:
-    """BLOOM's alibi as ``baddbmm`` copies it into the scores ``[1, heads, q, q]`` before its matmul: the
-    ``[heads, 1, q]`` addend expanded over the queries (``opgraph.ir.EagerPass.addend``)."""
+def _alibi_scores(heads: int, q: int, part: int) -> OpBase:
+    """BLOOM's ``baddbmm(alibi, q, k^T)`` over the scores ``[1, heads, q, q]`` (``opgraph.ir.EagerPass.addend``):
+    part 0 the copy of the ``[heads, 1, q]`` alibi expanded over the queries, part 1 the GEMM that accumulates
+    onto it."""
     att = Attention(id=0, batch=1, q_len=q, kv_len=q, heads=heads, kv_heads=heads, head_dim=64)
     size = DType.bf16.itemsize
     p = EagerPass(kind=OpKind.MEMORY, fn="addend", read=size / q, written=size, broadcast=True, addend=True)
-    return eager_parts(att.model_copy(update={"eager": (p,)}))[0]
+    return eager_parts(att.model_copy(update={"eager": (p,)}))[part]
 
 
 def _repeat_kv(batch: int, seq: int, kv_heads: int = 8, group: int = 4, head_dim: int = 128) -> Memory:
@@ -599,7 +600,7 @@ def _gpu_sweep() -> list[SweepPoint]:
     # Half scores taken in float32 (an fp16 model's eager attention): one kernel that reads them, past 1024
     # columns a block per row (hardware.models.profile.half_input_softmax).
     for cols in (512, 1024, 2048, 4096, 8192):
-        rows = (2**20 // cols, 2**24 // cols, 2**27 // cols)
+        rows = (2**20 // cols, 2**24 // cols, 2**27 // cols, 2**28 // cols)
         pts += _series(f"softmax.half_to_float.c{cols}", (_half_to_float(r, cols) for r in rows), base=2)
     # The same over rows that are not 16-byte aligned (hardware.models.profile.unaligned_rows): a decode's kv + 1
     # keys, gpt-oss's sinks column (2049 columns from the sinks cat on), with the row maximum it subtracts.
@@ -616,7 +617,9 @@ def _gpu_sweep() -> list[SweepPoint]:
     pts += _series("ew.broadcast.add", (_broadcast_pass("add", 32, q, 2048) for q in (64, 512, 2048)), base=2)
     pts += _series("ew.broadcast.sub", (_broadcast_pass("sub", 64, q, 2049) for q in (8, 128, 2048)), base=2)
     pts += _series("mem.cat.sinks_expanded", (_broadcast_pass("cat", 64, q, 2049) for q in (8, 128, 2048)), base=2)
-    pts += _series("mem.addend", (_addend_copy(16, q) for q in (128, 512, 2048, 4096)), base=2)
+    pts += _series("mem.addend", (_alibi_scores(16, q, 0) for q in (128, 512, 2048, 4096)), base=2)
+    for heads, qs in ((16, (512, 2048, 4096)), (64, (512, 1024, 2048))):
+        pts += _series(f"gemm.baddbmm.h{heads}", (_alibi_scores(heads, q, 1) for q in qs), base=2)
     pts += _series("mem.repeat_kv", (_repeat_kv(b, s) for b in (1, 8) for s in (512, 2048, 8192)), base=1)
     sizes = [4**i for i in range(5, 15)]  # 1 Ki .. 256 Mi elements
     for fn in ("copy", "cast"):

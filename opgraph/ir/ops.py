@@ -802,9 +802,12 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
             scalar = p.fn in SCALAR_OPERAND_FNS and not p.broadcast and p.read <= p.dtype.itemsize
             part = Elementwise(fn=p.fn, numel=rows * cols, hidden=cols, scalar=scalar, inputs=ins, **sized)
         (before if p.addend else after).append(part)
-        if p.addend:  # the matmul reads back what the copy wrote
-            read, written = scores_mm.default_bytes()
-            scores_mm = scores_mm.model_copy(update={"bytes_read": read + part.bytes_written, "bytes_written": written})
+    if before:  # the matmul accumulates onto what the copy wrote (baddbmm's beta): a third operand it reads
+        q = TensorSpec(shape=(bh, op.q_len, op.head_dim), dtype=op.dtype)
+        k = TensorSpec(shape=(bh, op.head_dim, op.kv_len), dtype=op.dtype)
+        acc = TensorSpec(shape=(bh, op.q_len, op.kv_len), dtype=op.dtype)
+        scores_mm = Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=op.dtype, inputs=(q, k, acc),
+                         outputs=(acc,), **common)  # fmt: skip
     values = Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=op.dtype, **common)
     if op.eager and op.eager[-1].extra_cols:
         # the weights over the keys sliced out of wider rows (gpt-oss drops its sinks column): a view whose

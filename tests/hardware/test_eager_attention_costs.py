@@ -145,7 +145,7 @@ def test_a_pass_reading_a_broadcast_operand_is_priced_as_a_strided_kernel() -> N
 def test_a_scale_by_a_number_reads_the_scores_once_and_an_alibi_addend_is_copied_first() -> None:
     """``scores * scaling`` reads one tensor (Qwen2.5 b1 s2048: 159 us a layer, priced 224 as a product of
     two); BLOOM's ``baddbmm(alibi, q, k^T)`` first copies the alibi expanded over the queries into the
-    scores (35 us a layer at b1 s1024), then its matmul reads them back (24 us, where a plain bmm ran 14)."""
+    scores (35 us a layer at b1 s1024), then its matmul accumulates onto them (24 us, where a plain bmm ran 14)."""
     from hardware.models.profile import profile_features
     from opgraph.ir import Elementwise, Memory
 
@@ -157,6 +157,8 @@ def test_a_scale_by_a_number_reads_the_scores_once_and_an_alibi_addend_is_copied
     assert isinstance(addend, Memory) and isinstance(scores, Gemm) and (scores.m, scores.n) == (8, 8)
     assert addend.inputs[0].strides == (4 * 8, 8, 0, 1) and addend.bytes_written == 2 * n
     assert (scores.bytes_read, scores.bytes_written) == (plain.bytes_read + 2 * n, plain.bytes_written)
+    assert [t.shape for t in scores.inputs] == [(8, 8, 16), (8, 16, 8), (8, 8, 8)]  # q, k^T, what it adds onto
+    assert profile_features(scores).regime == "gemm:batched:accumulate"  # type: ignore[union-attr]
     assert profile_features(addend).regime == "memory:addend:broadcast"  # type: ignore[union-attr]
     assert isinstance(scale, Elementwise) and scale == plain_scale and scale.scalar
     assert scale.field_bytes() == (2 * n, 2 * n) and profile_features(scale).regime == "elementwise:mul:scalar"  # type: ignore[union-attr]

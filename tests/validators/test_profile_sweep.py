@@ -320,11 +320,18 @@ def test_sweep_measures_scalar_operands_narrowing_casts_and_an_alibi_addend() ->
     assert half == {"softmax:half_to_float"}
     addend = [p.op for p in pts if p.series == "mem.addend"]
     assert {profile_features(op).regime for op in addend} == {"memory:addend:broadcast"}
+    baddbmm = [p.op for p in pts if p.series.startswith("gemm.baddbmm.")]
+    assert len(baddbmm) == 6 and {profile_features(op).regime for op in baddbmm} == {"gemm:batched:accumulate"}
     ctx = BuildContext(torch.device("cpu"), torch.Generator().manual_seed(0))
     smallest = min((p.op for p in pts if p.series.startswith("softmax.half_to_float.")), key=lambda o: o.total_bytes)
     for op in (min(addend, key=lambda o: o.numel), min(narrow, key=lambda o: o.numel), smallest):
         case = RecipeSelector().select(op).recipe.build(op, ctx)  # type: ignore[union-attr]
         case.run(case.inputs, False)
+    gemm = min(baddbmm, key=lambda o: o.total_bytes)
+    case = RecipeSelector().select(gemm).recipe.build(gemm, ctx)  # type: ignore[union-attr]
+    a, b, c = case.inputs
+    expected = torch.baddbmm(c, a, b)
+    assert case.run(case.inputs, False) is c and torch.equal(c, expected)  # in place, onto the scores
     case = RecipeSelector().select(addend[0]).recipe.build(addend[0], ctx)  # type: ignore[union-attr]
     src, dst = case.inputs
     assert src.stride()[2] == 0 and dst.is_contiguous()  # the alibi over the queries, into the scores

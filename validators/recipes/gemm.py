@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hardware.models.profile import accumulates
 from opgraph.ir import ExpertsImpl, Gemm, TensorSpec, grouped_kernel
 from validators.inputs import make_tensor, routing_counts, torch_dtype
 from validators.recipes.base import BuildContext, Case, Recipe
@@ -75,6 +76,14 @@ class GemmRecipe(Recipe[Gemm]):
         if op.batch > 1:
             a = make_tensor(_operand(op, 0, (op.batch, op.m, op.k)), ctx.device, ctx.gen)
             b = make_tensor(_operand(op, 1, (op.batch, op.k, op.n)), ctx.device, ctx.gen)
+            if accumulates(op):  # baddbmm onto what its addend's copy wrote: in place, as the GEMM runs it
+                c = make_tensor(_operand(op, 2, (op.batch, op.m, op.n)), ctx.device, ctx.gen)
+
+                def run_baddbmm(inputs: tuple[Any, ...], reference: bool) -> Any:
+                    aa, bb, cc = inputs
+                    return torch.baddbmm(cc, aa, bb) if reference else cc.baddbmm_(aa, bb)
+
+                return Case(inputs=(a, b, c), run=run_baddbmm, note="baddbmm_ (accumulating)")
 
             def run_bmm(inputs: tuple[Any, ...], reference: bool) -> Any:
                 return torch.bmm(inputs[0], inputs[1])
