@@ -600,8 +600,8 @@ def _gpu_sweep() -> list[SweepPoint]:
     # Half scores taken in float32 (an fp16 model's eager attention): one kernel that reads them, past 1024
     # columns a block per row (hardware.models.profile.half_input_softmax).
     for cols in (512, 1024, 2048, 4096, 8192):
-        rows = (2**20 // cols, 2**24 // cols, 2**27 // cols, 2**28 // cols)
-        pts += _series(f"softmax.half_to_float.c{cols}", (_half_to_float(r, cols) for r in rows), base=2)
+        ops = (_half_to_float(n // cols, cols) for n in (2**20, 2**24, 2**27, 2**28))
+        pts += _series(f"softmax.half_to_float.c{cols}", ops, base=2)
     # The same over rows that are not 16-byte aligned (hardware.models.profile.unaligned_rows): a decode's kv + 1
     # keys, gpt-oss's sinks column (2049 columns from the sinks cat on), with the row maximum it subtracts.
     for cols in (513, 2049, 8193):
@@ -617,9 +617,9 @@ def _gpu_sweep() -> list[SweepPoint]:
     pts += _series("ew.broadcast.add", (_broadcast_pass("add", 32, q, 2048) for q in (64, 512, 2048)), base=2)
     pts += _series("ew.broadcast.sub", (_broadcast_pass("sub", 64, q, 2049) for q in (8, 128, 2048)), base=2)
     pts += _series("mem.cat.sinks_expanded", (_broadcast_pass("cat", 64, q, 2049) for q in (8, 128, 2048)), base=2)
-    pts += _series("mem.addend", (_alibi_scores(16, q, 0) for q in (128, 512, 2048, 4096)), base=2)
-    for heads, qs in ((16, (512, 2048, 4096)), (64, (512, 1024, 2048))):
-        pts += _series(f"gemm.baddbmm.h{heads}", (_alibi_scores(heads, q, 1) for q in qs), base=2)
+    pts += _series("mem.addend", (_alibi_scores(16, n, 0) for n in (128, 512, 2048, 4096)), base=2)
+    for nh, lengths in ((16, (512, 2048, 4096)), (64, (512, 1024, 2048))):
+        pts += _series(f"gemm.baddbmm.h{nh}", (_alibi_scores(nh, n, 1) for n in lengths), base=2)
     pts += _series("mem.repeat_kv", (_repeat_kv(b, s) for b in (1, 8) for s in (512, 2048, 8192)), base=1)
     sizes = [4**i for i in range(5, 15)]  # 1 Ki .. 256 Mi elements
     for fn in ("copy", "cast"):
