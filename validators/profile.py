@@ -388,12 +388,12 @@ def _broadcast_pass(fn: str, heads: int, q: int, cols: int) -> OpBase:
     return eager_parts(att.model_copy(update={"eager": (p,)}))[1]
 
 
-def _half_to_float(rows: int, cols: int) -> Softmax:
+def _half_to_float(rows: int, cols: int, *, masked: bool = False) -> Softmax:
     """``softmax(x, dtype=torch.float32)`` of half ``x`` ``[rows, cols]``, as ``opgraph.ir.eager_parts`` gives
     an fp16 model's eager softmax."""
     ins = (TensorSpec(shape=(rows, cols), dtype=DType.fp16),)
     outs = (TensorSpec(shape=(rows, cols), dtype=DType.fp32),)
-    return Softmax(id=0, rows=rows, cols=cols, dtype=DType.fp32, inputs=ins, outputs=outs)
+    return Softmax(id=0, rows=rows, cols=cols, dtype=DType.fp32, masked=masked, inputs=ins, outputs=outs)
 
 
 def _alibi_scores(heads: int, q: int, part: int) -> OpBase:
@@ -602,6 +602,13 @@ def _gpu_sweep() -> list[SweepPoint]:
     for cols in (512, 1024, 2048, 4096, 8192):
         ops = (_half_to_float(n // cols, cols) for n in (2**20, 2**24, 2**27, 2**28))
         pts += _series(f"softmax.half_to_float.c{cols}", ops, base=2)
+    # Both over a causal prefill's scores (opgraph.ir.Softmax.masked: the kernels run longer on them).
+    for cols in (512, 1024, 2048, 4096, 8192):
+        ops = (_half_to_float(n // cols, cols, masked=True) for n in (2**24, 2**27, 2**28))
+        pts += _series(f"softmax.half_to_float.masked.c{cols}", ops, base=2)
+    for cols in (512, 2048, 8192):
+        ops = (Softmax(id=0, rows=n // cols, cols=cols, dtype=f32, masked=True) for n in (2**24, 2**27, 2**28))
+        pts += _series(f"softmax.fp32.masked.c{cols}", ops, base=2)
     # The same over rows that are not 16-byte aligned (hardware.models.profile.unaligned_rows): a decode's kv + 1
     # keys, gpt-oss's sinks column (2049 columns from the sinks cat on), with the row maximum it subtracts.
     for cols in (513, 2049, 8193):

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 import statistics
 import warnings
@@ -350,6 +351,7 @@ def profile_features(op: OpBase) -> Features | None:
         regime += STRIDED
     else:
         regime += HALF_TO_FLOAT if half_input_softmax(op) else ""
+        regime += MASKED if isinstance(op, Softmax) and op.masked else ""
         regime += UNALIGNED if unaligned_rows(op) else ""
     return Features(regime, "bytes", nbytes, shape, names)
 
@@ -363,6 +365,8 @@ BROADCAST = ":broadcast"
 UNALIGNED = ":unaligned"
 """Regime suffix of a dense or batched GEMM, or of a row-wise kernel, whose rows are not 16-byte aligned
 (see :func:`unaligned_gemm` and :func:`unaligned_rows`)."""
+MASKED = ":masked"
+"""Regime suffix of a softmax over a causal prefill's scores (:attr:`opgraph.ir.Softmax.masked`)."""
 ACCUMULATE = ":accumulate"
 """Regime suffix of a batched GEMM that adds its product onto an operand it reads (see :func:`accumulates`)."""
 HALF_TO_FLOAT = ":half_to_float"
@@ -370,21 +374,24 @@ HALF_TO_FLOAT = ":half_to_float"
 SCALAR = ":scalar"
 """Regime suffix of an elementwise op whose second operand is a scalar (:attr:`opgraph.ir.Elementwise.scalar`):
 one tensor read, another kernel."""
-VARIANTS = (STRIDED, WEIGHTS, UNALIGNED, BROADCAST, SCALAR, HALF_TO_FLOAT, ACCUMULATE)
+VARIANTS = (STRIDED, WEIGHTS, UNALIGNED, BROADCAST, SCALAR, HALF_TO_FLOAT, ACCUMULATE, MASKED)
 """Regime suffixes of a variant of a regime: a profile without the variant's points predicts it from
 the plain regime's, and says so."""
 
 
 def variant_chain(regime: str) -> tuple[str, ...]:
-    """``regime`` and the regimes it falls back to, its variant suffixes dropped from the last.
+    """``regime`` and the regimes it falls back to where a profile lacks it: the same with fewer of its
+    variant suffixes, the most kept first (among as many, the earlier suffixes kept).
 
-    >>> variant_chain("softmax:half_to_float:unaligned")
-    ('softmax:half_to_float:unaligned', 'softmax:half_to_float', 'softmax')
+    >>> variant_chain("softmax:masked:unaligned")
+    ('softmax:masked:unaligned', 'softmax:masked', 'softmax:unaligned', 'softmax')
     """
-    chain = [regime]
-    while cuts := [i for i in (chain[-1].rfind(suffix) for suffix in VARIANTS) if i > 0]:
-        chain.append(chain[-1][: max(cuts)])
-    return tuple(chain)
+    cuts = sorted(i for i in (regime.find(suffix) for suffix in VARIANTS) if i > 0)
+    if not cuts:
+        return (regime,)
+    parts = [regime[a:b] for a, b in zip(cuts, [*cuts[1:], len(regime)], strict=True)]
+    kept = (c for k in range(len(parts), -1, -1) for c in itertools.combinations(parts, k))
+    return tuple(dict.fromkeys(regime[: cuts[0]] + "".join(c) for c in kept))
 
 
 def variant_base(regime: str) -> str:
@@ -676,11 +683,15 @@ class _Index:
     def _find(self, f: Features, dtype: DType, pooled: bool, *, siblings: bool) -> tuple[_Regime, str, DType] | None:
         dtypes = (dtype, *_DTYPE_FALLBACK.get(dtype, (DType.bf16, DType.fp16, DType.fp32)))
         # A variant the profile did not measure (a layout, a weights dtype): the plain regime's points, said so.
-        for name in variant_chain(f.regime):
-            for dt in dtypes:
-                hit = (self.pooled.get((name, dt)) if pooled else None) or self.regimes.get((name, dt))
-                if hit is not None:
-                    return hit, name, dt
+        # The op's dtype or one of its size (fp16 and bf16 run the same kernels) before another size's kernels;
+        # within each, the variant nearest the op's own.
+        near = tuple(d for d in dtypes if d.itemsize == dtype.itemsize)
+        for group in (near, tuple(d for d in dtypes if d not in near)):
+            for name in variant_chain(f.regime):
+                for dt in group:
+                    hit = (self.pooled.get((name, dt)) if pooled else None) or self.regimes.get((name, dt))
+                    if hit is not None:
+                        return hit, name, dt
         # A grouped GEMM implementation the profile did not measure: the nearest implementation first
         # (a grouped kernel reads like the batched one, not like a loop of per-expert GEMMs); an ungated
         # activation: an ungated one.

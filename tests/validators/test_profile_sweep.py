@@ -317,7 +317,9 @@ def test_sweep_measures_scalar_operands_narrowing_casts_and_an_alibi_addend() ->
     assert max(op.numel for op in narrow) == 2**28  # up to the scores of an eager prefill
     assert {(op.dtype, op.outputs[0].dtype) for op in narrow} == {(DType.fp32, DType.bf16)}
     half = {profile_features(p.op).regime for p in pts if p.series.startswith("softmax.half_to_float.")}
-    assert half == {"softmax:half_to_float"}
+    assert half == {"softmax:half_to_float", "softmax:half_to_float:masked"}
+    masked = [p.op for p in pts if ".masked." in p.series]
+    assert {profile_features(op).regime for op in masked} == {"softmax:half_to_float:masked", "softmax:masked"}
     addend = [p.op for p in pts if p.series == "mem.addend"]
     assert {profile_features(op).regime for op in addend} == {"memory:addend:broadcast"}
     baddbmm = [p.op for p in pts if p.series.startswith("gemm.baddbmm.")]
@@ -327,6 +329,12 @@ def test_sweep_measures_scalar_operands_narrowing_casts_and_an_alibi_addend() ->
     for op in (min(addend, key=lambda o: o.numel), min(narrow, key=lambda o: o.numel), smallest):
         case = RecipeSelector().select(op).recipe.build(op, ctx)  # type: ignore[union-attr]
         case.run(case.inputs, False)
+    softmax = min(masked, key=lambda o: o.total_bytes)
+    case = RecipeSelector().select(softmax).recipe.build(softmax, ctx)  # type: ignore[union-attr]
+    (x,) = case.inputs
+    rows = x.view(-1, x.shape[-1])
+    low = torch.finfo(x.dtype).min
+    assert (rows[0, 1:] == low).all() and rows[0, 0] != low and (rows[x.shape[-1] - 1] != low).all()  # causal
     gemm = min(baddbmm, key=lambda o: o.total_bytes)
     case = RecipeSelector().select(gemm).recipe.build(gemm, ctx)  # type: ignore[union-attr]
     a, b, c = case.inputs

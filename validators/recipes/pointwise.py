@@ -161,13 +161,18 @@ class SoftmaxRecipe(Recipe[Softmax]):
             shape=(op.rows, op.cols), dtype=op.dtype
         )
         x = make_tensor(spec, ctx.device, ctx.gen)
+        if op.masked:  # causal: each row's columns past its position (in square blocks of cols rows) filled
+            rows = x.view(-1, x.shape[-1])
+            pos = torch.arange(rows.shape[0], device=x.device) % rows.shape[1]
+            cols = torch.arange(rows.shape[1], device=x.device)
+            rows.masked_fill_(cols[None, :] > pos[:, None], torch.finfo(x.dtype).min)
         fp32_out = any(t.dtype.value == "fp32" for t in op.outputs) and spec.dtype.value != "fp32"
 
         def run(inputs: tuple[Any, ...], reference: bool) -> Any:
             acc = torch.float64 if reference else torch.float32
             return torch.softmax(inputs[0], dim=-1, dtype=acc if fp32_out else None)
 
-        return Case(inputs=(x,), run=run, note="softmax")
+        return Case(inputs=(x,), run=run, note=f"softmax{' (causally masked)' if op.masked else ''}")
 
 
 @register_recipe(Reduction)
