@@ -13,6 +13,7 @@ path that reads them back from it is :func:`legacy_facts`, run where an op is va
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from enum import Enum
 from typing import Annotated, Any, ClassVar, Literal, Union, get_args
 
@@ -489,6 +490,17 @@ SCALAR_OPERAND_FNS = frozenset(
     {"add", "sub", "rsub", "mul", "div", "true_divide", "floor_divide", "pow", "remainder", "fmod"}
 )
 """Binary elementwise functions whose second operand may be a scalar (:attr:`Elementwise.scalar`)."""
+
+
+def scalar_operand(fn: str, operand_numels: Sequence[int], out_numel: int) -> bool:
+    """Whether an elementwise ``fn`` whose tensor operands hold ``operand_numels`` elements takes a scalar
+    (:attr:`Elementwise.scalar`): a function of :data:`SCALAR_OPERAND_FNS` with one operand of more than one
+    element, writing more than one (``x * 0.125``; a Python number is no tensor operand).
+
+    >>> scalar_operand("mul", (4096,), 4096), scalar_operand("mul", (4096, 4096), 4096)
+    (True, False)
+    """
+    return fn in SCALAR_OPERAND_FNS and out_numel > 1 and sum(n > 1 for n in operand_numels) == 1
 
 
 class Elementwise(OpBase):

@@ -30,7 +30,7 @@ from typing import Any
 
 from opgraph.ir.dtypes import DType
 from opgraph.ir.graph import Edge, EdgeKind, OpGraph
-from opgraph.ir.ops import OP_TYPES, AtenCall, Attention, Elementwise, Memory, OpBase
+from opgraph.ir.ops import OP_TYPES, AtenCall, Attention, Elementwise, Memory, OpBase, scalar_operand
 from opgraph.ir.tensor import TensorSpec
 from opgraph.transforms.rebatch_moe import graph_memo
 
@@ -155,9 +155,11 @@ def _mask_ops(chunk: MaskedChunk, keys: int, window: int | None, like: OpBase, i
         dtype = boolean if fn in ("le", "gt", "bitwise_and") else idx
         out = TensorSpec(shape=shape, dtype=dtype, id=ids())
         args: tuple[Any, ...] = tuple({"tensor": j} for j in range(len(ins))) + (() if by is None else (by,))
+        n = math.prod(shape)
+        scalar = scalar_operand(fn, [t.numel for t in ins], n)
         return _new(
             Elementwise, id=0, target=f"aten.{fn}.Tensor", inputs=ins, outputs=(out,), fn=fn,
-            numel=math.prod(shape), hidden=shape[-1], call=AtenCall(args=args), **place,
+            numel=n, hidden=shape[-1], scalar=scalar, call=AtenCall(args=args), **place,
         )  # fmt: skip
 
     q, kv = chunk.q_len, chunk.kv_len

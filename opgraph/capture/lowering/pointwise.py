@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from opgraph.capture.lowering.base import Lowering, last_dim, numel
-from opgraph.ir.ops import SCALAR_OPERAND_FNS, OpKind
+from opgraph.ir.ops import OpKind, scalar_operand
 
 _ELEMENTWISE_EXTRA = frozenset(
     {
@@ -89,6 +89,6 @@ class LowerPointwise:
             elif ev.pointwise or ev.fn in _ELEMENTWISE_EXTRA:
                 fn = ev.fn.rstrip("_") or ev.fn
                 fields = {"fn": fn, "numel": numel(out), "hidden": max(last_dim(out), 1)}
-                if fn in SCALAR_OPERAND_FNS and numel(out) > 1 and sum(numel(r) > 1 for r in ev.inputs) == 1:
+                if scalar_operand(fn, [numel(r) for r in ev.inputs], numel(out)):
                     fields["scalar"] = True  # ``x * 0.125``: the other operand is a number or one element
                 lw.claim([ev.index], OpKind.ELEMENTWISE, fields)
