@@ -387,13 +387,14 @@ def test_balanced_routing_over_the_layers_on_decodes_chosen_after_it(folder: str
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_random_weight_qwen3_moe_router_leaves_experts_idle_in_every_draw(seed: int) -> None:
     # The main table's fp16 Qwen3-MoE prefill with other seeds of its random weights (README): the second
-    # layer's router uses 98-106 of 128 experts each time, and balanced routing's prediction is 5-6.5% high.
+    # layer's router uses 98-106 of 128 experts each time, and balanced routing's prediction is 5.0-6.5% high
+    # (seed 1 +4.996%: the draws do not all miss the 5% target, but every one is as high as the main table's).
     recomputed = reproduced(RESULTS / "router-seeds-0558" / f"seed{seed}", "other-seed run")
     (case,) = recomputed["cases"]
     first, second = (n // 2 for n in case["routing_check"]["traced_products"])
     assert first == 128 and 96 <= second <= 110
     assert case["routing_check"]["graph_products"] == [256, 256]
-    assert 0.05 <= case["predicted"][recomputed["cli_default_cost_model"]]["gpu_err"] <= 0.07
+    assert 0.0495 <= case["predicted"][recomputed["cli_default_cost_model"]]["gpu_err"] <= 0.07
 
 
 DEPTH = RESULTS / "depth-2003"
@@ -431,9 +432,9 @@ def test_families_the_profile_never_saw_show_where_it_does_not_transfer() -> Non
     # over unaligned rows and strided copies; capture keeps BLOOM's Python GELU as its kernels and
     # DeepSeek-V3's MLA key copies as copies (not a cache write): changes made after seeing these data, so
     # in sample for them (out of sample: eager-check-0727, eager-check2-0750, layout-check-0943,
-    # rows-check-1015, broadcast-check-1032). Left: BLOOM's prefill (-13%: its alibi baddbmm, which reads a
-    # bias the size of the scores; a phantom float32 cast of its half scores, which CUDA fuses into the
-    # softmax, had hidden it). Any change shows up here.
+    # rows-check-1015, broadcast-check-1032, and the checks after them). Left: BLOOM's prefill (-8.1%: its
+    # half-input softmax and mask add run longer than the points give; its alibi copy and accumulating GEMM
+    # are priced as they run since scalar-check-1150 and accumulate-check-1204). Any change shows up here.
     recomputed = reproduced(NEW_FAMILIES, "new-family run")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.NEW_FAMILY_CASES}
     assert gpu_misses(recomputed) == {"new_bloom_prefill_b4_s1024_fp16_l24"}
@@ -457,16 +458,17 @@ def test_eager_attention_priced_by_its_kernels_out_of_sample() -> None:
     # that is in sample, and the Llama-1B and Qwen2.5 eager prefills come within 5%; so are the later
     # unaligned-GEMV points and BLOOM's GELU as its kernels (layout-check-0943), which bring the Llama-8B
     # eager decode and the BLOOM decode within 5%, and the unaligned rows and half-to-float softmax
-    # (rows-check-1015), and the broadcast passes (broadcast-check-1032): the gpt-oss prefill +0.9%, the
-    # BLOOM prefill -34%, the Llama-1B eager prefill +7.0% (its mask add now right, its scale by a scalar and
-    # cast back to bfloat16 priced from two-tensor and widening-cast points, long: README there).
+    # (rows-check-1015), the broadcast passes (broadcast-check-1032), and the scale by a number, casts by
+    # the dtype they read, BLOOM's alibi copy and accumulating GEMM, half-input and masked softmaxes
+    # (scalar-check-1150 to masked-check-1214): the Llama-1B eager prefill +0.1% (+7.0% before those), the
+    # BLOOM prefill -9.7% (-34%).
     recomputed = reproduced(EAGER_CHECK, "eager-attention check")
     assert {c["case"] for c in recomputed["cases"]} | {"new2_gptoss_decode_b16_kv4096_bf16_l2"} == {
         c["case"] for c in heldout_mod.EAGER_CHECK_CASES
     }
-    assert gpu_misses(recomputed) == {"eager_llama1b_prefill_b1_s2048_bf16_l4", "new2_bloom_prefill_b1_s2048_fp16_l24"}
+    assert gpu_misses(recomputed) == {"new2_bloom_prefill_b1_s2048_fp16_l24"}
     errs = {r["case"]: _attention_err(recomputed, r["case"]) for r in recomputed["cases"]}
-    assert all(-0.5 < e < 0.4 for e in errs.values()), errs  # BLOOM's prefill -47%: baddbmm, broadcast mask
+    assert all(-0.4 < e < 0.4 for e in errs.values()), errs
 
 
 EAGER_CHECK2 = RESULTS / "eager-check2-0750"
@@ -479,10 +481,11 @@ def test_eager_attention_after_the_sweep_covers_its_passes() -> None:
     # before), the decodes' attention 30-50% short: batched GEMVs over kv + 1 keys, unaligned rows. The
     # sweep's unaligned points came after these data (in sample here; out of sample: layout-check-0943)
     # and bring both GQA decodes within 5%, their attention within 15%; with the later row and broadcast
-    # changes (rows-check-1015, broadcast-check-1032) all five are within 5%.
+    # changes (rows-check-1015, broadcast-check-1032) all five were within 5%; the masked-softmax points
+    # (masked-check-1214) leave the small BLOOM prefill +6.8%.
     recomputed = reproduced(EAGER_CHECK2, "second eager-attention check")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.EAGER_CHECK2_CASES}
-    assert gpu_misses(recomputed) == set()
+    assert gpu_misses(recomputed) == {"new3_bloom_prefill_b2_s512_fp16_l24"}
     label = recomputed["cli_default_cost_model"]
     for case in ("eager2_qwen25_decode_b4_kv4096_bf16_l4", "eager2_llama1b_decode_b16_kv1024_fp16_l4"):
         row = next(r for r in recomputed["cases"] if r["case"] == case)
@@ -501,8 +504,8 @@ def test_layouts_the_models_run_out_of_sample() -> None:
     # predicted (README there: the eager GQA decodes -2.1% to -2.6%, where the aligned points left them
     # -8.8% and -9.5%; the misses DeepSeek-V3's and gpt-oss's few-token decodes, -7.0% and -7.6%).
     # Recomputed with the later row, half-to-float and broadcast changes (rows-check-1015,
-    # broadcast-check-1032), 5 of 8: the gpt-oss decode -1.6%, the BLOOM prefill -11.4% (its phantom cast
-    # gone, its baddbmm short), the BLOOM decode +7.5% (not examined).
+    # broadcast-check-1032, and the eager rounds after them), 5 of 8: the gpt-oss decode -1.6%, the BLOOM
+    # prefill -7.0%, the BLOOM decode +5.9% (not examined).
     recomputed = reproduced_check(LAYOUT_CHECK, "layout check", heldout_mod.LAYOUT_CHECK_CASES)
     assert gpu_misses(recomputed) == {
         "check3_deepseekv3_decode_b4_kv1024_bf16_l4",
@@ -524,13 +527,10 @@ def test_unaligned_rows_out_of_sample() -> None:
     # Chosen before the points ran and before any prediction of them: gpt-oss's prefills -13.8% and -15.1%
     # (-22.9% and -29.9% with the model before: its sinks column's rows), the eager prefills of odd length
     # +6.4% (bf16) and +3.8% (fp16; +11.3% before the half-to-float fold). Recomputed with the broadcast
-    # passes (broadcast-check-1032; in sample here): gpt-oss -4.0% and -1.6%, the eager prefills +7.8%
-    # and +6.1%. Walls are the passes'.
+    # passes and the eager rounds after them (in sample here): gpt-oss -5.4% and -3.7%, the eager prefills
+    # +4.2% and -0.3%. Walls are the passes'.
     recomputed = reproduced_check(ROWS_CHECK, "row-alignment check", heldout_mod.ROWS_CHECK_CASES)
-    assert gpu_misses(recomputed) == {
-        "check4_qwen25_prefill_b1_s1001_bf16_l4",
-        "check4_llama1b_prefill_b4_s777_fp16_l4",
-    }
+    assert gpu_misses(recomputed) == {"check4_gptoss_prefill_b1_s1024_bf16_l2"}  # -5.4%; the eager ones since right
     label = recomputed["cli_default_cost_model"]
     roofline = [r["predicted"]["roofline"]["gpu_err"] for r in recomputed["cases"]]
     ours = [r["predicted"][label]["gpu_err"] for r in recomputed["cases"]]
@@ -548,8 +548,51 @@ def test_broadcast_passes_out_of_sample() -> None:
     # the eager Qwen2.5 prefill +7.6% (+5.6% before) and BLOOM's -8.5% (-12.8% before: its baddbmm) miss.
     # Recomputed since with inputs read through a stride of 0 as a regime of their own: within 0.2 points.
     recomputed = reproduced_check(BROADCAST_CHECK, "broadcast check", heldout_mod.BROADCAST_CHECK_CASES)
-    misses = {"check5_qwen25_prefill_b1_s2048_bf16_l4", "check5_bloom_prefill_b1_s1024_fp16_l24"}
+    # Recomputed with this session's later changes (in sample): all five within 5% (Qwen2.5 +3.7%, BLOOM -3.2%).
+    assert gpu_misses(recomputed) == set()
+
+
+EAGER_CHECKS: dict[str, tuple[str, set[str]]] = {
+    "scalar-check-1150": (
+        "SCALAR_CHECK_CASES",
+        {"check6_qwen25_prefill_b2_s1024_bf16_l4", "check6_bloom_prefill_b2_s2048_fp16_l24",
+         "check6_bloom_prefill_b8_s512_fp16_l24"},
+    ),
+    "half-softmax-check-1156": (
+        "HALF_SOFTMAX_CHECK_CASES",
+        {"check7_bloom_prefill_b4_s2048_fp16_l24", "check7_bloom_prefill_b1_s4096_fp16_l24"},
+    ),
+    "accumulate-check-1204": (
+        "ACCUMULATE_CHECK_CASES",
+        {"check8_bloom_prefill_b2_s4096_fp16_l24", "check8_bloom_prefill_b16_s1024_fp16_l24",
+         "check8_bloom_prefill_b1_s8192_fp16_l24"},
+    ),
+    "masked-check-1214": (
+        "MASKED_CHECK_CASES",
+        {"check9_bloom_prefill_b8_s1024_fp16_l24", "check9_bloom_prefill_b2_s3072_fp16_l24"},
+    ),
+}  # fmt: skip
+"""Each check of this session's eager-attention rounds: its case list in ``heldout.py`` and the cases the final
+model misses on GPU time (as first predicted: 1 of 6, 3 of 5, 1 of 6, 4 of 6 within 5%; READMEs there)."""
+
+
+@pytest.mark.parametrize("folder", sorted(EAGER_CHECKS))
+def test_eager_attention_rounds_out_of_sample(folder: str) -> None:
+    # Scale by a number, casts by the dtype they read and BLOOM's alibi copy; the half-input softmax; BLOOM's
+    # accumulating GEMM; the masked softmax: each checked on cases written down before (READMEs there). Every
+    # eager Llama, Vicuna and Qwen2.5 prefill is within 5% now but a bfloat16 Qwen2.5 one (+5.5%: its GEMMs);
+    # BLOOM's prefills stay 6.5-12.6% short. The Vicuna decode over 4,096 cached tokens is measured but not
+    # predicted: opgraph capture refuses its 4,097th position.
+    list_name, misses = EAGER_CHECKS[folder]
+    cases = getattr(heldout_mod, list_name)
+    recomputed = reproduced(RESULTS / folder, folder)
+    refused = {c["case"] for c in recomputed["skipped_cases"]}
+    assert {c["case"] for c in recomputed["cases"]} | refused == {c["case"] for c in cases}
+    assert refused == ({"check7_vicuna_decode_b8_kv4096_fp16_l4"} if folder.startswith("half") else set())
+    assert all(r["measured"]["runs"] >= MIN_RUNS for r in recomputed["cases"])
     assert gpu_misses(recomputed) == misses
+    roofline = {r["case"]: r["predicted"]["roofline"]["gpu_err"] for r in recomputed["cases"]}
+    assert not any(abs(e) <= GPU_TARGET for e in roofline.values())
 
 
 H200 = REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout"
