@@ -375,8 +375,8 @@ SCALAR = ":scalar"
 """Regime suffix of an elementwise op whose second operand is a scalar (:attr:`opgraph.ir.Elementwise.scalar`):
 one tensor read, another kernel."""
 VARIANTS = (STRIDED, WEIGHTS, UNALIGNED, BROADCAST, SCALAR, HALF_TO_FLOAT, ACCUMULATE, MASKED)
-"""Regime suffixes of a variant of a regime: a profile without the variant's points predicts it from
-the plain regime's, and says so."""
+"""Regime suffixes of a variant of a regime: a profile without the variant's points predicts it from the
+nearest regime it has of :func:`variant_chain` (the plain regime last), and says so."""
 
 
 def variant_chain(regime: str) -> tuple[str, ...]:

@@ -290,6 +290,15 @@ def test_torch_function_recipes_refuse_a_function_torch_lacks(op: OpBase) -> Non
     assert sel.recipe is None and "no torch function 'no_such_fn' to replay" in sel.reason
 
 
+def test_an_op_by_a_scalar_replays_one_tensor_and_a_function_without_one_is_refused() -> None:
+    mul = Elementwise(id=0, fn="mul", numel=8, hidden=4, scalar=True)
+    case = RecipeSelector().select(mul).recipe.build(mul, BuildContext(torch.device("cpu"), torch.Generator()))  # type: ignore[union-attr]
+    (x,) = case.inputs
+    assert x.shape == (2, 4) and torch.equal(case(), x * 2.0)
+    sel = RecipeSelector().select(Elementwise(id=0, fn="rsqrt", numel=8, hidden=4, scalar=True))
+    assert sel.recipe is None and "'rsqrt' takes no scalar operand" in sel.reason
+
+
 def _rope_case(op: Rope) -> tuple[Case, ReplayStatus]:
     """The rope recipe's case for ``op`` on the CPU, and the op's replay status."""
     sel = RecipeSelector().select(op)
