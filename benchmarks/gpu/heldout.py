@@ -302,6 +302,17 @@ MASKED_CHECK_CASES: list[dict[str, Any]] = _cases("check9", [
     ("bloom", "bloom-560m", "prefill", 2, 3072, "fp16", 24, 30),
 ])  # fmt: skip
 
+# The session's final model checked on shapes and families of every eager path, chosen after its last change
+# and before it predicted any of them: no change followed.
+FINAL_CHECK_CASES: list[dict[str, Any]] = _cases("check10", [
+    ("gptoss", "gpt-oss-20b", "prefill", 1, 4096, "bf16", 2, 25),
+    ("llama8b", "llama-3.1-8b", "decode", 4, 2048, "fp16", 4, 20, "eager"),
+    ("qwen25", "qwen2.5-7b", "decode", 16, 1024, "fp16", 4, 20, "eager"),
+    ("bloom", "bloom-560m", "decode", 8, 1024, "fp16", 24, 30),
+    ("llama1b", "llama-3.2-1b", "prefill", 8, 1024, "bf16", 4, 20, "eager"),
+    ("vicuna", "vicuna-7b", "prefill", 4, 1024, "bf16", 4, 20, "eager"),
+])  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -996,7 +1007,7 @@ def main() -> int:
         help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
         "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES, LAYOUT_CHECK_CASES, "
         "ROWS_CHECK_CASES, BROADCAST_CHECK_CASES, SCALAR_CHECK_CASES, HALF_SOFTMAX_CHECK_CASES, "
-        "ACCUMULATE_CHECK_CASES, MASKED_CHECK_CASES and TRAIN_WALL_CASES by name)",
+        "ACCUMULATE_CHECK_CASES, MASKED_CHECK_CASES, FINAL_CHECK_CASES and TRAIN_WALL_CASES by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -1050,7 +1061,7 @@ def main() -> int:
         checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
         checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES, *LAYOUT_CHECK_CASES, *ROWS_CHECK_CASES]
         checks += [*BROADCAST_CHECK_CASES, *SCALAR_CHECK_CASES, *HALF_SOFTMAX_CHECK_CASES, *ACCUMULATE_CHECK_CASES]
-        checks += MASKED_CHECK_CASES
+        checks += [*MASKED_CHECK_CASES, *FINAL_CHECK_CASES]
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})
