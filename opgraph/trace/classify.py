@@ -22,10 +22,12 @@ _BETWEEN = frozenset(
 """Kernel types that may sit between the GEMMs and the softmax of eager attention (scale, mask, cast,
 dropout); a router's top-k (MoE, sampling, reduction) may not."""
 _REACH = 4
-"""Kernels after the softmax (cast, dropout, slicing copies) before the value GEMM."""
+"""Calls after the softmax (cast, dropout, slicing copies) before the value GEMM."""
 _REACH_BEFORE = 6
-"""Kernels between the score GEMM and the softmax: scale, mask, soft-cap, and the attention-sink steps
-(``cat`` of the sink logits, their row ``max``, ``sub``) that gpt-oss's eager attention adds."""
+"""Calls between the score GEMM and the softmax: scale, mask, soft-cap, and the attention-sink steps
+(``cat`` of the sink logits, their row ``max``, ``sub``) that gpt-oss's eager attention adds. A call's kernels
+count once: ATen splits an elementwise op or reduction over a tensor past 2^31 bytes into several
+(gpt-oss's row ``max`` and ``sub`` over 4096 x 4097 scores a head, two kernels each)."""
 _ROW_MAX_OPS = frozenset({"aten::max", "aten::amax", "aten::logsumexp"})
 """Row reductions that may sit before the softmax: the stabilising max a hand-written (sink) softmax takes
 first. Only these reductions: a router's top-k is not attention."""
@@ -135,31 +137,34 @@ def eager_attention(kernels: list[GpuEvent]) -> None:
     logits, take the row ``max``, subtract it); a softmax; at most :data:`_REACH` more (cast, dropout,
     slice); a batched GEMM (weighted values). Any other kernel in between (a router's top-k, a norm, an
     unbatched GEMM) means it is not attention."""
-    n = len(kernels)
     for i, ev in enumerate(kernels):
         if not _is_softmax(ev):
             continue
-        lo = hi = None
-        for j in range(i - 1, max(i - 1 - _REACH_BEFORE, -1), -1):
-            k = kernels[j]
-            if _batched(k):
-                lo = j
-                break
-            if k.ktype not in _BETWEEN and not (k.ktype is KernelType.REDUCTION and k.launch_op in _ROW_MAX_OPS):
-                break
-        if lo is None:
-            continue
-        for j in range(i + 1, min(i + 1 + _REACH, n)):
-            k = kernels[j]
-            if _batched(k):
-                hi = j
-                break
-            if k.ktype not in _BETWEEN:
-                break
-        if hi is None:
+        lo = _batched_within(kernels, range(i - 1, -1, -1), _REACH_BEFORE, row_max=True)
+        hi = _batched_within(kernels, range(i + 1, len(kernels)), _REACH, row_max=False) if lo is not None else None
+        if lo is None or hi is None:
             continue
         for k in kernels[lo : hi + 1]:
             k.ktype = _ATTENTION
+
+
+def _batched_within(kernels: list[GpuEvent], order: range, reach: int, *, row_max: bool) -> int | None:
+    """The index of the first batched GEMM in ``order`` reached within ``reach`` calls (a call's kernels
+    counted once) over kernels that may sit inside eager attention (``row_max``: a row maximum too), or
+    ``None``."""
+    calls: set[int] = set()
+    for j in order:
+        k = kernels[j]
+        calls.add(id(k.launch_host) if k.launch_host is not None else id(k))
+        if len(calls) > reach:
+            return None
+        if _batched(k):
+            return j
+        if k.ktype not in _BETWEEN and not (
+            row_max and k.ktype is KernelType.REDUCTION and k.launch_op in _ROW_MAX_OPS
+        ):
+            return None
+    return None
 
 
 def expert_gemms(kernels: list[GpuEvent]) -> None:

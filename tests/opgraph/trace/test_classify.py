@@ -109,19 +109,24 @@ class _Builder:
         dur: float = 3.0,
         dims: list[Any] | None = None,
         launch: str = "cudaLaunchKernel",
+        kernels: int = 1,
     ) -> None:
-        """A kernel launched (by ``launch``) inside ``ops`` (outermost first; the innermost takes ``dims``)."""
+        """``kernels`` kernels launched (by ``launch``) inside ``ops`` (outermost first; the innermost takes
+        ``dims``): one call, as ATen splits an op over a tensor past 2^31 bytes."""
         c = self.corr
-        self.corr += 1
         t = self.t
+        span = kernels * max(10.0, dur + 5)
         for depth, op in enumerate(ops):
             args: dict[str, Any] = {"External id": c}
             if dims is not None and depth == len(ops) - 1:
                 args["Input Dims"] = dims
-            self.events.append(_ev("cpu_op", op, t + depth * 0.1, 5 - depth * 0.2, **args))
-        self.events.append(_ev("cuda_runtime", launch, t + 1, 1, correlation=c, **{"External id": c}))
-        self.events.append(_ev("kernel", name, t + 3, dur, correlation=c, device=0, stream=7))
-        self.t += max(10.0, dur + 5)
+            self.events.append(_ev("cpu_op", op, t + depth * 0.1, span - 5 - depth * 0.2, **args))
+        for i in range(kernels):
+            corr, at = c + i, t + i * max(10.0, dur + 5)
+            self.events.append(_ev("cuda_runtime", launch, at + 1, 1, correlation=corr, **{"External id": c}))
+            self.events.append(_ev("kernel", name, at + 3, dur, correlation=corr, device=0, stream=7))
+        self.corr += kernels
+        self.t += span
 
     def write(self, tmp: Path) -> Path:
         p = tmp / "t.json"
@@ -308,6 +313,28 @@ def test_eager_attention_with_sinks_is_attention(tmp_path: Path) -> None:
     r = analyze(b.write(tmp_path))
     assert r.layers_per_pass == (2,)
     assert {b.name: b.count for b in r.by_type}["attention"] == 2 * (len(_SINK_STEPS) + 3)
+
+
+def test_eager_attention_whose_calls_split_into_several_kernels_is_attention(tmp_path: Path) -> None:
+    # gpt-oss b1 s4096 (final-check-1248): the row max and the subtraction over 64 x 4096 x 4097 bf16 scores
+    # (past 2^31 bytes) launch two kernels each, eight kernels between the score GEMM and the softmax
+    b = _Builder()
+    for _ in range(2):
+        b.kernel("void at::native::vectorized_layer_norm_kernel<float>(int, float*)", ("aten::native_layer_norm",))
+        b.kernel("cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16", ("aten::matmul", "aten::bmm"))
+        for name, op in _SINK_STEPS:
+            b.kernel(name, (op,), kernels=2 if op in ("aten::max", "aten::sub") else 1)
+        b.kernel("void (anonymous namespace)::softmax_warp_forward<float>(float*)", ("aten::softmax", "aten::_softmax"))
+        b.kernel("cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16", ("aten::matmul", "aten::bmm"))
+        b.kernel(GEMM, ("aten::linear", "aten::addmm"))
+    r = analyze(b.write(tmp_path))
+    assert r.layers_per_pass == (2,)
+    assert {b.name: b.count for b in r.by_type}["attention"] == 2 * (len(_SINK_STEPS) + 2 + 3)
+    # seven distinct calls between the GEMM and the softmax are more than eager attention runs
+    b = _Builder()
+    for _ in range(2):
+        _eager_layer(b, 128, 128, (*_SINK_STEPS, _SCALE, _SCALE))
+    assert "attention" not in {t.name for t in analyze(b.write(tmp_path)).by_type}
 
 
 def test_a_reduction_other_than_a_row_max_before_the_softmax_is_no_attention(tmp_path: Path) -> None:
