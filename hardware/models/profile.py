@@ -295,7 +295,7 @@ def profile_features(op: OpBase) -> Features | None:
             return _batched_mm_before(op)
         suffix = UNALIGNED if unaligned_gemm(op) else ""
         if op.batch > 1:
-            suffix += ACCUMULATE if accumulates(op) else ""
+            suffix += ACCUMULATE if op.accumulates else ""
             return Features(f"gemm:batched{suffix}", "m", _lg(op.m), (_lg(op.batch), *nk), ("batch", "n", "k"))
         return Features(f"gemm{suffix}", "m", _lg(op.m), nk, ("n", "k"))
     if isinstance(op, Attention):
@@ -368,7 +368,9 @@ UNALIGNED = ":unaligned"
 MASKED = ":masked"
 """Regime suffix of a softmax over a causal prefill's scores (:attr:`opgraph.ir.Softmax.masked`)."""
 ACCUMULATE = ":accumulate"
-"""Regime suffix of a batched GEMM that adds its product onto an operand it reads (see :func:`accumulates`)."""
+"""Regime suffix of a batched GEMM that adds its product onto an operand it reads
+(:attr:`opgraph.ir.Gemm.accumulates`: BLOOM's alibi scores, 540 us a layer at b4 s2048 against 412 priced
+from plain bmm points)."""
 HALF_TO_FLOAT = ":half_to_float"
 """Regime suffix of a softmax taken in float32 of half input (see :func:`half_input_softmax`)."""
 SCALAR = ":scalar"
@@ -448,13 +450,6 @@ def unaligned_rows(op: OpBase) -> bool:
     elif isinstance(op, Memory) and op.outputs and len(op.outputs[0].shape) >= 2:
         row = op.outputs[0].shape[-1]
     return row is not None and _misaligned(row, op.dtype.itemsize)
-
-
-def accumulates(op: Gemm) -> bool:
-    """Whether a batched GEMM adds its product onto a third operand the shape of its output, which it reads
-    (``baddbmm`` with ``beta`` not 0: BLOOM's alibi scores, 540 us a layer at b4 s2048 against 412 priced
-    from plain bmm points)."""
-    return len(op.inputs) == 3 and tuple(op.inputs[2].shape) == (op.batch, op.m, op.n)
 
 
 def half_input_softmax(op: OpBase) -> bool:

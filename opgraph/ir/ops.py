@@ -251,6 +251,12 @@ class Gemm(OpBase):
         read = (self.m * self.k + self.k * self.n) * _isz(self.dtype) * mult + (self.n * out if self.bias else 0)
         return (read, self.m * self.n * out * mult)
 
+    @property
+    def accumulates(self) -> bool:
+        """It adds its product onto a third operand the shape of its output, which it reads (``baddbmm``
+        with ``beta`` not 0: BLOOM's alibi scores, after the addend's copy)."""
+        return len(self.inputs) == 3 and tuple(self.inputs[2].shape) == (self.batch, self.m, self.n)
+
     def default_definition(self) -> str:
         if self.groups > 1:
             return f"grouped_gemm_e{self.groups}_n{self.n}_k{self.k}"
@@ -762,9 +768,9 @@ def _broadcast_operands(op: Attention, p: EagerPass) -> tuple[TensorSpec, ...]:
     scores (a mask over the heads: stride 0 over them), or a row's statistic (stride 0 over its columns)."""
     b, h, q = op.batch, op.heads, op.q_len
     cols = op.kv_len + p.extra_cols
-    scores = TensorSpec(shape=(b, h, q, op.kv_len if p.kind is OpKind.MEMORY else cols), dtype=p.dtype)
     if p.addend:  # a baddbmm's addend, broadcast over the queries, copied into the scores it is the size of
         return (TensorSpec(shape=(b, h, q, cols), dtype=p.dtype, strides=(h * cols, cols, 0, 1)),)
+    scores = TensorSpec(shape=(b, h, q, op.kv_len if p.kind is OpKind.MEMORY else cols), dtype=p.dtype)
     if p.kind is OpKind.MEMORY:  # the cat's own input: the scores before the column it adds
         other = TensorSpec(shape=(b, h, q, p.extra_cols or 1), dtype=p.dtype, strides=(0, 1, 0, 1))
     elif p.read > p.dtype.itemsize:
@@ -791,7 +797,6 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
     bh, rows = op.batch * op.heads, op.batch * op.heads * op.q_len
     scores = rows * op.kv_len
     common: dict[str, Any] = {"id": op.id, "scope": op.scope, "layer": op.layer, "stage": op.stage, "step": op.step}
-    scores_mm = Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=op.dtype, **common)
     before: list[OpBase] = []  # a baddbmm's addend, copied into the scores before its matmul
     after: list[OpBase] = []
     for p in op.eager:
@@ -821,12 +826,13 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
             scalar = p.fn in SCALAR_OPERAND_FNS and not p.broadcast and p.read <= p.dtype.itemsize
             part = Elementwise(fn=p.fn, numel=rows * cols, hidden=cols, scalar=scalar, inputs=ins, **sized)
         (before if p.addend else after).append(part)
+    tensors: dict[str, Any] = {}
     if before:  # the matmul accumulates onto what the copy wrote (baddbmm's beta): a third operand it reads
         q = TensorSpec(shape=(bh, op.q_len, op.head_dim), dtype=op.dtype)
         k = TensorSpec(shape=(bh, op.head_dim, op.kv_len), dtype=op.dtype)
         acc = TensorSpec(shape=(bh, op.q_len, op.kv_len), dtype=op.dtype)
-        scores_mm = Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=op.dtype, inputs=(q, k, acc),
-                         outputs=(acc,), **common)  # fmt: skip
+        tensors = {"inputs": (q, k, acc), "outputs": (acc,)}
+    scores_mm = Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=op.dtype, **tensors, **common)
     values = Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=op.dtype, **common)
     if op.eager and op.eager[-1].extra_cols:
         # the weights over the keys sliced out of wider rows (gpt-oss drops its sinks column): a view whose

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hardware.models.profile import accumulates
 from opgraph.ir import ExpertsImpl, Gemm, TensorSpec, grouped_kernel
 from validators.inputs import make_tensor, routing_counts, torch_dtype
 from validators.recipes.base import BuildContext, Case, Recipe
@@ -76,7 +75,7 @@ class GemmRecipe(Recipe[Gemm]):
         if op.batch > 1:
             a = make_tensor(_operand(op, 0, (op.batch, op.m, op.k)), ctx.device, ctx.gen)
             b = make_tensor(_operand(op, 1, (op.batch, op.k, op.n)), ctx.device, ctx.gen)
-            if accumulates(op):  # baddbmm onto what its addend's copy wrote: in place, as the GEMM runs it
+            if op.accumulates:  # baddbmm onto what its addend's copy wrote: in place, as the GEMM runs it
                 c = make_tensor(_operand(op, 2, (op.batch, op.m, op.n)), ctx.device, ctx.gen)
 
                 def run_baddbmm(inputs: tuple[Any, ...], reference: bool) -> Any:
