@@ -111,15 +111,36 @@ def layer_windows(config: Any) -> dict[int, int]:
     return dict.fromkeys(range(layers), window)
 
 
-def _check_positions(config: Any, opts: CaptureOptions, name: str) -> None:
+def check_positions(model: Any, config: Any, opts: CaptureOptions, name: str) -> str | None:
+    """Refuse more positions than the model's learned position table holds; past the ``max_position_embeddings``
+    of a model without one (rotary or ALiBi positions, computed for any index, as transformers runs them) an
+    assumption saying so, for the graph to state. ``None`` within the limit.
+
+    A learned table is an ``nn.Embedding`` beside the token embedding with at least ``limit`` rows (GPT-2's
+    ``wpe``; OPT's ``embed_positions`` holds two more): on ``meta`` nothing would fail on an index past it.
+    """
+    import torch
+
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
-    if limit and opts.positions > limit:
-        what = "--kv-len" if opts.phase == "decode" else "--seq-len"
+    if not isinstance(limit, int) or isinstance(limit, bool) or opts.positions <= limit:
+        return None
+    what = "--kv-len" if opts.phase == "decode" else "--seq-len"
+    tokens = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    tables = [
+        m
+        for m in model.modules()
+        if isinstance(m, torch.nn.Embedding) and m is not tokens and limit <= m.num_embeddings <= limit + 8
+    ]
+    if tables:
         raise CaptureError(
-            f"{opts.positions} positions exceed the model's max_position_embeddings ({limit})",
+            f"{opts.positions} positions exceed the model's learned position table ({limit} positions)",
             where=what,
             hint=f"{name} supports at most {limit} positions",
         )
+    return (
+        f"{opts.positions} positions exceed {name}'s max_position_embeddings ({limit}): captured as transformers "
+        "runs them (its positions are computed, not a learned table), past the lengths the model was trained for"
+    )
 
 
 OLDEST_TRANSFORMERS = "5.17"
@@ -166,11 +187,14 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
         source = resolve(str(model_or_id))
         config = build_config(source, layers=opts.layers, trust_remote_code=opts.trust_remote_code)
         name = source.name
-        _check_positions(config, opts, name)
         model, used_impl = _build(config, opts, name, checkpoint(source) if opts.weights else None)
     from opgraph.capture import moe_model
 
     prepared = PreparedModel(name, model, config, hints_from_config(config), source)
+    if not isinstance(model_or_id, torch.nn.Module):
+        beyond = check_positions(model, config, opts, name)
+        if beyond:
+            prepared.assumptions.append(beyond)
     if not isinstance(model_or_id, torch.nn.Module) and used_impl != opts.attn_impl and has_attention(model):
         prepared.assumptions.append(
             f"{name} has no {opts.attn_impl} attention in this transformers; captured with {used_impl} attention"

@@ -76,7 +76,6 @@ def test_list_presets() -> None:
     [
         (["no-such-model"], "unknown model 'no-such-model'"),
         (["llama-3.2-1b", "--seq-len", "0"], "--seq-len: must be at least 1"),
-        (["llama-3.2-1b", "--phase", "decode", "--kv-len", "200000"], "exceed the model's max_position_embeddings"),
         (["llama-3.2-1b", "--dtype", "int3"], "unknown dtype"),
         (["llama-3.2-1b", "--device", "cuda"], None),
         # sizes the phase would ignore are refused, not dropped silently
@@ -108,6 +107,54 @@ def test_bad_input_is_one_line_exit_2_no_file(tmp_path: Path, args: list[str], m
     if message:
         assert message in lines[0]
     assert not out.exists() and not list(tmp_path.glob(".g.json*"))
+
+
+LEARNED_POSITIONS = {
+    # GPT-2's ``wpe`` holds n_positions rows; OPT's ``embed_positions`` two more (its offset)
+    "gpt2": {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_embd": 32, "n_head": 2, "n_layer": 1,
+             "n_positions": 64, "vocab_size": 128},
+    "opt": {"model_type": "opt", "architectures": ["OPTForCausalLM"], "hidden_size": 32, "ffn_dim": 64,
+            "num_attention_heads": 2, "num_hidden_layers": 1, "max_position_embeddings": 64, "vocab_size": 128,
+            "word_embed_proj_dim": 32},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("model_type", sorted(LEARNED_POSITIONS))
+def test_positions_past_a_learned_table_are_refused(tmp_path: Path, model_type: str) -> None:
+    config = _config(tmp_path, LEARNED_POSITIONS[model_type])
+    out = tmp_path / "g.json"
+    res = runner.invoke(app, ["capture", config, "--seq-len", "65", "-o", str(out)])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == (
+        f"error: --seq-len: 65 positions exceed the model's learned position table (64 positions) ({config} "
+        "supports at most 64 positions)"
+    )
+    assert not out.exists()
+    res = runner.invoke(app, ["capture", config, "--seq-len", "64", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert not any("max_position_embeddings" in a for a in load_graph(out).metadata.assumptions)
+
+
+def test_rotary_positions_past_the_limit_are_captured_and_stated(tmp_path: Path) -> None:
+    """transformers runs a RoPE model past max_position_embeddings (a decode over 4,096 cached tokens of
+    Vicuna's 4,096 is 4,097 positions): capture does too, and the graph says so."""
+    out = tmp_path / "g.json"
+    res = runner.invoke(
+        app, ["capture", "vicuna-7b", "--layers", "1", "--phase", "decode", "--kv-len", "4096", "-o", str(out)]
+    )
+    assert res.exit_code == 0, res.output
+    said = "4097 positions exceed vicuna-7b's max_position_embeddings (4096)"
+    assert said in res.output
+    graph = load_graph(out)
+    assert any(a.startswith(said) for a in graph.metadata.assumptions)
+    attention = next(op for op in graph.ops if op.kind.value == "attention")
+    assert attention.kv_len == 4097
+    within = tmp_path / "w.json"
+    res = runner.invoke(
+        app, ["capture", "vicuna-7b", "--layers", "1", "--phase", "decode", "--kv-len", "4095", "-o", str(within)]
+    )
+    assert res.exit_code == 0, res.output
+    assert not any("max_position_embeddings" in a for a in load_graph(within).metadata.assumptions)
 
 
 @pytest.mark.parametrize("version", ["4.51.3", "5.16.1"])
