@@ -313,6 +313,17 @@ FINAL_CHECK_CASES: list[dict[str, Any]] = _cases("check10", [
     ("vicuna", "vicuna-7b", "prefill", 4, 1024, "bf16", 4, 20, "eager"),
 ])  # fmt: skip
 
+# SDPA decodes in fp16 (and one bf16 control), written down before the sweep's fp16 decode attention points
+# were measured or predicted on them (2026-11-27 14:25 UTC).
+DECODE_CHECK_CASES: list[dict[str, Any]] = _cases("check11", [
+    ("llama8b", "llama-3.1-8b", "decode", 16, 2048, "fp16", 4, 20),
+    ("qwen25", "qwen2.5-7b", "decode", 8, 4096, "fp16", 4, 20),
+    ("llama70b", "llama-3.1-70b", "decode", 4, 2048, "fp16", 2, 25),
+    ("mixtral", "mixtral-8x7b", "decode", 8, 1024, "fp16", 2, 25),
+    ("llama1b", "llama-3.2-1b", "decode", 32, 2048, "fp16", 4, 20),
+    ("llama8b", "llama-3.1-8b", "decode", 8, 8192, "bf16", 4, 20),
+])  # fmt: skip
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -1007,7 +1018,8 @@ def main() -> int:
         help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
         "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES, LAYOUT_CHECK_CASES, "
         "ROWS_CHECK_CASES, BROADCAST_CHECK_CASES, SCALAR_CHECK_CASES, HALF_SOFTMAX_CHECK_CASES, "
-        "ACCUMULATE_CHECK_CASES, MASKED_CHECK_CASES, FINAL_CHECK_CASES and TRAIN_WALL_CASES by name)",
+        "ACCUMULATE_CHECK_CASES, MASKED_CHECK_CASES, FINAL_CHECK_CASES, DECODE_CHECK_CASES and TRAIN_WALL_CASES by "
+        "name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -1061,7 +1073,7 @@ def main() -> int:
         checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
         checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES, *LAYOUT_CHECK_CASES, *ROWS_CHECK_CASES]
         checks += [*BROADCAST_CHECK_CASES, *SCALAR_CHECK_CASES, *HALF_SOFTMAX_CHECK_CASES, *ACCUMULATE_CHECK_CASES]
-        checks += [*MASKED_CHECK_CASES, *FINAL_CHECK_CASES]
+        checks += [*MASKED_CHECK_CASES, *FINAL_CHECK_CASES, *DECODE_CHECK_CASES]
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})
