@@ -290,9 +290,10 @@ def _batched_mm_series(
     return pts
 
 
-def _attention(b: int, q: int, kv: int, heads: tuple[int, int, int], *, causal: bool, window: int | None) -> Attention:
+def _attention(
+    b: int, q: int, kv: int, heads: tuple[int, int, int], *, causal: bool, window: int | None, dt: DType = DType.bf16
+) -> Attention:
     h, kvh, d = heads
-    dt = DType.bf16
     ins = (
         TensorSpec(shape=(b, h, q, d), dtype=dt, strides=(q * h * d, d, h * d, 1)),
         TensorSpec(shape=(b, kvh, kv, d), dtype=dt),
@@ -301,7 +302,7 @@ def _attention(b: int, q: int, kv: int, heads: tuple[int, int, int], *, causal: 
     out = (TensorSpec(shape=(b, h, q, d), dtype=dt),)
     return Attention(
         id=0, batch=b, q_len=q, kv_len=kv, heads=h, kv_heads=kvh, head_dim=d, causal=causal, window=window,
-        inputs=ins, outputs=out, target="aten.scaled_dot_product_attention",
+        dtype=dt, inputs=ins, outputs=out, target="aten.scaled_dot_product_attention",
     )  # fmt: skip
 
 
@@ -513,6 +514,15 @@ def _gpu_sweep() -> list[SweepPoint]:
         for b in (1, 4) if i < 4 else (1,):
             ops = (_attention(b, s, s, heads, causal=True, window=None) for s in (128, 512, 2048, 8192, 16384))
             pts += _series(f"attn.prefill.{name}.b{b}", ops, base=0 if i < 4 else 1, warm=(0, 1, 2))
+    # fp16 decodes: the same kernel family as bf16's, measured apart (its fp16 models' decodes ran ~12% over the
+    # bf16 points in a trace), for the Llama-8B and 70B layouts and Llama-1B's head of 64.
+    for name, h, kvh, d in ATTENTION_HEADS[:3]:
+        for b in (1, 8, 32) if d == 128 else (8,):
+            ops = (
+                _attention(b, 1, kv, (h, kvh, d), causal=False, window=None, dt=DType.fp16)
+                for kv in (128, 512, 2048, 8192, 32768)
+            )
+            pts += _series(f"attn.decode.fp16.{name}.b{b}", ops, base=2, warm=(0,))
     llama = (32, 8, 128)
     pts += _series(
         "attn.window4096", (_attention(1, s, s, llama, causal=True, window=4096) for s in (2048, 8192, 16384)), base=1,
