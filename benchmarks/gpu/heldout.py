@@ -314,7 +314,7 @@ FINAL_CHECK_CASES: list[dict[str, Any]] = _cases("check10", [
 ])  # fmt: skip
 
 # SDPA decodes in fp16 (and one bf16 control), written down before the sweep's fp16 decode attention points
-# were measured or predicted on them (2026-11-27 14:25 UTC).
+# were measured or predicted on them (2026-11-27 13:53 UTC).
 DECODE_CHECK_CASES: list[dict[str, Any]] = _cases("check11", [
     ("llama8b", "llama-3.1-8b", "decode", 16, 2048, "fp16", 4, 20),
     ("qwen25", "qwen2.5-7b", "decode", 8, 4096, "fp16", 4, 20),
