@@ -70,9 +70,7 @@ def main() -> None:
             res[f"attention {tag} after {label}"] = op_kernels_us(flush, attn)
             res[f"kv cat {tag} after {label}"] = op_kernels_us(flush, cat)
         # as a decode layer runs them: the cache's cat (K, then V) right before the attention reads it
-        res[f"attention {tag} after the K and V cats"] = op_kernels_us(
-            lambda cat=cat: (buf.max(), cat(), cat()), attn
-        )
+        res[f"attention {tag} after the K and V cats"] = op_kernels_us(lambda cat=cat: (buf.max(), cat(), cat()), attn)
         torch.cuda.empty_cache()
     x = torch.randn(32 * 2**20 // 2, device=dev, dtype=dt)
     y = torch.randn_like(x)

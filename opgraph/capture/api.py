@@ -111,7 +111,7 @@ def layer_windows(config: Any) -> dict[int, int]:
     return dict.fromkeys(range(layers), window)
 
 
-def check_positions(model: Any, config: Any, opts: CaptureOptions, name: str) -> str | None:
+def _check_positions(model: Any, config: Any, opts: CaptureOptions, name: str) -> str | None:
     """Refuse more positions than the model's learned position table holds; past the ``max_position_embeddings``
     of a model without one (rotary or ALiBi positions, computed for any index, as transformers runs them) an
     assumption saying so, for the graph to state. ``None`` within the limit.
@@ -179,6 +179,7 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
         config = getattr(model, "config", None)
         name = type(model).__name__
         source = None
+        beyond = None
     else:
         import transformers
 
@@ -188,13 +189,12 @@ def prepare(model_or_id: Any, opts: CaptureOptions) -> PreparedModel:
         config = build_config(source, layers=opts.layers, trust_remote_code=opts.trust_remote_code)
         name = source.name
         model, used_impl = _build(config, opts, name, checkpoint(source) if opts.weights else None)
+        beyond = _check_positions(model, config, opts, name)
     from opgraph.capture import moe_model
 
     prepared = PreparedModel(name, model, config, hints_from_config(config), source)
-    if not isinstance(model_or_id, torch.nn.Module):
-        beyond = check_positions(model, config, opts, name)
-        if beyond:
-            prepared.assumptions.append(beyond)
+    if beyond:
+        prepared.assumptions.append(beyond)
     if not isinstance(model_or_id, torch.nn.Module) and used_impl != opts.attn_impl and has_attention(model):
         prepared.assumptions.append(
             f"{name} has no {opts.attn_impl} attention in this transformers; captured with {used_impl} attention"
