@@ -2,7 +2,8 @@
 L2 by reading a buffer twice its size (clean lines) before each timed call, so an op never pays for writing back
 what the op before it wrote; in a model the op before it just wrote its output. Each case is timed after a read
 flush (the sweep's), after a write flush (a buffer twice the L2 written: L2 full of dirty lines), and in the
-sequence a decode layer runs (the KV cache's ``torch.cat`` right before the attention that reads it).
+sequence a decode layer runs (the KV cache's ``torch.cat`` right before the attention that reads it); then after
+a read flush and a write of N MiB (N MiB of dirty lines), for N from 0 to 128.
 
 Run on the GPU machine: ``python3 benchmarks/gpu/writeback_probe.py OUT.json``. Kernel durations from
 torch.profiler (the sweep's timer counts the same), median over 30 calls, in microseconds.
@@ -76,6 +77,21 @@ def main() -> None:
     y = torch.randn_like(x)
     for label, flush in flushes.items():
         res[f"add 32 MiB after {label}"] = op_kernels_us(flush, lambda: x + y)
+    # How the penalty grows with the dirty bytes: a read flush (clean L2), then a write of N MiB (N MiB dirty).
+    q = torch.randn(16, 1, 32, 128, device=dev, dtype=dt).transpose(1, 2)
+    k = torch.randn(16, 8, 2048, 128, device=dev, dtype=dt)
+    dirt = torch.zeros(128 * 2**20 // 4, dtype=torch.int32, device=dev)
+    for mib in (0, 4, 8, 16, 32, 64, 128):
+        dirty = dirt[: mib * 2**20 // 4]
+
+        def before(dirty: Any = dirty) -> None:
+            buf.max()
+            dirty.fill_(2)
+
+        res[f"add 32 MiB after {mib} MiB dirty"] = op_kernels_us(before, lambda: x + y)
+        res[f"attention b16 kv2048 after {mib} MiB dirty"] = op_kernels_us(
+            before, lambda: F.scaled_dot_product_attention(q, k, k, enable_gqa=True)
+        )
     for k_, v_ in res.items():
         print(f"{v_:9.1f} us  {k_}", flush=True)
     Path(sys.argv[1]).write_text(json.dumps(res, indent=1))
