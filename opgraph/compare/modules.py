@@ -152,7 +152,9 @@ def align_by_modules(buckets: Sequence[Bucket], data: TraceData, ops: Sequence[O
         bucket_ops = graph_buckets.get(key, [])
         if not bucket_ops:
             continue
-        bucket_units.sort(key=lambda u: (u.host.ts, u.kernels[0].ts))
+        # in kernel order: a call whose own kernels follow those of a call inside it (``matmul``'s layout copy
+        # of a transposed query, then its GEMM) comes after that call, as the graph has them
+        bucket_units.sort(key=lambda u: (u.kernels[0].ts, u.host.ts))
         got, named, matched = _align_bucket(bucket_ops, bucket_units, cpu)
         owners.update(got)
         named_total += named

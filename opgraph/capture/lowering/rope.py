@@ -4,7 +4,8 @@ Starting from each attention's query and key operands, the pass walks back throu
 pointwise ops, ``cat`` and copies that ran in the same module call as the attention (HF applies
 ``apply_rotary_pos_emb`` inside the attention module; the cos/sin tables are built elsewhere) and
 stops at GEMMs, norms and the KV-cache write; a ``cat`` over the tokens (a cache appending the new
-keys) and a ``copy_`` into a slice of a tensor being assembled (MLA's keys) are walked through but left
+keys), a ``copy_`` into a slice of a tensor being assembled (MLA's keys) and a ``clone`` that makes the
+rotated query contiguous (eager attention's ``matmul`` of a transposed query) are walked through but left
 out, ops of their own. A walk that met a ``mul`` of two tensors (the
 rotation by the cos/sin tables) is one ``Rope`` op; a multiply by a scalar alone (OPT's query
 scaling ``q_proj(x) * 0.125``) is no rotation and is left to the pointwise pass. The op's heads,
@@ -53,6 +54,14 @@ def _appends_tokens(ev: Event) -> bool:
     out = ev.outputs[0].shape
     # a prefill appends to an empty cache (an input of no elements), a decode to the cached tokens
     return any(numel(r) == 0 or (len(r.shape) == len(out) and r.shape[:-1] != out[:-1]) for r in ev.inputs)
+
+
+def _lays_out(ev: Event) -> bool:
+    """A ``clone`` that makes a strided tensor contiguous (``torch.matmul`` of a transposed query, before eager
+    attention's scores): a copy of its own that the rotation's output pays for, not part of the rotation."""
+    if ev.fn != "clone" or not ev.inputs or not ev.outputs:
+        return False
+    return ev.inputs[0].strides is not None and ev.outputs[0].strides is None
 
 
 def _rotates(ev: Event) -> bool:
@@ -105,7 +114,9 @@ class FuseRope:
                     elif fn == "repeat_kv":
                         todo.extend(r.tid for r in p.inputs[:1])
                 continue
-            if _appends_tokens(p):  # walk through to the new keys; the memory pass lowers the append
+            if _appends_tokens(p) or _lays_out(p):
+                # walk through to the new keys, or to the rotated tensor a layout copy makes contiguous (eager
+                # attention's matmul of a transposed query); the memory pass lowers the append or the copy
                 todo.extend(r.tid for r in float_inputs(p))
                 continue
             members.append(p.index)

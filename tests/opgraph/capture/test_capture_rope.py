@@ -102,3 +102,28 @@ def test_partial_rotary_sets_rotary_dim(
     assert got and all(r[3] == 16 and r[4] == rotary_dim for r in got), got
     assert all(r[0] == f"rope_h{r[2]}_d16_r{rotary_dim}" for r in got), got
     assert all(r[5] == 3 * SEQ * r[2] * rotary_dim for r in got), got
+
+
+def test_eager_querys_layout_copy_is_an_op_of_its_own_after_the_ropes(tmp_path: Path) -> None:
+    """Eager attention's ``matmul`` makes the rotated query (a transposed view) contiguous first: a copy of
+    its own, not part of the query's rope, and the ropes keep the order they run in (query, then key), as
+    SDPA's capture has them; the ropes are those SDPA's capture has. (One sequence's transposed query is a
+    view of the batched matrices matmul needs; two are not.)"""
+    config = tiny_config(tmp_path, "llama")
+    sdpa = capture(config, seq_len=SEQ, batch=2)
+    eager = capture(config, seq_len=SEQ, batch=2, attn_impl="eager")
+    assert ropes(eager) == ropes(sdpa)
+    layer = [o for o in eager.ops if o.layer == 0 and o.scope.endswith("self_attn")]
+    kinds = [o.kind for o in layer]
+    rope_q, rope_k = (o for o in layer if o.kind is OpKind.ROPE)
+    assert (rope_q.heads, rope_k.heads) == (4, 2)
+    attention = kinds.index(OpKind.ATTENTION)
+    copy = layer[attention - 1]
+    assert copy.kind is OpKind.MEMORY and copy.target == "aten.clone.default"
+    (src,) = copy.inputs
+    assert src.shape == (2, 4, SEQ, 16) and src.strides is not None  # the rotated query, transposed
+    assert copy.bytes_written == 2 * SEQ * 4 * 16 * 2
+    # the SDPA capture has no such copy: SDPA reads the strided query
+    assert not any(
+        o.kind is OpKind.MEMORY and o.inputs and o.inputs[0].shape == (2, 4, SEQ, 16) for o in sdpa.ops if o.layer == 0
+    )
