@@ -250,6 +250,27 @@ def _rel(pred: float | None, ref: float) -> float | None:
     return None if pred is None or not ref else pred / ref - 1
 
 
+def case_graph(folder: Path, case: dict[str, Any], host_timing: bool = False) -> Any:
+    """The measured case captured on ``meta`` from its own config, as ``opgraph capture CONFIG`` does (with its
+    phase, sizes, dtype and attention implementation; with ``host_timing``, the framework time between ops
+    measured on this machine's CPU, as ``--host-timing`` adds it)."""
+    from opgraph.capture.api import CaptureOptions, add_host_timing, record
+
+    s = case["settings"]
+    opts = CaptureOptions(
+        phase=s["phase"],
+        batch=int(s["batch"]),
+        seq_len=int(s.get("seq_len", 512)),
+        kv_len=int(s.get("kv_len", 2048)),
+        dtype=s["dtype"],
+        device="meta",
+        host_timing=host_timing,
+        attn_impl="eager" if str(case.get("attention", "sdpa")).startswith("eager") else "sdpa",
+    )
+    rec = record(str(folder / case["config_file"]), opts)
+    return add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
+
+
 def evaluate_case(
     folder: Path,
     case: dict[str, Any],
@@ -270,23 +291,11 @@ def evaluate_case(
     ``routing_graph`` (the case captured on the CPU with the measured weights: its routing), that graph is
     the one every cost model predicts, and the ``default`` model on the meta graph (balanced routing) is
     one more column (:data:`BALANCED`)."""
-    from opgraph.capture.api import CaptureOptions, add_host_timing, record
     from opgraph.compare import compare_timelines
     from opgraph.compare.loading import load_any_timeline
 
     s = case["settings"]
-    opts = CaptureOptions(
-        phase=s["phase"],
-        batch=int(s["batch"]),
-        seq_len=int(s.get("seq_len", 512)),
-        kv_len=int(s.get("kv_len", 2048)),
-        dtype=s["dtype"],
-        device="meta",
-        host_timing=host_timing,
-        attn_impl="eager" if str(case.get("attention", "sdpa")).startswith("eager") else "sdpa",
-    )
-    rec = record(str(folder / case["config_file"]), opts)
-    meta_graph = add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
+    meta_graph = case_graph(folder, case, host_timing)
     graph = meta_graph if routing_graph is None else routing_graph
     trace = load_any_timeline(folder / case["trace_file"])
     gpu_ref, wall_ref = case["gpu_us"]["median"], case["wall_us"]["median"]

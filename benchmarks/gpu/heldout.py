@@ -324,6 +324,26 @@ DECODE_CHECK_CASES: list[dict[str, Any]] = _cases("check11", [
     ("llama8b", "llama-3.1-8b", "decode", 8, 8192, "bf16", 4, 20),
 ])  # fmt: skip
 
+CHECKS: dict[str, list[dict[str, Any]]] = {
+    "MOE_CHECK_CASES": MOE_CHECK_CASES,
+    "FALLBACK_CHECK_CASES": FALLBACK_CHECK_CASES,
+    "ROUTING_CHECK_CASES": ROUTING_CHECK_CASES,
+    "DEPTH_CASES": DEPTH_CASES,
+    "NEW_FAMILY_CASES": NEW_FAMILY_CASES,
+    "EAGER_CHECK_CASES": EAGER_CHECK_CASES,
+    "EAGER_CHECK2_CASES": EAGER_CHECK2_CASES,
+    "LAYOUT_CHECK_CASES": LAYOUT_CHECK_CASES,
+    "ROWS_CHECK_CASES": ROWS_CHECK_CASES,
+    "BROADCAST_CHECK_CASES": BROADCAST_CHECK_CASES,
+    "SCALAR_CHECK_CASES": SCALAR_CHECK_CASES,
+    "HALF_SOFTMAX_CHECK_CASES": HALF_SOFTMAX_CHECK_CASES,
+    "ACCUMULATE_CHECK_CASES": ACCUMULATE_CHECK_CASES,
+    "MASKED_CHECK_CASES": MASKED_CHECK_CASES,
+    "FINAL_CHECK_CASES": FINAL_CHECK_CASES,
+    "DECODE_CHECK_CASES": DECODE_CHECK_CASES,
+}
+"""Every check run's cases by list name (``--cases`` picks from them by case name)."""
+
 # The training cases whose walls fit the host profile's in-context terms (benchmarks/gpu/host_profile.sh
 # TRAIN, the lines measured on the GPU: dense decodes, fp16 MoE whose experts torch's C++ fallback issues,
 # and prefills whose device work outlasts the host's): ``--round-robin --train-walls`` measures them in the
@@ -1015,11 +1035,8 @@ def main() -> int:
     ap.add_argument(
         "--cases",
         default="",
-        help="comma-separated case names (default: the held-out CASES; MOE_CHECK_CASES, FALLBACK_CHECK_CASES, "
-        "ROUTING_CHECK_CASES, DEPTH_CASES, NEW_FAMILY_CASES, EAGER_CHECK[2]_CASES, LAYOUT_CHECK_CASES, "
-        "ROWS_CHECK_CASES, BROADCAST_CHECK_CASES, SCALAR_CHECK_CASES, HALF_SOFTMAX_CHECK_CASES, "
-        "ACCUMULATE_CHECK_CASES, MASKED_CHECK_CASES, FINAL_CHECK_CASES, DECODE_CHECK_CASES and TRAIN_WALL_CASES by "
-        "name)",
+        help=f"comma-separated case names (default: the held-out CASES; {', '.join(CHECKS)} and TRAIN_WALL_CASES "
+        "by name)",
     )
     ap.add_argument("--no-estimator", action="store_true", help="skip PyTorch's RuntimeEstimator")
     ap.add_argument(
@@ -1070,10 +1087,7 @@ def main() -> int:
         return 2
     cases = TINY_CASES if args.tiny else CASES
     if args.cases:
-        checks = [*MOE_CHECK_CASES, *FALLBACK_CHECK_CASES, *ROUTING_CHECK_CASES, *DEPTH_CASES]
-        checks += [*NEW_FAMILY_CASES, *EAGER_CHECK_CASES, *EAGER_CHECK2_CASES, *LAYOUT_CHECK_CASES, *ROWS_CHECK_CASES]
-        checks += [*BROADCAST_CHECK_CASES, *SCALAR_CHECK_CASES, *HALF_SOFTMAX_CHECK_CASES, *ACCUMULATE_CHECK_CASES]
-        checks += [*MASKED_CHECK_CASES, *FINAL_CHECK_CASES, *DECODE_CHECK_CASES]
+        checks = [c for group in CHECKS.values() for c in group]
         known = cases if args.tiny else [*CASES, *checks, *TRAIN_WALL_CASES]
         wanted = [c.strip() for c in args.cases.split(",") if c.strip()]
         unknown = sorted(set(wanted) - {c["case"] for c in known})

@@ -913,7 +913,6 @@ def test_eager_attention_gets_its_kernels_in_a_real_trace(tmp_path: Path) -> Non
     the attention group), and each rope its own, though ``matmul`` launches the query's layout copy before the
     GEMM it is called for (units in kernel order) and capture keeps that copy out of the query's rope."""
     from hardware import load_hardware
-    from opgraph.capture.api import CaptureOptions, add_host_timing, record
     from opgraph.compare import compare_timelines
     from opgraph.compare.loading import load_any_timeline
 
@@ -925,10 +924,7 @@ def test_eager_attention_gets_its_kernels_in_a_real_trace(tmp_path: Path) -> Non
     folder = report_mod.open_data(data, tmp_path)
     _, cases = report_mod.load_cases(folder)
     case = next(c for c in cases if c["case"] == "check10_llama1b_prefill_b8_s1024_bf16_l4")
-    s = case["settings"]
-    opts = CaptureOptions(phase="prefill", batch=8, seq_len=1024, dtype=s["dtype"], device="meta", attn_impl="eager")
-    rec = record(str(folder / case["config_file"]), opts)
-    graph = add_host_timing(rec.graph, rec.recorder, rec.event_op, rec.prepared, opts)
+    graph = report_mod.case_graph(folder, case)
     hw = load_hardware("h100")
     timeline, *_ = report_mod.predict(graph, hw, report_mod.resolve_model(report_mod.cli_default_cost_model(hw), hw))
     cmp = compare_timelines(timeline, load_any_timeline(folder / case["trace_file"]), graph=graph)
