@@ -91,6 +91,20 @@ class CostModel(Protocol):
         ...
 
 
+@runtime_checkable
+class WritebackModel(Protocol):
+    """A cost model that also prices what an op pays for the dirty L2 lines the op before it left.
+
+    :func:`cost_graph` asks it about each op after a writer, in graph order (one stream's order):
+    ``after_write(op, cost, written_bytes, hw)`` returns ``cost`` with the charge added, where
+    ``written_bytes`` are the bytes the op before wrote.
+    """
+
+    def after_write(self, op: OpBase, cost: Cost, written_bytes: int, hw: HardwareSpec) -> Cost:
+        """``cost`` of ``op`` after an op that wrote ``written_bytes``."""
+        ...
+
+
 @dataclass
 class GraphCosts:
     """Costs of every op of a graph, and the ops that could not be costed with the reason."""
@@ -209,6 +223,9 @@ def cost_graph(
 ) -> GraphCosts:
     """Cost every op; ops the model declines go to ``uncosted``, failures raise :class:`CostModelError`.
 
+    A :class:`WritebackModel` also charges each op for what the op before it (in graph order) left
+    dirty in L2.
+
     Ops with equal cost-relevant fields are costed once when ``cache`` is on. ``fallback`` is asked
     about the ops ``model`` declines (the simulator passes the collective model, so a compute-only
     model still gets its collectives costed); an op both decline keeps ``model``'s reason.
@@ -226,24 +243,30 @@ def cost_graph(
     name = type(model).__name__
     fallback_name = type(fallback).__name__
     out = GraphCosts()
-    memo: dict[Hashable, Cost | str] = {}
+    memo: dict[Hashable, tuple[Cost | str, bool]] = {}
+    charge = model if isinstance(model, WritebackModel) else None
+    written = 0
     for op in graph.ops:
         key = cost_key(op) if cache else None
-        hit = memo.get(key) if cache else None
+        hit, own = memo.get(key, (None, True)) if cache else (None, True)
         if hit is None:
             out.unique_configs += 1
             hit = estimate_op(model, op, hw, name)
             if isinstance(hit, str) and fallback is not None:
                 second = estimate_op(fallback, op, hw, fallback_name)
                 if isinstance(second, Cost):
-                    hit = second
+                    hit, own = second, False
                     out.from_fallback += 1
             if cache:
-                memo[key] = hit
+                memo[key] = (hit, own)
         if isinstance(hit, Cost):
+            if charge is not None and own and written and op.kind not in OpCategory.FREE:
+                hit = charge.after_write(op, hit, written, hw)
             out.costs[op.id] = hit
         else:
             out.uncosted[op.id] = hit
+        if op.kind not in OpCategory.FREE:
+            written = int(op.bytes_written)
     return out
 
 

@@ -23,7 +23,7 @@ from pydantic import Field
 from hardware.spec import HardwareSpec, NonNegFloat
 from hardware.versioned import FileKind
 from opgraph.ir import LoadError, Op, Scalar, save_model
-from opgraph.ir.tensor import FrozenModel
+from opgraph.ir.tensor import FrozenModel, NonNegInt
 
 PROFILE_FORMAT = "opgraph.device_profile"
 """The ``format`` marker of a profile file."""
@@ -84,6 +84,9 @@ class ProfilePoint(FrozenModel):
     passes: tuple[NonNegFloat, ...] = ()
     """Device time of one call in each pass, when the sweep measured the point more than once (a
     compute-bound point: its time moves with the GPU's power state); ``seconds`` is their median."""
+    dirty_bytes: NonNegInt = 0
+    """Bytes written (left dirty in L2) after the flush before each timed call, as the op before an op
+    leaves its output in a model: the ``writeback`` points measure what an op pays to write them back."""
 
 
 class DeviceProfile(FrozenModel):

@@ -95,12 +95,16 @@ class SweepPoint:
     warm_inputs: tuple[int, ...] = ()
     """The op's inputs that are activations in a model (read back into L2 after each flush)."""
     tag: str = ""
-    """``launch`` for the empty-ish kernels."""
+    """``launch`` for the empty-ish kernels, ``writeback`` for :data:`WRITEBACK_MIB`'s points."""
+    dirty_bytes: int = 0
+    """Bytes left dirty in L2 before each timed call (``writeback`` points)."""
 
     @property
     def key(self) -> str:
-        """The config key (tag included: a launch point is kept apart from an equal op)."""
-        return config_key(self.op) + (f"-{self.tag}" if self.tag else "")
+        """The config key (tag and dirty MiB included: a launch or write-back point is kept apart from an
+        equal op)."""
+        dirty = f"{self.dirty_bytes >> 20}" if self.dirty_bytes else ""
+        return config_key(self.op) + (f"-{self.tag}{dirty}" if self.tag else "")
 
 
 # -- the sweep ------------------------------------------------------------------------------------------
@@ -694,7 +698,41 @@ def _gpu_sweep() -> list[SweepPoint]:
     for hidden, vocab in ((4096, 128256), (2048, 128256), (3584, 152064)):
         ops = (Embedding(id=0, tokens=t, vocab=vocab, hidden=hidden) for t in TOKENS)
         pts += _series(f"embedding.h{hidden}", ops, base=0 if hidden == 4096 else 1)
-    return pts
+    return pts + _writeback_sweep()
+
+
+WRITEBACK_MIB = (0, 4, 8, 16, 32, 64)
+"""Dirty L2 (MiB) the ``writeback`` points are measured after: a write of that many bytes after the
+flush, as the op before leaves its output in L2 (the flush itself reads, so a point at 0 pays no
+write-back). What an op pays for its predecessor's write-back grows with the dirty bytes and stops
+growing between 32 and 64 MiB on an H100 and an H200 (``benchmarks/results/gpu/h100/in-model-probes``);
+it is a kernel's own, so each op kind is measured (:func:`writeback_ops`)."""
+
+
+def writeback_ops() -> list[tuple[str, OpBase]]:
+    """``(name, op)`` of the ``writeback`` series: one op of each kind a model runs after a writer, each
+    moving more bytes than the most :data:`WRITEBACK_MIB` leaves dirty (so that it meets all of them),
+    memory-bound and compute-bound ones apart (a GEMM or attention of each)."""
+    llama8b = (32, 8, 128)
+    return [
+        ("ew.add", Elementwise(id=0, fn="add", numel=16 << 20, hidden=4096)),
+        ("norm.rms", Norm(id=0, rows=8192, hidden=4096)),
+        ("rope", Rope(id=0, tokens=8192, heads=32, head_dim=128)),
+        ("act.swiglu", Activation(id=0, fn="swiglu", numel=2048 * 14336, hidden=14336, gated=True)),
+        ("mem.copy.transposed", _transposed_copy(4, 4096)),
+        ("attn.decode", _attention(16, 1, 2048, llama8b, causal=False, window=None)),
+        ("attn.prefill", _attention(1, 4096, 4096, llama8b, causal=True, window=None)),
+        ("gemm.decode", _gemm(16, 14336, 4096)),
+        ("gemm.prefill", _gemm(2048, 4096, 4096)),
+    ]
+
+
+def _writeback_sweep() -> list[SweepPoint]:
+    return [
+        SweepPoint(op, f"writeback.{name}", 1, (), "writeback", mib << 20)
+        for name, op in writeback_ops()
+        for mib in WRITEBACK_MIB
+    ]
 
 
 def _cpu_sweep() -> list[SweepPoint]:
@@ -853,10 +891,12 @@ def sweep_timing(device_type: str, *, sessions: int = 3, max_sessions: int = 5) 
 
 def sweep_options(timing: TimingConfig) -> ReplayOptions:
     """Replay options of a sweep: no numeric check or energy (speed), the SM clock sampled, host issue
-    timed per op in bursts (a sweep has no graph order), small case tensors warm (the model just made them)."""
+    timed per op in bursts (a sweep has no graph order), small case tensors warm (the model just made them),
+    as much of the L2 dirty as a ``writeback`` point asks."""
     return ReplayOptions(
-        timing=timing, check=False, energy=False, sm_clock=True, issue_in_sequence=False, warm_aux_bytes=8 << 20
-    )
+        timing=timing, check=False, energy=False, sm_clock=True, issue_in_sequence=False, warm_aux_bytes=8 << 20,
+        dirty_l2_fraction=1.0,
+    )  # fmt: skip
 
 
 _GPU_NAMES: tuple[tuple[tuple[str, ...], str], ...] = (
@@ -949,6 +989,7 @@ def _point(sp: SweepPoint, r: ReplayResult) -> ProfilePoint | None:
         host_s=t.host_us * 1e-6 if t.host_us is not None else None,
         sm_clock_mhz=t.sm_clock_mhz,
         tag=sp.tag,
+        dirty_bytes=t.dirty_l2_bytes or 0,
     )
 
 
@@ -1057,7 +1098,10 @@ def run_profile(
                 if budget_s is not None and time.monotonic() - start + max(durations[-8:], default=0.0) > budget_s:
                     return False
                 t0 = time.monotonic()
-                cfg = OpConfig(key=sp.key, op=sp.op, count=1, op_ids=[0], warm_inputs=sp.warm_inputs)
+                cfg = OpConfig(
+                    key=sp.key, op=sp.op, count=1, op_ids=[0], warm_inputs=sp.warm_inputs,
+                    prev_write_bytes=sp.dirty_bytes,
+                )  # fmt: skip
                 try:
                     result = rep.replay(cfg)
                 except DeviceLostError as exc:

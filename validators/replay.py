@@ -65,6 +65,9 @@ class ReplayOptions:
     warm_l2_fraction: float = 0.5
     """Share of the L2 an activation (its reuse distance plus its size) must fit in to be read back
     warm: a stream keeps about half of an H100's two-partition L2 near."""
+    dirty_l2_fraction: float = 0.5
+    """With a cold L2 and warm activations: the most of the L2 left dirty before each call (the
+    bytes the op before wrote, :attr:`OpConfig.prev_write_bytes`, up to this share of it)."""
     warm_aux_bytes: int = 1 << 20
     """With a cold L2 and warm activations: recipe-built tensors that stand for no recorded input
     (offsets, positions, small masks) up to this size are read into L2 too (the model makes them
@@ -253,7 +256,7 @@ class Replayer:
         dirty: int | None = None
         if timing.cold_l2 and timing.warm_activations:
             warm_idx, warm = self.warm_tensors(case, cfg, self._timer.l2_bytes)
-            dirty = int(min(cfg.prev_write_bytes, self._timer.l2_bytes * self.options.warm_l2_fraction))
+            dirty = int(min(cfg.prev_write_bytes, self._timer.l2_bytes * self.options.dirty_l2_fraction))
         sampler = self._nvml.clock_sampler() if (self._nvml is not None and self.options.sm_clock) else None
         if sampler is None:
             stats = self._timer.time(case, timing, warm=warm, dirty_bytes=dirty or 0)

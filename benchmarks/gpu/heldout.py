@@ -324,6 +324,20 @@ DECODE_CHECK_CASES: list[dict[str, Any]] = _cases("check11", [
     ("llama8b", "llama-3.1-8b", "decode", 8, 8192, "bf16", 4, 20),
 ])  # fmt: skip
 
+# Pre-registered at 15:30 UTC on 2026-11-27 (before the sweep's write-back points are measured or predicted
+# from): SDPA decodes and prefills of shapes no run measured, to check the write-back charge
+# (hardware.models.profile.ProfileModel.after_write) out of sample.
+WRITEBACK_CHECK_CASES: list[dict[str, Any]] = _cases("check12", [
+    ("llama8b", "llama-3.1-8b", "decode", 4, 4096, "bf16", 4, 20),
+    ("qwen25", "qwen2.5-7b", "decode", 16, 2048, "fp16", 4, 20),
+    ("llama70b", "llama-3.1-70b", "decode", 16, 1024, "bf16", 2, 25),
+    ("llama1b", "llama-3.2-1b", "decode", 8, 8192, "bf16", 4, 20),
+    ("mixtral", "mixtral-8x7b", "decode", 4, 2048, "bf16", 2, 25),
+    ("llama8b", "llama-3.1-8b", "prefill", 1, 4096, "fp16", 4, 20),
+    ("qwen25", "qwen2.5-7b", "prefill", 2, 2048, "bf16", 4, 20),
+    ("llama1b", "llama-3.2-1b", "prefill", 4, 2048, "fp16", 4, 20),
+])  # fmt: skip
+
 CHECKS: dict[str, list[dict[str, Any]]] = {
     "MOE_CHECK_CASES": MOE_CHECK_CASES,
     "FALLBACK_CHECK_CASES": FALLBACK_CHECK_CASES,
@@ -341,6 +355,7 @@ CHECKS: dict[str, list[dict[str, Any]]] = {
     "MASKED_CHECK_CASES": MASKED_CHECK_CASES,
     "FINAL_CHECK_CASES": FINAL_CHECK_CASES,
     "DECODE_CHECK_CASES": DECODE_CHECK_CASES,
+    "WRITEBACK_CHECK_CASES": WRITEBACK_CHECK_CASES,
 }
 """Every check run's cases by list name (``--cases`` picks from them by case name)."""
 

@@ -30,7 +30,7 @@ renamed = 0
 with open(sys.argv[2], "w") as f:
     f.write(json.dumps({"header": prof.device.model_dump(mode="json")}) + "\n")
     for p in prof.points:
-        tag = f"-{p.tag}" if p.tag else ""
+        tag = "-" + p.key.partition("-")[2] if p.tag else ""  # the tag as the sweep keyed it (write-back MiB)
         key = config_key(p.op) + tag
         if key not in plan:  # the IR may have renamed the op since: its definition derived again
             op = type(p.op).model_validate({**p.op.model_dump(), "definition": ""})

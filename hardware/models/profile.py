@@ -607,6 +607,58 @@ def twin_dtypes(dtype: DType, hw: HardwareSpec) -> tuple[DType, ...]:
     return tuple(same)
 
 
+@dataclass(frozen=True)
+class WritebackCurve:
+    """What one measured op paid for dirty L2 lines left before it (its ``writeback`` points), against
+    the dirty bytes: the time over its clean-L2 point's, never below 0."""
+
+    op: str
+    """The measured op's definition."""
+    dirty: tuple[float, ...]
+    """Dirty bytes, ascending, from 0."""
+    penalty_s: tuple[float, ...]
+    """Extra seconds at each."""
+
+    def at(self, dirty_bytes: float) -> float:
+        """The penalty at ``dirty_bytes``: linear between the measured amounts, the last one's past them."""
+        i = bisect.bisect_right(self.dirty, dirty_bytes)
+        if i >= len(self.dirty):
+            return self.penalty_s[-1]
+        if i == 0:
+            return 0.0
+        x0, x1 = self.dirty[i - 1], self.dirty[i]
+        y0, y1 = self.penalty_s[i - 1], self.penalty_s[i]
+        return y0 + (y1 - y0) * (dirty_bytes - x0) / (x1 - x0)
+
+
+WRITEBACK_TAG = "writeback"
+"""The tag of the sweep's points measured after a write of their ``dirty_bytes`` (:class:`WritebackCurve`)."""
+
+
+def writeback_curves(profile: DeviceProfile, hw: HardwareSpec) -> dict[tuple[str, bool], list[WritebackCurve]]:
+    """The profile's write-back curves by (op kind, memory-bound on ``hw``'s roofline): each measured op's
+    ``writeback`` points against its own clean one (an op without one at 0 dirty bytes is left out)."""
+    by_op: dict[str, list[ProfilePoint]] = {}
+    for p in profile.points:
+        if p.tag == WRITEBACK_TAG:
+            by_op.setdefault(p.key.rsplit(f"-{WRITEBACK_TAG}", 1)[0], []).append(p)
+    out: dict[tuple[str, bool], list[WritebackCurve]] = {}
+    for pts in by_op.values():
+        pts.sort(key=lambda p: p.dirty_bytes)
+        f = profile_features(pts[0].op)
+        if f is None or pts[0].dirty_bytes != 0 or len(pts) < 2:
+            continue
+        clean = pts[0].seconds
+        compute_s, memory_s = roofline_terms(pts[0].op, hw)
+        curve = WritebackCurve(
+            pts[0].op.definition,
+            tuple(float(p.dirty_bytes) for p in pts),
+            tuple(max(p.seconds - clean, 0.0) for p in pts),
+        )
+        out.setdefault((f.family, memory_s >= compute_s), []).append(curve)
+    return out
+
+
 class _Index:
     """The profile's points as efficiencies on one device, by (regime, dtype)."""
 
@@ -619,6 +671,8 @@ class _Index:
         self.host_family: dict[str, list[float]] = {}
         """Measured host times by kind (``gemm``: every GEMM regime, expert loops included)."""
         self.skipped = 0
+        self.writeback = writeback_curves(profile, hw)
+        """Write-back curves by (op kind, memory-bound)."""
         for p in profile.points:
             if p.tag:
                 continue
@@ -888,6 +942,38 @@ class ProfileModel:
             host_s=self._host_s(profile, idx, _issued_as(op, f)),
         )
 
+    def after_write(self, op: OpBase, cost: Cost, written_bytes: int, hw: HardwareSpec) -> Cost:
+        """``cost`` plus what ``op`` pays to write back the ``written_bytes`` the op before it left dirty in L2.
+
+        From the profile's ``writeback`` points of ``op``'s kind and bound (memory- or compute-bound on the
+        roofline; another kind's of the same bound when its kind has none), at the dirty bytes ``op`` can
+        meet: no more than it moves itself. A profile without such points charges nothing.
+        """
+        if op.kind in OpCategory.FREE or op.kind is OpKind.COLLECTIVE or written_bytes <= 0:
+            return cost
+        f = profile_features(op)
+        if f is None:
+            return cost
+        idx = self.index(hw)
+        memory_bound = cost.memory_s >= cost.compute_s
+        curves = idx.writeback.get((f.family, memory_bound))
+        source = f.family
+        if not curves:
+            curves = [c for (_, mb), cs in idx.writeback.items() if mb == memory_bound for c in cs]
+            source = "other kinds"
+        if not curves:
+            return cost
+        dirty = min(float(written_bytes), float(op.bytes_read + op.bytes_written))
+        extra = statistics.median(c.at(dirty) for c in curves)
+        if extra <= 0:
+            return cost
+        bound = "memory" if memory_bound else "compute"
+        note = (
+            f"+{extra * 1e6:.3g} us write-back of {dirty / 2**20:.3g} MiB left dirty by the op before "
+            f"({source}' {bound}-bound writeback points)"
+        )
+        return dataclasses.replace(cost, seconds=cost.seconds + extra, detail=f"{cost.detail}; {note}".lstrip("; "))
+
     @staticmethod
     def _interpolate(regime: _Regime, f: Features, log_roof: float | None = None) -> tuple[float, str, float]:
         """(log efficiency, points used, log2 distance outside the size range of the shapes used).
@@ -961,9 +1047,11 @@ __all__ = [
     "FAR",
     "STRIDED",
     "UNALIGNED",
+    "WRITEBACK_TAG",
     "Features",
     "ProfileExtrapolationWarning",
     "ProfileModel",
+    "WritebackCurve",
     "broadcast_input",
     "default_cost_model",
     "profile_features",
@@ -974,4 +1062,5 @@ __all__ = [
     "twin_dtypes",
     "unaligned_gemm",
     "unaligned_rows",
+    "writeback_curves",
 ]
