@@ -95,13 +95,12 @@ class CostModel(Protocol):
 class WritebackModel(Protocol):
     """A cost model that also prices what an op pays for the dirty L2 lines the op before it left.
 
-    :func:`cost_graph` asks it about each op after a writer, in graph order (one stream's order):
-    ``after_write(op, cost, written_bytes, hw)`` returns ``cost`` with the charge added, where
-    ``written_bytes`` are the bytes the op before wrote.
+    :func:`cost_graph` asks it about each op after another, in graph order (one stream's order):
+    ``after_write(op, cost, before, hw)`` returns ``cost`` with the charge added.
     """
 
-    def after_write(self, op: OpBase, cost: Cost, written_bytes: int, hw: HardwareSpec) -> Cost:
-        """``cost`` of ``op`` after an op that wrote ``written_bytes``."""
+    def after_write(self, op: OpBase, cost: Cost, before: OpBase, hw: HardwareSpec) -> Cost:
+        """``cost`` of ``op`` run right after ``before``."""
         ...
 
 
@@ -245,7 +244,7 @@ def cost_graph(
     out = GraphCosts()
     memo: dict[Hashable, tuple[Cost | str, bool]] = {}
     charge = model if isinstance(model, WritebackModel) else None
-    written = 0
+    before: OpBase | None = None
     for op in graph.ops:
         key = cost_key(op) if cache else None
         hit, own = memo.get(key, (None, True)) if cache else (None, True)
@@ -260,13 +259,13 @@ def cost_graph(
             if cache:
                 memo[key] = (hit, own)
         if isinstance(hit, Cost):
-            if charge is not None and own and written and op.kind not in OpCategory.FREE:
-                hit = charge.after_write(op, hit, written, hw)
+            if charge is not None and own and before is not None and op.kind not in OpCategory.FREE:
+                hit = charge.after_write(op, hit, before, hw)
             out.costs[op.id] = hit
         else:
             out.uncosted[op.id] = hit
         if op.kind not in OpCategory.FREE:
-            written = int(op.bytes_written)
+            before = op
     return out
 
 

@@ -338,6 +338,20 @@ WRITEBACK_CHECK_CASES: list[dict[str, Any]] = _cases("check12", [
     ("llama1b", "llama-3.2-1b", "prefill", 4, 2048, "fp16", 4, 20),
 ])  # fmt: skip
 
+# Pre-registered at 15:50 UTC on 2026-11-27, after the write-back charge was settled on the sweep's points, two
+# probes (writeback_probe.py, own_input_probe.py) and the earlier checks (check12 among them), before these cases
+# were measured or predicted: SDPA decodes and prefills of shapes no run measured, on the H100 and on an H200.
+WRITEBACK_CHECK2_CASES: list[dict[str, Any]] = _cases("check13", [
+    ("llama8b", "llama-3.1-8b", "decode", 32, 2048, "bf16", 4, 20),
+    ("qwen25", "qwen2.5-7b", "decode", 8, 8192, "bf16", 4, 20),
+    ("llama70b", "llama-3.1-70b", "decode", 8, 2048, "fp16", 2, 25),
+    ("llama1b", "llama-3.2-1b", "decode", 16, 4096, "fp16", 4, 20),
+    ("mixtral", "mixtral-8x7b", "decode", 16, 1024, "bf16", 2, 25),
+    ("vicuna", "vicuna-7b", "decode", 8, 2048, "fp16", 4, 20),
+    ("llama8b", "llama-3.1-8b", "prefill", 2, 1024, "bf16", 4, 20),
+    ("llama70b", "llama-3.1-70b", "prefill", 1, 1024, "bf16", 2, 25),
+])  # fmt: skip
+
 CHECKS: dict[str, list[dict[str, Any]]] = {
     "MOE_CHECK_CASES": MOE_CHECK_CASES,
     "FALLBACK_CHECK_CASES": FALLBACK_CHECK_CASES,
@@ -356,6 +370,7 @@ CHECKS: dict[str, list[dict[str, Any]]] = {
     "FINAL_CHECK_CASES": FINAL_CHECK_CASES,
     "DECODE_CHECK_CASES": DECODE_CHECK_CASES,
     "WRITEBACK_CHECK_CASES": WRITEBACK_CHECK_CASES,
+    "WRITEBACK_CHECK2_CASES": WRITEBACK_CHECK2_CASES,
 }
 """Every check run's cases by list name (``--cases`` picks from them by case name)."""
 

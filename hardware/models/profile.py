@@ -631,6 +631,43 @@ class WritebackCurve:
         return y0 + (y1 - y0) * (dirty_bytes - x0) / (x1 - x0)
 
 
+def evicted_dirty_bytes(op: OpBase, before: OpBase, l2_bytes: float) -> float:
+    """The bytes of ``before``'s output that ``op`` makes the L2 write back: the lines ``before`` wrote are
+    the newest in the L2 (up to all of it), so they leave it, least recently used last, only for what
+    ``op`` brings in past the rest of the L2; what ``op`` reads of ``before``'s output hits them.
+    No L2 size (``l2_bytes`` 0): every dirty byte ``op`` could meet, up to the bytes it moves.
+
+    A GEMM leaves no dirty lines: cuBLAS writes its output through (an ``add`` reading 32 MiB an
+    ``mm`` just wrote takes 1.8 us more than reading it clean on an H100, 6.5 us after ``mul_`` or
+    ``copy_`` wrote it, 4.6 after ``cat``, 5.0 after SDPA: ``benchmarks/gpu/own_input_probe.py``).
+
+    Examples
+    --------
+    >>> from opgraph.ir import DType, Elementwise, TensorSpec
+    >>> out = TensorSpec(shape=(8 << 20,), dtype=DType.bf16, id=1)  # 16 MiB
+    >>> writer = Elementwise(id=0, fn="add", numel=8 << 20, outputs=(out,))
+    >>> small = Elementwise(id=1, fn="mul", numel=4 << 20)  # moves 24 MiB: the dirty lines stay
+    >>> big = Elementwise(id=2, fn="mul", numel=16 << 20)  # moves 96 MiB: they all leave
+    >>> other, res = (TensorSpec(shape=(8 << 20,), dtype=DType.bf16, id=i) for i in (2, 3))
+    >>> reader = Elementwise(id=3, fn="mul", numel=8 << 20, inputs=(out, other), outputs=(res,))  # 16 of 48 MiB hit
+    >>> stranger = Elementwise(id=4, fn="mul", numel=8 << 20, inputs=(other, other), outputs=(res,))  # none hit
+    >>> [evicted_dirty_bytes(o, writer, 50 << 20) / 2**20 for o in (small, big, reader, stranger)]
+    [0.0, 16.0, 0.0, 14.0]
+    """
+    written = 0.0 if before.kind is OpKind.GEMM else float(before.bytes_written)
+    moved = float(op.bytes_read + op.bytes_written)
+    if written <= 0 or moved <= 0:
+        return 0.0
+    if l2_bytes <= 0:
+        return min(written, moved)
+    made = {t.id for t in before.outputs if t.id is not None}
+    hits = min(sum(t.nbytes for t in op.inputs if t.id is not None and t.id in made), written)
+    dirty = min(written, l2_bytes)
+    return max(0.0, min(dirty, moved - hits + dirty - l2_bytes))
+
+
+WRITEBACK_MAX_BYTES = 64 << 20
+"""The most dirty bytes the sweep's ``writeback`` points ask for (``validators.profile.WRITEBACK_MIB``)."""
 WRITEBACK_TAG = "writeback"
 """The tag of the sweep's points measured after a write of their ``dirty_bytes`` (:class:`WritebackCurve`)."""
 
@@ -673,6 +710,10 @@ class _Index:
         self.skipped = 0
         self.writeback = writeback_curves(profile, hw)
         """Write-back curves by (op kind, memory-bound)."""
+        dirty = [p.dirty_bytes for p in profile.points if p.tag == WRITEBACK_TAG]
+        self.writeback_l2 = float(max(dirty)) if dirty and max(dirty) < WRITEBACK_MAX_BYTES else 0.0
+        """The device's L2 as the sweep found it (its timer leaves at most the L2 dirty, so the largest
+        dirty bytes of the ``writeback`` points, where below the most the sweep asks); 0 when unknown."""
         for p in profile.points:
             if p.tag:
                 continue
@@ -773,6 +814,9 @@ class ProfileModel:
         Refuse to predict for a device other than the one measured (catalog names compared).
     fallback:
         A cost model (or spec) for kinds the profile lacks and collectives; the datasheet roofline.
+    writeback:
+        Charge each op for the dirty L2 lines the op before it left (:meth:`after_write`), from the
+        profile's ``writeback`` points.
     """
 
     name = "profile"
@@ -784,15 +828,15 @@ class ProfileModel:
         path: str | Path | None = None,
         check_hardware: bool | str = True,
         fallback: CostModel | str | None = None,
+        writeback: bool | str = True,
     ) -> None:
         source = profile if profile is not None else path
         self.path: str | None = None if source is None or isinstance(source, DeviceProfile) else str(source)
         self.profile: DeviceProfile | None = source if isinstance(source, DeviceProfile) else None
         if self.path is not None:
             self.profile = load_profile(self.path)
-        if isinstance(check_hardware, str):
-            check_hardware = check_hardware.strip().lower() not in ("0", "false", "no", "off")
-        self.check_hardware = check_hardware
+        self.check_hardware = _flag(check_hardware)
+        self.writeback = _flag(writeback)
         from hardware.models.registry import resolve_cost_model
 
         if fallback is None or isinstance(fallback, str):
@@ -942,35 +986,36 @@ class ProfileModel:
             host_s=self._host_s(profile, idx, _issued_as(op, f)),
         )
 
-    def after_write(self, op: OpBase, cost: Cost, written_bytes: int, hw: HardwareSpec) -> Cost:
-        """``cost`` plus what ``op`` pays to write back the ``written_bytes`` the op before it left dirty in L2.
+    def after_write(self, op: OpBase, cost: Cost, before: OpBase, hw: HardwareSpec) -> Cost:
+        """``cost`` plus what ``op`` pays to write back the dirty L2 lines ``before`` (the op run just
+        before it) left: from the profile's ``writeback`` points of ``op``'s kind (another kind's where
+        its own has none), at the dirty bytes ``op`` evicts (:func:`evicted_dirty_bytes`).
 
-        From the profile's ``writeback`` points of ``op``'s kind and bound (memory- or compute-bound on the
-        roofline; another kind's of the same bound when its kind has none), at the dirty bytes ``op`` can
-        meet: no more than it moves itself. A profile without such points charges nothing.
+        Memory-bound ops only: a compute-bound kernel leaves the DRAM time to write the lines back
+        while it computes (the sweep's compute-bound points pay 0-5 us for 50 MiB, within the 3.5%
+        their time moves with the GPU's power state). A profile without such points charges nothing.
         """
-        if op.kind in OpCategory.FREE or op.kind is OpKind.COLLECTIVE or written_bytes <= 0:
+        if not self.writeback or op.kind in OpCategory.FREE or op.kind is OpKind.COLLECTIVE:
             return cost
         f = profile_features(op)
-        if f is None:
+        if f is None or cost.memory_s < cost.compute_s:
             return cost
         idx = self.index(hw)
-        memory_bound = cost.memory_s >= cost.compute_s
-        curves = idx.writeback.get((f.family, memory_bound))
+        curves = idx.writeback.get((f.family, True))
         source = f.family
         if not curves:
-            curves = [c for (_, mb), cs in idx.writeback.items() if mb == memory_bound for c in cs]
+            curves = [c for (_, memory_bound), cs in idx.writeback.items() if memory_bound for c in cs]
             source = "other kinds"
-        if not curves:
+        l2 = idx.writeback_l2 or hw.l2_bytes
+        dirty = evicted_dirty_bytes(op, before, l2)
+        if not curves or dirty <= 0:
             return cost
-        dirty = min(float(written_bytes), float(op.bytes_read + op.bytes_written))
         extra = statistics.median(c.at(dirty) for c in curves)
         if extra <= 0:
             return cost
-        bound = "memory" if memory_bound else "compute"
         note = (
-            f"+{extra * 1e6:.3g} us write-back of {dirty / 2**20:.3g} MiB left dirty by the op before "
-            f"({source}' {bound}-bound writeback points)"
+            f"+{extra * 1e6:.3g} us write-back of {dirty / 2**20:.3g} MiB the op before left dirty in L2 "
+            f"({source}' writeback points)"
         )
         return dataclasses.replace(cost, seconds=cost.seconds + extra, detail=f"{cost.detail}; {note}".lstrip("; "))
 
@@ -1005,6 +1050,13 @@ class ProfileModel:
             names.append(f"{used}{_borrowed(g)} (w {w / total:.2f})")
             outs.append(out)
         return le, ", ".join(names), min(outs)
+
+
+def _flag(value: bool | str) -> bool:
+    """An option given as a bool or as text (``--cost-option name=false``)."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "no", "off")
+    return value
 
 
 def _borrowed(g: _Group) -> str:
@@ -1047,6 +1099,7 @@ __all__ = [
     "FAR",
     "STRIDED",
     "UNALIGNED",
+    "WRITEBACK_MAX_BYTES",
     "WRITEBACK_TAG",
     "Features",
     "ProfileExtrapolationWarning",
@@ -1054,6 +1107,7 @@ __all__ = [
     "WritebackCurve",
     "broadcast_input",
     "default_cost_model",
+    "evicted_dirty_bytes",
     "profile_features",
     "profile_points",
     "roofline_seconds",
