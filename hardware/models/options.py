@@ -30,3 +30,11 @@ def apply_options(cls: type[P], base: P | None, options: Mapping[str, object], m
         err = exc.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
         raise CostModelError(f"bad option {loc} for the {model} model: {err['msg']}") from None
+
+
+def flag(value: bool | str) -> bool:
+    """A yes/no option given as a bool or as text (``--cost-option check_hardware=false``: ``0``, ``false``,
+    ``no`` and ``off`` are no)."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("0", "false", "no", "off")
+    return value

@@ -39,6 +39,13 @@ Outside the sweep no op is predicted below the profile's launch floor (an empty 
 the profile did not measure go to the datasheet roofline, and say so. The host time to issue an
 op (``Cost.host_s``) is the median measured for its regime, else its kind, else the profile's
 time per aten call.
+
+The sweep flushes the L2 by reading before each point, so a point never pays for writing back what the
+kernel before it left dirty, as an op in a model does. The profile's ``writeback`` points (one op of each
+kind after a write of 0-64 MiB) price that: :meth:`ProfileModel.after_write`, which
+:func:`~hardware.base.cost_graph` calls for each op after the one before it in graph order, adds to a
+memory-bound op its kind's penalty at the dirty bytes it evicts (:func:`evicted_dirty_bytes`; a GEMM's output
+counts as clean). ``writeback=false`` turns it off.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarning, eager_attention_cost
+from hardware.models.options import flag
 from hardware.profile import DeviceProfile, ProfilePoint, hardware_profile, load_profile
 from hardware.spec import HardwareSpec
 from opgraph.ir import (
@@ -835,8 +843,8 @@ class ProfileModel:
         self.profile: DeviceProfile | None = source if isinstance(source, DeviceProfile) else None
         if self.path is not None:
             self.profile = load_profile(self.path)
-        self.check_hardware = _flag(check_hardware)
-        self.writeback = _flag(writeback)
+        self.check_hardware = flag(check_hardware)
+        self.writeback = flag(writeback)
         from hardware.models.registry import resolve_cost_model
 
         if fallback is None or isinstance(fallback, str):
@@ -1005,7 +1013,7 @@ class ProfileModel:
         source = f.family
         if not curves:
             curves = [c for (_, memory_bound), cs in idx.writeback.items() if memory_bound for c in cs]
-            source = "other kinds"
+            source = "other kinds'"
         l2 = idx.writeback_l2 or hw.l2_bytes
         dirty = evicted_dirty_bytes(op, before, l2)
         if not curves or dirty <= 0:
@@ -1015,7 +1023,7 @@ class ProfileModel:
             return cost
         note = (
             f"+{extra * 1e6:.3g} us write-back of {dirty / 2**20:.3g} MiB the op before left dirty in L2 "
-            f"({source}' writeback points)"
+            f"(the {source} writeback points)"
         )
         return dataclasses.replace(cost, seconds=cost.seconds + extra, detail=f"{cost.detail}; {note}".lstrip("; "))
 
@@ -1052,25 +1060,19 @@ class ProfileModel:
         return le, ", ".join(names), min(outs)
 
 
-def _flag(value: bool | str) -> bool:
-    """An option given as a bool or as text (``--cost-option name=false``)."""
-    if isinstance(value, str):
-        return value.strip().lower() not in ("0", "false", "no", "off")
-    return value
-
-
 def _borrowed(g: _Group) -> str:
     return f" ({g.dtype.value})" if g.dtype is not None else ""
 
 
-def default_cost_model(hw: HardwareSpec) -> tuple[CostModel, str | None]:
+def default_cost_model(hw: HardwareSpec, **options: object) -> tuple[CostModel, str | None]:
     """The cost model a front end uses when none is named: the device's shipped profile, else the
-    datasheet roofline with a one-line note that the device is uncalibrated."""
+    datasheet roofline with a one-line note that the device is uncalibrated; built with ``options``
+    (``--cost-option``)."""
     from hardware.hostprofile import hardware_host_profile
-    from hardware.models.roofline import RooflineModel
+    from hardware.models.registry import resolve_cost_model
 
     if hardware_profile(hw) is not None:
-        return ProfileModel(), None
+        return resolve_cost_model("profile", **options), None
     host = (
         ""
         if hardware_host_profile(hw) is not None
@@ -1081,7 +1083,7 @@ def default_cost_model(hw: HardwareSpec) -> tuple[CostModel, str | None]:
         f"{hw.name} is uncalibrated: no measured profile ships with it, so costs come from the datasheet "
         f"roofline (measure one with `opgraph profile --device cuda`){host}"
     )
-    return RooflineModel(), note
+    return resolve_cost_model("roofline", **options), note
 
 
 def profile_points(profile: DeviceProfile, regime: str) -> list[ProfilePoint]:

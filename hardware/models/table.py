@@ -37,6 +37,7 @@ from pydantic import Field, ValidationError, model_validator
 from hardware.base import Bound, Cost, CostModel, CostModelError, CostModelWarning, UncostedOpError
 from hardware.models.collective import AlphaBetaCollectiveModel, CollectiveParams
 from hardware.models.efficiency import RooflineParams
+from hardware.models.options import flag
 from hardware.models.profile import router_tiles
 from hardware.models.registry import resolve_cost_model
 from hardware.spec import HardwareSpec, NonNegFloat
@@ -249,9 +250,7 @@ class TableModel:
             )
         self.path = None if isinstance(source, CostTable) else str(source)
         self.table = source if isinstance(source, CostTable) else CostTable.load(source)
-        if isinstance(check_hardware, str):
-            check_hardware = check_hardware.strip().lower() not in ("0", "false", "no", "off")
-        self.check_hardware = check_hardware
+        self.check_hardware = flag(check_hardware)
         self.collective = AlphaBetaCollectiveModel(self.table.collective)
         self.fallback = self._make_fallback(fallback)
         self._warned_far = False

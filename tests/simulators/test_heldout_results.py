@@ -14,8 +14,10 @@ import gzip
 import importlib.util
 import json
 import math
+import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -387,14 +389,14 @@ def test_balanced_routing_over_the_layers_on_decodes_chosen_after_it(folder: str
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_random_weight_qwen3_moe_router_leaves_experts_idle_in_every_draw(seed: int) -> None:
     # The main table's fp16 Qwen3-MoE prefill with other seeds of its random weights (README): the second
-    # layer's router uses 98-106 of 128 experts each time, and balanced routing's prediction is 5.0-6.5% high
-    # (seed 1 +4.996%: the draws do not all miss the 5% target, but every one is as high as the main table's).
+    # layer's router uses 98-106 of 128 experts each time, and balanced routing's prediction is 5.1-6.6% high
+    # (seed 1 +5.10%, +4.996% before the write-back charge: every draw is as high as the main table's).
     recomputed = reproduced(RESULTS / "router-seeds-0558" / f"seed{seed}", "other-seed run")
     (case,) = recomputed["cases"]
     first, second = (n // 2 for n in case["routing_check"]["traced_products"])
     assert first == 128 and 96 <= second <= 110
     assert case["routing_check"]["graph_products"] == [256, 256]
-    assert 0.0495 <= case["predicted"][recomputed["cli_default_cost_model"]]["gpu_err"] <= 0.07
+    assert 0.05 <= case["predicted"][recomputed["cli_default_cost_model"]]["gpu_err"] <= 0.07
 
 
 DEPTH = RESULTS / "depth-2003"
@@ -434,10 +436,11 @@ def test_families_the_profile_never_saw_show_where_it_does_not_transfer() -> Non
     # in sample for them (out of sample: eager-check-0727, eager-check2-0750, layout-check-0943,
     # rows-check-1015, broadcast-check-1032, and the checks after them). Left: BLOOM's prefill (-8.1%: its
     # half-input softmax and mask add run longer than the points give; its alibi copy and accumulating GEMM
-    # are priced as they run since scalar-check-1150 and accumulate-check-1204). Any change shows up here.
+    # are priced as they run since scalar-check-1150 and accumulate-check-1204); with the write-back charge
+    # (its memory-bound kernels pay for the lines the kernel before left dirty) -4.8%. Any change shows up here.
     recomputed = reproduced(NEW_FAMILIES, "new-family run")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.NEW_FAMILY_CASES}
-    assert gpu_misses(recomputed) == {"new_bloom_prefill_b4_s1024_fp16_l24"}
+    assert gpu_misses(recomputed) == set()
     assert abs(_attention_err(recomputed, "new_gptoss_prefill_b1_s2048_bf16_l2")) < 0.1
     walls = {r["case"]: r["measured"].get("wall_source") for r in recomputed["cases"]}
     assert {c for c, w in walls.items() if w} == {
@@ -482,16 +485,19 @@ def test_eager_attention_after_the_sweep_covers_its_passes() -> None:
     # sweep's unaligned points came after these data (in sample here; out of sample: layout-check-0943)
     # and bring both GQA decodes within 5%, their attention within 15%; with the later row and broadcast
     # changes (rows-check-1015, broadcast-check-1032) all five were within 5%; the masked-softmax points
-    # (masked-check-1214) leave the small BLOOM prefill +6.8%.
+    # (masked-check-1214) leave the small BLOOM prefill +6.8%. The write-back charge (the attention after
+    # the value's repeat_kv copy pays for its dirty lines) takes the Qwen2.5 decode's attention from -5.5%
+    # to -0.2% and the Llama-1B one's, priced +12% before, to +22%.
     recomputed = reproduced(EAGER_CHECK2, "second eager-attention check")
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.EAGER_CHECK2_CASES}
     assert gpu_misses(recomputed) == {"new3_bloom_prefill_b2_s512_fp16_l24"}
     label = recomputed["cli_default_cost_model"]
-    for case in ("eager2_qwen25_decode_b4_kv4096_bf16_l4", "eager2_llama1b_decode_b16_kv1024_fp16_l4"):
+    bounds = {"eager2_qwen25_decode_b4_kv4096_bf16_l4": 0.05, "eager2_llama1b_decode_b16_kv1024_fp16_l4": 0.25}
+    for case, bound in bounds.items():
         row = next(r for r in recomputed["cases"] if r["case"] == case)
         memory = next(k for k in row["predicted"][label]["by_kind"] if k["kind"] == "memory")
         assert abs(memory["err"]) < 0.1
-        assert abs(_attention_err(recomputed, case)) < 0.15
+        assert abs(_attention_err(recomputed, case)) < bound
 
 
 LAYOUT_CHECK = RESULTS / "layout-check-0943"
@@ -513,7 +519,9 @@ def test_layouts_the_models_run_out_of_sample() -> None:
         "check3_bloom_prefill_b2_s1024_fp16_l24",
     }
     label = recomputed["cli_default_cost_model"]
-    assert {c for c, m in target_misses(recomputed, label) if m == "wall_err"} == set()
+    # Walls: the DeepSeek-V3 decode -10.5% since the host profile was refitted with the write-back charge (-9.4%).
+    walls = {c for c, m in target_misses(recomputed, label) if m == "wall_err"}
+    assert walls == {"check3_deepseekv3_decode_b4_kv1024_bf16_l4"}
     roofline = {r["case"]: r["predicted"]["roofline"]["gpu_err"] for r in recomputed["cases"]}
     assert sum(abs(e) <= GPU_TARGET for e in roofline.values()) == 0  # 1 as first predicted: BLOOM's cast
 
@@ -528,9 +536,9 @@ def test_unaligned_rows_out_of_sample() -> None:
     # (-22.9% and -29.9% with the model before: its sinks column's rows), the eager prefills of odd length
     # +6.4% (bf16) and +3.8% (fp16; +11.3% before the half-to-float fold). Recomputed with the broadcast
     # passes and the eager rounds after them (in sample here): gpt-oss -5.4% and -3.7%, the eager prefills
-    # +4.2% and -0.3%. Walls are the passes'.
+    # +4.2% and -0.3%; with the write-back charge (in sample) gpt-oss -4.2% and -3.3%. Walls are the passes'.
     recomputed = reproduced_check(ROWS_CHECK, "row-alignment check", heldout_mod.ROWS_CHECK_CASES)
-    assert gpu_misses(recomputed) == {"check4_gptoss_prefill_b1_s1024_bf16_l2"}  # -5.4%; the eager ones since right
+    assert gpu_misses(recomputed) == set()
     label = recomputed["cli_default_cost_model"]
     roofline = [r["predicted"]["roofline"]["gpu_err"] for r in recomputed["cases"]]
     ours = [r["predicted"][label]["gpu_err"] for r in recomputed["cases"]]
@@ -572,16 +580,14 @@ CHECK_ROUNDS: dict[str, tuple[str, set[str]]] = {
         {"check9_bloom_prefill_b8_s1024_fp16_l24", "check9_bloom_prefill_b2_s3072_fp16_l24"},
     ),
     "final-check-1248": ("FINAL_CHECK_CASES", {"check10_bloom_decode_b8_kv1024_fp16_l24"}),
-    "decode-check-1355": (
-        "DECODE_CHECK_CASES",
-        {"check11_llama8b_decode_b16_kv2048_fp16_l4", "check11_qwen25_decode_b8_kv4096_fp16_l4",
-         "check11_llama1b_decode_b32_kv2048_fp16_l4"},
-    ),
+    "decode-check-1355": ("DECODE_CHECK_CASES", set()),
+    "writeback-check-1530": ("WRITEBACK_CHECK_CASES", set()),
 }  # fmt: skip
 """Each check of the eager-attention rounds (and of the fp16 decode attention points after them): its case list in
 ``heldout.py`` and the cases the current model misses on GPU time (as first predicted: 1 of 6, 3 of 5, 1 of 6, 4
 of 6 within 5%; the final model's own check, chosen after its last change, 5 of 6; the decode check 3 of 6, its
-misses 5.2-5.4% short; READMEs there)."""
+misses 5.2-5.4% short, 6 of 6 with the write-back charge; the first write-back check 7 of 8 as first predicted, 8 of
+8 with the charge as settled after it (the second: :data:`WRITEBACK_CHECK2`); READMEs there)."""
 
 
 @pytest.mark.parametrize("folder", sorted(CHECK_ROUNDS))
@@ -591,7 +597,8 @@ def test_check_rounds_out_of_sample(folder: str) -> None:
     # eager Llama, Vicuna and Qwen2.5 prefill is within 5% now but a bfloat16 Qwen2.5 one (+6.1%: its GEMMs);
     # BLOOM's prefills stay 6.5-12.6% short. The Vicuna decode over 4,096 cached tokens (4,097 positions, past
     # its max_position_embeddings, as transformers runs it) was predicted only once capture took it: -2.4%. The
-    # fp16 decode attention points changed nothing (they run as the bf16 ones): three SDPA decodes 5.2-5.4% short.
+    # fp16 decode attention points changed nothing (they run as the bf16 ones): three SDPA decodes 5.2-5.4% short,
+    # within 5% with the write-back charge (the sweep's writeback points; the checks of it below).
     list_name, misses = CHECK_ROUNDS[folder]
     cases = getattr(heldout_mod, list_name)
     recomputed = reproduced(RESULTS / folder, folder)
@@ -601,6 +608,54 @@ def test_check_rounds_out_of_sample(folder: str) -> None:
     assert gpu_misses(recomputed) == misses
     roofline = {r["case"]: r["predicted"]["roofline"]["gpu_err"] for r in recomputed["cases"]}
     assert not any(abs(e) <= GPU_TARGET for e in roofline.values())
+
+
+WRITEBACK_CHECK2 = {
+    "h100": (
+        RESULTS / "writeback-check2-1547",
+        {"check13_mixtral_decode_b16_kv1024_bf16_l2", "check13_llama70b_prefill_b1_s1024_bf16_l2"},
+        {"check13_llama1b_decode_b16_kv4096_fp16_l4", "check13_mixtral_decode_b16_kv1024_bf16_l2",
+         "check13_llama70b_prefill_b1_s1024_bf16_l2"},
+    ),
+    "h200": (
+        REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout" / "writeback-check2-1550",
+        {"check13_llama70b_prefill_b1_s1024_bf16_l2"},
+        {"check13_llama70b_decode_b8_kv2048_fp16_l2", "check13_llama1b_decode_b16_kv4096_fp16_l4",
+         "check13_vicuna_decode_b8_kv2048_fp16_l4", "check13_llama70b_prefill_b1_s1024_bf16_l2"},
+    ),
+}  # fmt: skip
+"""The write-back charge's check on each GPU (cases written down before they were measured, after the charge was
+settled: README there): the folder and the cases missing the GPU target with the charge and without it."""
+
+
+@pytest.mark.parametrize("hardware", sorted(WRITEBACK_CHECK2))
+def test_the_write_back_charge_out_of_sample(hardware: str) -> None:
+    # Six SDPA decodes and two prefills: with the charge 6 of 8 within 5% on the H100 and 7 of 8 on the H200,
+    # without it 5 and 4; the decodes' mean error halves. The misses: the Mixtral decode's few tokens per
+    # expert (-5.1%), the Llama-70B prefill's GEMMs from an idle GPU (the profile's are a sustained one's).
+    folder, misses, misses_without = WRITEBACK_CHECK2[hardware]
+    recomputed = reproduced(folder, f"{hardware} write-back check", hardware=hardware)
+    assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.WRITEBACK_CHECK2_CASES}
+    assert all(r["measured"]["runs"] >= MIN_RUNS for r in recomputed["cases"])
+    assert gpu_misses(recomputed) == misses
+    from hardware import ProfileModel, load_hardware
+
+    hw = load_hardware(hardware)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = report_mod.open_data(folder / "heldout.tar.gz", Path(tmp))
+        _, cases = report_mod.load_cases(data)
+        without = {
+            c["case"]: report_mod.evaluate_case(data, c, hw, {"off": ProfileModel(writeback=False)}, [])["predicted"][
+                "off"
+            ]["gpu_err"]
+            for c in cases
+        }
+    assert {c for c, e in without.items() if abs(e) > GPU_TARGET} == misses_without
+    label = recomputed["cli_default_cost_model"]
+    decodes = [r for r in recomputed["cases"] if "_decode_" in r["case"]]
+    charged = statistics.fmean(abs(r["predicted"][label]["gpu_err"]) for r in decodes)
+    plain = statistics.fmean(abs(without[r["case"]]) for r in decodes)
+    assert charged < 0.65 * plain
 
 
 H200 = REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout"

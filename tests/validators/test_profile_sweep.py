@@ -382,8 +382,10 @@ def test_sweep_measures_batched_mm_experts_over_the_pairs() -> None:
     assert len(new) == 27 and len({p.key for p in pts}) == len(pts)
 
 
-def _sweep_key(op: OpBase, tag: str) -> str:
-    return config_key(op) + (f"-{tag}" if tag else "")
+def _sweep_key(op: OpBase, point: ProfilePoint) -> str:
+    """The key the resumed sweep gives ``point`` measured as ``op``: the op's config key and the tag as the
+    sweep spelled it (a write-back point's dirty MiB with it), as ``profile_resume.sh`` keys it."""
+    return config_key(op) + ("-" + point.key.partition("-")[2] if point.tag else "")
 
 
 @pytest.mark.parametrize("device", ["h100-sxm", "h200"])
@@ -402,9 +404,9 @@ def test_the_batched_mm_series_leaves_the_shipped_points_keys(device: str) -> No
     for p in profile.points:
         if p.key in own:
             continue
-        key = _sweep_key(p.op, p.tag)
+        key = _sweep_key(p.op, p)
         if key not in plan and p.op.definition != p.op.default_definition():
-            key = _sweep_key(p.op.model_copy(update={"definition": p.op.default_definition()}), p.tag)
+            key = _sweep_key(p.op.model_copy(update={"definition": p.op.default_definition()}), p)
         shipped.add(key)
     assert shipped == plan
 

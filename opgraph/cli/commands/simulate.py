@@ -119,6 +119,12 @@ def simulate(
         help="roofline, formula, table, profile, a calibrated or profile JSON, module:Class, file.py:Class "
         "(default: the device's measured profile when it ships one, else roofline).",
     ),
+    cost_option: list[str] = typer.Option(
+        [],
+        "--cost-option",
+        help="KEY=VALUE given to the cost model, repeatable (the profile model's writeback=false, "
+        "check_hardware=false).",
+    ),
     policy: str = typer.Option(
         "earliest", "--policy", "-p", help="earliest, critical-path, stream, module:Class or file.py:Class."
     ),
@@ -261,13 +267,16 @@ def simulate(
     _check_policy(config.policy, "--policy" if given is None or "policy" in given else f"{from_file}policy")
     hw = _load_hardware(hardware)  # after the cheap checks, before loading anything large
     default_note: tuple[str, ...] = ()
+    from hardware import parse_cost_options
+
+    options = parse_cost_options(cost_option)
     if cost_model is None:
         from hardware import default_cost_model
 
-        model, uncalibrated = default_cost_model(hw)
+        model, uncalibrated = default_cost_model(hw, **options)
         default_note = (uncalibrated,) if uncalibrated else ()
     else:
-        model = _load_cost_model(cost_model)
+        model = _load_cost_model(cost_model, options)
     graph = load_graph(graph_path)
     if expert_parallel and not any(isinstance(op, Gemm) and op.expert is not None for op in graph.ops):
         raise OpgraphError("the graph has no MoE expert GEMMs to split", where="--expert-parallel")
@@ -456,12 +465,12 @@ def _load_hardware(name: str) -> Any:
     return load_hardware(name)
 
 
-def _load_cost_model(spec: str) -> Any:
+def _load_cost_model(spec: str, options: dict[str, object]) -> Any:
     try:
         from hardware import resolve_cost_model
     except ImportError as exc:  # pragma: no cover
         raise SimulateOptionError(f"cost models are not available ({exc})", where="--cost-model") from None
-    return resolve_cost_model(spec)
+    return resolve_cost_model(spec, **options)
 
 
 def _with_collective_fit(model: Any, path: Path, graph: Any, tp: int) -> tuple[Any, Any]:

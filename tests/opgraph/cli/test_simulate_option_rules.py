@@ -141,8 +141,8 @@ FLAG_OVER_CONFIG: dict[str, tuple[tuple[str, ...], Any]] = {
 """Flags whose effect the run's ``config`` (its provenance) shows."""
 
 NOT_IN_CONFIG = {
-    "graph_path", "hardware", "cost_model", "no_shard", "expert_parallel", "collective_fit", "config_path", "tolerance",
-    "output", "stats_path", "as_json", "open_trace",
+    "graph_path", "hardware", "cost_model", "cost_option", "no_shard", "expert_parallel", "collective_fit",
+    "config_path", "tolerance", "output", "stats_path", "as_json", "open_trace",
 }  # fmt: skip
 """Options a SimulationConfig has no setting for."""
 
