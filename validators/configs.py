@@ -90,7 +90,8 @@ class DataFlow:
         self.traffic = 0
         """Bytes moved by the ops seen so far."""
         self.last_write = 0
-        """Bytes the last (non-free) op wrote."""
+        """Bytes the last (non-free) op left dirty in L2: what it wrote, nothing for a GEMM (cuBLAS writes its
+        output through: ``benchmarks/gpu/own_input_probe.py``)."""
 
     def warm(self, op: OpBase) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``op``'s activation inputs (:func:`activation_inputs`) and their reuse distances, in bytes."""
@@ -102,7 +103,7 @@ class DataFlow:
         if op.kind in OpCategory.FREE:
             return
         self.traffic += max(int(op.total_bytes), 0)
-        self.last_write = sum(t.nbytes for t in op.outputs)
+        self.last_write = 0 if op.kind is OpKind.GEMM else sum(t.nbytes for t in op.outputs)
         own = {t.id for t in op.inputs if t.id is not None}
         for t in op.outputs:
             if t.id is None:

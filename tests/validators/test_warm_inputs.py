@@ -93,7 +93,9 @@ def test_bytes_the_op_before_wrote() -> None:
     assert cfgs[0].prev_write_bytes == 0  # the first op
     assert cfgs[1].prev_write_bytes == written[0]
     assert cfgs[3].prev_write_bytes == written[1]  # the view between writes nothing
-    assert cfgs[5].prev_write_bytes == written[4] > written[3]
+    assert cfgs[4].prev_write_bytes == 0 < written[3]  # a GEMM leaves its output clean (written through)
+    assert cfgs[5].prev_write_bytes == 0
+    assert cfgs[6].prev_write_bytes == written[5] > 0  # an add leaves it dirty
     assert cfgs[8].prev_write_bytes == written[0]  # the first use decides
 
 
