@@ -324,7 +324,7 @@ DECODE_CHECK_CASES: list[dict[str, Any]] = _cases("check11", [
     ("llama8b", "llama-3.1-8b", "decode", 8, 8192, "bf16", 4, 20),
 ])  # fmt: skip
 
-# Pre-registered at 15:30 UTC on 2026-11-27 (before the sweep's write-back points are measured or predicted
+# Pre-registered at 15:28 UTC on 2026-11-27 (before the sweep's write-back points are measured or predicted
 # from): SDPA decodes and prefills of shapes no run measured, to check the write-back charge
 # (hardware.models.profile.ProfileModel.after_write) out of sample.
 WRITEBACK_CHECK_CASES: list[dict[str, Any]] = _cases("check12", [
@@ -338,7 +338,7 @@ WRITEBACK_CHECK_CASES: list[dict[str, Any]] = _cases("check12", [
     ("llama1b", "llama-3.2-1b", "prefill", 4, 2048, "fp16", 4, 20),
 ])  # fmt: skip
 
-# Pre-registered at 15:50 UTC on 2026-11-27, after the write-back charge was settled on the sweep's points, two
+# Pre-registered at 15:46 UTC on 2026-11-27, after the write-back charge was settled on the sweep's points, two
 # probes (writeback_probe.py, own_input_probe.py) and the earlier checks (check12 among them), before these cases
 # were measured or predicted: SDPA decodes and prefills of shapes no run measured, on the H100 and on an H200.
 WRITEBACK_CHECK2_CASES: list[dict[str, Any]] = _cases("check13", [
