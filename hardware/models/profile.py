@@ -103,6 +103,10 @@ class ProfileExtrapolationWarning(CostModelWarning):
     """The profile model predicts an op far outside what the sweep measured (see :data:`FAR`)."""
 
 
+class ProfileWritebackWarning(CostModelWarning):
+    """The profile has no ``writeback`` points, so no op is charged for the L2 lines the op before left dirty."""
+
+
 @dataclass(frozen=True)
 class Features:
     """Where an op sits in a profile: its regime, size axis (log2) and shape features (log2)."""
@@ -853,6 +857,7 @@ class ProfileModel:
         self._shipped: dict[str, tuple[DeviceProfile, str]] = {}
         self._index: dict[tuple[int, str], _Index] = {}
         self._warned = False
+        self._warned_writeback = False
 
     # -- which profile, for which device --------------------------------------------------------------
 
@@ -1009,6 +1014,15 @@ class ProfileModel:
         if f is None or cost.memory_s < cost.compute_s:
             return cost
         idx = self.index(hw)
+        if not idx.writeback and not self._warned_writeback:
+            self._warned_writeback = True
+            warnings.warn(
+                f"the profile {self._profile_for(hw)[1]} has no writeback points: no op is charged for the L2 lines "
+                "the op before it left dirty (memory-bound ops, decodes' attention and KV-cache copies most, come out "
+                "short); measure them with `opgraph profile --device cuda --resume -o FILE`",
+                ProfileWritebackWarning,
+                stacklevel=2,
+            )
         curves = idx.writeback.get((f.family, True))
         source = f.family
         if not curves:
@@ -1106,6 +1120,7 @@ __all__ = [
     "Features",
     "ProfileExtrapolationWarning",
     "ProfileModel",
+    "ProfileWritebackWarning",
     "WritebackCurve",
     "broadcast_input",
     "default_cost_model",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from hardware.base import Bound, WritebackModel
 from hardware.models.profile import (
     WRITEBACK_MAX_BYTES,
     WRITEBACK_TAG,
+    ProfileWritebackWarning,
     WritebackCurve,
     evicted_dirty_bytes,
     writeback_curves,
@@ -153,7 +155,11 @@ def test_a_kind_without_points_takes_the_other_memory_bound_kinds_and_no_points_
     cost = model.after_write(copy, _memory_cost(copy), _add(32, (1, 2), 3), hw)
     assert "(the other kinds' writeback points)" in cost.detail and math.isclose(cost.seconds, 38e-6)
     _, bare = _profile(with_points=False)
-    assert bare.after_write(copy, _memory_cost(copy), _add(32, (1, 2), 3), hw).seconds == 30e-6
+    with pytest.warns(ProfileWritebackWarning, match="has no writeback points: no op is charged"):
+        assert bare.after_write(copy, _memory_cost(copy), _add(32, (1, 2), 3), hw).seconds == 30e-6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per model
+        assert bare.after_write(copy, _memory_cost(copy), _add(32, (1, 2), 3), hw).seconds == 30e-6
 
 
 def test_cost_graph_charges_each_op_for_the_op_before_it_in_graph_order() -> None:
