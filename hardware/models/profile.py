@@ -1006,12 +1006,12 @@ class ProfileModel:
 
         Memory-bound ops only: a compute-bound kernel leaves the DRAM time to write the lines back
         while it computes (the sweep's compute-bound points pay 0-5 us for 50 MiB, within the 3.5%
-        their time moves with the GPU's power state). A profile without such points charges nothing.
+        their time moves with the GPU's power state). A profile without such points charges nothing and
+        says so once (:class:`ProfileWritebackWarning`).
         """
         if not self.writeback or op.kind in OpCategory.FREE or op.kind is OpKind.COLLECTIVE:
             return cost
-        f = profile_features(op)
-        if f is None or cost.memory_s < cost.compute_s:
+        if cost.memory_s < cost.compute_s:
             return cost
         idx = self.index(hw)
         if not idx.writeback and not self._warned_writeback:
@@ -1023,14 +1023,16 @@ class ProfileModel:
                 ProfileWritebackWarning,
                 stacklevel=2,
             )
+        dirty = evicted_dirty_bytes(op, before, idx.writeback_l2 or hw.l2_bytes)
+        f = profile_features(op) if dirty > 0 and idx.writeback else None
+        if f is None:
+            return cost
         curves = idx.writeback.get((f.family, True))
         source = f.family
         if not curves:
             curves = [c for (_, memory_bound), cs in idx.writeback.items() if memory_bound for c in cs]
             source = "other kinds'"
-        l2 = idx.writeback_l2 or hw.l2_bytes
-        dirty = evicted_dirty_bytes(op, before, l2)
-        if not curves or dirty <= 0:
+        if not curves:
             return cost
         extra = statistics.median(c.at(dirty) for c in curves)
         if extra <= 0:
