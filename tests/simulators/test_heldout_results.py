@@ -254,10 +254,10 @@ def reproduced(folder: Path, what: str, hardware: str = "h100") -> dict[str, Any
     return recomputed
 
 
-def reproduced_check(folder: Path, what: str, cases: list[dict[str, Any]]) -> dict[str, Any]:
+def reproduced_check(folder: Path, what: str, cases: list[dict[str, Any]], hardware: str = "h100") -> dict[str, Any]:
     """:func:`reproduced` for a check run of ``cases`` (``heldout.py``'s list): every case measured, each
     over at least :data:`MIN_RUNS` runs."""
-    recomputed = reproduced(folder, what)
+    recomputed = reproduced(folder, what, hardware)
     assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in cases}
     assert all(r["measured"]["runs"] >= MIN_RUNS for r in recomputed["cases"])
     return recomputed
@@ -418,9 +418,7 @@ def test_the_held_out_cases_measured_after_the_write_back_charge(hardware: str) 
     # random router +5.0%). H200: 12 of 12, the decodes -4.9% to -1.7% (10 of 12 without: two decodes -5.2% and
     # -6.0%). Per-op 12 of 12 on each. Walls met the host's slow state and are not judged.
     folder, misses, lowest = AFTER_WRITEBACK[hardware]
-    recomputed = reproduced(folder, f"{hardware} run after the write-back charge", hardware=hardware)
-    assert {r["case"] for r in recomputed["cases"]} == {c["case"] for c in heldout_mod.CASES}
-    assert all(r["measured"]["runs"] >= MIN_RUNS for r in recomputed["cases"])
+    recomputed = reproduced_check(folder, f"{hardware} run after the write-back charge", heldout_mod.CASES, hardware)
     assert gpu_misses(recomputed) == misses
     label = recomputed["cli_default_cost_model"]
     assert all(abs(r["predicted"][label]["median_op_err"]) <= 0.10 for r in recomputed["cases"])
@@ -663,9 +661,7 @@ def test_the_write_back_charge_out_of_sample(hardware: str) -> None:
     # without it 5 and 4; the decodes' mean error halves. The misses: the Mixtral decode's few tokens per
     # expert (-5.1%), the Llama-70B prefill's GEMMs from an idle GPU (the profile's are a sustained one's).
     folder, misses, misses_without = WRITEBACK_CHECK2[hardware]
-    recomputed = reproduced(folder, f"{hardware} write-back check", hardware=hardware)
-    assert {c["case"] for c in recomputed["cases"]} == {c["case"] for c in heldout_mod.WRITEBACK_CHECK2_CASES}
-    assert all(r["measured"]["runs"] >= MIN_RUNS for r in recomputed["cases"])
+    recomputed = reproduced_check(folder, f"{hardware} write-back check", heldout_mod.WRITEBACK_CHECK2_CASES, hardware)
     assert gpu_misses(recomputed) == misses
     from hardware import ProfileModel, load_hardware
 
