@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from hardware.models.profile import WRITEBACK_TAG
 from hardware.profile import (
     DeviceProfile,
     ProfileDevice,
@@ -729,7 +730,7 @@ def writeback_ops() -> list[tuple[str, OpBase]]:
 
 def _writeback_sweep() -> list[SweepPoint]:
     return [
-        SweepPoint(op, f"writeback.{name}", 1, (), "writeback", mib << 20)
+        SweepPoint(op, f"writeback.{name}", 1, (), WRITEBACK_TAG, mib << 20)
         for name, op in writeback_ops()
         for mib in WRITEBACK_MIB
     ]

@@ -190,6 +190,10 @@ def test_the_sweep_measures_each_kind_at_every_dirty_amount() -> None:
     kinds = {(op.kind, op.flops >= hw.ridge_point(op.dtype) * op.total_bytes) for _, op in writeback_ops()}
     assert len(kinds) >= 6
     assert not [p for p in sweep_points("cpu") if p.tag == WRITEBACK_TAG]  # no L2 flush on a CPU
+    plan = CliRunner().invoke(app, ["profile", "--device", "cuda", "--plan"])
+    assert plan.exit_code == 0, plan.output
+    listed = [line for line in plan.output.splitlines() if "[writeback" in line]
+    assert len(listed) == len(points) and sum("[writeback, 64 MiB dirty]" in line for line in listed) == len(names)
 
 
 @pytest.mark.parametrize("device", ["h100-sxm", "h200"])

@@ -135,11 +135,15 @@ def plan_sizes(points: list[SweepPoint]) -> list[str]:
 
 
 def _print_plan(points: list[SweepPoint]) -> None:
-    """``profile --plan``: one line per point (level, series, definition, size, tag) as plain text."""
+    """``profile --plan``: one line per point (level, series, definition, size, tag; a ``writeback`` point's
+    dirty MiB) as plain text."""
+    from hardware.models.profile import WRITEBACK_TAG
+
     sizes = plan_sizes(points)
     width = max((len(p.op.definition) for p in points), default=0)
     for i, (p, size) in enumerate(zip(points, sizes, strict=True), 1):
-        extra = " ".join(x for x in (size, f"[{p.tag}]" if p.tag else "") if x)
+        tag = f"[{p.tag}" + (f", {p.dirty_bytes >> 20} MiB dirty" if p.tag == WRITEBACK_TAG else "") + "]"
+        extra = " ".join(x for x in (size, tag if p.tag else "") if x)
         line = f"{i:>4} L{p.level} {p.series:<28} {p.op.definition:<{width}} {extra}".rstrip()
         console.print(line, markup=False, highlight=False)
     console.print(f"{len(points)} points")
