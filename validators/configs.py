@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from hardware.models.profile import writes_through
 from opgraph.ir import OpBase, OpCategory, OpGraph, OpKind
 from opgraph.ir.configs import config_key as config_key  # re-exported: replay code and tests import it here
 
@@ -90,8 +91,8 @@ class DataFlow:
         self.traffic = 0
         """Bytes moved by the ops seen so far."""
         self.last_write = 0
-        """Bytes the last (non-free) op left dirty in L2: what it wrote, nothing for a GEMM (cuBLAS writes its
-        output through: ``benchmarks/gpu/own_input_probe.py``)."""
+        """Bytes the last (non-free) op left dirty in L2: what it wrote, nothing for an op that writes through
+        (a GEMM: :func:`hardware.models.profile.writes_through`)."""
 
     def warm(self, op: OpBase) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``op``'s activation inputs (:func:`activation_inputs`) and their reuse distances, in bytes."""
@@ -103,7 +104,7 @@ class DataFlow:
         if op.kind in OpCategory.FREE:
             return
         self.traffic += max(int(op.total_bytes), 0)
-        self.last_write = 0 if op.kind is OpKind.GEMM else sum(t.nbytes for t in op.outputs)
+        self.last_write = 0 if writes_through(op) else sum(t.nbytes for t in op.outputs)
         own = {t.id for t in op.inputs if t.id is not None}
         for t in op.outputs:
             if t.id is None:

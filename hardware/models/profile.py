@@ -643,15 +643,20 @@ class WritebackCurve:
         return y0 + (y1 - y0) * (dirty_bytes - x0) / (x1 - x0)
 
 
+def writes_through(op: OpBase) -> bool:
+    """Whether ``op`` leaves no dirty lines in L2: a GEMM, whose output cuBLAS writes through (an ``add``
+    reading 32 MiB an ``mm`` just wrote takes 1.8 us more than reading it clean on an H100, 6.5 us after
+    ``mul_`` or ``copy_`` wrote it, 4.6 after ``cat``, 5.0 after SDPA: ``benchmarks/gpu/own_input_probe.py``)."""
+    return op.kind is OpKind.GEMM
+
+
 def evicted_dirty_bytes(op: OpBase, before: OpBase, l2_bytes: float) -> float:
     """The bytes of ``before``'s output that ``op`` makes the L2 write back: the lines ``before`` wrote are
     the newest in the L2 (up to all of it), so they leave it, least recently used last, only for what
     ``op`` brings in past the rest of the L2; what ``op`` reads of ``before``'s output hits them.
     No L2 size (``l2_bytes`` 0): every dirty byte ``op`` could meet, up to the bytes it moves.
 
-    A GEMM leaves no dirty lines: cuBLAS writes its output through (an ``add`` reading 32 MiB an
-    ``mm`` just wrote takes 1.8 us more than reading it clean on an H100, 6.5 us after ``mul_`` or
-    ``copy_`` wrote it, 4.6 after ``cat``, 5.0 after SDPA: ``benchmarks/gpu/own_input_probe.py``).
+    A GEMM leaves none (:func:`writes_through`).
 
     Examples
     --------
@@ -666,7 +671,7 @@ def evicted_dirty_bytes(op: OpBase, before: OpBase, l2_bytes: float) -> float:
     >>> [evicted_dirty_bytes(o, writer, 50 << 20) / 2**20 for o in (small, big, reader, stranger)]
     [0.0, 16.0, 0.0, 14.0]
     """
-    written = 0.0 if before.kind is OpKind.GEMM else float(before.bytes_written)
+    written = 0.0 if writes_through(before) else float(before.bytes_written)
     moved = float(op.bytes_read + op.bytes_written)
     if written <= 0 or moved <= 0:
         return 0.0
@@ -1136,4 +1141,5 @@ __all__ = [
     "unaligned_gemm",
     "unaligned_rows",
     "writeback_curves",
+    "writes_through",
 ]

@@ -68,7 +68,7 @@ def _profile(hw_name: str = "h100", *, with_points: bool = True) -> tuple[Device
     return profile, ProfileModel(profile)
 
 
-def _memory_cost(op: OpBase) -> Cost:
+def _memory_cost() -> Cost:
     return Cost(seconds=30e-6, bound=Bound.MEMORY, memory_s=25e-6, compute_s=1e-6)
 
 
@@ -124,11 +124,11 @@ def test_memory_bound_ops_pay_the_curve_at_the_bytes_they_evict() -> None:
     hw = load_hardware("h100")
     assert isinstance(model, WritebackModel)
     writer, reader = _add(32, (1, 2), 3), _add(64, (4, 5), 6)
-    cost = model.after_write(reader, _memory_cost(reader), writer, hw)
+    cost = model.after_write(reader, _memory_cost(), writer, hw)
     assert math.isclose(cost.seconds, 30e-6 + 8e-6)
     assert "+8 us write-back of 32 MiB the op before left dirty in L2 (the elementwise writeback points)" in cost.detail
     # 16 MiB dirty, all evicted: a third of the way from the 8 MiB point (2 us) to the 32 MiB one (8 us).
-    half = model.after_write(reader, _memory_cost(reader), _add(16, (1, 2), 3), hw)
+    half = model.after_write(reader, _memory_cost(), _add(16, (1, 2), 3), hw)
     assert math.isclose(half.seconds, 30e-6 + 4e-6)
 
 
@@ -139,7 +139,7 @@ def test_compute_bound_ops_small_writes_and_the_option_off_pay_nothing() -> None
     compute = Cost(seconds=90e-6, bound=Bound.COMPUTE, memory_s=10e-6, compute_s=70e-6)
     gemm = Gemm(id=1, m=2048, n=4096, k=4096)
     assert model.after_write(gemm, compute, writer, hw) is compute
-    small = _memory_cost(reader)
+    small = _memory_cost()
     assert model.after_write(reader, small, _add(0.5, (1, 2), 3), hw).seconds < small.seconds + 0.2e-6
     off = ProfileModel(_profile()[0], writeback="false")
     assert off.after_write(reader, small, writer, hw) is small
@@ -152,14 +152,14 @@ def test_a_kind_without_points_takes_the_other_memory_bound_kinds_and_no_points_
     from opgraph.ir import Memory
 
     copy = Memory(id=1, fn="copy", numel=copy_out.numel, inputs=(_tensor(64, 4),), outputs=(copy_out,))
-    cost = model.after_write(copy, _memory_cost(copy), _add(32, (1, 2), 3), hw)
+    cost = model.after_write(copy, _memory_cost(), _add(32, (1, 2), 3), hw)
     assert "(the other kinds' writeback points)" in cost.detail and math.isclose(cost.seconds, 38e-6)
     _, bare = _profile(with_points=False)
     with pytest.warns(ProfileWritebackWarning, match="has no writeback points: no op is charged"):
-        assert bare.after_write(copy, _memory_cost(copy), _add(32, (1, 2), 3), hw).seconds == 30e-6
+        assert bare.after_write(copy, _memory_cost(), _add(32, (1, 2), 3), hw).seconds == 30e-6
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per model
-        assert bare.after_write(copy, _memory_cost(copy), _add(32, (1, 2), 3), hw).seconds == 30e-6
+        assert bare.after_write(copy, _memory_cost(), _add(32, (1, 2), 3), hw).seconds == 30e-6
 
 
 def test_cost_graph_charges_each_op_for_the_op_before_it_in_graph_order() -> None:
