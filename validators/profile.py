@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hardware.models.profile import WRITEBACK_TAG
+from hardware.models.profile import WRITEBACK_MAX_BYTES, WRITEBACK_TAG
 from hardware.profile import (
     DeviceProfile,
     ProfileDevice,
@@ -702,7 +702,7 @@ def _gpu_sweep() -> list[SweepPoint]:
     return pts + _writeback_sweep()
 
 
-WRITEBACK_MIB = (0, 4, 8, 16, 32, 64)
+WRITEBACK_MIB = (0, 4, 8, 16, 32, WRITEBACK_MAX_BYTES >> 20)
 """Dirty L2 (MiB) the ``writeback`` points are measured after: a write of that many bytes after the
 flush, as the op before leaves its output in L2 (the flush itself reads, so a point at 0 pays no
 write-back). What an op pays for its predecessor's write-back grows with the dirty bytes and stops

@@ -684,7 +684,7 @@ def evicted_dirty_bytes(op: OpBase, before: OpBase, l2_bytes: float) -> float:
 
 
 WRITEBACK_MAX_BYTES = 64 << 20
-"""The most dirty bytes the sweep's ``writeback`` points ask for (``validators.profile.WRITEBACK_MIB``)."""
+"""The most dirty bytes the sweep's ``writeback`` points ask for (the last of ``validators.profile.WRITEBACK_MIB``)."""
 WRITEBACK_TAG = "writeback"
 """The tag of the sweep's points measured after a write of their ``dirty_bytes`` (:class:`WritebackCurve`)."""
 
