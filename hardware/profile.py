@@ -14,7 +14,7 @@ beside the spec, not in it, so a spec's fields (and the files that carry one) st
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -76,7 +76,11 @@ class ProfilePoint(FrozenModel):
     samples: Annotated[int, Field(ge=1)] = 1
     """Timed samples behind the median."""
     host_s: NonNegFloat | None = None
-    """Median host time to issue one call (eager PyTorch), when measured."""
+    """Median host time to issue one call (eager PyTorch), when measured, as the host ran then
+    (:meth:`DeviceProfile.issue_s` scales it to the host at its fastest)."""
+    host_ref_s: NonNegFloat | None = None
+    """The issue time of a reference call (a one-element in-place add) timed in the same bursts as
+    ``host_s``: the host's speed at that moment (a shared host's drifts by half within seconds)."""
     sm_clock_mhz: NonNegFloat | None = None
     """Median SM clock while the point was timed."""
     tag: str = ""
@@ -87,6 +91,18 @@ class ProfilePoint(FrozenModel):
     dirty_bytes: NonNegInt = 0
     """Bytes written (left dirty in L2) after the flush before each timed call, as the op before an op
     leaves its output in a model: the ``writeback`` points measure what an op pays to write them back."""
+
+
+HOST_REF_QUANTILE = 0.1
+"""Which quantile of a sweep's reference issue times is the host at its fastest (its quiet state:
+the GPU machines measured alternate between two speeds within seconds)."""
+
+
+def fastest_ref(points: Iterable[ProfilePoint]) -> float | None:
+    """The :data:`HOST_REF_QUANTILE` quantile of the points' reference issue times (seconds), ``None``
+    when none holds one."""
+    refs = sorted(p.host_ref_s for p in points if p.host_ref_s)
+    return refs[int(HOST_REF_QUANTILE * (len(refs) - 1))] if refs else None
 
 
 class DeviceProfile(FrozenModel):
@@ -103,7 +119,12 @@ class DeviceProfile(FrozenModel):
     launch_us: NonNegFloat | None = None
     """Device time of an empty-ish kernel: the floor of every op's time."""
     aten_issue_us: NonNegFloat | None = None
-    """Host time to issue one aten call (eager PyTorch), for ops whose kind the profile lacks."""
+    """Host time to issue one aten call (eager PyTorch), for ops whose kind the profile lacks (scaled
+    to ``host_ref_us`` where the points hold their reference)."""
+    host_ref_us: NonNegFloat | None = None
+    """The reference call's issue time at the host's fastest (the :data:`HOST_REF_QUANTILE` quantile of
+    the points' ``host_ref_s``), to which :meth:`issue_s` scales every point's host time; ``None`` in a
+    profile measured before the sweep timed the reference (its host times are taken as measured)."""
     points: tuple[ProfilePoint, ...] = ()
     """Measured configs."""
     planned: Annotated[int, Field(ge=0)] = 0
@@ -112,6 +133,14 @@ class DeviceProfile(FrozenModel):
     """The sweep measured every planned point."""
     notes: tuple[str, ...] = ()
     """Remarks (budget stop, failed points)."""
+
+    def issue_s(self, point: ProfilePoint) -> float | None:
+        """``point``'s host time to issue one call, scaled from the host's speed when it was measured to
+        its fastest (``host_ref_us / host_ref_s``), so that a sweep of a host that slowed down for a
+        while gives the host times a sweep of the same host at its fastest gives."""
+        if point.host_s is None or self.host_ref_us is None or not point.host_ref_s:
+            return point.host_s
+        return point.host_s * self.host_ref_us * 1e-6 / point.host_ref_s
 
     def save(self, path: str | Path) -> Path:
         """Write the profile as JSON, atomically."""

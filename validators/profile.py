@@ -44,6 +44,7 @@ from hardware.profile import (
     DeviceProfile,
     ProfileDevice,
     ProfilePoint,
+    fastest_ref,
     parts_path,
     read_parts,
 )
@@ -988,6 +989,7 @@ def _point(sp: SweepPoint, r: ReplayResult) -> ProfilePoint | None:
         spread_s=t.iqr_us * 1e-6,
         samples=t.samples,
         host_s=t.host_us * 1e-6 if t.host_us is not None else None,
+        host_ref_s=t.host_ref_us * 1e-6 if t.host_ref_us is not None else None,
         sm_clock_mhz=t.sm_clock_mhz,
         tag=sp.tag,
         dirty_bytes=t.dirty_l2_bytes or 0,
@@ -1215,7 +1217,8 @@ def finish_profile(
         notes.append(f"{failed} point(s) failed (see the parts file)")
     if bad_lines:
         notes.append(f"{bad_lines} unreadable line(s) of the parts file skipped (a cut last line after a kill)")
-    host = [p.host_s for p in launch if p.host_s is not None]
+    profile = DeviceProfile(host_ref_us=ref * 1e6 if (ref := fastest_ref(ordered)) else None)
+    host = [h for p in launch if (h := profile.issue_s(p)) is not None]
     return DeviceProfile(
         device=device.model_copy(update={"sm_clock_mhz": statistics.median(clocks) if clocks else None}),
         timing={
@@ -1230,6 +1233,7 @@ def finish_profile(
         },
         launch_us=min(p.seconds for p in launch) * 1e6 if launch else None,
         aten_issue_us=statistics.median(host) * 1e6 if host else None,
+        host_ref_us=profile.host_ref_us,
         points=tuple(ordered),
         planned=len(plan),
         complete=all(p.key in done for p in plan),
@@ -1250,14 +1254,12 @@ def profile_from_replays(results: Iterable[ReplayResult], *, hardware: str = "",
         device = device or r.device_name
         points[r.key] = ProfilePoint(
             key=r.key, op=r.op, seconds=t.median_us * 1e-6, spread_s=t.iqr_us * 1e-6, samples=t.samples,
-            host_s=t.host_us * 1e-6 if t.host_us is not None else None, sm_clock_mhz=t.sm_clock_mhz,
+            host_s=t.host_us * 1e-6 if t.host_us is not None else None,
+            host_ref_s=t.host_ref_us * 1e-6 if t.host_ref_us is not None else None, sm_clock_mhz=t.sm_clock_mhz,
         )  # fmt: skip
     info = ProfileDevice(name=name or device, hardware=hardware or guess_hardware(name or device))
+    ref = fastest_ref(points.values())
     return DeviceProfile(
-        device=info, points=tuple(points.values()), planned=len(points), notes=("from replay results",)
-    )
-
-
-def estimated_seconds(points: list[SweepPoint], per_point_s: float = 0.35) -> float:
-    """A rough wall time of a sweep on a GPU (profiler sessions dominate small points)."""
-    return math.ceil(len(points) * per_point_s)
+        device=info, points=tuple(points.values()), planned=len(points), notes=("from replay results",),
+        host_ref_us=ref * 1e6 if ref else None,
+    )  # fmt: skip

@@ -103,6 +103,9 @@ class TimingStats(FrozenModel):
     host_burst_us: NonNegFloat | None = None
     """The issue time in a burst of calls of this op alone (hot CPU caches), when ``host_us`` was
     timed in sequence instead."""
+    host_ref_us: NonNegFloat | None = None
+    """The issue time of a reference call (a one-element in-place add), timed in the same bursts as
+    the op's: the host's speed when the op's issue time was measured."""
     converged: bool = True
     """The median's confidence interval reached the target before the sample or time cap."""
 

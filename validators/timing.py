@@ -380,19 +380,24 @@ class CudaTimer:
             torch.cuda.synchronize(self.device)
         self._warmed = True
 
-    def _issue_us(self, fn: Callable[[], Any], torch: Any, bursts: int = 7, calls: int = 4) -> float:
+    def _issue_us(self, fn: Callable[[], Any], torch: Any, bursts: int = 7, calls: int = 4) -> tuple[float, float]:
         """Host time to issue one call, as in a model run: a few calls after the device has caught
-        up, so no launch waits for room in the queue (median over bursts)."""
+        up, so no launch waits for room in the queue (median over bursts); and, in the same bursts, the
+        issue time of a reference call, a one-element in-place add: the host's speed at that moment (a
+        shared host's drifts within seconds; ``ProfilePoint.host_ref_s``)."""
         clock = time.perf_counter_ns
+        x = torch.zeros(1, device=self.device)
         xs: list[float] = []
+        refs: list[float] = []
         for _ in range(bursts):
-            torch.cuda.synchronize(self.device)
-            for _ in range(calls):
-                t0 = clock()
-                fn()
-                xs.append((clock() - t0) / 1e3)
+            for call, out in ((fn, xs), (lambda: x.add_(1), refs)):
+                torch.cuda.synchronize(self.device)
+                for _ in range(calls):
+                    t0 = clock()
+                    call()
+                    out.append((clock() - t0) / 1e3)
         torch.cuda.synchronize(self.device)
-        return statistics.median(xs)
+        return statistics.median(xs), statistics.median(refs)
 
     def _time(
         self,
@@ -419,12 +424,15 @@ class CudaTimer:
         w1.record()
         torch.cuda.synchronize()
         rough_us = w0.elapsed_time(w1) * 1e3 / warm
-        host_us = self._issue_us(fn, torch)
+        host_us, host_ref_us = self._issue_us(fn, torch)
         reps = 1
         if not cfg.cold_l2 and rough_us < cfg.min_sample_us:
             reps = min(64, max(1, math.ceil(cfg.min_sample_us / max(rough_us, 0.5))))
         if cfg.timer == "kernels":
-            return self._time_kernels(fn, cfg, torch, prepare, warm=warm, host_us=host_us, rough_us=rough_us, busy=busy)
+            return self._time_kernels(
+                fn, cfg, torch, prepare, warm=warm, host_us=host_us, host_ref_us=host_ref_us, rough_us=rough_us,
+                busy=busy,
+            )  # fmt: skip
         lead_cycles = 0
         if self._sleep is not None:
             lead_us = min(20_000.0, 1.5 * host_us * reps + 20.0)
@@ -452,7 +460,7 @@ class CudaTimer:
         timer = "cuda_events" + ("" if lead_cycles else "_no_lead")
         return summarize(
             xs, calls_per_sample=reps, warmup_calls=warm, timer=timer, cold_l2=cfg.cold_l2,
-            host_us=host_us, converged=_converged(xs, cfg),
+            host_us=host_us, host_ref_us=host_ref_us, converged=_converged(xs, cfg),
         )  # fmt: skip
 
     def _time_kernels(
@@ -465,6 +473,7 @@ class CudaTimer:
         warm: int,
         host_us: float,
         rough_us: float,
+        host_ref_us: float | None = None,
         busy: BusyWindows | None = None,
     ) -> TimingStats:
         """Sum of the op's kernel durations per call, from CUPTI via torch.profiler (one sample a session).
@@ -508,7 +517,7 @@ class CudaTimer:
                 break
         return summarize(
             xs, calls_per_sample=calls, warmup_calls=warm, timer="cuda_kernels", cold_l2=cfg.cold_l2, host_us=host_us,
-            converged=ci_rel(xs) <= cfg.target_ci, attribution="+".join(sorted(ways)),
+            host_ref_us=host_ref_us, converged=ci_rel(xs) <= cfg.target_ci, attribution="+".join(sorted(ways)),
         )  # fmt: skip
 
     def _prepare_us(self, prepare: Callable[[], None], calls: int, torch: Any) -> float:

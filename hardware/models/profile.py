@@ -38,7 +38,7 @@ is latency-bound). Such costs say "extrapolated" in their detail; beyond
 Outside the sweep no op is predicted below the profile's launch floor (an empty kernel). Kinds
 the profile did not measure go to the datasheet roofline, and say so. The host time to issue an
 op (``Cost.host_s``) is the median measured for its regime, else its kind, else the profile's
-time per aten call.
+time per aten call, each as the host issued it at its fastest (:meth:`DeviceProfile.issue_s`).
 
 The sweep flushes the L2 by reading before each point, so a point never pays for writing back what the
 kernel before it left dirty, as an op in a model does. The profile's ``writeback`` points (one op of each
@@ -739,9 +739,9 @@ class _Index:
             if f is None or roof <= 0 or p.seconds <= 0:
                 self.skipped += 1
                 continue
-            if p.host_s is not None:
-                self.host.setdefault(f.regime, []).append(p.host_s)
-                self.host_family.setdefault(f.family, []).append(p.host_s)
+            if (host := profile.issue_s(p)) is not None:
+                self.host.setdefault(f.regime, []).append(host)
+                self.host_family.setdefault(f.family, []).append(host)
             labels.setdefault(f.shape, f.label())
             axes[f.regime] = f.axis
             name = f"{f.axis}={2**f.size:.4g}" + (f"@{f.label()}" if f.shape else "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,9 @@ def test_cli_profile_cpu(tmp_path: Path) -> None:
     out = tmp_path / "c.profile.json"
     code, text = _cli("profile", "--device", "cpu", "-o", out, "--max-points", "3", "-q", "-H", "h100")
     assert code == 0, text
-    assert "3 points of 3 planned, complete" in " ".join(text.split())
+    flat = " ".join(text.split())
+    assert "3 points of 3 planned, complete" in flat
+    assert re.search(r"this run took \d+ s", flat), flat  # how long the sweep measured, for its budget
     assert len(load_profile(out).points) == 3
     code, text = _cli("profile", "--device", "cpu", "-o", out, "--plan")
     assert code == 0 and f"{len(sweep_points('cpu'))} points" in text

@@ -366,3 +366,20 @@ def test_gpu_range_attribution_and_warm_activations() -> None:
         finally:
             rep.close()
     assert medians[(norm.definition, True, True)] <= 1.02 * medians[(norm.definition, True, False)]
+
+
+def test_issue_time_is_timed_beside_a_reference_call_in_the_same_bursts() -> None:
+    """The reference (a one-element add) is issued in each burst the op is: the host's speed then."""
+    order: list[str] = []
+
+    class _Ref:
+        def add_(self, _: int) -> None:
+            order.append("ref")
+
+    fake_torch = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(synchronize=lambda *a: order.append("sync")), zeros=lambda *a, **k: _Ref()
+    )
+    timer = CudaTimer(torch.device("cpu"))
+    host_us, ref_us = timer._issue_us(lambda: order.append("op"), fake_torch, bursts=3, calls=2)
+    assert host_us >= 0 and ref_us >= 0
+    assert order == ["sync", "op", "op", "sync", "ref", "ref"] * 3 + ["sync"]

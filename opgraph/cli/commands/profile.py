@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -107,6 +108,7 @@ def profile(
         prof = profile_from_parts(out, points, timing, hardware=hw_name)
         _summary(out, prof)
         return
+    started = time.monotonic()
     try:
         prof = run_profile(
             out, device, points=points, budget_s=budget_s, resume=resume, hardware=hw_name,
@@ -115,7 +117,7 @@ def profile(
     except KeyboardInterrupt:
         err_console().print(f"interrupted: points measured so far are in {out}.parts.jsonl; rerun with --resume")
         raise
-    _summary(out, prof)
+    _summary(out, prof, seconds=time.monotonic() - started)
 
 
 def plan_sizes(points: list[SweepPoint]) -> list[str]:
@@ -149,12 +151,14 @@ def _print_plan(points: list[SweepPoint]) -> None:
     console.print(f"{len(points)} points")
 
 
-def _summary(out: Path, prof: DeviceProfile) -> None:
+def _summary(out: Path, prof: DeviceProfile, seconds: float | None = None) -> None:
+    """The profile's one-line summary; ``seconds``, when given, is how long this run measured."""
     state = "complete" if prof.complete else "incomplete"
     console.print(
         f"profile: {out} ({len(prof.points)} points of {prof.planned} planned, {state}) on "
         f"{prof.device.name} for {prof.device.hardware or 'no catalog device'}"
         + (f"; launch {prof.launch_us:.3g} us" if prof.launch_us is not None else "")
         + (f", {prof.aten_issue_us:.3g} us host per aten call" if prof.aten_issue_us is not None else "")
+        + (f"; this run took {seconds:.0f} s" if seconds is not None else "")
     )
     print_notes(prof.notes)
