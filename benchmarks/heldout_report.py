@@ -404,9 +404,12 @@ def build_report(
     host_profile: str | None = None,
     host_graphs: Path | None = None,
     routing_graphs: Path | None = None,
+    device_profile: Path | None = None,
 ) -> dict[str, Any]:
     """The held-out table as a dict (see :func:`render_markdown`). ``host_graphs`` and ``routing_graphs``
-    default to :data:`HOST_GRAPHS` and :data:`ROUTING_GRAPHS` beside ``data``, when there are."""
+    default to :data:`HOST_GRAPHS` and :data:`ROUTING_GRAPHS` beside ``data``, when there are.
+    ``device_profile``: the ``profile`` cost model predicts from that file (``opgraph simulate -c FILE``)
+    instead of the device's catalog profile."""
     from hardware import load_hardware
     from opgraph.capture import CaptureError
 
@@ -423,7 +426,8 @@ def build_report(
         skipped: dict[str, str] = {}
         for label in (*BASE_MODELS, *(() if default in BASE_MODELS else (default,))):
             try:
-                models[label] = resolve_model(label, hw)
+                spec = str(device_profile) if device_profile is not None and label == "profile" else label
+                models[label] = resolve_model(spec, hw)
             except Exception as exc:
                 skipped[label] = f"{type(exc).__name__}: {exc}"[:300]
         notes: list[str] = []
@@ -481,6 +485,7 @@ def build_report(
         "measured_on": summary.get("gpu", {}),
         "versions": {k: summary.get(k) for k in ("torch", "cuda", "transformers", "date")},
         "cli_default_cost_model": default,
+        "device_profile": device_profile.name if device_profile is not None else None,
         "cost_models": list(models),
         "host_model": host,
         "measured_host": (
@@ -624,6 +629,13 @@ def render_markdown(report: dict[str, Any]) -> str:
             + (f" Routing: {report['routing']}." if balanced else ""),
             "",
         ]
+    if report.get("device_profile"):
+        host_lines = [
+            f"Device profile: `{report['device_profile']}` (`--device-profile`), not the catalog's: the "
+            "`profile` columns predict from it.",
+            "",
+            *host_lines,
+        ]
     if within:
         lines[-2:-2] = [
             *host_lines,
@@ -681,6 +693,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--host-profile", help="host profile (.host.json) instead of the one the device's catalog names")
     ap.add_argument(
+        "--device-profile",
+        type=Path,
+        help="device profile (.profile.json) the profile model predicts from, instead of the catalog's",
+    )
+    ap.add_argument(
         "--routing-graphs",
         type=Path,
         help=f"MoE cases captured on the CPU with the measured weights (default: {ROUTING_GRAPHS} beside DATA)",
@@ -699,8 +716,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         report = build_report(
-            args.data, args.hardware, args.host_timing, args.host_profile, args.host_graphs, args.routing_graphs
-        )
+            args.data, args.hardware, args.host_timing, args.host_profile, args.host_graphs, args.routing_graphs,
+            args.device_profile,
+        )  # fmt: skip
     except ReportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
