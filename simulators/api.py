@@ -3,6 +3,7 @@ given durations, and :func:`sweep_engines` over compute-engine counts."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import lru_cache
@@ -172,7 +173,7 @@ def _add_framework_time(
         # profile's footing (:func:`issue_scale`).
         per_op_us = profile.issue_us
         measured = problem.host_us or [None] * len(host_us)
-        scale, note = issue_scale(profile, hardware_name if shipped else "")
+        scale, note = issue_scale(profile, hardware_name if shipped else "", problem.issue_basis)
         if note and any(m is not None for m in measured):
             notes.append(note)
         host_us = [
@@ -238,29 +239,35 @@ def _waits_before(graph: OpGraph) -> tuple[int, ...]:
     return tuple(ops[i - 1].id for i in range(1, len(ops)) if ops[i].id in marked)
 
 
-def issue_scale(host: HostProfile, hardware_name: str) -> tuple[float, str]:
-    """The factor that puts the per-op issue times of ``hardware_name``'s shipped device profile on the
-    host profile's footing, and a note saying so (``(1.0, "")`` when none is needed).
+def issue_scale(host: HostProfile, hardware_name: str, basis: tuple[float, str] | None = None) -> tuple[float, str]:
+    """The factor that puts a device profile's per-op issue times on the host profile's footing, and a
+    note saying so (``(1.0, "")`` when none is needed).
 
     Both profiles measure the host's issue time per aten call (``aten_issue_us`` in the device profile's
     sweep, :attr:`HostProfile.issue_us`); a host profile's in-context terms were fitted with the issue
-    times of the device profile it names (:attr:`HostProfile.issue_source`). Another device's sweep may
-    have met the same CPU model at another speed (a shared machine's host drifts): its per-op times are
-    scaled by the ratio of the two calibrations, so they describe the host the host profile describes."""
+    times of the device profile it names (:attr:`HostProfile.issue_source`). Another sweep may have met
+    the same CPU model at another speed (a shared machine's host drifts): its per-op times are scaled by
+    the ratio of the two calibrations, so they describe the host the host profile describes. ``basis``:
+    the issue time per aten call of the profile that priced the ops, and its file name (the cost model's,
+    :attr:`SchedulingProblem.issue_basis`); without it, ``hardware_name``'s shipped device profile."""
     from hardware.profile import hardware_profile
 
-    try:
-        path = hardware_profile(hardware_name) if hardware_name else None
-    except OpgraphError:  # a device not in the catalog
+    if host.issue_us is None:
         return 1.0, ""
-    if path is None or host.issue_us is None or host.issue_source.endswith(path.name):
-        return 1.0, ""
-    device_us = _aten_issue_us(str(path), _mtime(path))
-    if not device_us:
+    if basis is None:
+        try:
+            path = hardware_profile(hardware_name) if hardware_name else None
+        except OpgraphError:  # a device not in the catalog
+            return 1.0, ""
+        if path is None or host.issue_source.endswith(path.name):
+            return 1.0, ""
+        basis = (_aten_issue_us(str(path), _mtime(path)) or 0.0, path.name)
+    device_us, name = basis
+    if not device_us or math.isclose(device_us, host.issue_us, rel_tol=1e-9):
         return 1.0, ""
     scale = host.issue_us / device_us
     note = (
-        f"host: per-op issue times of {path.name} (its sweep met the host at {device_us:.2f} us per aten call) "
+        f"host: per-op issue times of {name} (its sweep met the host at {device_us:.2f} us per aten call) "
         f"x{scale:.3f}, to the host profile's {host.issue_us:.2f} us ({host.issue_source})"
     )
     return scale, note
@@ -310,6 +317,10 @@ def cost_problem(graph: OpGraph, cost_model: CostModel, hardware: HardwareSpec) 
     with paused_gc():
         costs = cost_graph(graph, cost_model, hardware, fallback=AlphaBetaCollectiveModel())
         problem = SchedulingProblem.from_costs(graph, costs.costs, costs.uncosted, hardware=hardware)
+    basis = getattr(cost_model, "aten_issue_us", None)  # a measured profile's footing (ProfileModel)
+    if callable(basis):
+        us, where = basis(hardware)
+        problem.issue_basis = (us, where) if us else None
     return problem, type(cost_model).__name__, costs.unique_configs
 
 

@@ -53,6 +53,9 @@ class SchedulingProblem:
     """Kind of each op."""
     host_us: list[float | None] = field(default_factory=list)
     """Host time to issue each op as the cost model measured it (a calibrated table), else ``None``."""
+    issue_basis: tuple[float, str] | None = None
+    """The host's issue time per aten call (us) when the cost model measured ``host_us``, and where that
+    is written (a device profile's ``aten_issue_us`` and its file name); ``None`` when unknown."""
     framework_us: list[float] = field(default_factory=list)
     """Host time the framework spends before each op, as measured at capture (``op.host_gap_us``), else 0."""
     compute_us: list[float] = field(default_factory=list)

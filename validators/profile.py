@@ -978,20 +978,21 @@ def provenance(rep: Replayer, hardware: str = "") -> ProfileDevice:
 # -- running --------------------------------------------------------------------------------------------
 
 
-def _point(sp: SweepPoint, r: ReplayResult) -> ProfilePoint | None:
+def _point(key: str, op: OpBase, r: ReplayResult, tag: str = "") -> ProfilePoint | None:
+    """The profile point of replay result ``r`` of ``op`` (``None`` unless it timed ok)."""
     t = r.timing
     if r.status is not ReplayStatus.OK or t is None:
         return None
     return ProfilePoint(
-        key=sp.key,
-        op=sp.op,
+        key=key,
+        op=op,
         seconds=t.median_us * 1e-6,
         spread_s=t.iqr_us * 1e-6,
         samples=t.samples,
         host_s=t.host_us * 1e-6 if t.host_us is not None else None,
         host_ref_s=t.host_ref_us * 1e-6 if t.host_ref_us is not None else None,
         sm_clock_mhz=t.sm_clock_mhz,
-        tag=sp.tag,
+        tag=tag,
         dirty_bytes=t.dirty_l2_bytes or 0,
     )
 
@@ -1113,7 +1114,7 @@ def run_profile(
                     lost = exc
                     return False
                 durations.append(time.monotonic() - t0)
-                point = _point(sp, result)
+                point = _point(sp.key, sp.op, result, sp.tag)
                 if point is not None:
                     done_points[key] = point
                     _append(parts, {"key": key, "point": point.model_dump(mode="json")})
@@ -1217,9 +1218,8 @@ def finish_profile(
         notes.append(f"{failed} point(s) failed (see the parts file)")
     if bad_lines:
         notes.append(f"{bad_lines} unreadable line(s) of the parts file skipped (a cut last line after a kill)")
-    profile = DeviceProfile(host_ref_us=ref * 1e6 if (ref := fastest_ref(ordered)) else None)
-    host = [h for p in launch if (h := profile.issue_s(p)) is not None]
-    return DeviceProfile(
+    ref = fastest_ref(ordered)
+    profile = DeviceProfile(
         device=device.model_copy(update={"sm_clock_mhz": statistics.median(clocks) if clocks else None}),
         timing={
             "timer": timing.timer,
@@ -1232,13 +1232,14 @@ def finish_profile(
             "passes": passes,
         },
         launch_us=min(p.seconds for p in launch) * 1e6 if launch else None,
-        aten_issue_us=statistics.median(host) * 1e6 if host else None,
-        host_ref_us=profile.host_ref_us,
+        host_ref_us=ref * 1e6 if ref else None,
         points=tuple(ordered),
         planned=len(plan),
         complete=all(p.key in done for p in plan),
         notes=tuple(notes),
     )
+    host = [h for p in launch if (h := profile.issue_s(p)) is not None]
+    return profile.model_copy(update={"aten_issue_us": statistics.median(host) * 1e6 if host else None})
 
 
 def profile_from_replays(results: Iterable[ReplayResult], *, hardware: str = "", name: str = "") -> DeviceProfile:
@@ -1248,15 +1249,10 @@ def profile_from_replays(results: Iterable[ReplayResult], *, hardware: str = "",
     points: dict[str, ProfilePoint] = {}
     device = ""
     for r in results:
-        t = r.timing
-        if r.status is not ReplayStatus.OK or t is None or r.key in points:
-            continue
-        device = device or r.device_name
-        points[r.key] = ProfilePoint(
-            key=r.key, op=r.op, seconds=t.median_us * 1e-6, spread_s=t.iqr_us * 1e-6, samples=t.samples,
-            host_s=t.host_us * 1e-6 if t.host_us is not None else None,
-            host_ref_s=t.host_ref_us * 1e-6 if t.host_ref_us is not None else None, sm_clock_mhz=t.sm_clock_mhz,
-        )  # fmt: skip
+        point = _point(r.key, r.op, r) if r.key not in points else None
+        if point is not None:
+            device = device or r.device_name
+            points[r.key] = point
     info = ProfileDevice(name=name or device, hardware=hardware or guess_hardware(name or device))
     ref = fastest_ref(points.values())
     return DeviceProfile(

@@ -310,3 +310,33 @@ def test_simulate_on_h200_says_how_its_issue_times_were_scaled(tmp_path: Path) -
     res = CliRunner().invoke(app, ["simulate", str(graph), "-H", "h100"])
     assert res.exit_code == 0, res.output
     assert "per-op issue times of" not in res.stdout
+
+
+def test_a_users_own_device_profile_is_put_on_the_host_profiles_footing_by_its_own_calibration(tmp_path: Path) -> None:
+    """`-c my.profile.json -H h100`: the ops' issue times are the user's sweep's, so the scale is its
+    calibration's (here a sweep that met the host twice as slow), not the shipped profile's."""
+    import json
+
+    from hardware import load_profile
+    from hardware.profile import hardware_profile
+
+    shipped = hardware_profile("h100-sxm")
+    assert shipped is not None
+    data = json.loads(shipped.read_text())
+    data["aten_issue_us"] *= 2
+    for p in data["points"]:
+        if p.get("host_s"):
+            p["host_s"] *= 2
+    mine = tmp_path / "mine.profile.json"
+    mine.write_text(json.dumps(data))
+    assert load_profile(mine).aten_issue_us == pytest.approx(2 * load_profile(shipped).aten_issue_us)
+    graph = save_graph(toy_graph(2, timed=False), tmp_path / "g.json")
+    walls = {}
+    for name, spec in (("shipped", "profile"), ("mine", str(mine))):
+        out = tmp_path / f"{name}.json"
+        res = CliRunner().invoke(app, ["simulate", str(graph), "-H", "h100", "-c", spec, "-e", "1", "-o", str(out)])
+        assert res.exit_code == 0, res.output
+        flat = "".join(res.stdout.split())
+        assert ("per-opissuetimesofmine.profile.json" in flat and "x0.500" in flat) == (name == "mine"), res.stdout
+        walls[name] = json.loads(out.read_text())["wall_us"]
+    assert walls["mine"] == pytest.approx(walls["shipped"], rel=1e-6)
