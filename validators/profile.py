@@ -1182,6 +1182,10 @@ def _catalog_spec(hardware: str) -> HardwareSpec | None:
         return None
 
 
+HOST_DRIFT = 1.2
+"""A sweep whose median reference issue time is this many times its fastest says so in its notes."""
+
+
 def finish_profile(
     plan: list[SweepPoint],
     points: dict[str, ProfilePoint],
@@ -1219,6 +1223,12 @@ def finish_profile(
     if bad_lines:
         notes.append(f"{bad_lines} unreadable line(s) of the parts file skipped (a cut last line after a kill)")
     ref = fastest_ref(ordered)
+    refs = [p.host_ref_s for p in ordered if p.host_ref_s]
+    if ref and statistics.median(refs) > HOST_DRIFT * ref:
+        notes.append(
+            f"the host ran slower than its fastest for much of the sweep (a reference call took {ref * 1e6:.3g} us at"
+            f" its fastest, {statistics.median(refs) * 1e6:.3g} at the median): host times are scaled to its fastest"
+        )
     profile = DeviceProfile(
         device=device.model_copy(update={"sm_clock_mhz": statistics.median(clocks) if clocks else None}),
         timing={

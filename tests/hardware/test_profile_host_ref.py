@@ -69,6 +69,11 @@ def test_finish_profile_takes_the_fastest_reference_and_scales_the_aten_issue_ti
     prof = finish_profile(sps, pts, set(pts), ProfileDevice(name="x"), sweep_timing("cpu"))
     assert prof.host_ref_us == pytest.approx(FAST_REF * 1e6)
     assert prof.aten_issue_us == pytest.approx(15.0 * FAST_REF / SLOW_REF)  # 9.75 us, not the slow 15
+    assert not any("host ran slower" in n for n in prof.notes)  # 3 of 4 points fast: no drift to tell
+    # One point of four met the host fast: the median reference is the slow one, and the notes say so.
+    drifting = {k: p if k == sps[1].key else p.model_copy(update={"host_ref_s": SLOW_REF}) for k, p in pts.items()}
+    drifted = finish_profile(sps, drifting, set(pts), ProfileDevice(name="x"), sweep_timing("cpu"))
+    assert any("host ran slower than its fastest" in n and "6.5 us" in n for n in drifted.notes), drifted.notes
     old = finish_profile(
         sps, {k: p.model_copy(update={"host_ref_s": None}) for k, p in pts.items()}, set(pts),
         ProfileDevice(name="x"), sweep_timing("cpu"),
