@@ -31,7 +31,7 @@ import platform
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -871,6 +871,51 @@ def fold_passes(points: dict[str, ProfilePoint]) -> dict[str, ProfilePoint]:
             }
         )
     return out
+
+
+def pool_profiles(profiles: Sequence[DeviceProfile]) -> DeviceProfile:
+    """Sweeps of one device model (other machines, other hours) pooled into one profile: each point's time
+    is the median of every time the sweeps measured for it (a compute-bound point's passes from each, the
+    power state sampled more often; one time per sweep for the others), ``passes`` all of them. The first
+    profile gives the points' ops, tags and host times, the launch floor, the issue time per aten call and
+    the provenance (the host is not pooled: its speed differs from machine to machine, and the host profile
+    is fitted on one sweep's times); points only later ones hold are added as measured. Profiles of other
+    devices than the first's are refused."""
+    if not profiles:
+        raise ProfileError("no profiles to pool", where="--pool", hint="give two or more profiles of one device")
+    first = profiles[0]
+    for other in profiles[1:]:
+        if other.device.hardware != first.device.hardware:
+            raise ProfileError(
+                f"a profile of {other.device.hardware or other.device.name!r} among profiles of "
+                f"{first.device.hardware or first.device.name!r}",
+                where="--pool",
+                hint="pool sweeps of one device",
+            )
+    times: dict[str, list[float]] = {}
+    points: dict[str, ProfilePoint] = {}
+    for prof in profiles:
+        for p in prof.points:
+            # The op's key as the sweep keys it now (a profile's stored key predates renames since), its tag's
+            # suffix kept (``launch``, ``writeback32``).
+            key = config_key(p.op) + ("-" + p.key.partition("-")[2] if p.tag else "")
+            points.setdefault(key, p.model_copy(update={"key": key}))
+            times.setdefault(key, []).extend(p.passes or (p.seconds,))
+    pooled = tuple(
+        p.model_copy(update={"seconds": statistics.median(times[k]), "passes": tuple(times[k])})
+        if len(times[k]) > 1
+        else p
+        for k, p in points.items()
+    )
+    dates = ", ".join(f"{p.device.name} {p.device.date}" for p in profiles)
+    return first.model_copy(
+        update={
+            "points": pooled,
+            "planned": max(p.planned for p in profiles),
+            "complete": any(p.complete for p in profiles),
+            "notes": (*first.notes, f"pooled from {len(profiles)} sweeps: {dates}"),
+        }
+    )
 
 
 # -- timing and provenance ------------------------------------------------------------------------------

@@ -1,7 +1,11 @@
-"""Host times of a sweep on a host whose speed drifts: scaled to the host at its fastest by the
-reference call timed beside each point (``ProfilePoint.host_ref_s``, ``DeviceProfile.issue_s``)."""
+"""Sweeps on other machines and hours: host times of a host whose speed drifts, scaled to the host at its
+fastest by the reference call timed beside each point (``ProfilePoint.host_ref_s``,
+``DeviceProfile.issue_s``); and sweeps of one device pooled (``validators.profile.pool_profiles``,
+``opgraph profile --pool``)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -99,3 +103,58 @@ def test_the_profile_model_prices_host_time_as_the_fast_host_whatever_the_sweep_
     assert costs["quiet"] == pytest.approx([30e-6, 50e-6])
     unscaled = ProfileModel(synthetic_profile(hw, [p.model_copy(update={"host_ref_s": None}) for p in drifting]))
     assert unscaled.estimate(norm, hw).host_s > 55e-6  # the slow points' medians: what the reference removes
+
+
+def _passes_point(key: str, op: Norm, times: tuple[float, ...], host_s: float) -> ProfilePoint:
+    return ProfilePoint(key=key, op=op, seconds=sorted(times)[len(times) // 2], passes=times, host_s=host_s)
+
+
+def test_pooled_sweeps_take_every_measured_time_and_the_first_sweeps_host() -> None:
+    from validators.configs import config_key
+    from validators.profile import pool_profiles
+
+    device = ProfileDevice(name="GPU", hardware="h100-sxm")
+    a_op, b_op = Norm(id=0, rows=8, hidden=4096), Norm(id=0, rows=64, hidden=4096)
+    first = DeviceProfile(
+        device=device,
+        aten_issue_us=10.0,
+        points=(
+            _passes_point(config_key(a_op), a_op, (1e-5, 1.2e-5, 1.1e-5), 20e-6),
+            # A key stored before a rename: the op decides which point it is.
+            ProfilePoint(key="stale-key-of-b", op=b_op, seconds=3e-5, host_s=25e-6),
+        ),
+    )
+    second = DeviceProfile(
+        device=device.model_copy(update={"date": "later"}),
+        aten_issue_us=14.0,
+        points=(
+            _passes_point(config_key(a_op), a_op, (0.9e-5, 1.3e-5, 1.0e-5), 30e-6),
+            ProfilePoint(key=config_key(b_op), op=b_op, seconds=3.2e-5, host_s=35e-6),
+        ),
+    )
+    pooled = pool_profiles([first, second])
+    by_op = {p.op.rows: p for p in pooled.points}  # type: ignore[union-attr]
+    assert len(pooled.points) == 2
+    assert by_op[8].passes == (1e-5, 1.2e-5, 1.1e-5, 0.9e-5, 1.3e-5, 1.0e-5)
+    assert by_op[8].seconds == pytest.approx(1.05e-5)  # the median of all six
+    assert by_op[64].key == config_key(b_op) and by_op[64].seconds == pytest.approx(3.1e-5)
+    assert [p.host_s for p in pooled.points] == [20e-6, 25e-6] and pooled.aten_issue_us == 10.0
+    assert "pooled from 2 sweeps" in pooled.notes[-1]
+
+
+def test_cli_pools_profiles_and_refuses_another_devices(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from hardware import load_profile
+    from opgraph.cli.app import app
+
+    hw = load_hardware("h100")
+    a = synthetic_profile(hw, hardware="h100-sxm").save(tmp_path / "a.profile.json")
+    b = synthetic_profile(hw, hardware="h100-sxm").save(tmp_path / "b.profile.json")
+    other = synthetic_profile(hw, hardware="h200").save(tmp_path / "c.profile.json")
+    out = tmp_path / "pooled.profile.json"
+    r = CliRunner().invoke(app, ["profile", "--pool", str(a), "--pool", str(b), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert all(len(p.passes) == 2 for p in load_profile(out).points)
+    r = CliRunner().invoke(app, ["profile", "--pool", str(a), "--pool", str(other), "-o", str(out)])
+    assert r.exit_code == 2 and "among profiles of" in r.output and "Traceback" not in r.output

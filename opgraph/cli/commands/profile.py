@@ -43,6 +43,12 @@ def profile(
     from_parts: bool = typer.Option(
         False, "--from-parts", help="Measure nothing: rewrite OUT from OUT.parts.jsonl (after a killed sweep)."
     ),
+    pool: list[Path] | None = typer.Option(
+        None,
+        "--pool",
+        help="Measure nothing: pool these profiles of one device (sweeps on other machines or hours) into OUT,"
+        " each point's time the median of all measured; repeat the option. Host times are the first's.",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only the summary, no line per point."),
 ) -> None:
     """Measure a device profile: synthetic ops of every kind, in the regimes models reach.
@@ -53,11 +59,19 @@ def profile(
     host time per aten call; each replayed with the replay recipes and timer (cold L2, as a
     model runs). Points stream to OUT.parts.jsonl, most informative first; `--resume` carries on.
 
-    Predict from it with `opgraph simulate -H HW -c OUT`.
+    Predict from it with `opgraph simulate -H HW -c OUT`. `--pool A --pool B -o OUT` pools sweeps of one
+    device: a compute-bound point's time moves with the GPU's power state, and more passes settle it.
     """
     from hardware import load_hardware
     from opgraph.ir import OpgraphError
-    from validators.profile import REPEAT_PASSES, profile_from_parts, run_profile, sweep_points, sweep_timing
+    from validators.profile import (
+        REPEAT_PASSES,
+        pool_profiles,
+        profile_from_parts,
+        run_profile,
+        sweep_points,
+        sweep_timing,
+    )
 
     wanted = parse_kinds(kinds)
     if budget_s is not None and budget_s <= 0:
@@ -70,6 +84,13 @@ def profile(
         raise OpgraphError(f"{passes} passes is out of range", where="--passes", hint="give 1 or more")
     if out is None and not plan:
         raise OpgraphError("missing the profile to write", where="-o/--out", hint="e.g. -o h100.profile.json")
+    if pool and out is not None:
+        from hardware import load_profile
+
+        pooled = pool_profiles([load_profile(p) for p in pool])
+        pooled.save(out)
+        _summary(out, pooled)
+        return
     hw_name = load_hardware(hardware).name if hardware else ""
     device_type = "cuda" if device.startswith("cuda") else device
     points = sweep_points(device_type, kinds=wanted)
