@@ -768,6 +768,36 @@ def test_host_times_scaled_to_the_fast_host_give_every_held_out_wall(name: str, 
                 assert b["predicted"]["profile"]["wall_err"] > a["predicted"]["profile"]["wall_err"] + 0.05, a["case"]
 
 
+def test_pooled_sweeps_meet_the_table_but_miss_the_sustained_state_so_the_shipped_profile_stays(
+    tmp_path: Path,
+) -> None:
+    """The shipped H100 profile pooled with the two fresh sweeps (`opgraph profile --pool`, each point the
+    median of every pass): the held-out table's GPU time within 5% on 12 of 12 (the shipped profile: 11), but
+    the Llama-70B prefill measured in the sustained state, which the shipped profile predicts within 5%, is
+    predicted more than 5% short: why the pooled profile is not shipped (README, "Pooled sweeps")."""
+    from hardware import load_profile
+    from validators.profile import pool_profiles
+
+    if not SUSTAINED_RUNS:
+        pytest.skip("no committed sustained-state runs (gemm-regimes/burst_sustained_*)")
+    fresh = [load_profile(_fresh_profile(name, tmp_path)[0]) for name in ("fresh-1724", "fresh-1743")]
+    shipped = load_profile(REPO / "hardware" / "catalog" / "h100-sxm.profile.json")
+    pooled = pool_profiles([shipped, *fresh]).save(tmp_path / "pooled.profile.json")
+    report = json.loads((RESULTS / "report.json").read_text())
+    skip_unless_captured_with(report["versions"]["transformers"], "the held-out GPU runs and their predictions")
+    recomputed = report_mod.build_report(_held_out_data("h100"), device_profile=pooled)
+    assert recomputed["within_targets"]["profile"]["gpu"] == 12
+    case = "llama70b_prefill_b1_s2048_bf16_l2"
+    predicted = next(r["predicted"]["profile"]["gpu_us"] for r in recomputed["cases"] if r["case"] == case)
+    errors = []
+    for path in SUSTAINED_RUNS:
+        with gzip.open(path, "rt") as f:
+            run = {c["case"]: c for c in json.load(f)["cases"]}
+        if case in run:
+            errors.append(predicted / run[case]["sustained_profiled"]["gpu_us"]["median"] - 1)
+    assert errors and min(errors) < -GPU_TARGET, errors
+
+
 def test_the_h200_cases_are_predicted_from_the_h200_profile() -> None:
     recomputed = reproduced(H200, "H200 held-out runs", hardware="h200")
     assert recomputed["measured_on"]["name"] == "NVIDIA H200" and recomputed["hardware"] == "h200"
