@@ -158,3 +158,5 @@ def test_cli_pools_profiles_and_refuses_another_devices(tmp_path: Path) -> None:
     assert all(len(p.passes) == 2 for p in load_profile(out).points)
     r = CliRunner().invoke(app, ["profile", "--pool", str(a), "--pool", str(other), "-o", str(out)])
     assert r.exit_code == 2 and "among profiles of" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["profile", "--pool", str(a), "--plan"])
+    assert r.exit_code == 2 and "--pool measures nothing" in r.output

@@ -60,7 +60,7 @@ def profile(
     model runs). Points stream to OUT.parts.jsonl, most informative first; `--resume` carries on.
 
     Predict from it with `opgraph simulate -H HW -c OUT`. `--pool A --pool B -o OUT` pools sweeps of one
-    device: a compute-bound point's time moves with the GPU's power state, and more passes settle it.
+    device (each point's time the median of every pass of every sweep).
     """
     from hardware import load_hardware
     from opgraph.ir import OpgraphError
@@ -84,6 +84,10 @@ def profile(
         raise OpgraphError(f"{passes} passes is out of range", where="--passes", hint="give 1 or more")
     if out is None and not plan:
         raise OpgraphError("missing the profile to write", where="-o/--out", hint="e.g. -o h100.profile.json")
+    if pool and (plan or resume or from_parts):
+        raise OpgraphError(
+            "--pool measures nothing", where="--pool", hint="give it without --plan, --resume or --from-parts"
+        )
     if pool and out is not None:
         from hardware import load_profile
 
