@@ -282,6 +282,7 @@ def evaluate_case(
     host_graph: Any = None,
     default: str = "",
     routing_graph: Any = None,
+    catalog_fallback: bool = True,
 ) -> dict[str, Any]:
     """One row: the measured numbers, the per-op attribution and every cost model's errors (with
     ``host_timing``, the graph carries the framework time between ops measured on this machine's CPU,
@@ -290,7 +291,8 @@ def evaluate_case(
     (:data:`MEASURED_HOST`) by the ``default`` cost model on the graph carrying its measured gaps. With
     ``routing_graph`` (the case captured on the CPU with the measured weights: its routing), that graph is
     the one every cost model predicts, and the ``default`` model on the meta graph (balanced routing) is
-    one more column (:data:`BALANCED`)."""
+    one more column (:data:`BALANCED`). ``catalog_fallback``: a ``profile`` prediction that fails is
+    retried with the catalog's committed profile file (a checkout whose catalog does not name it yet)."""
     from opgraph.compare import compare_timelines
     from opgraph.compare.loading import load_any_timeline
 
@@ -341,7 +343,8 @@ def evaluate_case(
         try:
             tl, uncosted, name, host_notes = predict(g_run, hw, model, host_profile)
         except Exception as exc:
-            fallback = _committed_profile(hw) if label == "profile" else None
+            # A profile the caller named (--device-profile) that fails is an error, never the catalog's.
+            fallback = _committed_profile(hw) if label == "profile" and catalog_fallback else None
             if fallback is None:
                 row["predicted"][label] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
                 continue
@@ -447,6 +450,7 @@ def build_report(
                     timed.get(c["case"]),
                     default,
                     routed.get(c["case"]),
+                    device_profile is None,  # catalog_fallback
                 )
             except CaptureError as exc:
                 refused.append(

@@ -173,7 +173,7 @@ def _add_framework_time(
         # profile's footing (:func:`issue_scale`).
         per_op_us = profile.issue_us
         measured = problem.host_us or [None] * len(host_us)
-        scale, note = issue_scale(profile, hardware_name if shipped else "", problem.issue_basis)
+        scale, note = issue_scale(profile, problem.issue_basis)
         if note and any(m is not None for m in measured):
             notes.append(note)
         host_us = [
@@ -239,29 +239,19 @@ def _waits_before(graph: OpGraph) -> tuple[int, ...]:
     return tuple(ops[i - 1].id for i in range(1, len(ops)) if ops[i].id in marked)
 
 
-def issue_scale(host: HostProfile, hardware_name: str, basis: tuple[float, str] | None = None) -> tuple[float, str]:
+def issue_scale(host: HostProfile, basis: tuple[float, str] | None) -> tuple[float, str]:
     """The factor that puts a device profile's per-op issue times on the host profile's footing, and a
     note saying so (``(1.0, "")`` when none is needed).
 
     Both profiles measure the host's issue time per aten call (``aten_issue_us`` in the device profile's
     sweep, :attr:`HostProfile.issue_us`); a host profile's in-context terms were fitted with the issue
-    times of the device profile it names (:attr:`HostProfile.issue_source`). Another sweep may have met
-    the same CPU model at another speed (a shared machine's host drifts): its per-op times are scaled by
-    the ratio of the two calibrations, so they describe the host the host profile describes. ``basis``:
-    the issue time per aten call of the profile that priced the ops, and its file name (the cost model's,
-    :attr:`SchedulingProblem.issue_basis`); without it, ``hardware_name``'s shipped device profile."""
-    from hardware.profile import hardware_profile
-
-    if host.issue_us is None:
+    times of one device profile (:attr:`HostProfile.issue_source`). Another sweep may have met the same
+    CPU model at another speed (a shared machine's host drifts): its per-op times are scaled by the ratio
+    of the two calibrations, so they describe the host the host profile describes. ``basis``: the issue
+    time per aten call of the profile that priced the ops and its file name
+    (:attr:`SchedulingProblem.issue_basis`, from the cost model); ``None`` when unknown."""
+    if host.issue_us is None or basis is None:
         return 1.0, ""
-    if basis is None:
-        try:
-            path = hardware_profile(hardware_name) if hardware_name else None
-        except OpgraphError:  # a device not in the catalog
-            return 1.0, ""
-        if path is None or host.issue_source.endswith(path.name):
-            return 1.0, ""
-        basis = (_aten_issue_us(str(path), _mtime(path)) or 0.0, path.name)
     device_us, name = basis
     if not device_us or math.isclose(device_us, host.issue_us, rel_tol=1e-9):
         return 1.0, ""
@@ -271,13 +261,6 @@ def issue_scale(host: HostProfile, hardware_name: str, basis: tuple[float, str] 
         f"x{scale:.3f}, to the host profile's {host.issue_us:.2f} us ({host.issue_source})"
     )
     return scale, note
-
-
-@lru_cache(maxsize=8)
-def _aten_issue_us(path: str, _mtime_ns: int) -> float | None:
-    from hardware.profile import load_profile
-
-    return load_profile(path).aten_issue_us
 
 
 def host_profile_for(path: str | None, hardware_name: str) -> tuple[HostProfile, str] | None:
@@ -317,10 +300,9 @@ def cost_problem(graph: OpGraph, cost_model: CostModel, hardware: HardwareSpec) 
     with paused_gc():
         costs = cost_graph(graph, cost_model, hardware, fallback=AlphaBetaCollectiveModel())
         problem = SchedulingProblem.from_costs(graph, costs.costs, costs.uncosted, hardware=hardware)
-    basis = getattr(cost_model, "aten_issue_us", None)  # a measured profile's footing (ProfileModel)
+    basis = getattr(cost_model, "issue_basis", None)  # a measured profile's footing (ProfileModel)
     if callable(basis):
-        us, where = basis(hardware)
-        problem.issue_basis = (us, where) if us else None
+        problem.issue_basis = basis(hardware)
     return problem, type(cost_model).__name__, costs.unique_configs
 
 

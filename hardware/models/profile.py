@@ -882,11 +882,11 @@ class ProfileModel:
             hit = self._shipped[hw.name] = (load_profile(path), str(path))
         return hit
 
-    def aten_issue_us(self, hw: HardwareSpec) -> tuple[float | None, str]:
+    def issue_basis(self, hw: HardwareSpec) -> tuple[float, str] | None:
         """The host's issue time per aten call in the profile that prices ops on ``hw`` (the footing of
-        every ``Cost.host_s`` it gives) and the profile's file name."""
+        every ``Cost.host_s`` it gives) and the profile's file name; ``None`` when it has none."""
         profile, where = self._profile_for(hw)
-        return profile.aten_issue_us, Path(where).name
+        return (profile.aten_issue_us, Path(where).name) if profile.aten_issue_us else None
 
     def _check(self, profile: DeviceProfile, where: str, hw: HardwareSpec) -> None:
         measured = profile.device.hardware

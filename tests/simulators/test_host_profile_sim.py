@@ -278,7 +278,7 @@ def test_a_config_files_host_profile_is_the_one_simulate_uses(tmp_path: Path) ->
 
 
 def test_a_device_profiles_issue_times_are_put_on_the_host_profiles_footing() -> None:
-    from hardware import load_profile
+    from hardware import ProfileModel, load_hardware, load_profile
     from hardware.hostprofile import hardware_host_profile, load_host_profile
     from hardware.profile import hardware_profile
     from simulators.api import issue_scale
@@ -286,9 +286,10 @@ def test_a_device_profiles_issue_times_are_put_on_the_host_profiles_footing() ->
     host_path = hardware_host_profile("h100-sxm")
     assert host_path is not None
     host = load_host_profile(host_path)
+    shipped = ProfileModel()  # the footing each device's shipped profile prices ops on
     # Fitted with the H100 sweep's own issue times: nothing to scale there.
-    assert issue_scale(host, "h100-sxm") == (1.0, "")
-    assert issue_scale(host, "") == (1.0, "")
+    assert issue_scale(host, shipped.issue_basis(load_hardware("h100-sxm"))) == (1.0, "")
+    assert issue_scale(host, None) == (1.0, "")
     # The H200 machine has the same CPU model, and the H200 device names the same host profile; its
     # sweep met the host at another speed, so its per-op issue times go by the ratio of the two
     # calibrations of one aten call.
@@ -297,7 +298,7 @@ def test_a_device_profiles_issue_times_are_put_on_the_host_profiles_footing() ->
     assert h200 is not None
     device_us = load_profile(h200).aten_issue_us
     assert device_us is not None and host.issue_us is not None
-    scale, note = issue_scale(host, "h200")
+    scale, note = issue_scale(host, shipped.issue_basis(load_hardware("h200")))
     assert scale == pytest.approx(host.issue_us / device_us) and scale != 1.0
     assert "h200.profile.json" in note and f"x{scale:.3f}" in note
 
