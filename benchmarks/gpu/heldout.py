@@ -72,6 +72,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = REPO / "opgraph" / "capture" / "presets"
+CONFIGS = Path(__file__).resolve().parent / "configs"
+"""Local ``config.json`` files (a user's own config, as ``opgraph capture CONFIG`` takes one) of families no
+preset ships; a case's ``preset`` names one of them when no preset has that name."""
 
 RUN_RANGE = "heldout_run_"
 """Profiler range around each profiled run (``heldout_run_<i>``)."""
@@ -352,6 +355,28 @@ WRITEBACK_CHECK2_CASES: list[dict[str, Any]] = _cases("check13", [
     ("llama70b", "llama-3.1-70b", "prefill", 1, 1024, "bf16", 2, 25),
 ])  # fmt: skip
 
+# Pre-registered at 19:50 UTC on 2026-11-27, before any of them was measured or predicted: ten families no
+# measurement of this project had seen and no preset ships, each from a local config.json written after its
+# published one (benchmarks/gpu/configs/; as a user passes ``opgraph capture config.json``): Qwen3 dense (per-head
+# q/k norms), Phi-3 (fused qkv and gate/up, a sliding window its decode crosses), Mistral, Gemma 2 (soft-capped
+# eager attention), OLMo 2 (q/k norms over the whole width), Pythia/GPT-NeoX (partial rotary, parallel residual,
+# LayerNorm), GPT-2 (Conv1D addmm, learned positions), Falcon (71 heads, one KV head), Phi-2 (partial rotary, a
+# parallel block) and StarCoder2 (biases, a window its decode crosses). The model and profile stay as they were.
+FAMILY_CHECK_CASES: list[dict[str, Any]] = _cases("check14", [
+    ("qwen3", "qwen3-8b", "prefill", 1, 2048, "bf16", 4, 20),
+    ("phi3", "phi-3-mini-4k", "decode", 8, 2048, "bf16", 4, 20),
+    ("mistral", "mistral-7b-v0.1", "prefill", 2, 1024, "fp16", 4, 20),
+    ("gemma2", "gemma-2-9b", "decode", 4, 1024, "bf16", 4, 20),
+    ("olmo2", "olmo-2-7b", "prefill", 1, 4096, "bf16", 4, 20),
+    ("pythia", "pythia-1.4b", "decode", 16, 1024, "fp16", 8, 20),
+    ("gpt2", "gpt2-medium", "prefill", 4, 1024, "fp16", 24, 20),
+    ("falcon", "falcon-7b", "decode", 8, 2048, "bf16", 4, 20),
+    ("phi2", "phi-2", "prefill", 2, 2048, "fp16", 4, 20),
+    ("starcoder2", "starcoder2-3b", "decode", 4, 4096, "bf16", 4, 20),
+    ("qwen3", "qwen3-8b", "decode", 16, 1024, "fp16", 4, 20),
+    ("falcon", "falcon-7b", "prefill", 1, 2048, "bf16", 4, 20),
+])  # fmt: skip
+
 CHECKS: dict[str, list[dict[str, Any]]] = {
     "MOE_CHECK_CASES": MOE_CHECK_CASES,
     "FALLBACK_CHECK_CASES": FALLBACK_CHECK_CASES,
@@ -371,6 +396,7 @@ CHECKS: dict[str, list[dict[str, Any]]] = {
     "DECODE_CHECK_CASES": DECODE_CHECK_CASES,
     "WRITEBACK_CHECK_CASES": WRITEBACK_CHECK_CASES,
     "WRITEBACK_CHECK2_CASES": WRITEBACK_CHECK2_CASES,
+    "FAMILY_CHECK_CASES": FAMILY_CHECK_CASES,
 }
 """Every check run's cases by list name (``--cases`` picks from them by case name)."""
 
@@ -457,8 +483,10 @@ def log(msg: str) -> None:
 
 
 def case_config(case: dict[str, Any], tiny: bool) -> dict[str, Any]:
-    """The raw config (``model_type`` and the keys ``AutoConfig.for_model`` takes), cut to the case's layers."""
-    raw = dict(json.loads((PRESETS / f"{case['preset']}.json").read_text())["config"])
+    """The raw config (``model_type`` and the keys ``AutoConfig.for_model`` takes), cut to the case's layers:
+    the preset's, else the local config of that name in :data:`CONFIGS`."""
+    preset = PRESETS / f"{case['preset']}.json"
+    raw = dict(json.loads(preset.read_text())["config"] if preset.exists() else _local_config(case["preset"]))
     if tiny:
         raw.update({k: v for k, v in TINY.items() if k in raw})
         if "kv_lora_rank" in raw:  # MLA: one key/value head per query head
@@ -474,6 +502,13 @@ def case_config(case: dict[str, Any], tiny: bool) -> dict[str, Any]:
     if "max_window_layers" in raw:
         raw["max_window_layers"] = int(case["layers"])
     return raw
+
+
+def _local_config(name: str) -> dict[str, Any]:
+    path = CONFIGS / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"error: no preset or local config named {name!r} (benchmarks/gpu/configs/)")
+    return dict(json.loads(path.read_text()))
 
 
 WEIGHT_SEED = 0
