@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from hardware.spec import HardwareSpec
-from opgraph.ir import IDENTITY_FIELDS, Attention, OpBase, OpCategory, OpGraph, OpgraphError, eager_parts
+from opgraph.ir import IDENTITY_FIELDS, Attention, OpBase, OpCategory, OpGraph, OpgraphError, TensorSpec, eager_parts
 
 # What limits an op's time: the IR's enum, so a cost's verdict is the value saved on simulated spans.
 # Re-exported for the cost models (``from hardware.base import Bound``).
@@ -143,14 +143,31 @@ def _key_getter(cls: type[OpBase]) -> Callable[[OpBase], tuple[object, ...]]:
     return getter
 
 
+def _layouts(tensors: tuple[TensorSpec, ...]) -> tuple[tuple[object, ...], ...]:
+    return tuple((t.shape, t.strides, t.dtype) for t in tensors)
+
+
 def cost_key(op: OpBase) -> Hashable:
-    """A hashable key equal for ops whose cost-relevant fields are equal."""
+    """A hashable key equal for ops whose cost-relevant fields and tensor layouts are equal.
+
+    The layouts (shape, strides, dtype of each recorded tensor, not its id) are part of the key: a cost
+    model may price a copy out of a strided view apart from a contiguous one of the same fields (a
+    decode's KV-cache write of a key made contiguous by a ``cat`` and of a value that is a slice of the
+    fused projection, 4-5x as long).
+
+    >>> from opgraph.ir import Memory, TensorSpec
+    >>> dense = TensorSpec(shape=(2, 4), dtype="bf16")
+    >>> strided = TensorSpec(shape=(2, 4), dtype="bf16", strides=(12, 1))
+    >>> a, b = (Memory(id=i, fn="copy", numel=8, inputs=(t,)) for i, t in enumerate((dense, strided)))
+    >>> cost_key(a) == cost_key(a.model_copy(update={"id": 5})), cost_key(a) == cost_key(b)
+    (True, False)
+    """
     cls = type(op)
-    key = (cls, (_getters.get(cls) or _key_getter(cls))(op))
+    key = (cls, (_getters.get(cls) or _key_getter(cls))(op), _layouts(op.inputs), _layouts(op.outputs))
     try:
         hash(key)
     except TypeError:  # an unhashable field value (the recorded aten call): key on its repr
-        return (cls, tuple(_hashable(v) for v in key[1]))
+        return (cls, tuple(_hashable(v) for v in key[1]), key[2], key[3])
     return key
 
 
@@ -225,7 +242,8 @@ def cost_graph(
     A :class:`WritebackModel` also charges each op for what the op before it (in graph order) left
     dirty in L2.
 
-    Ops with equal cost-relevant fields are costed once when ``cache`` is on. ``fallback`` is asked
+    Ops with equal cost-relevant fields and tensor layouts (:func:`cost_key`) are costed once when ``cache``
+    is on. ``fallback`` is asked
     about the ops ``model`` declines (the simulator passes the collective model, so a compute-only
     model still gets its collectives costed); an op both decline keeps ``model``'s reason.
 

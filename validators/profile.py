@@ -145,6 +145,17 @@ DENSE_NK: tuple[tuple[str, int, int], ...] = (
 )
 """(name, n, k) of the linear layers of common model families."""
 
+UNALIGNED_NK: tuple[tuple[str, int, int], ...] = (
+    # GPT-2's and GPT-Neo's vocabulary of 50257 (medium's hidden 1024, XL's 1600), a vocabulary grown by one
+    # token: rows of an odd number of elements, which cuBLAS runs on other kernels (GPT-2 medium's
+    # lm_head at 4096 rows: 4.0 ms, 7x the aligned GEMM's time).
+    ("gpt2.lm_head", 50257, 1024),
+    ("gpt2xl.lm_head", 50257, 1600),
+    ("vocab32001.lm_head", 32001, 4096),
+)
+"""(name, n, k) of dense linear layers whose rows are not 16-byte aligned
+(``hardware.models.profile.unaligned_gemm``)."""
+
 ATTENTION_HEADS: tuple[tuple[str, int, int, int], ...] = (
     ("llama8b", 32, 8, 128),
     ("llama70b", 64, 8, 128),
@@ -455,6 +466,10 @@ def _gpu_sweep() -> list[SweepPoint]:
         pts += _series(f"gemm.fp16.{name}", (_gemm(m, n, k, DType.fp16) for m in M_SIZES[::2]), base=2, warm=(0,))
     for name, n, k in (("llama8b.q_o", 4096, 4096), ("llama1b.gate_up", 8192, 2048)):
         pts += _series(f"gemm.fp32.{name}", (_gemm(m, n, k, DType.fp32) for m in (1, 16, 256, 4096)), base=3, warm=(0,))
+    for name, n, k in UNALIGNED_NK:
+        for dt in (DType.bf16, DType.fp16):
+            ops = (_gemm(m, n, k, dt) for m in M_SIZES[::2])
+            pts += _series(f"gemm.unaligned.{dt.value}.{name}", ops, base=2, warm=(0,))
     # RoPE's inverse-frequency product: a batched [64 x 1] @ [1 x seq].
     for b in (1, 8, 32):
         pts += _series(f"gemm.rope_freq.b{b}", (_gemm(64, s, 1, batch=b) for s in (1, 16, 256, 2048, 16384)), base=2)
@@ -530,6 +545,13 @@ def _gpu_sweep() -> list[SweepPoint]:
                 for kv in (128, 512, 2048, 8192, 32768)
             )
             pts += _series(f"attn.decode.fp16.{name}.b{b}", ops, base=2, warm=(0,))
+    # One-token decodes past a sliding window (Mistral, Phi-3, StarCoder2, Gemma's local layers): transformers
+    # passes a mask, and SDPA runs a kernel that takes one (cuDNN's prefill kernel on the H100, over every
+    # key: StarCoder2-3B b4 past 4096 keys 81 us a layer, against 13 without a mask).
+    for name, h, kvh, d in (ATTENTION_HEADS[0], ATTENTION_HEADS[2], ATTENTION_HEADS[5]):
+        for b in (1, 8, 32):
+            ops = (_attention(b, 1, kv, (h, kvh, d), causal=False, window=kv // 2) for kv in (512, 2048, 8192, 32768))
+            pts += _series(f"attn.decode.masked.{name}.b{b}", ops, base=2, warm=(0,))
     llama = (32, 8, 128)
     pts += _series(
         "attn.window4096", (_attention(1, s, s, llama, causal=True, window=4096) for s in (2048, 8192, 16384)), base=1,

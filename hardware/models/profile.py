@@ -314,12 +314,14 @@ def profile_features(op: OpBase) -> Features | None:
         heads = (_lg(op.batch), _lg(op.heads), _lg(op.head_dim), _lg(op.heads // op.kv_heads))
         names: tuple[str, ...] = ("batch", "heads", "head_dim", "gqa")
         kv = min(op.kv_len, op.window) if op.window else op.kv_len
+        hides = op.window is not None and op.window < op.kv_len
         if op.q_len == 1:
             # A decode kernel splits its work over (sequence, KV head) pairs: how many there are, not
-            # the batch and head counts apart, decides how much of the GPU it fills.
+            # the batch and head counts apart, decides how much of the GPU it fills. Past a window the
+            # model passes a mask, and SDPA runs a kernel that takes one over every key in the cache.
             units = (_lg(op.batch * op.kv_heads), _lg(op.head_dim), _lg(op.heads // op.kv_heads))
-            return Features("attention:decode", "kv_len", _lg(kv), units, ("batch*kv_heads", "head_dim", "gqa"))
-        hides = op.window is not None and op.window < op.kv_len
+            regime, size = ("attention:decode" + MASKED, op.kv_len) if hides else ("attention:decode", kv)
+            return Features(regime, "kv_len", _lg(size), units, ("batch*kv_heads", "head_dim", "gqa"))
         if not op.causal:
             regime = "attention:full"
         elif hides or op.q_len != op.kv_len:
@@ -378,7 +380,8 @@ UNALIGNED = ":unaligned"
 """Regime suffix of a dense or batched GEMM, or of a row-wise kernel, whose rows are not 16-byte aligned
 (see :func:`unaligned_gemm` and :func:`unaligned_rows`)."""
 MASKED = ":masked"
-"""Regime suffix of a softmax over a causal prefill's scores (:attr:`opgraph.ir.Softmax.masked`)."""
+"""Regime suffix of a softmax over a causal prefill's scores (:attr:`opgraph.ir.Softmax.masked`), and of a
+one-token decode past its sliding window (SDPA given a mask)."""
 ACCUMULATE = ":accumulate"
 """Regime suffix of a batched GEMM that adds its product onto an operand it reads
 (:attr:`opgraph.ir.Gemm.accumulates`: BLOOM's alibi scores, 540 us a layer at b4 s2048 against 412 priced
