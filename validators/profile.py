@@ -73,6 +73,7 @@ from opgraph.ir import (
     Softmax,
     TensorSpec,
     eager_parts,
+    sdpa_math_passes,
 )
 from validators.configs import OpConfig, config_key
 from validators.replay import DeviceLostError, Replayer, ReplayOptions
@@ -552,6 +553,13 @@ def _gpu_sweep() -> list[SweepPoint]:
         for b in (1, 8, 32):
             ops = (_attention(b, 1, kv, (h, kvh, d), causal=False, window=kv // 2) for kv in (512, 2048, 8192, 32768))
             pts += _series(f"attn.decode.masked.{name}.b{b}", ops, base=2, warm=(0,))
+    # SDPA's math path (Falcon's 71 query heads over one key head: no fused kernel takes it), kernel by kernel
+    # as opgraph.ir.eager_parts lists them: float32 matmuls over a shared or copied key head, the mask add, the
+    # safe softmax's isneginf, row-wise all and where, the casts.
+    for b, q, kv in ((1, 512, 512), (1, 2048, 2048), (1, 4096, 4096), (1, 1, 1025), (8, 1, 2049), (4, 1, 4097)):
+        math = Attention(id=0, batch=b, q_len=q, kv_len=kv, heads=71, kv_heads=1, head_dim=64, causal=q > 1,
+                         math=True, eager=sdpa_math_passes(mask_bytes=1, heads=71, half=True))  # fmt: skip
+        pts += _series(f"attn.math.b{b}.q{q}.kv{kv}", eager_parts(math), base=2, warm=(0,))
     llama = (32, 8, 128)
     pts += _series(
         "attn.window4096", (_attention(1, s, s, llama, causal=True, window=4096) for s in (2048, 8192, 16384)), base=1,

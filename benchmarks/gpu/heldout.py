@@ -397,6 +397,16 @@ FAMILY_CHECK2_CASES: list[dict[str, Any]] = _cases("check15", [
     ("mistral", "mistral-7b-v0.1", "prefill", 1, 8192, "bf16", 4, 20),
 ])  # fmt: skip
 
+# Pre-registered at 20:20 UTC on 2026-11-27, after SDPA's math path was priced kernel by kernel
+# (``opgraph.ir.Attention.math``, from family-check-1950's Falcon cases) and before the sweep measured its points
+# or these cases ran: Falcon shapes no run measured.
+FALCON_CHECK_CASES: list[dict[str, Any]] = _cases("check16", [
+    ("falcon", "falcon-7b", "prefill", 2, 1024, "bf16", 4, 20),
+    ("falcon", "falcon-7b", "decode", 16, 1024, "fp16", 4, 20),
+    ("falcon", "falcon-7b", "prefill", 1, 4096, "fp16", 2, 20),
+    ("falcon", "falcon-7b", "decode", 4, 4096, "bf16", 4, 20),
+])  # fmt: skip
+
 CHECKS: dict[str, list[dict[str, Any]]] = {
     "MOE_CHECK_CASES": MOE_CHECK_CASES,
     "FALLBACK_CHECK_CASES": FALLBACK_CHECK_CASES,
@@ -418,6 +428,7 @@ CHECKS: dict[str, list[dict[str, Any]]] = {
     "WRITEBACK_CHECK2_CASES": WRITEBACK_CHECK2_CASES,
     "FAMILY_CHECK_CASES": FAMILY_CHECK_CASES,
     "FAMILY_CHECK2_CASES": FAMILY_CHECK2_CASES,
+    "FALCON_CHECK_CASES": FALCON_CHECK_CASES,
 }
 """Every check run's cases by list name (``--cases`` picks from them by case name)."""
 

@@ -317,10 +317,11 @@ def profile_features(op: OpBase) -> Features | None:
         hides = op.window is not None and op.window < op.kv_len
         if op.q_len == 1:
             # A decode kernel splits its work over (sequence, KV head) pairs: how many there are, not
-            # the batch and head counts apart, decides how much of the GPU it fills. Past a window the
-            # model passes a mask, and SDPA runs a kernel that takes one over every key in the cache.
+            # the batch and head counts apart, decides how much of the GPU it fills. Once the keys fill a
+            # window the model passes a mask, and SDPA runs a kernel that takes one, over every key.
             units = (_lg(op.batch * op.kv_heads), _lg(op.head_dim), _lg(op.heads // op.kv_heads))
-            regime, size = ("attention:decode" + MASKED, op.kv_len) if hides else ("attention:decode", kv)
+            masked = op.window_full
+            regime, size = ("attention:decode" + MASKED, op.kv_len) if masked else ("attention:decode", kv)
             return Features(regime, "kv_len", _lg(size), units, ("batch*kv_heads", "head_dim", "gqa"))
         if not op.causal:
             regime = "attention:full"
@@ -381,7 +382,7 @@ UNALIGNED = ":unaligned"
 (see :func:`unaligned_gemm` and :func:`unaligned_rows`)."""
 MASKED = ":masked"
 """Regime suffix of a softmax over a causal prefill's scores (:attr:`opgraph.ir.Softmax.masked`), and of a
-one-token decode past its sliding window (SDPA given a mask)."""
+one-token decode whose keys fill its sliding window (SDPA given a mask: :attr:`opgraph.ir.Attention.window_full`)."""
 ACCUMULATE = ":accumulate"
 """Regime suffix of a batched GEMM that adds its product onto an operand it reads
 (:attr:`opgraph.ir.Gemm.accumulates`: BLOOM's alibi scores, 540 us a layer at b4 s2048 against 412 priced

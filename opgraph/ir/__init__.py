@@ -87,6 +87,7 @@ from opgraph.ir.ops import (
     collective_definition,
     eager_parts,
     parse_op,
+    sdpa_math_passes,
 )
 from opgraph.ir.registry import Registry, import_object
 from opgraph.ir.tensor import FrozenModel, TensorSpec
@@ -186,6 +187,7 @@ __all__ = [
     "save_graph",
     "save_model",
     "save_timeline",
+    "sdpa_math_passes",
     "topological_generations",
     "topological_order",
 ]

@@ -158,7 +158,7 @@ def config_hash(op: OpBase) -> str:
     return hash_config_dict(config_dict(op))
 
 
-_KEYLESS_WHEN_UNSET: dict[str, object] = {"eager": None, "scalar": False, "masked": False}
+_KEYLESS_WHEN_UNSET: dict[str, object] = {"eager": None, "scalar": False, "masked": False, "math": False}
 """Fields added after keys were saved, left out of :func:`config_key` while they hold their default, so the
 ops that lack them keep their keys."""
 

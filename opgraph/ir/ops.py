@@ -360,6 +360,11 @@ class Attention(OpBase):
     """``None``: one fused kernel (SDPA, flash). Otherwise the model's eager attention: a batched matmul
     of queries and keys over every query-key pair, these passes over the scores it materialises, then a
     batched matmul of the weights and values (:func:`eager_parts` lists the kernels)."""
+    math: bool = False
+    """The call runs on SDPA's math path (no fused kernel takes it: keys of fewer heads than the queries
+    without ``enable_gqa``, as Falcon's multi-query attention calls it): ``eager`` holds the passes over the
+    scores, the matmuls run in float32, and the inputs are cast to float32 and scaled first
+    (:func:`eager_parts`)."""
 
     @model_validator(mode="after")
     def _check_shapes(self) -> Attention:
@@ -373,6 +378,17 @@ class Attention(OpBase):
     def dv(self) -> int:
         """Value head size."""
         return self.head_dim_v or self.head_dim
+
+    @property
+    def window_full(self) -> bool:
+        """Whether the keys fill the sliding window: transformers then gives SDPA a mask (it leaves it out
+        only while the keys are fewer than the window), whether or not the mask hides any key. A sliding
+        layer's cache keeps ``window - 1`` keys, so every decode past the window sees exactly ``window``.
+
+        >>> Attention(id=0, batch=1, q_len=1, kv_len=4096, heads=8, kv_heads=8, head_dim=64, window=4096).window_full
+        True
+        """
+        return self.window is not None and self.kv_len >= self.window
 
     @property
     def pairs(self) -> int:
@@ -794,6 +810,7 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
     """
     if op.eager is None:
         return ()
+    front, back, mm_dtype = _math_ends(op) if op.math else ((), (), op.dtype)
     bh, rows = op.batch * op.heads, op.batch * op.heads * op.q_len
     scores = rows * op.kv_len
     common: dict[str, Any] = {"id": op.id, "scope": op.scope, "layer": op.layer, "stage": op.stage, "step": op.step}
@@ -832,15 +849,89 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
         k = TensorSpec(shape=(bh, op.head_dim, op.kv_len), dtype=op.dtype)
         acc = TensorSpec(shape=(bh, op.q_len, op.kv_len), dtype=op.dtype)
         tensors = {"inputs": (q, k, acc), "outputs": (acc,)}
-    scores_mm = Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=op.dtype, **tensors, **common)
-    values = Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=op.dtype, **common)
+    values_in: dict[str, Any] = {}
+    if op.math:
+        tensors, values_in = _math_operands(op)
+    scores_mm = Gemm(m=op.q_len, n=op.kv_len, k=op.head_dim, batch=bh, dtype=mm_dtype, **tensors, **common)
+    values = Gemm(m=op.q_len, n=op.dv, k=op.kv_len, batch=bh, dtype=mm_dtype, **values_in, **common)
     if op.eager and op.eager[-1].extra_cols:
         # the weights over the keys sliced out of wider rows (gpt-oss drops its sinks column): a view whose
         # rows lie kv_len + extra_cols apart (recorded as the operand; the bytes stay the fields')
         width = op.kv_len + op.eager[-1].extra_cols
         sliced = TensorSpec(shape=(bh, op.q_len, op.kv_len), dtype=op.dtype, strides=(op.q_len * width, width, 1))
         values = values.model_copy(update={"inputs": (sliced,)})
-    return (*before, scores_mm, *after, values)
+    return (*front, *before, scores_mm, *after, values, *back)
+
+
+SDPA_MATH_PASSES: tuple[EagerPass, ...] = (
+    EagerPass(kind=OpKind.SOFTMAX, fn="_softmax", read=4, written=4, dtype=DType.fp32),
+    EagerPass(kind=OpKind.ELEMENTWISE, fn="isneginf", read=4, written=1, dtype=DType.fp32),
+    EagerPass(kind=OpKind.REDUCTION, fn="all", read=1, written=0, written_row=1, dtype=DType.bool),
+    EagerPass(kind=OpKind.ELEMENTWISE, fn="where", read=4, written=4, read_row=1, dtype=DType.fp32, broadcast=True),
+)
+"""The passes of SDPA's math path over its float32 scores after the mask: ``_safe_softmax``, which CUDA runs as
+a softmax, ``isneginf``, a row-wise ``all`` and a ``where`` that zeroes fully masked rows."""
+
+
+def sdpa_math_passes(*, mask_bytes: float, heads: int, half: bool) -> tuple[EagerPass, ...]:
+    """The :attr:`Attention.eager` passes of a call on SDPA's math path: the mask added to the float32 scores
+    (``mask_bytes`` a score, read broadcast over the ``heads``; 0: no mask), :data:`SDPA_MATH_PASSES`, and the
+    weights cast back to half inputs' dtype (``half``), which the math path returns beside the output.
+
+    >>> [p.fn for p in sdpa_math_passes(mask_bytes=1, heads=8, half=True)]
+    ['add', '_softmax', 'isneginf', 'all', 'where', 'cast']
+    """
+    add = EagerPass(
+        kind=OpKind.ELEMENTWISE, fn="add", read=4 + mask_bytes / heads, written=4, dtype=DType.fp32, broadcast=True
+    )
+    mask = (add,) if mask_bytes else ()
+    cast = (EagerPass(kind=OpKind.MEMORY, fn="cast", read=4, written=2, dtype=DType.fp32),) if half else ()
+    return (*mask, *SDPA_MATH_PASSES, *cast)
+
+
+def _math_operands(op: Attention) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The float32 operands of the math path's two matmuls: the scaled keys read through their transpose and
+    the values, both viewed over every query head with a batch stride of 0 where one key head serves a single
+    sequence's heads (``expand`` then ``view``), else copied out (:func:`_math_ends`)."""
+    f32, bh = DType.fp32, op.batch * op.heads
+    shared = op.batch == 1 and op.kv_heads == 1 and op.heads > 1
+    q = TensorSpec(shape=(bh, op.q_len, op.head_dim), dtype=f32)
+    keys = TensorSpec(shape=(bh, op.head_dim, op.kv_len), dtype=f32, strides=(0, 1, op.head_dim) if shared else None)
+    weights = TensorSpec(shape=(bh, op.q_len, op.kv_len), dtype=f32)
+    values = TensorSpec(shape=(bh, op.kv_len, op.dv), dtype=f32, strides=(0, op.dv, 1) if shared else None)
+    return {"inputs": (q, keys)}, {"inputs": (weights, values)}
+
+
+def _math_ends(op: Attention) -> tuple[tuple[OpBase, ...], tuple[OpBase, ...], DType]:
+    """SDPA's math path around its matmuls (``aten._scaled_dot_product_attention_math``): half inputs cast to
+    float32; the queries and the transposed keys scaled by ``head_dim ** -0.25`` each; where the keys and
+    values are broadcast over the query heads of more than one sequence, copies of them expanded to every
+    head (``matmul`` cannot fold the broadcast into its batch); and the output cast back."""
+    common: dict[str, Any] = {"id": op.id, "scope": op.scope, "layer": op.layer, "stage": op.stage, "step": op.step}
+    f32 = DType.fp32
+    half = op.dtype is not f32 and op.dtype.is_float
+    q = op.batch * op.heads * op.q_len * op.head_dim
+    k = op.batch * op.kv_heads * op.kv_len * op.head_dim
+    v = op.batch * op.kv_heads * op.kv_len * op.dv
+    front: list[OpBase] = []
+    if half:
+        front += [
+            Memory(fn="cast", numel=n, dtype=op.dtype, outputs=(TensorSpec(shape=(n,), dtype=f32),),
+                   bytes_read=n * op.dtype.itemsize, bytes_written=4 * n, **common)
+            for n in (q, k, v)
+        ]  # fmt: skip
+    front += [Elementwise(fn="mul", numel=n, hidden=op.head_dim, scalar=True, dtype=f32, **common) for n in (q, k)]
+    if op.batch > 1 and op.kv_heads < op.heads:
+        g = op.heads // op.kv_heads
+        for d in (op.head_dim, op.dv):
+            shape = (op.batch, op.kv_heads, g, op.kv_len, d)
+            src = TensorSpec(shape=shape, dtype=f32, strides=(op.kv_heads * op.kv_len * d, op.kv_len * d, 0, d, 1))
+            front.append(Memory(fn="copy", numel=op.batch * op.heads * op.kv_len * d, dtype=f32, inputs=(src,),
+                                outputs=(TensorSpec(shape=shape, dtype=f32),), **common))  # fmt: skip
+    out = op.batch * op.heads * op.q_len * op.dv
+    back = (Memory(fn="cast", numel=out, dtype=f32, outputs=(TensorSpec(shape=(out,), dtype=op.dtype),),
+                   bytes_read=4 * out, bytes_written=out * op.dtype.itemsize, **common),)  # fmt: skip
+    return tuple(front), back if half else (), f32
 
 
 class _OpAdapter(BaseModel):

@@ -43,6 +43,8 @@ class AttentionRecipe(Recipe[Attention]):
         import torch
         import torch.nn.functional as F
 
+        if op.math:
+            return _math_case(op, ctx)
         if op.eager is not None:
             return _eager_case(op, ctx)
         b, h, kvh, d, dv = op.batch, op.heads, op.kv_heads, op.head_dim, op.dv
@@ -73,7 +75,9 @@ class AttentionRecipe(Recipe[Attention]):
         if need_mask or (mask_spec is not None and op.causal):
             spec = mask_spec or TensorSpec(shape=(b, 1, op.q_len, op.kv_len), dtype="bool")
             mask = make_tensor(spec, ctx.device, ctx.gen, Domain(DomainKind.CAUSAL_MASK, window=op.window))
-        elif window_hides:  # a non-causal window (rare): still a mask
+        elif window_hides or (op.q_len == 1 and op.window_full):
+            # a decode whose keys fill its window gets a mask from transformers (a non-causal window, rare:
+            # one too)
             mask = causal_mask(op.q_len, op.kv_len, device=ctx.device, dtype=torch.bool, window=op.window)
         is_causal = op.causal and mask is None and op.q_len > 1
         groups = q.shape[1] // k.shape[1] if k.shape[1] else 1
@@ -111,6 +115,34 @@ class AttentionRecipe(Recipe[Attention]):
             return out
 
         return Case(inputs=(q, k, v, mask), run=run, note=note.strip())
+
+
+def _math_case(op: Attention, ctx: BuildContext) -> Case:
+    """A call that SDPA runs on its math path (:attr:`~opgraph.ir.Attention.math`), made as the model makes it:
+    keys and values of ``kv_heads`` heads under queries of ``heads`` (no ``enable_gqa``), and the boolean mask
+    the model passed when the math path adds one; SDPA then picks its math path itself."""
+    import torch
+    import torch.nn.functional as F
+
+    b, h, kvh = op.batch, op.heads, op.kv_heads
+    q = make_tensor(TensorSpec(shape=(b, h, op.q_len, op.head_dim), dtype=op.dtype), ctx.device, ctx.gen)
+    k = make_tensor(TensorSpec(shape=(b, kvh, op.kv_len, op.head_dim), dtype=op.dtype), ctx.device, ctx.gen)
+    v = make_tensor(TensorSpec(shape=(b, kvh, op.kv_len, op.dv), dtype=op.dtype), ctx.device, ctx.gen)
+    masked = any(p.fn == "add" for p in op.eager or ())
+    mask = (
+        causal_mask(op.q_len, op.kv_len, device=ctx.device, dtype=torch.bool, window=op.window).expand(
+            b, 1, op.q_len, op.kv_len
+        )
+        if masked
+        else None
+    )
+
+    def run(inputs: tuple[Any, ...], reference: bool) -> Any:
+        qq, kk, vv, mm = inputs
+        return F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mm)
+
+    note = f"sdpa math path: {h} heads over {kvh}{', bool mask' if masked else ''}"
+    return Case(inputs=(q, k, v, mask), run=run, note=note)
 
 
 def _eager_case(op: Attention, ctx: BuildContext) -> Case:

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from opgraph.ir import (
     SCALAR_OPERAND_FNS,
     Activation,
+    DType,
     Elementwise,
     Embedding,
     OpBase,
@@ -123,6 +124,15 @@ class ElementwiseRecipe(_TorchFnRecipe[Elementwise]):
             spec = next((t for t in op.inputs if t.numel > 1), None) or _rows_spec(op, op.numel, op.hidden)
             x = make_tensor(spec, ctx.device, ctx.gen, dom)
             return Case(inputs=(x,), run=lambda inputs, reference: fn(inputs[0], 2.0), note=f"torch.{op.fn} by 2.0")
+        if op.fn == "where" and len(op.inputs) == 2:
+            # ``where(rows, 0.0, x)`` (SDPA's safe softmax zeroing fully masked rows): the recorded operands are
+            # the values and the condition, read through its recorded (broadcast) layout
+            cond = op.inputs[1].model_copy(update={"dtype": DType.bool})
+            xs = [make_tensor(cond, ctx.device, ctx.gen), make_tensor(op.inputs[0], ctx.device, ctx.gen, dom)]
+            return Case(
+                inputs=tuple(xs), run=lambda inputs, reference: torch.where(inputs[0], 0.0, inputs[1]),
+                note="torch.where(condition, 0.0, x)",
+            )  # fmt: skip
         if op.inputs:
             xs = [
                 make_tensor(s, ctx.device, ctx.gen, POSITIVE if (i == 1 and op.fn in POSITIVE_SECOND) else dom)

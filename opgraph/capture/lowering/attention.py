@@ -17,7 +17,7 @@ from opgraph.capture.lowering.base import FREE, Lowering, numel
 from opgraph.capture.lowering.memory import memory_fn
 from opgraph.capture.recorder import Event, TRef
 from opgraph.ir.dtypes import DType
-from opgraph.ir.ops import AttentionVariant, EagerPass, OpKind
+from opgraph.ir.ops import AttentionVariant, EagerPass, OpKind, sdpa_math_passes
 
 SDPA_FNS = frozenset(
     {
@@ -44,6 +44,19 @@ _SCORE_CHAIN = frozenset(
 
 _SOFTMAX_FNS = frozenset({"_softmax", "softmax", "_safe_softmax"})
 _ROW_MAX_FNS = frozenset({"amax", "max", "logsumexp"})
+
+
+def _math_path(ev: Event) -> bool:
+    """Whether CUDA runs an SDPA call on its math path: no fused kernel takes keys and values of other heads
+    than the queries' (fewer only with ``enable_gqa``) or of another batch (Falcon's multi-query attention:
+    71 query heads over one key head, no ``enable_gqa``)."""
+    q, k, v = ev.inputs[0], ev.inputs[1], ev.inputs[2]
+    gqa = ev.kwargs.get("enable_gqa", ev.args[7] if len(ev.args) > 7 else False)
+    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
+        return True
+    if q.shape[1] == k.shape[1] == v.shape[1]:
+        return False
+    return not (bool(gqa) and k.shape[1] == v.shape[1] and q.shape[1] % k.shape[1] == 0)
 
 
 def _ir_dtype(ref: TRef) -> DType | None:
@@ -312,6 +325,11 @@ class LowerAttention:
         f = _fields(lw, b, h, kvh, s, kv_len, d, dv, causal, ev.call)
         if f is None:
             return
+        if not flash_layout and _math_path(ev):
+            mask = ev.inputs[3] if has_mask else None
+            half = q.dtype in ("bf16", "fp16")
+            mask_bytes = DType(mask.dtype).itemsize if mask is not None and _ir_dtype(mask) else 0.0
+            f |= {"math": True, "eager": sdpa_math_passes(mask_bytes=mask_bytes, heads=h, half=half)}
         g = lw.claim([ev.index, *self._layout_copy(lw, ev)], OpKind.ATTENTION, f, call=ev.call)
         out = ev.outputs[0]
         if query is not None:
