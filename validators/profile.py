@@ -556,7 +556,9 @@ def _gpu_sweep() -> list[SweepPoint]:
     # SDPA's math path (Falcon's 71 query heads over one key head: no fused kernel takes it), kernel by kernel
     # as opgraph.ir.eager_parts lists them: float32 matmuls over a shared or copied key head, the mask add, the
     # safe softmax's isneginf, row-wise all and where, the casts.
-    for b, q, kv in ((1, 512, 512), (1, 2048, 2048), (1, 4096, 4096), (1, 1, 1025), (8, 1, 2049), (4, 1, 4097)):
+    math_shapes = ((1, 512, 512), (1, 2048, 2048), (1, 4096, 4096), (2, 1024, 1024), (1, 1, 1025), (8, 1, 2049),
+                   (4, 1, 4097), (16, 1, 513))  # fmt: skip
+    for b, q, kv in math_shapes:
         math = Attention(id=0, batch=b, q_len=q, kv_len=kv, heads=71, kv_heads=1, head_dim=64, causal=q > 1,
                          math=True, eager=sdpa_math_passes(mask_bytes=1, heads=71, half=True))  # fmt: skip
         pts += _series(f"attn.math.b{b}.q{q}.kv{kv}", eager_parts(math), base=2, warm=(0,))

@@ -362,6 +362,7 @@ def profile_features(op: OpBase) -> Features | None:
     regime, shape, names = next(iter(simple.values()))
     if isinstance(op, LAYOUT_BOUND) and broadcast_input(op):
         regime += BROADCAST
+        regime += STRIDED if strided_under_broadcast(op) else ""
     elif isinstance(op, LAYOUT_BOUND) and strided_input(op):
         regime += STRIDED
     else:
@@ -484,6 +485,21 @@ def broadcast_input(op: OpBase) -> bool:
         return t.strides is not None and any(d > 1 and not st for d, st in zip(t.shape, t.strides, strict=True))
 
     return any(t.numel > 0 and expanded(t) for t in op.inputs)
+
+
+def strided_under_broadcast(op: OpBase) -> bool:
+    """Whether a broadcast input of ``op`` is also laid out otherwise than row-major once its broadcast
+    dimensions are dropped: a transposed view expanded over heads (SDPA's math path copying the transposed
+    keys of one head to every query head, 3x the time of the same copy of the values), where ``repeat_kv``'s
+    expanded keys or a mask over the heads are row-major under their broadcast."""
+
+    def transposed(t: TensorSpec) -> bool:
+        if t.strides is None or all(t.strides):
+            return False
+        kept = [(d, s) for d, s in zip(t.shape, t.strides, strict=True) if s or d <= 1]
+        return not is_contiguous(tuple(d for d, _ in kept), tuple(s for _, s in kept))
+
+    return any(t.numel > 0 and transposed(t) for t in op.inputs)
 
 
 def strided_input(op: OpBase) -> bool:

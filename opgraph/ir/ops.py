@@ -836,7 +836,9 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
         elif p.kind is OpKind.REDUCTION:
             part = Reduction(fn=p.fn, numel_in=rows * cols, numel_out=rows, reduced=cols, **sized)
         elif p.kind is OpKind.MEMORY:
-            row = TensorSpec(shape=(op.batch, op.heads, op.q_len, cols), dtype=p.dtype)
+            # what it writes: a cast of float32 weights back to half writes the op's dtype
+            narrowed = p.fn == "cast" and p.written < p.read and op.dtype.itemsize == p.written
+            row = TensorSpec(shape=(op.batch, op.heads, op.q_len, cols), dtype=op.dtype if narrowed else p.dtype)
             part = Memory(fn=p.fn, numel=rows * cols, inputs=ins, outputs=(row,), **sized)
         else:
             # a scale by a Python number reads the scores alone
@@ -922,11 +924,16 @@ def _math_ends(op: Attention) -> tuple[tuple[OpBase, ...], tuple[OpBase, ...], D
         ]  # fmt: skip
     front += [Elementwise(fn="mul", numel=n, hidden=op.head_dim, scalar=True, dtype=f32, **common) for n in (q, k)]
     if op.batch > 1 and op.kv_heads < op.heads:
-        g = op.heads // op.kv_heads
-        for d in (op.head_dim, op.dv):
-            shape = (op.batch, op.kv_heads, g, op.kv_len, d)
-            src = TensorSpec(shape=shape, dtype=f32, strides=(op.kv_heads * op.kv_len * d, op.kv_len * d, 0, d, 1))
-            front.append(Memory(fn="copy", numel=op.batch * op.heads * op.kv_len * d, dtype=f32, inputs=(src,),
+        # the scaled keys are read through their transpose ([.., head_dim, kv_len] of [.., kv_len, head_dim]
+        # memory), the values as they lie
+        g, kvh, kv, dk, dv = op.heads // op.kv_heads, op.kv_heads, op.kv_len, op.head_dim, op.dv
+        copies = (
+            ((op.batch, kvh, g, dk, kv), (kvh * kv * dk, kv * dk, 0, 1, dk)),
+            ((op.batch, kvh, g, kv, dv), (kvh * kv * dv, kv * dv, 0, dv, 1)),
+        )
+        for (shape, strides), d in zip(copies, (dk, dv), strict=True):
+            src = TensorSpec(shape=shape, dtype=f32, strides=strides)
+            front.append(Memory(fn="copy", numel=op.batch * op.heads * kv * d, dtype=f32, inputs=(src,),
                                 outputs=(TensorSpec(shape=shape, dtype=f32),), **common))  # fmt: skip
     out = op.batch * op.heads * op.q_len * op.dv
     back = (Memory(fn="cast", numel=out, dtype=f32, outputs=(TensorSpec(shape=(out,), dtype=op.dtype),),
