@@ -683,6 +683,36 @@ def test_the_write_back_charge_out_of_sample(hardware: str) -> None:
     assert charged < 0.65 * plain
 
 
+FAMILY_CHECKS = {
+    "family-check-1950": (
+        "FAMILY_CHECK_CASES",
+        {"check14_olmo2_prefill_b1_s4096_bf16_l4", "check14_starcoder2_decode_b4_kv4096_bf16_l4"},
+    ),
+    "family-check2-2005": ("FAMILY_CHECK2_CASES", {"check15_olmo2_decode_b8_kv2048_bf16_l4"}),
+    "falcon-check-2022": ("FALCON_CHECK_CASES", {"check16_falcon_decode_b16_kv1024_fp16_l4"}),
+}  # fmt: skip
+"""Families no measurement had seen, each from a local config.json (READMEs there), and the GPU-time misses of
+each. The first run found where the profile did not transfer (6 of 12 within 5%: a cost cache that kept one layout
+per op config, dense GEMMs over unaligned rows, decodes that fill a sliding window, SDPA's math path), and the
+changes that followed are in sample for it. The second run's cases were written down after the first three
+changes and before its measurement: out of sample for them (the math path came after it). The Falcon run's were
+written down after the math path was first priced; the keys' copy was then found to read their transpose, from the
+first run's trace but after the Falcon run's errors were seen, so that run is in sample for it (README there)."""
+
+
+@pytest.mark.parametrize("folder", sorted(FAMILY_CHECKS))
+def test_families_no_measurement_had_seen(folder: str) -> None:
+    # Left: OLMo 2, whose rotary embedding and q/k norms compute in float32 (-5.6% to -6.9%); StarCoder2's masked
+    # decode over 24 query heads per 2 key heads, a group of 12 the sweep's masked points (1 and 4) do not reach
+    # (-10%); a Falcon decode of 16 sequences, whose math path's key copy and row-wise passes over 1,025 columns
+    # the points price above what they run (+21%).
+    list_name, misses = FAMILY_CHECKS[folder]
+    recomputed = reproduced_check(RESULTS / folder, folder, getattr(heldout_mod, list_name))
+    assert gpu_misses(recomputed) == misses
+    roofline = {r["case"]: r["predicted"]["roofline"]["gpu_err"] for r in recomputed["cases"]}
+    assert sum(abs(e) <= GPU_TARGET for e in roofline.values()) == 0
+
+
 H200 = REPO / "benchmarks" / "results" / "gpu" / "h200" / "heldout"
 """The 12 held-out cases measured on an H200 and predicted with ``-H h200`` (its own profile)."""
 H200_MISSES: set[tuple[str, str]] = set()
@@ -737,7 +767,7 @@ def test_a_whole_sweep_from_nothing_reproduces_the_shipped_profile_and_its_gpu_t
     assert fresh.complete and len(fresh.points) == fresh.planned
     theirs = {p.key: p.seconds for p in shipped.points}
     ratios = sorted(p.seconds / theirs[p.key] for p in fresh.points if p.key in theirs)
-    assert len(ratios) >= 0.95 * len(shipped.points)
+    assert len(ratios) >= 0.95 * len(fresh.points)  # the shipped profile has grown since
     q = lambda f: ratios[int(f * (len(ratios) - 1))]  # noqa: E731
     assert 0.99 <= q(0.5) <= 1.01 and q(0.05) >= 0.96 and q(0.95) <= 1.04, (q(0.05), q(0.5), q(0.95))
     report = json.loads((folder / "report.json").read_text())
