@@ -415,8 +415,9 @@ there), data the change never saw: the folder, the GPU-time misses and the lowes
 def test_the_held_out_cases_measured_after_the_write_back_charge(hardware: str) -> None:
     # H100: GPU time within 5% on 11 of 12, every decode -2.7% to -1.0% (-4.9% to -2.0% without the charge), the
     # Llama-70B prefill over (its GEMMs from an idle GPU +5.2%); the fp16 Qwen3-MoE prefill's random router sits on
-    # the line (+4.995%; +5.006% before the cost cache was keyed by tensor layouts). H200: 12 of 12, the decodes -4.9% to -1.7% (10 of 12 without: two decodes -5.2% and
-    # -6.0%). Per-op 12 of 12 on each. Walls met the host's slow state and are not judged.
+    # the line (+4.995%; +5.006% before the cost cache was keyed by tensor layouts). H200: 12 of 12, the decodes
+    # -4.9% to -1.7% (10 of 12 without: two decodes -5.2% and -6.0%). Per-op 12 of 12 on each. Walls met the host's
+    # slow state and are not judged.
     folder, misses, lowest = AFTER_WRITEBACK[hardware]
     recomputed = reproduced_check(folder, f"{hardware} run after the write-back charge", heldout_mod.CASES, hardware)
     assert gpu_misses(recomputed) == misses
