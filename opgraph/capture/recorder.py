@@ -481,12 +481,29 @@ class _FunctionMode(TorchFunctionMode):
 _SDPA_PARAMS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 
 
-def sdpa_math_note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """What to tell about a ``scaled_dot_product_attention`` call that CUDA runs on its math path, or ``None``.
+def sdpa_math_path(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], enable_gqa: bool) -> bool:
+    """Whether CUDA runs a 4-d ``scaled_dot_product_attention`` of these query, key and value shapes on its
+    math path: the fused kernels (flash, memory-efficient, cuDNN) take keys and values of the queries' batch
+    and as many heads (fewer only with ``enable_gqa``, a divisor of the query heads).
 
-    The fused kernels (flash, memory-efficient, cuDNN) take keys and values of as many heads as the queries
-    (fewer only with ``enable_gqa``) and of the same batch; any other call runs as float32 matmuls, a mask
-    add and a softmax over materialised scores. Falcon-7B's multi-query attention (71 query heads over one
+    >>> sdpa_math_path((1, 71, 8, 64), (1, 1, 8, 64), (1, 1, 8, 64), False)
+    True
+    >>> sdpa_math_path((1, 32, 8, 64), (1, 8, 8, 64), (1, 8, 8, 64), True)
+    False
+    """
+    if not len(q) == len(k) == len(v) == 4:
+        return False
+    if not q[0] == k[0] == v[0]:
+        return True
+    if q[1] == k[1] == v[1]:
+        return False
+    return not (enable_gqa and k[1] == v[1] and q[1] % k[1] == 0)
+
+
+def sdpa_math_note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """What to tell about a ``scaled_dot_product_attention`` call that CUDA runs on its math path
+    (:func:`sdpa_math_path`), or ``None``: float32 matmuls, a mask add and a softmax over materialised scores.
+    Falcon-7B's multi-query attention (71 query heads over one
     key head, no ``enable_gqa``) is one: 6.4 ms a layer at 2048 tokens on an H100, where a fused kernel
     would take 0.09. The lowering prices such a call as that path's kernels (``Attention.math``); the graph
     says why.
@@ -503,13 +520,13 @@ def sdpa_math_note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
         return None
     assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-    same_batch = q.shape[0] == k.shape[0] == v.shape[0]
-    gqa = bool(call.get("enable_gqa")) and k.shape[1] == v.shape[1] and q.shape[1] % k.shape[1] == 0
-    if same_batch and (q.shape[1] == k.shape[1] == v.shape[1] or gqa):
+    gqa = bool(call.get("enable_gqa"))
+    if not sdpa_math_path(tuple(q.shape), tuple(k.shape), tuple(v.shape), gqa):
         return None
+    same_batch = q.shape[0] == k.shape[0] == v.shape[0]
     return (
         f"scaled_dot_product_attention of {q.shape[1]} query heads over {k.shape[1]} key/value heads"
-        f"{'' if same_batch else ' of another batch'}{'' if gqa else ' without enable_gqa'}: no fused kernel "
+        f"{'' if same_batch else ' of another batch'}{' with' if gqa else ' without'} enable_gqa: no fused kernel "
         "takes it, so CUDA runs it on SDPA's math path (inputs cast to float32, float32 matmuls, the mask added "
         "and a safe softmax over the materialised scores); priced as those kernels (Attention.math)"
     )

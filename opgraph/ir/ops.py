@@ -800,8 +800,10 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
     """The kernels an eager attention op runs (``()`` for a fused one), as ops a cost model prices one by
     one: the scores' batched matmul, each :class:`EagerPass` over the scores in order, the values'
     batched matmul; a ``baddbmm``'s addend copy (:attr:`EagerPass.addend`) comes first, and the scores'
-    matmul then accumulates onto it. A causal prefill's softmax is ``masked``. Their shapes follow the op's
-    fields (a rebatched or sharded op's parts are its own).
+    matmul then accumulates onto it. A causal prefill's softmax is ``masked``. A call on SDPA's math path
+    (:attr:`Attention.math`) runs its matmuls in float32, after its inputs' casts and scales and, where one key
+    head serves several sequences' query heads, copies of the keys and values to every head; its output is
+    cast back last. Their shapes follow the op's fields (a rebatched or sharded op's parts are its own).
 
     >>> att = Attention(id=0, batch=1, q_len=4, kv_len=4, heads=2, kv_heads=2, head_dim=8,
     ...                 eager=(EagerPass(kind=OpKind.SOFTMAX, fn="_softmax", read=2, written=2),))

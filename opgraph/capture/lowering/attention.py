@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from opgraph.capture.lowering.base import FREE, Lowering, numel
 from opgraph.capture.lowering.memory import memory_fn
-from opgraph.capture.recorder import Event, TRef
+from opgraph.capture.recorder import Event, TRef, sdpa_math_path
 from opgraph.ir.dtypes import DType
 from opgraph.ir.ops import AttentionVariant, EagerPass, OpKind, sdpa_math_passes
 
@@ -47,16 +47,9 @@ _ROW_MAX_FNS = frozenset({"amax", "max", "logsumexp"})
 
 
 def _math_path(ev: Event) -> bool:
-    """Whether CUDA runs an SDPA call on its math path: no fused kernel takes keys and values of other heads
-    than the queries' (fewer only with ``enable_gqa``) or of another batch (Falcon's multi-query attention:
-    71 query heads over one key head, no ``enable_gqa``)."""
-    q, k, v = ev.inputs[0], ev.inputs[1], ev.inputs[2]
+    """Whether CUDA runs this SDPA call on its math path (:func:`~opgraph.capture.recorder.sdpa_math_path`)."""
     gqa = ev.kwargs.get("enable_gqa", ev.args[7] if len(ev.args) > 7 else False)
-    if q.shape[0] != k.shape[0] or k.shape[0] != v.shape[0]:
-        return True
-    if q.shape[1] == k.shape[1] == v.shape[1]:
-        return False
-    return not (bool(gqa) and k.shape[1] == v.shape[1] and q.shape[1] % k.shape[1] == 0)
+    return sdpa_math_path(ev.inputs[0].shape, ev.inputs[1].shape, ev.inputs[2].shape, bool(gqa))
 
 
 def _ir_dtype(ref: TRef) -> DType | None:
