@@ -327,6 +327,16 @@ def _attention(
     )  # fmt: skip
 
 
+def _float_tables_rope(tokens: int, heads: int = 32, head_dim: int = 128) -> Rope:
+    """A rotary embedding as OLMo 2 records it: bfloat16 queries (a transposed view of the projection) under
+    float32 cos/sin tables, the output cast back to bfloat16."""
+    q = TensorSpec(shape=(1, heads, tokens, head_dim), dtype=DType.bf16,
+                   strides=(tokens * heads * head_dim, head_dim, heads * head_dim, 1))  # fmt: skip
+    table = TensorSpec(shape=(1, 1, tokens, head_dim), dtype=DType.fp32)
+    out = TensorSpec(shape=(1, heads, tokens, head_dim), dtype=DType.bf16)
+    return Rope(id=0, tokens=tokens, heads=heads, head_dim=head_dim, inputs=(q, table, table), outputs=(out,))
+
+
 def _chunked_swiglu(tokens: int, inter: int) -> Activation:
     """``silu(gate) * up`` as an MoE experts block runs it: ``gate, up = gate_up.chunk(2, -1)``, so
     each operand is a strided view (rows ``2 * inter`` apart) of one ``[tokens, 2 * inter]`` tensor."""
@@ -590,6 +600,8 @@ def _gpu_sweep() -> list[SweepPoint]:
         pts += _series(
             f"rope.h{h}.d{d}", (Rope(id=0, tokens=t, heads=h, head_dim=d) for t in TOKENS), base=0 if h == 32 else 1
         )
+    # float32 cos/sin under bfloat16 queries (OLMo 2): the rotation runs in float32, then the cast back
+    pts += _series("rope.float_tables.h32.d128", (_float_tables_rope(t) for t in TOKENS), base=2)
     for inter in (8192, 14336, 28672):
         ops = (Activation(id=0, fn="swiglu", numel=t * inter, hidden=inter, gated=True) for t in TOKENS)
         pts += _series(f"act.swiglu.{inter}", ops, base=0 if inter == 14336 else 1)

@@ -407,6 +407,15 @@ FALCON_CHECK_CASES: list[dict[str, Any]] = _cases("check16", [
     ("falcon", "falcon-7b", "decode", 4, 4096, "bf16", 4, 20),
 ])  # fmt: skip
 
+# Pre-registered at 21:05 UTC on 2026-11-27, after a rotary embedding under wider cos/sin tables was priced from
+# points measured that way (``rope:float_tables``, from family-check-1950's OLMo 2 prefill) and before those points
+# were measured or these cases ran: OLMo 2 shapes no run measured.
+OLMO2_CHECK_CASES: list[dict[str, Any]] = _cases("check17", [
+    ("olmo2", "olmo-2-7b", "prefill", 2, 2048, "bf16", 4, 20),
+    ("olmo2", "olmo-2-7b", "decode", 16, 1024, "bf16", 4, 20),
+    ("olmo2", "olmo-2-7b", "prefill", 1, 1024, "fp16", 4, 20),
+])  # fmt: skip
+
 CHECKS: dict[str, list[dict[str, Any]]] = {
     "MOE_CHECK_CASES": MOE_CHECK_CASES,
     "FALLBACK_CHECK_CASES": FALLBACK_CHECK_CASES,
@@ -429,6 +438,7 @@ CHECKS: dict[str, list[dict[str, Any]]] = {
     "FAMILY_CHECK_CASES": FAMILY_CHECK_CASES,
     "FAMILY_CHECK2_CASES": FAMILY_CHECK2_CASES,
     "FALCON_CHECK_CASES": FALCON_CHECK_CASES,
+    "OLMO2_CHECK_CASES": OLMO2_CHECK_CASES,
 }
 """Every check run's cases by list name (``--cases`` picks from them by case name)."""
 

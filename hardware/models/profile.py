@@ -334,7 +334,7 @@ def profile_features(op: OpBase) -> Features | None:
     if isinstance(op, Norm):
         simple[Norm] = (f"norm:{op.variant.value}", (_lg(op.hidden),), ("hidden",))
     elif isinstance(op, Rope):
-        simple[Rope] = ("rope", (_lg(op.head_dim),), ("head_dim",))
+        simple[Rope] = ("rope" + (FLOAT_TABLES if float_tables(op) else ""), (_lg(op.head_dim),), ("head_dim",))
     elif isinstance(op, Activation):
         gated = op.gated or op.fn in ("swiglu", "geglu")
         simple[Activation] = (f"activation:{op.fn}{':gated' if gated and not op.fn.endswith('glu') else ''}", (), ())
@@ -388,12 +388,14 @@ ACCUMULATE = ":accumulate"
 """Regime suffix of a batched GEMM that adds its product onto an operand it reads
 (:attr:`opgraph.ir.Gemm.accumulates`: BLOOM's alibi scores, 540 us a layer at b4 s2048 against 412 priced
 from plain bmm points)."""
+FLOAT_TABLES = ":float_tables"
+"""Regime suffix of a rotary embedding whose cos/sin tables are wider than its queries (see :func:`float_tables`)."""
 HALF_TO_FLOAT = ":half_to_float"
 """Regime suffix of a softmax taken in float32 of half input (see :func:`half_input_softmax`)."""
 SCALAR = ":scalar"
 """Regime suffix of an elementwise op whose second operand is a scalar (:attr:`opgraph.ir.Elementwise.scalar`):
 one tensor read, another kernel."""
-VARIANTS = (STRIDED, WEIGHTS, UNALIGNED, BROADCAST, SCALAR, HALF_TO_FLOAT, ACCUMULATE, MASKED)
+VARIANTS = (STRIDED, WEIGHTS, UNALIGNED, BROADCAST, SCALAR, HALF_TO_FLOAT, ACCUMULATE, MASKED, FLOAT_TABLES)
 """Regime suffixes of a variant of a regime: a profile without the variant's points predicts it from the
 nearest regime it has of :func:`variant_chain` (the plain regime last), and says so."""
 
@@ -467,6 +469,17 @@ def unaligned_rows(op: OpBase) -> bool:
     elif isinstance(op, Memory) and op.outputs and len(op.outputs[0].shape) >= 2:
         row = op.outputs[0].shape[-1]
     return row is not None and _misaligned(row, op.dtype.itemsize)
+
+
+def float_tables(op: OpBase) -> bool:
+    """Whether ``op`` is a rotary embedding whose recorded cos/sin tables (``[b, 1, s, d]``) are wider than its
+    dtype: OLMo 2's float32 tables under bfloat16 queries, so ``q * cos + rotate_half(q) * sin`` runs in float32
+    before the cast back (OLMo 2-7B's prefill at 4096 tokens on an H100: 1.6-1.9x what bfloat16 tables' points
+    give)."""
+    return isinstance(op, Rope) and any(
+        len(t.shape) == 4 and t.shape[1] == 1 and t.dtype.is_float and t.dtype.itemsize > op.dtype.itemsize
+        for t in op.inputs
+    )
 
 
 def half_input_softmax(op: OpBase) -> bool:

@@ -67,7 +67,9 @@ class RopeRecipe(Recipe[Rope]):
                     x_rot, x_pass = x[..., :rd], x[..., rd:]
                     outs.append(torch.cat(((x_rot * c) + (rotate_half(x_rot) * s), x_pass), dim=-1))
                 else:
-                    outs.append((x * c) + (rotate_half(x) * s))
+                    # tables wider than x (OLMo 2's float32 ones): computed in their dtype, cast back as the
+                    # model does (``q_embed.to(q_type)``); a no-op otherwise
+                    outs.append(((x * c) + (rotate_half(x) * s)).to(x.dtype))
             return tuple(outs)
 
         return Case(inputs=(cos, sin, *xs), run=run, note="HF apply_rotary_pos_emb")
