@@ -685,28 +685,27 @@ def test_the_write_back_charge_out_of_sample(hardware: str) -> None:
 
 
 FAMILY_CHECKS = {
-    "family-check-1950": (
-        "FAMILY_CHECK_CASES",
-        {"check14_olmo2_prefill_b1_s4096_bf16_l4", "check14_starcoder2_decode_b4_kv4096_bf16_l4"},
-    ),
-    "family-check2-2005": ("FAMILY_CHECK2_CASES", {"check15_olmo2_decode_b8_kv2048_bf16_l4"}),
+    "family-check-1950": ("FAMILY_CHECK_CASES", {"check14_starcoder2_decode_b4_kv4096_bf16_l4"}),
+    "family-check2-2005": ("FAMILY_CHECK2_CASES", set()),
     "falcon-check-2022": ("FALCON_CHECK_CASES", {"check16_falcon_decode_b16_kv1024_fp16_l4"}),
+    "olmo2-check-2107": ("OLMO2_CHECK_CASES", {"check17_olmo2_decode_b16_kv1024_bf16_l4"}),
 }  # fmt: skip
 """Families no measurement had seen, each from a local config.json (READMEs there), and the GPU-time misses of
 each. The first run found where the profile did not transfer (6 of 12 within 5%: a cost cache that kept one layout
-per op config, dense GEMMs over unaligned rows, decodes that fill a sliding window, SDPA's math path), and the
-changes that followed are in sample for it. The second run's cases were written down after the first three
-changes and before its measurement: out of sample for them (the math path came after it). The Falcon run's were
-written down after the math path was first priced; the keys' copy was then found to read their transpose, from the
-first run's trace but after the Falcon run's errors were seen, so that run is in sample for it (README there)."""
+per op config, dense GEMMs over unaligned rows, decodes that fill a sliding window, SDPA's math path, OLMo 2's
+float32 rotary tables), and the changes that followed are in sample for it. The second run's cases were written
+down after the first three changes and before its measurement: out of sample for them (its 11 of 12 then; its
+Falcon and OLMo 2 decodes are in sample for the later two). The Falcon run's were written down after the math path
+was first priced; the keys' copy was then found to read their transpose, from the first run's trace but after the
+Falcon run's errors were seen, so that run is in sample for it. The OLMo 2 run's were written down after the
+float-tables rotary regime and before its points: out of sample for it (READMEs there)."""
 
 
 @pytest.mark.parametrize("folder", sorted(FAMILY_CHECKS))
 def test_families_no_measurement_had_seen(folder: str) -> None:
-    # Left: OLMo 2, whose rotary embedding and q/k norms compute in float32 (-5.6% to -6.9%); StarCoder2's masked
-    # decode over 24 query heads per 2 key heads, a group of 12 the sweep's masked points (1 and 4) do not reach
-    # (-10%); a Falcon decode of 16 sequences, whose math path's key copy and row-wise passes over 1,025 columns
-    # the points price above what they run (+21%).
+    # Left: StarCoder2's masked decode over 24 query heads per 2 key heads, a group of 12 the sweep's masked points
+    # (1 and 4) do not reach (-9.6%); a Falcon decode of 16 sequences, whose math path's key copy over 1,025 keys the
+    # points price above what it runs (+15%); an OLMo 2 decode (-5.2%: its q/k norms, which also compute in float32).
     list_name, misses = FAMILY_CHECKS[folder]
     recomputed = reproduced_check(RESULTS / folder, folder, getattr(heldout_mod, list_name))
     assert gpu_misses(recomputed) == misses

@@ -391,10 +391,10 @@ def _sweep_key(op: OpBase, point: ProfilePoint) -> str:
     return config_key(op) + ("-" + point.key.partition("-")[2] if point.tag else "")
 
 
-H100_ONLY_PREFIXES = ("gemm.unaligned.", "attn.decode.masked.", "attn.math.")
+H100_ONLY_PREFIXES = ("gemm.unaligned.", "attn.decode.masked.", "attn.math.", "rope.float_tables.")
 """Series added on 2026-11-27 after families no measurement had seen (Falcon, GPT-2, StarCoder2...:
 ``benchmarks/results/gpu/h100/heldout/family-check-1950/``): measured on an H100 by ``profile_resume.sh`` at
-20:02 UTC; no H200 was lent for the rest of that session, so the H200 profile predicts them from the regimes
+20:02-21:06 UTC; no H200 was lent for the rest of that session, so the H200 profile predicts them from the regimes
 they fall back to (``hardware.models.profile.variant_chain``) until it is resumed."""
 
 
