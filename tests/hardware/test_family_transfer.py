@@ -28,8 +28,8 @@ from opgraph.ir import (
     load_graph,
     sdpa_math_passes,
 )
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "benchmarks" / "gpu" / "configs"
 
 
