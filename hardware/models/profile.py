@@ -320,8 +320,7 @@ def profile_features(op: OpBase) -> Features | None:
             # the batch and head counts apart, decides how much of the GPU it fills. Once the keys fill a
             # window the model passes a mask, and SDPA runs a kernel that takes one, over every key.
             units = (_lg(op.batch * op.kv_heads), _lg(op.head_dim), _lg(op.heads // op.kv_heads))
-            masked = op.window_full
-            regime, size = ("attention:decode" + MASKED, op.kv_len) if masked else ("attention:decode", kv)
+            regime, size = ("attention:decode" + MASKED, op.kv_len) if op.window_full else ("attention:decode", kv)
             return Features(regime, "kv_len", _lg(size), units, ("batch*kv_heads", "head_dim", "gqa"))
         if not op.causal:
             regime = "attention:full"

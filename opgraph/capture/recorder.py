@@ -517,9 +517,8 @@ def sdpa_math_note(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
     call = dict(zip(_SDPA_PARAMS, args, strict=False))
     call.update({k: v for k, v in kwargs.items() if k in _SDPA_PARAMS})
     q, k, v = call.get("query"), call.get("key"), call.get("value")
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k, v)):
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
         return None
-    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
     gqa = bool(call.get("enable_gqa"))
     if not sdpa_math_path(tuple(q.shape), tuple(k.shape), tuple(v.shape), gqa):
         return None

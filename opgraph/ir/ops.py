@@ -812,10 +812,10 @@ def eager_parts(op: Attention) -> tuple[OpBase, ...]:
     """
     if op.eager is None:
         return ()
-    front, back, mm_dtype = _math_ends(op) if op.math else ((), (), op.dtype)
     bh, rows = op.batch * op.heads, op.batch * op.heads * op.q_len
     scores = rows * op.kv_len
     common: dict[str, Any] = {"id": op.id, "scope": op.scope, "layer": op.layer, "stage": op.stage, "step": op.step}
+    front, back, mm_dtype = _math_ends(op, common) if op.math else ((), (), op.dtype)
     before: list[OpBase] = []  # a baddbmm's addend, copied into the scores before its matmul
     after: list[OpBase] = []
     for p in op.eager:
@@ -906,12 +906,12 @@ def _math_operands(op: Attention) -> tuple[dict[str, Any], dict[str, Any]]:
     return {"inputs": (q, keys)}, {"inputs": (weights, values)}
 
 
-def _math_ends(op: Attention) -> tuple[tuple[OpBase, ...], tuple[OpBase, ...], DType]:
+def _math_ends(op: Attention, common: dict[str, Any]) -> tuple[tuple[OpBase, ...], tuple[OpBase, ...], DType]:
     """SDPA's math path around its matmuls (``aten._scaled_dot_product_attention_math``): half inputs cast to
     float32; the queries and the transposed keys scaled by ``head_dim ** -0.25`` each; where the keys and
     values are broadcast over the query heads of more than one sequence, copies of them expanded to every
-    head (``matmul`` cannot fold the broadcast into its batch); and the output cast back."""
-    common: dict[str, Any] = {"id": op.id, "scope": op.scope, "layer": op.layer, "stage": op.stage, "step": op.step}
+    head (``matmul`` cannot fold the broadcast into its batch); and the output cast back. ``common``: the
+    fields each part takes from the op (its id and where it sits)."""
     f32 = DType.fp32
     half = op.dtype is not f32 and op.dtype.is_float
     q = op.batch * op.heads * op.q_len * op.head_dim

@@ -319,10 +319,10 @@ class LowerAttention:
         if f is None:
             return
         if not flash_layout and _math_path(ev):
-            mask = ev.inputs[3] if has_mask else None
+            mask = _ir_dtype(ev.inputs[3]) if has_mask else None
             half = q.dtype in ("bf16", "fp16")
-            mask_bytes = DType(mask.dtype).itemsize if mask is not None and _ir_dtype(mask) else 0.0
-            f |= {"math": True, "eager": sdpa_math_passes(mask_bytes=mask_bytes, heads=h, half=half)}
+            passes = sdpa_math_passes(mask_bytes=mask.itemsize if mask else 0.0, heads=h, half=half)
+            f |= {"math": True, "eager": passes}
         g = lw.claim([ev.index, *self._layout_copy(lw, ev)], OpKind.ATTENTION, f, call=ev.call)
         out = ev.outputs[0]
         if query is not None:
