@@ -122,6 +122,8 @@ class Event:
     """Tagged pointwise by PyTorch."""
     composite: bool = False
     """A composite recorded at the function level (SDPA)."""
+    written: tuple[int, ...] = ()
+    """Ids of the inputs passed as ``out=`` arguments (``torch.mm(a, b, out=c)``): written, not read."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -132,6 +134,8 @@ class _FuncInfo:
     is_view: bool
     mutated: tuple[int | str, ...]
     pointwise: bool
+    outs: tuple[str, ...]
+    """Names of the ``out=`` arguments (written, never read)."""
 
 
 def _func_info(func: Any) -> _FuncInfo:
@@ -145,7 +149,14 @@ def _func_info(func: Any) -> _FuncInfo:
     parts = name.split(".")
     fn = parts[1] if len(parts) > 2 else parts[-1]
     pointwise = torch.Tag.pointwise in getattr(func, "tags", ())
-    return _FuncInfo(name, fn, bool(getattr(func, "is_view", False)), tuple(mutated), pointwise)
+    outs = tuple(arg.name for arg in schema.arguments if arg.is_out)
+    return _FuncInfo(name, fn, bool(getattr(func, "is_view", False)), tuple(mutated), pointwise, outs)
+
+
+def _tensors_in(value: Any) -> list[Any]:
+    """The tensors of an argument: itself, or those of a list or tuple of them."""
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def _encode_float(v: float) -> Any:
@@ -263,6 +274,8 @@ class Recorder:
         enc_args = tuple(self._encode(a, tensors) for a in args)
         enc_kwargs = {k: self._encode(v, tensors) for k, v in kwargs.items() if k != "device"}
         inputs = tuple(self._ref(t) for t in tensors)
+        out_args = {id(t) for name in info.outs for t in _tensors_in(kwargs.get(name))}
+        written = tuple(r.tid for t, r in zip(tensors, inputs, strict=True) if id(t) in out_args)
         index = len(self.events)
         if stand_in is not None:
             out, assumption = stand_in
@@ -286,11 +299,9 @@ class Recorder:
         if info.mutated:
             for pos in info.mutated:
                 m = kwargs.get(pos) if isinstance(pos, str) else (args[pos] if pos < len(args) else None)
-                ms = m if isinstance(m, (list, tuple)) else (m,)
-                for t in ms:
-                    if isinstance(t, torch.Tensor):
-                        mutated_keys.add(t.untyped_storage()._cdata)
-                        self._fresh(t)  # new version, produced by this event
+                for t in _tensors_in(m):
+                    mutated_keys.add(t.untyped_storage()._cdata)
+                    self._fresh(t)  # new version, produced by this event
         out_refs: list[TRef] = []
         alias = not mutated_keys and bool(outs)
         if info.fn == "_to_copy" and outs and tensors and outs[0].device != tensors[0].device:
@@ -318,6 +329,7 @@ class Recorder:
             alias=alias or info.is_view,
             mutates=bool(mutated_keys),
             pointwise=info.pointwise,
+            written=written,
         )
         return out
 
@@ -335,13 +347,14 @@ class Recorder:
         mutates: bool = False,
         pointwise: bool = False,
         composite: bool = False,
+        written: tuple[int, ...] = (),
     ) -> None:
         """Log an event in the innermost module call, with the current stage and step."""
         call = self._stack[-1] if self._stack else -1
         self.events.append(
             Event(
                 index, target, fn, inputs, outputs, call, self.stage, self.step, args, kwargs,
-                alias=alias, mutates=mutates, pointwise=pointwise, composite=composite,
+                alias=alias, mutates=mutates, pointwise=pointwise, composite=composite, written=written,
             )
         )  # fmt: skip
 

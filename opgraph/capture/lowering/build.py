@@ -115,10 +115,14 @@ def build_ops(lw: Lowering, scopes: list[str]) -> tuple[list[OpBase], list[Edge]
         first: Event = lw.events[g.members[0]]
         scope = scopes[g.call] if g.call >= 0 else ""
         data: dict[str, Any] = dict(g.fields)
+        specs = tuple(_spec(r) for r in ins)
+        unread = {tid for m in g.members for tid in lw.events[m].written}
+        if unread and "bytes_read" not in data:  # an ``out=`` buffer: an input only written, no bytes read
+            data["bytes_read"] = sum(t.nbytes for t in specs if t.id not in unread)
         data.update(
             id=new_id,
             target=g.target,
-            inputs=tuple(_spec(r) for r in ins),
+            inputs=specs,
             outputs=tuple(_spec(r) for r in outs),
             scope=scope,
             layer=layer_of(scope),
