@@ -176,6 +176,20 @@ MOE: tuple[tuple[str, int, int, int, int], ...] = (
 )
 """(name, experts, top_k, hidden, expert intermediate size) of MoE layers."""
 
+LOOP_MOE: tuple[tuple[str, int, int, int, int], ...] = (
+    *MOE,
+    ("qwen3moe235b", 128, 8, 4096, 1536),
+    ("gptoss", 32, 4, 2880, 2880),
+    ("phi35moe", 16, 2, 4096, 6400),
+)
+"""The MoE layers whose expert products the loop series measure (``moe.*.loop``; Qwen3-235B-A22B, gpt-oss-20b
+and Phi-3.5-MoE beside those of :data:`MOE`): each expert's weights of 3 to 235 MB spread over the range of
+bytes the loop's efficiency curve is measured along (``hardware.models.profile``, the expert-loop regime)."""
+
+LOOP_ROWS = (1, 8, 32, 128, 512, 2048)
+"""Rows per expert of the loop series: one grid for every layer of :data:`LOOP_MOE`, so each row count is
+measured over the whole range of bytes."""
+
 TOKENS = (1, 8, 32, 128, 512, 2048, 8192, 16384)
 """Token counts of pointwise ops: decode batches to long prefills."""
 
@@ -510,15 +524,17 @@ def _gpu_sweep() -> list[SweepPoint]:
                 pts += _series(f"gemm.eager_scores.d{d}.bh{bh}.kv{kv}", ops, base=2, warm=(0,))
                 ops = (_gemm(q, d, kv, batch=bh) for q in qs)
                 pts += _series(f"gemm.eager_values.d{d}.bh{bh}.kv{kv}", ops, base=2, warm=(0,))
-    # MoE: routing, dispatch, expert GEMMs (batched as captured, and the eager loop), combine.
+    # MoE: the eager loop's expert products (torch's fallback of ``_grouped_mm`` too), one row grid over
+    # every layer's expert shapes; then routing, dispatch, batched and grouped expert GEMMs, combine.
+    for name, e, top, hidden, inter in LOOP_MOE:
+        for part, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
+            ops = (_experts(name, part, rows * e // top, e, top, n, k, "loop") for rows in LOOP_ROWS)
+            pts += _series(f"moe.{name}.{part}.loop", ops, base=2)
     for name, e, top, hidden, inter in MOE:
         toks = TOKENS
         for part, n, k in (("gate_up", 2 * inter, hidden), ("down", hidden, inter)):
             pts += _series(
                 f"moe.{name}.{part}", (_experts(name, part, t, e, top, n, k, "bmm") for t in toks), base=0, warm=(0,)
-            )
-            pts += _series(
-                f"moe.{name}.{part}.loop", (_experts(name, part, t, e, top, n, k, "loop") for t in toks), base=2
             )
             pts += _series(
                 f"moe.{name}.{part}.grouped",

@@ -416,7 +416,7 @@ OLMO2_CHECK_CASES: list[dict[str, Any]] = _cases("check17", [
     ("olmo2", "olmo-2-7b", "prefill", 1, 1024, "fp16", 4, 20),
 ])  # fmt: skip
 
-# Pre-registered at 22:25 UTC on 2026-11-27, after capture stopped counting an ``out=`` buffer as bytes read
+# Pre-registered at 22:23 UTC on 2026-11-27, after capture stopped counting an ``out=`` buffer as bytes read
 # (``opgraph.capture.recorder.Event.written``: torch's fp16 ``_grouped_mm`` fallback writes each expert's product
 # into a slice of one output; the main table's fp16 Qwen3-MoE prefill +5.2% -> +1.4%, in sample), before these
 # cases ran: fp16 MoE prefills of shapes no run measured, and Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B: a
@@ -431,6 +431,20 @@ MOE_FAMILY_CHECK_CASES: list[dict[str, Any]] = _cases("check18", [
     ("qwen15moe", "qwen1.5-moe-a2.7b", "prefill", 2, 1024, "fp16", 4, 20),
     ("qwen2moe", "qwen2-57b-a14b", "decode", 16, 2048, "bf16", 2, 25),
     ("qwen2moe", "qwen2-57b-a14b", "prefill", 1, 2048, "fp16", 2, 25),
+])  # fmt: skip
+
+# Pre-registered at 22:29 UTC on 2026-11-27, after check18 (moe-family-check-2224) priced the fp16 Qwen2-MoE
+# prefills' expert products 13-41% long (the loop points, of two layers' shapes, interpolated over n, k and the
+# experts' count) and the expert-loop regime was redrawn along each product's bytes at its rows, with loop points
+# of three more layers' shapes on one row grid, before those points were measured or these cases ran: fp16 MoE
+# prefills and a decode of shapes no run measured, Mixtral-8x22B and Qwen3-Coder-480B from local configs.
+MOE_LOOP_CHECK_CASES: list[dict[str, Any]] = _cases("check19", [
+    ("qwen15moe", "qwen1.5-moe-a2.7b", "prefill", 1, 4096, "fp16", 4, 20),
+    ("qwen2moe", "qwen2-57b-a14b", "prefill", 2, 1024, "fp16", 2, 25),
+    ("mixtral22b", "mixtral-8x22b", "prefill", 1, 2048, "fp16", 2, 30),
+    ("qwen3coder", "qwen3-coder-480b-a35b", "prefill", 1, 2048, "fp16", 2, 30),
+    ("qwen3coder", "qwen3-coder-480b-a35b", "decode", 8, 1024, "fp16", 2, 30),
+    ("qwen3moe", "qwen3-30b-a3b", "prefill", 2, 2048, "fp16", 2, 25),
 ])  # fmt: skip
 
 CHECKS: dict[str, list[dict[str, Any]]] = {
@@ -457,6 +471,7 @@ CHECKS: dict[str, list[dict[str, Any]]] = {
     "FALCON_CHECK_CASES": FALCON_CHECK_CASES,
     "OLMO2_CHECK_CASES": OLMO2_CHECK_CASES,
     "MOE_FAMILY_CHECK_CASES": MOE_FAMILY_CHECK_CASES,
+    "MOE_LOOP_CHECK_CASES": MOE_LOOP_CHECK_CASES,
 }
 """Every check run's cases by list name (``--cases`` picks from them by case name)."""
 

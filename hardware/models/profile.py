@@ -122,6 +122,9 @@ class Features:
     """log2 of the shape features."""
     shape_names: tuple[str, ...] = ()
     """Their names."""
+    products: int = 1
+    """How many like products the op runs (an expert-loop point: one per expert): its size and, where a
+    neighbour's efficiency is carried to another shape, its roofline count one of them."""
     fallback: Features | None = None
     """Where the op is placed in a profile that measured no point of ``regime`` (in any dtype), before any
     sibling regime: the regime and features it was priced from before ``regime`` was swept (``None``: the
@@ -277,10 +280,19 @@ def _batched_mm_before(op: Gemm) -> Features:
     product of the loop (:func:`_expert_product`), more pairs the grouped bmm's kernel with a product per
     pair, not that of RoPE's k = 1 products (``gemm:batched``, which priced them 3-7x too long on an H100)."""
     nk = (_lg(op.n), _lg(op.k))
-    experts = _expert_product(op)
-    if experts is not None:
-        return Features(EXPERT_LOOP, "m", _lg(op.m), (*nk, _lg(experts)), ("n", "k", "experts"))
+    if _expert_product(op) is not None:
+        return _loop_features(op)
     return Features(GROUPED_BMM, "m", _lg(op.m), (*nk, _lg(op.batch)), ("n", "k", "experts"))
+
+
+def _loop_features(op: Gemm) -> Features:
+    """An expert-loop product's features: along its bytes, at its rows per expert (``m``). Its expert's
+    weights, read cold, decide its time: the products of every family measured fall on one efficiency
+    curve over their bytes (H100, 128 rows: 0.25 of the roofline at 3.9 MB, 0.59 at 37 MB, 0.77 at 235 MB),
+    where the experts' count and the ``(n, k)`` that make the bytes do not. A loop point (``groups`` =
+    experts, each expert the same rows) stands for one of its products."""
+    products = max(op.groups, 1)
+    return Features(EXPERT_LOOP, "bytes", _lg(roofline_bytes(op) / products), (_lg(op.m),), ("m",), products)
 
 
 def profile_features(op: OpBase) -> Features | None:
@@ -294,9 +306,8 @@ def profile_features(op: OpBase) -> Features | None:
             # pair included: the same kernel from a top-1 decode token to a prefill, so one series.
             pairs = _lg(op.batch * max(op.m, 1))
             return Features(BATCHED_MM, "pairs", pairs, nk, ("n", "k"), fallback=_batched_mm_before(op))
-        experts = _expert_product(op)
-        if experts is not None:
-            return Features(EXPERT_LOOP, "m", _lg(op.m), (*nk, _lg(experts)), ("n", "k", "experts"))
+        if _expert_product(op) is not None or (op.groups > 1 and grouped_kernel(op) == "loop"):
+            return _loop_features(op)
         if op.groups > 1:
             return Features(
                 f"gemm:grouped:{grouped_kernel(op)}", "m", _lg(op.m), (*nk, _lg(op.groups)), ("n", "k", "experts")
@@ -778,7 +789,7 @@ class _Index:
             axes[f.regime] = f.axis
             name = f"{f.axis}={2**f.size:.4g}" + (f"@{f.label()}" if f.shape else "")
             sizes = raw.setdefault((f.regime, p.op.dtype), {}).setdefault(f.shape, {})
-            sizes.setdefault(f.size, []).append((math.log(roof / p.seconds), name, math.log(roof)))
+            sizes.setdefault(f.size, []).append((math.log(roof / p.seconds), name, math.log(roof / f.products)))
         self.regimes: dict[tuple[str, DType], _Regime] = {}
         self.pooled: dict[tuple[str, DType], _Regime] = {}
         """Regimes with the shapes their twin dtypes measured added (see :meth:`find`)."""
