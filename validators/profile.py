@@ -6,7 +6,8 @@ Qwen3-MoE and Mixtral (bf16, a few fp16 and fp32), attention decode and prefill 
 batch, heads, head size and GQA ratio (causal, full, chunked and sliding-window), norms, RoPE,
 activations, elementwise ops, softmax, copies, casts, concatenations, KV-cache writes, embedding
 lookups, MoE routing, dispatch, grouped expert GEMMs and combine as the HF implementations run
-them, and an empty-ish kernel for the launch floor and the host time per aten call.
+them (the eager loop's expert products also over the expert shapes of Qwen3-235B, gpt-oss and
+Phi-3.5-MoE), and an empty-ish kernel for the launch floor and the host time per aten call.
 
 Each point is replayed through the replay recipes and timer (:class:`~validators.Replayer`): cold
 L2 with the op's activations read back, as in a model run (:func:`sweep_timing`), no numeric

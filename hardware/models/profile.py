@@ -9,8 +9,9 @@ a copy...) and dtype (a single expert product of an experts loop is in the exper
 the dense GEMM one):
 
 - along the regime's size axis (``log2 m`` for GEMMs, ``log2 pairs`` for ``batched_mm`` expert GEMMs,
-  ``log2 kv_len`` for a decode, ``log2 q_len`` for a prefill, ``log2 bytes`` for memory-bound kinds)
-  piecewise-linear in ``log(efficiency)`` between the measured sizes of one shape;
+  ``log2 kv_len`` for a decode, ``log2 q_len`` for a prefill, ``log2 bytes`` for memory-bound kinds and
+  for an expert loop's products, whose shape is their rows per expert) piecewise-linear in
+  ``log(efficiency)`` between the measured sizes of one shape;
 - across shapes (``log2 n, log2 k`` of a GEMM; batch, heads, head size and GQA ratio of attention)
   inverse-distance weighted over the nearest measured shapes; off the GEMM ``m`` axis a neighbour's
   efficiency is carried to the op's roofline as its measured time follows the roofline along its
@@ -1109,7 +1110,14 @@ class ProfileModel:
         def dist2(g: _Group) -> float:  # a twin dtype's shape counts as the op's own (twin_dtypes)
             return sum((a - b) ** 2 for a, b in zip(g.shape, f.shape, strict=False))
 
-        ranked = sorted(regime.groups, key=dist2)[:NEIGHBOURS]
+        ranked = sorted(regime.groups, key=dist2)
+        if f.regime == EXPERT_LOOP:
+            # A row count whose products stayed far (over 2x) from the op's bytes would hold its smallest
+            # product's time or its largest's efficiency: the nearest row counts whose products reached them speak
+            # for it instead (a profile whose loop points are not on one row grid: an H200's of 2026-11-26 measured
+            # 1,024 rows of Qwen3-MoE's 3-6 MB experts only, where a Mixtral product of 235 MB at 1,024 rows sits).
+            ranked = [g for g in ranked if g.sizes[0] - 1.0 <= f.size <= g.sizes[-1] + 1.0] or ranked
+        ranked = ranked[:NEIGHBOURS]
         dists = [math.sqrt(dist2(g)) for g in ranked]
         if dists[0] < 1e-9:
             le, used, out = ranked[0].at(f.size)

@@ -838,6 +838,9 @@ class _Rewriter:
             outs = _expert_tensors(op.outputs, self.moe.rows_out.get(index, ()), rows)
             if isinstance(op, Gemm):
                 upd = {"inputs": ins, "outputs": outs, "m": n, "flops": self._scaled(op.flops, op.m, n)}
+                unread = sum(t.nbytes for t in op.inputs) - op.bytes_read
+                if unread > 0:  # the slice of its expert's rows an ``out=`` product writes, not reads
+                    upd["bytes_read"] = sum(t.nbytes for t in ins) - self._scaled(unread, op.m, n)
                 return _rebuild(op, upd, ("flops", "definition"))
             return self._with_tensors(op, {"inputs": ins, "outputs": outs})
         ins = tuple(_map_tensor(t, dims) for t in op.inputs)

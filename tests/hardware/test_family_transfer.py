@@ -70,11 +70,12 @@ def test_a_gemm_over_unaligned_rows_is_priced_from_points_measured_that_way() ->
     assert "gemm:unaligned fp16" in odd.detail and "no gemm:unaligned points" not in odd.detail
     assert odd.seconds > 5 * even.seconds
     assert 3.0e-3 < odd.seconds < 5.5e-3
-    # the H200 profile has no such points yet: it says so and prices the aligned regime
+    # the H200 measured them too (profile_resume.sh, 2026-11-27 23:03 UTC)
+    h200 = load_hardware("h200")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        h200 = ProfileModel().estimate(_lm_head(50257), load_hardware("h200"))
-    assert "no gemm:unaligned points, from gemm" in h200.detail
+        odd, even = model.estimate(_lm_head(50257), h200), model.estimate(_lm_head(50304), h200)
+    assert "gemm:unaligned fp16" in odd.detail and odd.seconds > 5 * even.seconds
 
 
 def _decode(window: int | None, kv_len: int = 4096) -> Attention:

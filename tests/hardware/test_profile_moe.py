@@ -14,9 +14,15 @@ from typing import Any
 import pytest
 
 from hardware import ProfileModel, load_hardware
-from hardware.models.profile import ProfileExtrapolationWarning, roofline_seconds, roofline_terms, router_tiles
+from hardware.models.profile import (
+    ProfileExtrapolationWarning,
+    roofline_bytes,
+    roofline_seconds,
+    roofline_terms,
+    router_tiles,
+)
 from hardware.models.table import CostTable, TableEntry, TableModel
-from opgraph.ir import DType, Gemm
+from opgraph.ir import DType, ExpertGemm, ExpertPart, ExpertsImpl, Gemm
 from tests.hardware.profile_builders import gemm_points, point, synthetic_profile
 
 H100 = load_hardware("h100")
@@ -39,12 +45,58 @@ def _model() -> ProfileModel:
 
 def test_a_per_expert_product_is_costed_from_the_expert_loop_points() -> None:
     product = Gemm(
-        id=0, m=128, n=1536, k=2048, dtype=DType.fp16, target="moe_experts_gate_up",
+        id=0, m=32, n=1536, k=2048, dtype=DType.fp16, target="moe_experts_gate_up",
         definition="moe_grouped_mm_e128_h2048_i768_topk8_gate_up",
     )  # fmt: skip
     cost = _model().estimate(product, H100)
     assert "gemm:grouped:loop" in cost.detail
     assert math.isclose(cost.seconds, roofline_seconds(product, H100) / LOOP_EFF, rel_tol=1e-6)
+
+
+def _layer_loop(m: int, n: int, k: int, experts: int, eff: float) -> object:
+    loop = _expert(experts, 8, ExpertsImpl.LOOP)
+    return point(Gemm(id=0, m=m, n=n, k=k, groups=experts, target="moe_experts_gate_up", expert=loop), eff, H100)
+
+
+def _expert(experts: int, top_k: int, impl: ExpertsImpl = ExpertsImpl.GROUPED_MM) -> ExpertGemm:
+    """An expert GEMM's field: one product of torch's fallback (``grouped_mm``), or a loop point's (``loop``)."""
+    return ExpertGemm(impl=impl, experts=experts, top_k=top_k, part=ExpertPart.GATE_UP)
+
+
+SMALL, LARGE = (1536, 2048, 128), (28672, 4096, 8)
+"""(n, k, experts) of two layers' expert products: Qwen3-30B-A3B's gate_up (6 MB of weights), Mixtral's (235 MB)."""
+
+
+def test_an_expert_product_is_priced_along_its_bytes_whatever_its_layers_shape_and_experts() -> None:
+    # Loop points of two layers at the same rows, 0.3 and 0.75 of the roofline: a product of a third layer
+    # (Qwen2-57B-A14B: 64 experts, n 5120, k 3584) between their bytes takes the efficiency log-linear in
+    # its bytes, whatever its n, k and experts (an interpolation over those mixed the layers' efficiencies
+    # by their distance in n, k and experts: 41% long on an H100).
+    model = ProfileModel(
+        synthetic_profile(H100, [*gemm_points(H100), _layer_loop(256, *SMALL, 0.3), _layer_loop(256, *LARGE, 0.75)])
+    )
+    product = Gemm(id=0, m=256, n=5120, k=3584, dtype=DType.fp16, target="moe_experts_gate_up", expert=_expert(64, 8))
+    small, large = (Gemm(id=0, m=256, n=n, k=k) for n, k, _ in (SMALL, LARGE))
+    t = math.log(roofline_bytes(product) / roofline_bytes(small)) / math.log(
+        roofline_bytes(large) / roofline_bytes(small)
+    )
+    eff = math.exp(math.log(0.3) + t * math.log(0.75 / 0.3))
+    cost = model.estimate(product, H100)
+    assert "gemm:grouped:loop" in cost.detail and "bytes=" in cost.detail
+    assert math.isclose(cost.seconds, roofline_seconds(product, H100) / eff, rel_tol=1e-6)
+
+
+def test_a_row_count_measured_on_small_experts_only_does_not_price_a_large_product() -> None:
+    # A profile whose loop points are not on one row grid (the H200's of 2026-11-26: 1,024 rows of the small
+    # layer only): a large layer's product at those rows is priced from the rows both layers measured, between
+    # the large layer's own costs there, not held at the small layer's efficiency.
+    points = [_layer_loop(m, *shape, eff) for m in (512, 2048) for shape, eff in ((SMALL, 0.3), (LARGE, 0.75))]
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *points, _layer_loop(1024, *SMALL, 0.3)]))
+    n, k, experts = LARGE
+    at = {m: model.estimate(Gemm(id=0, m=m, n=n, k=k, target="moe_experts_gate_up", expert=_expert(experts, 2)), H100)
+          for m in (512, 1024, 2048)}  # fmt: skip
+    assert at[512].seconds < at[1024].seconds < at[2048].seconds
+    assert "m=1024" not in at[1024].detail
 
 
 def test_a_dense_gemm_of_the_same_shape_stays_a_gemm() -> None:

@@ -106,9 +106,10 @@ DATA = RESULTS / "heldout.tar.gz"
 # What the committed data shows, per cost model: the (case, metric) pairs that miss the targets. The
 # test fails when a target is newly missed and when a listed miss is met (then shorten the list), so
 # it says what is true. The roofline misses nearly every target. With the profile (measured with
-# transformers 5.24, the capturing version; its compute-bound points the median of three passes), GPU time
-# misses on the fp16 Qwen3-MoE prefill only (its random-weight router leaves about 25 of 256 expert products
-# idle, which a meta capture's balanced routing charges: README).
+# transformers 5.24, the capturing version; its compute-bound points the median of three passes), every target
+# is met (the fp16 Qwen3-MoE prefill's +5.2% came mostly from counting each fallback product's output slice as
+# bytes read: +1.4% since capture records an ``out=`` argument as written; its random-weight router leaves
+# about 25 of 256 expert products idle, which a meta capture's balanced routing charges: README).
 ALL = "every case and metric"
 KNOWN_MISSES: dict[str, str | set[tuple[str, str]]] = {
     "roofline": {
@@ -147,7 +148,6 @@ KNOWN_MISSES: dict[str, str | set[tuple[str, str]]] = {
         ("qwen3moe_prefill_b2_s1024_fp16_l2", "median_op_err"),
         ("qwen3moe_prefill_b2_s1024_fp16_l2", "wall_err"),
     },
-    "profile": {("qwen3moe_prefill_b2_s1024_fp16_l2", "gpu_err")},
 }
 
 
@@ -389,14 +389,15 @@ def test_balanced_routing_over_the_layers_on_decodes_chosen_after_it(folder: str
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_random_weight_qwen3_moe_router_leaves_experts_idle_in_every_draw(seed: int) -> None:
     # The main table's fp16 Qwen3-MoE prefill with other seeds of its random weights (README): the second
-    # layer's router uses 98-106 of 128 experts each time, and balanced routing's prediction is 5.1-6.6% high
-    # (seed 1 +5.10%, +4.996% before the write-back charge: every draw is as high as the main table's).
+    # layer's router uses 98-106 of 128 experts each time, and balanced routing's prediction is 1.3-2.7% high
+    # (5.1-6.6% before capture stopped counting the fallback's output slices as bytes read: every draw is
+    # about as high as the main table's).
     recomputed = reproduced(RESULTS / "router-seeds-0558" / f"seed{seed}", "other-seed run")
     (case,) = recomputed["cases"]
     first, second = (n // 2 for n in case["routing_check"]["traced_products"])
     assert first == 128 and 96 <= second <= 110
     assert case["routing_check"]["graph_products"] == [256, 256]
-    assert 0.05 <= case["predicted"][recomputed["cli_default_cost_model"]]["gpu_err"] <= 0.07
+    assert 0.01 <= case["predicted"][recomputed["cli_default_cost_model"]]["gpu_err"] <= 0.03
 
 
 AFTER_WRITEBACK: dict[str, tuple[Path, set[str], float]] = {
@@ -689,6 +690,8 @@ FAMILY_CHECKS = {
     "family-check2-2005": ("FAMILY_CHECK2_CASES", set()),
     "falcon-check-2022": ("FALCON_CHECK_CASES", {"check16_falcon_decode_b16_kv1024_fp16_l4"}),
     "olmo2-check-2107": ("OLMO2_CHECK_CASES", {"check17_olmo2_decode_b16_kv1024_bf16_l4"}),
+    "moe-family-check-2224": ("MOE_FAMILY_CHECK_CASES", set()),
+    "moe-loop-check-2231": ("MOE_LOOP_CHECK_CASES", set()),
 }  # fmt: skip
 """Families no measurement had seen, each from a local config.json (READMEs there), and the GPU-time misses of
 each. The first run found where the profile did not transfer (6 of 12 within 5%: a cost cache that kept one layout
@@ -698,7 +701,10 @@ down after the first three changes and before its measurement: out of sample for
 Falcon and OLMo 2 decodes are in sample for the later two). The Falcon run's were written down after the math path
 was first priced; the keys' copy was then found to read their transpose, from the first run's trace but after the
 Falcon run's errors were seen, so that run is in sample for it. The OLMo 2 run's were written down after the
-float-tables rotary regime and before its points: out of sample for it (READMEs there)."""
+float-tables rotary regime and before its points: out of sample for it (READMEs there). The MoE runs: fp16 prefills
+after capture stopped counting an ``out=`` buffer as read, and Qwen2-MoE (6 of 8 first: its fp16 expert products
+13-41% long, from loop points of two layers' shapes), then loop points of five layers on one row grid, the regime
+along each product's bytes, and six new fp16 shapes written down before those points were measured (6 of 6)."""
 
 
 @pytest.mark.parametrize("folder", sorted(FAMILY_CHECKS))
@@ -725,10 +731,12 @@ FRESH_SWEEPS = {
     "fresh-1724": ("h100", "h100-sxm"),
     "fresh-1743": ("h100", "h100-sxm"),
     "fresh-1804": ("h200", "h200"),
+    "fresh-2209": ("h100", "h100-sxm"),
+    "fresh-2245": ("h100", "h100-sxm"),
 }
 """Whole sweeps measured from nothing (``benchmarks/gpu/profile_fresh.sh``; folder -> GPU folder, catalog
 name): ``fresh-1724`` before the sweep timed a reference call beside each point's issue time, the others
-after (commit 07260e8)."""
+after (commit 07260e8); ``fresh-2209`` of the 1,474-point plan, ``fresh-2245`` of the 1,504-point one."""
 
 
 def _fresh_profile(name: str, tmp: Path, *, as_measured: bool = False) -> tuple[Path, Path, str]:
@@ -761,13 +769,19 @@ def test_a_whole_sweep_from_nothing_reproduces_the_shipped_profile_and_its_gpu_t
     """A user's own `opgraph profile --device cuda` on another GPU of the kind, hours after the shipped
     points: the same points within a few percent, and the held-out cases' GPU time within 5% on every case."""
     from hardware import load_profile
+    from validators.configs import config_key
 
     path, folder, catalog = _fresh_profile(name, tmp_path)
     fresh, shipped = load_profile(path), load_profile(REPO / "hardware" / "catalog" / f"{catalog}.profile.json")
     assert fresh.complete and len(fresh.points) == fresh.planned
-    theirs = {p.key: p.seconds for p in shipped.points}
-    ratios = sorted(p.seconds / theirs[p.key] for p in fresh.points if p.key in theirs)
-    assert len(ratios) >= 0.95 * len(fresh.points)  # the shipped profile has grown since
+    # the same op measured: keyed as the sweep keys it today (a point's stored key is that of the sweep that
+    # measured it, and op names have been respelled since)
+    def key(p: Any) -> str:
+        return config_key(p.op) + ("-" + p.key.partition("-")[2] if p.tag else "")
+
+    theirs = {key(p): p.seconds for p in shipped.points}
+    ratios = sorted(p.seconds / theirs[key(p)] for p in fresh.points if key(p) in theirs)
+    assert len(ratios) >= 0.95 * len(fresh.points)  # the shipped profile has grown since, and left a few out
     q = lambda f: ratios[int(f * (len(ratios) - 1))]  # noqa: E731
     assert 0.99 <= q(0.5) <= 1.01 and q(0.05) >= 0.96 and q(0.95) <= 1.04, (q(0.05), q(0.5), q(0.95))
     report = json.loads((folder / "report.json").read_text())

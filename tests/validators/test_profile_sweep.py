@@ -391,13 +391,6 @@ def _sweep_key(op: OpBase, point: ProfilePoint) -> str:
     return config_key(op) + ("-" + point.key.partition("-")[2] if point.tag else "")
 
 
-H100_ONLY_PREFIXES = ("gemm.unaligned.", "attn.decode.masked.", "attn.math.", "rope.float_tables.")
-"""Series added on 2026-11-27 after families no measurement had seen (Falcon, GPT-2, StarCoder2...:
-``benchmarks/results/gpu/h100/heldout/family-check-1950/``): measured on an H100 by ``profile_resume.sh`` at
-20:02-21:06 UTC; no H200 was lent for the rest of that session, so the H200 profile predicts them from the regimes
-they fall back to (``hardware.models.profile.variant_chain``) until it is resumed."""
-
-
 @pytest.mark.parametrize("device", ["h100-sxm", "h200"])
 def test_the_batched_mm_series_leaves_the_shipped_points_keys(device: str) -> None:
     """A resumed sweep (``benchmarks/gpu/profile_resume.sh``, which keys the shipped points as the sweep
@@ -408,8 +401,7 @@ def test_the_batched_mm_series_leaves_the_shipped_points_keys(device: str) -> No
     from hardware.models.profile import BATCHED_MM, profile_points
 
     profile = load_profile(Path(__file__).resolve().parents[2] / "hardware" / "catalog" / f"{device}.profile.json")
-    lacks = H100_ONLY_PREFIXES if device == "h200" else ()
-    plan = {p.key for p in sweep_points("cuda") if p.series not in BATCHED_MM_SERIES and not p.series.startswith(lacks)}
+    plan = {p.key for p in sweep_points("cuda") if p.series not in BATCHED_MM_SERIES}
     own = {p.key for p in profile_points(profile, BATCHED_MM)}
     shipped = set()
     for p in profile.points:
