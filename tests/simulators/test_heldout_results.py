@@ -774,6 +774,7 @@ def test_a_whole_sweep_from_nothing_reproduces_the_shipped_profile_and_its_gpu_t
     path, folder, catalog = _fresh_profile(name, tmp_path)
     fresh, shipped = load_profile(path), load_profile(REPO / "hardware" / "catalog" / f"{catalog}.profile.json")
     assert fresh.complete and len(fresh.points) == fresh.planned
+
     # the same op measured: keyed as the sweep keys it today (a point's stored key is that of the sweep that
     # measured it, and op names have been respelled since)
     def key(p: Any) -> str:
