@@ -289,7 +289,7 @@ def _batched_mm_before(op: Gemm) -> Features:
 def _loop_features(op: Gemm) -> Features:
     """An expert-loop product's features: along its bytes, at its rows per expert (``m``). Its expert's
     weights, read cold, decide its time: the products of every family measured fall on one efficiency
-    curve over their bytes (H100, 128 rows: 0.25 of the roofline at 3.9 MB, 0.59 at 37 MB, 0.77 at 235 MB),
+    curve over their bytes (H100, 128-256 rows: 0.25 of the roofline at 3.9 MB, 0.59 at 37 MB, 0.77 at 235 MB),
     where the experts' count and the ``(n, k)`` that make the bytes do not. A loop point (``groups`` =
     experts, each expert the same rows) stands for one of its products."""
     products = max(op.groups, 1)
