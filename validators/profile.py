@@ -939,6 +939,13 @@ def fold_passes(points: dict[str, ProfilePoint]) -> dict[str, ProfilePoint]:
     return out
 
 
+def sweep_key(point: ProfilePoint) -> str:
+    """``point``'s key as the sweep keys it now: its op's config key (a profile's stored key is that of the sweep
+    that measured it, and ops have been renamed since) with its tag's suffix as stored (``launch``, the
+    write-back points' dirty MiB)."""
+    return config_key(point.op) + ("-" + point.key.partition("-")[2] if point.tag else "")
+
+
 def pool_profiles(profiles: Sequence[DeviceProfile]) -> DeviceProfile:
     """Sweeps of one device model (other machines, other hours) pooled into one profile: each point's time
     is the median of every time the sweeps measured for it (a compute-bound point's passes from each, the
@@ -962,9 +969,7 @@ def pool_profiles(profiles: Sequence[DeviceProfile]) -> DeviceProfile:
     points: dict[str, ProfilePoint] = {}
     for prof in profiles:
         for p in prof.points:
-            # The op's key as the sweep keys it now (a profile's stored key predates renames since), its tag's
-            # suffix kept (``launch``, ``writeback32``).
-            key = config_key(p.op) + ("-" + p.key.partition("-")[2] if p.tag else "")
+            key = sweep_key(p)
             points.setdefault(key, p.model_copy(update={"key": key}))
             times.setdefault(key, []).extend(p.passes or (p.seconds,))
     pooled = tuple(

@@ -22,20 +22,18 @@ LOG="$OUT/resume.log"
 timeout 60 $PY - "hardware/catalog/$NAME.profile.json" "$PROFILE.parts.jsonl" <<'PYEOF' 2>&1 | tee -a "$LOG"
 import json, sys
 from hardware import load_profile
-from validators.configs import config_key
-from validators.profile import sweep_points
+from validators.profile import sweep_key, sweep_points
 prof = load_profile(sys.argv[1])
 plan = {sp.key for sp in sweep_points("cuda")}
 renamed = 0
 with open(sys.argv[2], "w") as f:
     f.write(json.dumps({"header": prof.device.model_dump(mode="json")}) + "\n")
     for p in prof.points:
-        tag = "-" + p.key.partition("-")[2] if p.tag else ""  # the tag as the sweep keyed it (write-back MiB)
-        key = config_key(p.op) + tag
+        key = sweep_key(p)
         if key not in plan:  # the IR may have renamed the op since: its definition derived again
             op = type(p.op).model_validate({**p.op.model_dump(), "definition": ""})
-            if config_key(op) + tag in plan:
-                p, key, renamed = p.model_copy(update={"op": op}), config_key(op) + tag, renamed + 1
+            if sweep_key(q := p.model_copy(update={"op": op})) in plan:
+                p, key, renamed = q, sweep_key(q), renamed + 1
         f.write(json.dumps({"key": key, "point": p.model_dump(mode="json")}) + "\n")
 print(f"parts file from {sys.argv[1]}: {len(prof.points)} points ({renamed} renamed by the IR since)")
 PYEOF

@@ -30,12 +30,15 @@ LOOP_EFF = 0.3
 """The loop points' efficiency: small per-expert GEMMs back to back reach less of the roofline."""
 
 
-def _loop_point(m: int) -> object:
-    op = Gemm(
-        id=0, m=m, n=1536, k=2048, groups=128, target="moe_experts_gate_up",
-        definition="moe_loop_e128_n1536_k2048_topk8_gate_up",
-    )  # fmt: skip
-    return point(op, LOOP_EFF, H100)
+def _loop_point(m: int, n: int = 1536, k: int = 2048, experts: int = 128, eff: float = LOOP_EFF) -> object:
+    """A point of the expert loop (Qwen3-30B-A3B's gate_up by default): ``experts`` products of ``m`` rows."""
+    loop = _expert(experts, 8, ExpertsImpl.LOOP)
+    return point(Gemm(id=0, m=m, n=n, k=k, groups=experts, target="moe_experts_gate_up", expert=loop), eff, H100)
+
+
+def _expert(experts: int, top_k: int, impl: ExpertsImpl = ExpertsImpl.GROUPED_MM) -> ExpertGemm:
+    """An expert GEMM's field: one product of torch's fallback (``grouped_mm``), or a loop point's (``loop``)."""
+    return ExpertGemm(impl=impl, experts=experts, top_k=top_k, part=ExpertPart.GATE_UP)
 
 
 def _model() -> ProfileModel:
@@ -53,16 +56,6 @@ def test_a_per_expert_product_is_costed_from_the_expert_loop_points() -> None:
     assert math.isclose(cost.seconds, roofline_seconds(product, H100) / LOOP_EFF, rel_tol=1e-6)
 
 
-def _layer_loop(m: int, n: int, k: int, experts: int, eff: float) -> object:
-    loop = _expert(experts, 8, ExpertsImpl.LOOP)
-    return point(Gemm(id=0, m=m, n=n, k=k, groups=experts, target="moe_experts_gate_up", expert=loop), eff, H100)
-
-
-def _expert(experts: int, top_k: int, impl: ExpertsImpl = ExpertsImpl.GROUPED_MM) -> ExpertGemm:
-    """An expert GEMM's field: one product of torch's fallback (``grouped_mm``), or a loop point's (``loop``)."""
-    return ExpertGemm(impl=impl, experts=experts, top_k=top_k, part=ExpertPart.GATE_UP)
-
-
 SMALL, LARGE = (1536, 2048, 128), (28672, 4096, 8)
 """(n, k, experts) of two layers' expert products: Qwen3-30B-A3B's gate_up (6 MB of weights), Mixtral's (235 MB)."""
 
@@ -73,7 +66,7 @@ def test_an_expert_product_is_priced_along_its_bytes_whatever_its_layers_shape_a
     # its bytes, whatever its n, k and experts (an interpolation over those mixed the layers' efficiencies
     # by their distance in n, k and experts: 41% long on an H100).
     model = ProfileModel(
-        synthetic_profile(H100, [*gemm_points(H100), _layer_loop(256, *SMALL, 0.3), _layer_loop(256, *LARGE, 0.75)])
+        synthetic_profile(H100, [*gemm_points(H100), _loop_point(256, *SMALL, 0.3), _loop_point(256, *LARGE, 0.75)])
     )
     product = Gemm(id=0, m=256, n=5120, k=3584, dtype=DType.fp16, target="moe_experts_gate_up", expert=_expert(64, 8))
     small, large = (Gemm(id=0, m=256, n=n, k=k) for n, k, _ in (SMALL, LARGE))
@@ -90,8 +83,8 @@ def test_a_row_count_measured_on_small_experts_only_does_not_price_a_large_produ
     # A profile whose loop points are not on one row grid (the H200's of 2026-11-26: 1,024 rows of the small
     # layer only): a large layer's product at those rows is priced from the rows both layers measured, between
     # the large layer's own costs there, not held at the small layer's efficiency.
-    points = [_layer_loop(m, *shape, eff) for m in (512, 2048) for shape, eff in ((SMALL, 0.3), (LARGE, 0.75))]
-    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *points, _layer_loop(1024, *SMALL, 0.3)]))
+    points = [_loop_point(m, *shape, eff) for m in (512, 2048) for shape, eff in ((SMALL, 0.3), (LARGE, 0.75))]
+    model = ProfileModel(synthetic_profile(H100, [*gemm_points(H100), *points, _loop_point(1024, *SMALL, 0.3)]))
     n, k, experts = LARGE
     at = {m: model.estimate(Gemm(id=0, m=m, n=n, k=k, target="moe_experts_gate_up", expert=_expert(experts, 2)), H100)
           for m in (512, 1024, 2048)}  # fmt: skip

@@ -769,19 +769,13 @@ def test_a_whole_sweep_from_nothing_reproduces_the_shipped_profile_and_its_gpu_t
     """A user's own `opgraph profile --device cuda` on another GPU of the kind, hours after the shipped
     points: the same points within a few percent, and the held-out cases' GPU time within 5% on every case."""
     from hardware import load_profile
-    from validators.configs import config_key
+    from validators.profile import sweep_key
 
     path, folder, catalog = _fresh_profile(name, tmp_path)
     fresh, shipped = load_profile(path), load_profile(REPO / "hardware" / "catalog" / f"{catalog}.profile.json")
     assert fresh.complete and len(fresh.points) == fresh.planned
-
-    # the same op measured: keyed as the sweep keys it today (a point's stored key is that of the sweep that
-    # measured it, and op names have been respelled since)
-    def key(p: Any) -> str:
-        return config_key(p.op) + ("-" + p.key.partition("-")[2] if p.tag else "")
-
-    theirs = {key(p): p.seconds for p in shipped.points}
-    ratios = sorted(p.seconds / theirs[key(p)] for p in fresh.points if key(p) in theirs)
+    theirs = {sweep_key(p): p.seconds for p in shipped.points}  # the same op measured, whatever its stored key
+    ratios = sorted(p.seconds / theirs[sweep_key(p)] for p in fresh.points if sweep_key(p) in theirs)
     assert len(ratios) >= 0.95 * len(fresh.points)  # the shipped profile has grown since, and left a few out
     q = lambda f: ratios[int(f * (len(ratios) - 1))]  # noqa: E731
     assert 0.99 <= q(0.5) <= 1.01 and q(0.05) >= 0.96 and q(0.95) <= 1.04, (q(0.05), q(0.5), q(0.95))

@@ -31,6 +31,7 @@ from validators.profile import (
     profile_from_replays,
     repeat_plan,
     run_profile,
+    sweep_key,
     sweep_points,
     sweep_timing,
 )
@@ -385,12 +386,6 @@ def test_sweep_measures_batched_mm_experts_over_the_pairs() -> None:
     assert len(new) == 27 and len({p.key for p in pts}) == len(pts)
 
 
-def _sweep_key(op: OpBase, point: ProfilePoint) -> str:
-    """The key the resumed sweep gives ``point`` measured as ``op``: the op's config key and the tag as the
-    sweep spelled it (a write-back point's dirty MiB with it), as ``profile_resume.sh`` keys it."""
-    return config_key(op) + ("-" + point.key.partition("-")[2] if point.tag else "")
-
-
 @pytest.mark.parametrize("device", ["h100-sxm", "h200"])
 def test_the_batched_mm_series_leaves_the_shipped_points_keys(device: str) -> None:
     """A resumed sweep (``benchmarks/gpu/profile_resume.sh``, which keys the shipped points as the sweep
@@ -407,9 +402,11 @@ def test_the_batched_mm_series_leaves_the_shipped_points_keys(device: str) -> No
     for p in profile.points:
         if p.key in own:
             continue
-        key = _sweep_key(p.op, p)
+        key = sweep_key(p)
         if key not in plan and p.op.definition != p.op.default_definition():
-            key = _sweep_key(p.op.model_copy(update={"definition": p.op.default_definition()}), p)
+            key = sweep_key(
+                p.model_copy(update={"op": p.op.model_copy(update={"definition": p.op.default_definition()})})
+            )
         shipped.add(key)
     assert shipped == plan
 
